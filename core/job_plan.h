@@ -1,0 +1,122 @@
+// Job spec loading, validation and planning.
+//
+// ParseJobSpecJson / LoadJobSpecFile turn proto3 JSON into a JobSpec (unknown
+// fields are errors). PlanJob validates a JobSpec completely before anything
+// is allocated, fills in every default, resolves block widths, the pipeline
+// split and the per-parameter weight-decay mask, and estimates the job's
+// memory. docs/SPEC.md is the user-facing reference for all of it.
+//
+// All functions are pure apart from reading files (the spec file, and .npy
+// headers / safetensors existence when PlanOptions::check_files) and asking
+// the OS for physical memory; they are thread-safe. A JobPlan is a plain
+// value that owns its data.
+#ifndef TRAINYARD_CORE_JOB_PLAN_H_
+#define TRAINYARD_CORE_JOB_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+#include "kernels/mlp_block.h"
+#include "proto/job_spec.pb.h"
+
+namespace trainyard {
+
+// Parses proto3 JSON (lowerCamelCase or proto field names). Errors are
+// InvalidArgument naming `source_name` and what protobuf reported, e.g.
+//   jobs/a.json: invalid job spec JSON: model.blocks[0]: Cannot find field.
+// Unknown fields are errors so a typo cannot be silently ignored.
+absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecJson(
+    const std::string& json_text, const std::string& source_name);
+
+// Reads `path` and parses it with ParseJobSpecJson. NotFound / Internal if
+// the file cannot be read, naming the path.
+absl::StatusOr<trainyard::v1::JobSpec> LoadJobSpecFile(const std::string& path);
+
+struct PlanOptions {
+  // Relative paths in the spec (data files, init safetensors, checkpoint
+  // dir) resolve against this folder; empty = the current directory. The
+  // spec file's folder is the usual choice.
+  std::string base_dir;
+  // Memory the job may use; 0 = this machine's physical memory (sysconf).
+  uint64_t memory_limit_bytes = 0;
+  // Read .npy headers and check that input files exist. Off only for tools
+  // that plan a spec for another machine.
+  bool check_files = true;
+  // The GPU seam: true only in a build with the CUDA path whose caller has
+  // found a device. Until then device "cuda" is rejected at validation.
+  bool cuda_available = false;
+};
+
+// Bytes the job is estimated to need; formulas in docs/SPEC.md ("Memory").
+struct MemoryEstimate {
+  uint64_t params = 0;
+  uint64_t grads = 0;
+  uint64_t optimizer_state = 0;
+  uint64_t activations = 0;
+  uint64_t data = 0;
+  uint64_t total = 0;
+  // "12.0 GiB (params 3.0 GiB, grads 3.0 GiB, optimizer state 6.0 GiB,
+  // activations 10.0 MiB, data 2.0 KiB)"
+  std::string description;
+};
+
+struct JobPlan {
+  // The spec with every default filled in (see docs/SPEC.md), in_features
+  // resolved, seeds resolved and paths absolute.
+  trainyard::v1::JobSpec spec;
+  // One config per block, global order.
+  std::vector<MlpBlockConfig> blocks;
+  // Stage s holds blocks [stage_begin[s], stage_begin[s + 1]); S + 1 entries,
+  // stage_begin[0] == 0, stage_begin[S] == blocks.size().
+  std::vector<int> stage_begin;
+
+  struct ParamSpec {
+    std::string name;  // "blocks.3.fc1.weight" (global block index)
+    Shape shape;
+    int block = 0;
+    int stage = 0;
+    bool decay = false;  // weight decay applies (optimizer.decay_mask)
+  };
+  // Every parameter, block by block, each block in BlockParamInfos order.
+  std::vector<ParamSpec> params;
+
+  int64_t feature_dim = 0;  // D: width of the features and of block 0's input
+  int64_t output_dim = 0;   // the last block's out_features
+  // True when targets are class ids (int32/int64 [N]); false for float
+  // regression targets [N, K].
+  bool class_targets = false;
+  int64_t train_rows = 0;  // N of the train source (before eval_fraction)
+
+  MemoryEstimate memory;
+
+  int num_stages() const { return static_cast<int>(stage_begin.size()) - 1; }
+};
+
+// Validates `spec` and plans it. On any problem returns InvalidArgument whose
+// message lists EVERY problem found, one per line, each starting with its
+// proto field path, e.g.
+//   model.blocks[2].ffn_hidden_size: must be > 0, got -4
+//   parallelism.schedule: must be one of "gpipe", "1f1b", got "zb"
+// A spec that is valid but whose memory estimate exceeds the limit is
+// rejected with ResourceExhausted, naming the estimate and the limit.
+absl::StatusOr<JobPlan> PlanJob(const trainyard::v1::JobSpec& spec,
+                                const PlanOptions& options);
+
+// Contiguous split of blocks with these parameter counts into `stages`
+// non-empty stages (1 <= stages <= size) minimising the largest stage's
+// count; among optimal splits, the one whose vector of stage sizes is
+// lexicographically smallest (earlier stages take fewer blocks: under 1F1B
+// they hold the most microbatches in flight). Returns blocks per stage.
+std::vector<int> BalancedSplit(const std::vector<int64_t>& block_params,
+                               int stages);
+
+// Glob match over parameter names: '*' matches any run of characters
+// (including '.' and the empty run); every other character matches itself.
+bool GlobMatch(const std::string& pattern, const std::string& name);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_CORE_JOB_PLAN_H_

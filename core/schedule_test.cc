@@ -1,0 +1,119 @@
+#include "core/schedule.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Stage(const Schedule& s, int stage) {
+  std::string out;
+  for (const Action& a : s.stages[stage]) {
+    if (!out.empty()) out += " ";
+    out += ActionToString(a);
+  }
+  return out;
+}
+
+TEST(ScheduleTest, OneFOneBShape) {
+  Schedule s = MakeOneFOneBSchedule(2, 3);
+  EXPECT_EQ(Stage(s, 0), "F0 >A0 F1 >A1 <G0 B0 W0 F2 >A2 <G1 B1 W1 <G2 B2 W2 OPT");
+  EXPECT_EQ(Stage(s, 1), "<A0 F0 B0 >G0 W0 <A1 F1 B1 >G1 W1 <A2 F2 B2 >G2 W2 OPT");
+}
+
+TEST(ScheduleTest, GPipeShape) {
+  Schedule s = MakeGPipeSchedule(2, 2);
+  EXPECT_EQ(Stage(s, 0), "F0 >A0 F1 >A1 <G0 B0 W0 <G1 B1 W1 OPT");
+  EXPECT_EQ(Stage(s, 1), "<A0 F0 <A1 F1 B0 >G0 W0 B1 >G1 W1 OPT");
+}
+
+TEST(ScheduleTest, GeneratedSchedulesAreValid) {
+  for (int S : {1, 2, 3, 4, 8}) {
+    for (int M : {1, 2, 3, 4, 8, 13}) {
+      for (const char* name : {"gpipe", "1f1b"}) {
+        auto sched = MakeTrainingSchedule(name, S, M);
+        ASSERT_TRUE(sched.ok());
+        EXPECT_TRUE(ValidateSchedule(*sched).ok())
+            << name << " S=" << S << " M=" << M << ": "
+            << ValidateSchedule(*sched);
+      }
+      EXPECT_TRUE(ValidateSchedule(MakeForwardOnlySchedule(S, M)).ok());
+    }
+  }
+}
+
+TEST(ScheduleTest, BackwardRunsInAscendingOrderUnderBothSchedules) {
+  for (const char* name : {"gpipe", "1f1b"}) {
+    Schedule s = *MakeTrainingSchedule(name, 4, 8);
+    for (const auto& stage : s.stages) {
+      int last = -1;
+      for (const Action& a : stage) {
+        if (a.kind != ActionKind::kBackwardWeight) continue;
+        EXPECT_EQ(a.microbatch, last + 1) << name;
+        last = a.microbatch;
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, DetectsDeadlock) {
+  // Stage 0 waits for a gradient before sending the activation stage 1
+  // needs to produce it.
+  Schedule s = MakeGPipeSchedule(2, 1);
+  s.stages[0] = {{ActionKind::kForward, 0},
+                 {ActionKind::kRecvGradient, 0},
+                 {ActionKind::kSendActivation, 0},
+                 {ActionKind::kBackwardInput, 0},
+                 {ActionKind::kBackwardWeight, 0},
+                 {ActionKind::kOptimizerStep, -1}};
+  absl::Status st = ValidateSchedule(s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("deadlock"));
+  EXPECT_THAT(st.message(), HasSubstr("stage 0 at <G0"));
+}
+
+TEST(ScheduleTest, DetectsUnmatchedSend) {
+  Schedule s = MakeGPipeSchedule(2, 2);
+  // Stage 1 never receives microbatch 1's activation.
+  auto& acts = s.stages[1];
+  acts.erase(acts.begin() + 2);  // <A1
+  absl::Status st = ValidateSchedule(s);
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("stage 1"));
+}
+
+TEST(ScheduleTest, DetectsOutOfOrderReceive) {
+  Schedule s = MakeGPipeSchedule(2, 2);
+  // Stage 1 receives microbatch 1 first; the channel delivers 0 first.
+  s.stages[1] = {{ActionKind::kRecvActivation, 1}, {ActionKind::kForward, 1},
+                 {ActionKind::kRecvActivation, 0}, {ActionKind::kForward, 0},
+                 {ActionKind::kBackwardInput, 0},  {ActionKind::kSendGradient, 0},
+                 {ActionKind::kBackwardWeight, 0}, {ActionKind::kBackwardInput, 1},
+                 {ActionKind::kSendGradient, 1},   {ActionKind::kBackwardWeight, 1},
+                 {ActionKind::kOptimizerStep, -1}};
+  absl::Status st = ValidateSchedule(s);
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("next message on its channel is for microbatch 0"));
+}
+
+TEST(ScheduleTest, DetectsWeightGradientBeforeInputGradient) {
+  Schedule s = MakeGPipeSchedule(1, 1);
+  s.stages[0] = {{ActionKind::kForward, 0},
+                 {ActionKind::kBackwardWeight, 0},
+                 {ActionKind::kBackwardInput, 0},
+                 {ActionKind::kOptimizerStep, -1}};
+  absl::Status st = ValidateSchedule(s);
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("W0 before its backward-input"));
+}
+
+TEST(ScheduleTest, UnknownName) {
+  auto s = MakeTrainingSchedule("zb", 2, 2);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("unknown schedule \"zb\""));
+}
+
+}  // namespace
+}  // namespace trainyard

@@ -1,0 +1,281 @@
+#include "kernels/blas.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace trainyard {
+namespace {
+
+constexpr char kLibrary[] = "libopenblas.so.0";
+
+// CBLAS enum values (cblas.h), fixed by the CBLAS standard.
+constexpr int kCblasRowMajor = 101;
+constexpr int kCblasNoTrans = 111;
+constexpr int kCblasTrans = 112;
+
+using SgemmFn = void (*)(int order, int trans_a, int trans_b, int m, int n,
+                         int k, float alpha, const float* a, int lda,
+                         const float* b, int ldb, float beta, float* c,
+                         int ldc);
+using SetThreadsFn = void (*)(int);
+using GetThreadsFn = int (*)();
+using CoreNameFn = char* (*)();
+
+struct Blas {
+  absl::Status status;
+  SgemmFn sgemm = nullptr;
+  SetThreadsFn set_num_threads = nullptr;
+  GetThreadsFn get_num_threads = nullptr;
+  CoreNameFn get_corename = nullptr;
+};
+
+// Runs fn(0..tasks-1) on the caller plus up to threads-1 persistent
+// workers. Which thread runs a task never changes a result: tasks write
+// disjoint outputs. A second concurrent caller runs its tasks inline.
+class Pool {
+ public:
+  void SetThreads(int n) {
+    absl::MutexLock lock(&mu_);
+    threads_ = n;
+    while (static_cast<int>(workers_.size()) < n - 1) {
+      const int index = static_cast<int>(workers_.size());
+      workers_.emplace_back([this, index] { WorkerLoop(index); });
+      workers_.back().detach();  // the pool lives as long as the process
+    }
+  }
+  int threads() {
+    absl::MutexLock lock(&mu_);
+    return threads_;
+  }
+
+  void Run(int tasks, const std::function<void(int)>& fn) {
+    int helpers;
+    {
+      absl::MutexLock lock(&mu_);
+      helpers = std::min(threads_ - 1, tasks - 1);
+      if (helpers <= 0 || busy_) {
+        helpers = 0;
+      } else {
+        busy_ = true;
+        job_ = &fn;
+        tasks_ = tasks;
+        next_.store(0);
+        helpers_ = helpers;
+        pending_ = helpers;
+        ++generation_;
+      }
+    }
+    if (helpers == 0) {
+      for (int t = 0; t < tasks; ++t) fn(t);
+      return;
+    }
+    Work(fn, tasks);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* pending) { return *pending == 0; }, &pending_));
+    job_ = nullptr;
+    busy_ = false;
+  }
+
+ private:
+  void Work(const std::function<void(int)>& fn, int tasks) {
+    for (int t = next_.fetch_add(1); t < tasks; t = next_.fetch_add(1)) fn(t);
+  }
+
+  void WorkerLoop(int index) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* job;
+      int tasks;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](std::pair<Pool*, uint64_t*>* a) {
+              a->first->mu_.AssertHeld();
+              return a->first->generation_ != *a->second;
+            },
+            new_job_arg_(&seen)));
+        seen = generation_;
+        if (index >= helpers_) continue;
+        job = job_;
+        tasks = tasks_;
+      }
+      Work(*job, tasks);
+      absl::MutexLock lock(&mu_);
+      --pending_;
+    }
+  }
+  std::pair<Pool*, uint64_t*>* new_job_arg_(uint64_t* seen) {
+    thread_local std::pair<Pool*, uint64_t*> arg;
+    arg = {this, seen};
+    return &arg;
+  }
+
+  absl::Mutex mu_;
+  int threads_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  const std::function<void(int)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int tasks_ ABSL_GUARDED_BY(mu_) = 0;
+  int helpers_ ABSL_GUARDED_BY(mu_) = 0;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int> next_{0};
+};
+
+Pool& GetPool() {
+  static Pool* const pool = [] {
+    Pool* p = new Pool();
+    const unsigned hw = std::thread::hardware_concurrency();
+    p->SetThreads(hw == 0 ? 1 : static_cast<int>(hw));
+    return p;
+  }();
+  return *pool;
+}
+
+// The OPENBLAS_CORETYPE value this CPU's features call for, or null.
+const char* CoreTypeFromCpuid() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl")) {
+    return "SkylakeX";
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return "Haswell";
+  }
+  return nullptr;
+}
+
+Blas Load() {
+  Blas blas;
+  const char* env = std::getenv("OPENBLAS_CORETYPE");
+  if (env == nullptr || env[0] == '\0') {
+    if (const char* core = CoreTypeFromCpuid()) {
+      setenv("OPENBLAS_CORETYPE", core, /*overwrite=*/1);
+    }
+  }
+  // Its pool would sit idle (we call it single-threaded).
+  setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
+  // Never dlclose: OpenBLAS's worker threads live as long as the process.
+  void* handle = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* err = dlerror();
+    blas.status = absl::FailedPreconditionError(
+        absl::StrCat("cannot load ", kLibrary, " (OpenBLAS, Debian package "
+                     "libopenblas0-pthread): ", err ? err : "unknown error"));
+    return blas;
+  }
+  struct Symbol {
+    const char* name;
+    void** slot;
+  };
+  const Symbol symbols[] = {
+      {"cblas_sgemm", reinterpret_cast<void**>(&blas.sgemm)},
+      {"openblas_set_num_threads",
+       reinterpret_cast<void**>(&blas.set_num_threads)},
+      {"openblas_get_num_threads",
+       reinterpret_cast<void**>(&blas.get_num_threads)},
+      {"openblas_get_corename", reinterpret_cast<void**>(&blas.get_corename)},
+  };
+  for (const Symbol& s : symbols) {
+    *s.slot = dlsym(handle, s.name);
+    if (*s.slot == nullptr) {
+      blas.status = absl::FailedPreconditionError(absl::StrCat(
+          "symbol ", s.name, " not found in ", kLibrary, " (is it OpenBLAS?)"));
+      return blas;
+    }
+  }
+  // Our pool parallelises; OpenBLAS's own threading is not bitwise
+  // invariant across thread counts (see blas.h).
+  blas.set_num_threads(1);
+  return blas;
+}
+
+const Blas& GetBlas() {
+  static const Blas* const blas = new Blas(Load());
+  return *blas;
+}
+
+}  // namespace
+
+absl::Status BlasStatus() { return GetBlas().status; }
+
+absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   float alpha, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m < 0 || n < 0 || k < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sgemm: negative size m=", m, " n=", n, " k=", k));
+  }
+  const int64_t a_cols = trans_a ? m : k;
+  const int64_t b_cols = trans_b ? k : n;
+  if (lda < std::max<int64_t>(1, a_cols) || ldb < std::max<int64_t>(1, b_cols) ||
+      ldc < std::max<int64_t>(1, n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sgemm: leading dimension too small: lda=", lda, " (needs >= ",
+        a_cols, "), ldb=", ldb, " (needs >= ", b_cols, "), ldc=", ldc,
+        " (needs >= ", n, ")"));
+  }
+  const int64_t largest = std::max({m, n, k, lda, ldb, ldc});
+  if (largest > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Sgemm: size ", largest, " exceeds OpenBLAS's 32-bit int"));
+  }
+  const Blas& blas = GetBlas();
+  if (!blas.status.ok()) return blas.status;
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k == 0 || alpha == 0.0f) {
+    // C = beta * C; BLAS semantics: beta == 0 overwrites.
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = c + i * ldc;
+      for (int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+    }
+    return absl::OkStatus();
+  }
+  blas.sgemm(kCblasRowMajor, trans_a ? kCblasTrans : kCblasNoTrans,
+             trans_b ? kCblasTrans : kCblasNoTrans, static_cast<int>(m),
+             static_cast<int>(n), static_cast<int>(k), alpha, a,
+             static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
+             static_cast<int>(ldc));
+  return absl::OkStatus();
+}
+
+void SetBlasThreads(int n) {
+  if (n < 1) n = 1;
+  pending_threads.store(n);
+  const Blas& blas = GetBlas();
+  if (blas.status.ok()) blas.set_num_threads(n);
+}
+
+int BlasThreads() {
+  const Blas& blas = GetBlas();
+  if (!blas.status.ok()) return pending_threads.load();
+  return blas.get_num_threads();
+}
+
+std::string BlasDescription() {
+  const Blas& blas = GetBlas();
+  if (!blas.status.ok()) {
+    return absl::StrCat("OpenBLAS unavailable: ", blas.status.message());
+  }
+  const char* core = blas.get_corename();
+  const int threads = blas.get_num_threads();
+  return absl::StrCat("OpenBLAS ", core ? core : "unknown", ", ", threads,
+                      threads == 1 ? " thread" : " threads");
+}
+
+}  // namespace trainyard

@@ -1,0 +1,51 @@
+// Row-major single-precision GEMM over the system's OpenBLAS.
+//
+// OpenBLAS is not linked: it is dlopen()ed on first use, after setting
+// OPENBLAS_CORETYPE from CPUID when the caller has not set it. OpenBLAS
+// 0.3.21 does not recognise newer CPUs (e.g. AMD Zen 5 with AVX-512) and
+// otherwise falls back to its slowest kernels; it reads OPENBLAS_CORETYPE
+// only when the library loads. Nothing in the process may link
+// libopenblas directly, or it loads before we can set the variable.
+//
+// Thread safety: all functions may be called from any thread. The thread
+// count is process-wide (OpenBLAS has one pool); SetBlasThreads affects
+// concurrent callers too. Results do not depend on the thread count (see
+// blas_test.cc, which checks it bitwise).
+#ifndef TRAINYARD_KERNELS_BLAS_H_
+#define TRAINYARD_KERNELS_BLAS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace trainyard {
+
+// C [m, n] = alpha * op(A) [m, k] * op(B) [k, n] + beta * C, all row-major,
+// op(X) = X^T when trans_x. A is [m, k] (lda >= k), or [k, m] (lda >= m)
+// when trans_a; likewise B is [k, n] (ldb >= n) or [n, k] (ldb >= k).
+// With beta == 0, C is overwritten (NaNs in C do not propagate).
+// Errors: FailedPrecondition if libopenblas cannot be loaded (the message
+// names the library and dlerror()), InvalidArgument for negative sizes,
+// leading dimensions too small, or sizes beyond OpenBLAS's 32-bit ints.
+absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   float alpha, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Sets OpenBLAS's thread count (process-wide). Before the library is
+// loaded the value is remembered and applied at load. n < 1 means 1.
+void SetBlasThreads(int n);
+
+// OpenBLAS's current thread count (the pending value before loading).
+int BlasThreads();
+
+// Loads OpenBLAS if needed; OK when it is usable.
+absl::Status BlasStatus();
+
+// E.g. "OpenBLAS SkylakeX, 2 threads" (loads the library), or
+// "OpenBLAS unavailable: <reason>".
+std::string BlasDescription();
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_KERNELS_BLAS_H_

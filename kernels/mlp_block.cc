@@ -1,0 +1,340 @@
+#include "kernels/mlp_block.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "kernels/activation.h"
+#include "kernels/blas.h"
+#include "kernels/linear.h"
+#include "kernels/norm.h"
+
+namespace trainyard {
+namespace {
+
+absl::Status ValidateConfig(const MlpBlockConfig& c) {
+  if (c.in_features <= 0 || c.out_features <= 0 || c.ffn_hidden_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MlpBlockConfig: in_features, out_features and ffn_hidden_size must "
+        "be > 0, got ",
+        c.in_features, ", ", c.out_features, ", ", c.ffn_hidden_size));
+  }
+  if (c.residual && c.in_features != c.out_features) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MlpBlockConfig: residual needs in_features == out_features, got ",
+        c.in_features, " and ", c.out_features));
+  }
+  if (c.norm != NormType::kNone && !(c.norm_eps > 0.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MlpBlockConfig: norm_eps must be > 0, got ", c.norm_eps));
+  }
+  return absl::OkStatus();
+}
+
+// OK if `t` is a defined float32 CPU tensor of shape `shape`.
+absl::Status CheckTensor(const char* name, const Tensor& t,
+                         const Shape& shape) {
+  if (!t.defined()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": undefined, expected float32 ",
+                     ShapeToString(shape)));
+  }
+  if (t.dtype() != DType::kFloat32 || !t.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": expected float32 on cpu, got ", DTypeName(t.dtype()), " on ",
+        t.device().ToString()));
+  }
+  if (t.shape() != shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": expected shape ", ShapeToString(shape), ", got ",
+                     ShapeToString(t.shape())));
+  }
+  return absl::OkStatus();
+}
+
+// Checks the parameters Forward/BackwardInput read.
+absl::Status CheckParams(const MlpBlockConfig& c, const MlpBlockParams& p) {
+  if (c.norm != NormType::kNone) {
+    RETURN_IF_ERROR(CheckTensor("norm.weight", p.norm_weight, {c.in_features}));
+  }
+  if (c.norm == NormType::kLayerNorm) {
+    RETURN_IF_ERROR(CheckTensor("norm.bias", p.norm_bias, {c.in_features}));
+  }
+  RETURN_IF_ERROR(
+      CheckTensor("fc1.weight", p.fc1_weight, {c.fc1_out(), c.in_features}));
+  RETURN_IF_ERROR(CheckTensor("fc2.weight", p.fc2_weight,
+                              {c.out_features, c.ffn_hidden_size}));
+  if (c.bias) {
+    RETURN_IF_ERROR(CheckTensor("fc1.bias", p.fc1_bias, {c.fc1_out()}));
+    RETURN_IF_ERROR(CheckTensor("fc2.bias", p.fc2_bias, {c.out_features}));
+  }
+  return absl::OkStatus();
+}
+
+float* F(Tensor& t) { return t.data<float>(); }
+const float* F(const Tensor& t) { return t.data<float>(); }
+const float* OrNull(bool use, const Tensor& t) {
+  return use ? t.data<float>() : nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<Activation> ActivationFromName(const std::string& name) {
+  if (name == "relu") return Activation::kRelu;
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "gelu_tanh") return Activation::kGeluTanh;
+  if (name == "swiglu") return Activation::kSwiglu;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown activation \"", name,
+                   "\" (expected relu, gelu, gelu_tanh or swiglu)"));
+}
+
+absl::StatusOr<NormType> NormTypeFromName(const std::string& name) {
+  if (name == "none") return NormType::kNone;
+  if (name == "layernorm") return NormType::kLayerNorm;
+  if (name == "rmsnorm") return NormType::kRmsNorm;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown norm \"", name, "\" (expected none, layernorm or rmsnorm)"));
+}
+
+std::vector<ParamInfo> BlockParamInfos(const MlpBlockConfig& c) {
+  std::vector<ParamInfo> infos;
+  if (c.norm != NormType::kNone) {
+    infos.push_back({"norm.weight", {c.in_features}, true});
+  }
+  if (c.norm == NormType::kLayerNorm) {
+    infos.push_back({"norm.bias", {c.in_features}, true});
+  }
+  infos.push_back({"fc1.weight", {c.fc1_out(), c.in_features}, false});
+  if (c.bias) infos.push_back({"fc1.bias", {c.fc1_out()}, true});
+  infos.push_back({"fc2.weight", {c.out_features, c.ffn_hidden_size}, false});
+  if (c.bias) infos.push_back({"fc2.bias", {c.out_features}, true});
+  return infos;
+}
+
+std::vector<Tensor*> MlpBlockParams::InOrder(const MlpBlockConfig& c) {
+  std::vector<Tensor*> out;
+  if (c.norm != NormType::kNone) out.push_back(&norm_weight);
+  if (c.norm == NormType::kLayerNorm) out.push_back(&norm_bias);
+  out.push_back(&fc1_weight);
+  if (c.bias) out.push_back(&fc1_bias);
+  out.push_back(&fc2_weight);
+  if (c.bias) out.push_back(&fc2_bias);
+  return out;
+}
+
+absl::Status MlpBlock::Forward(const MlpBlockParams& params, const Tensor& x,
+                               Tensor* y, MlpBlockSaved* saved) const {
+  const MlpBlockConfig& c = config_;
+  RETURN_IF_ERROR(ValidateConfig(c));
+  RETURN_IF_ERROR(CheckParams(c, params));
+  if (x.ndim() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block input x: expected [batch, ", c.in_features, "], got ",
+        ShapeToString(x.shape())));
+  }
+  const int64_t b = x.dim(0);
+  RETURN_IF_ERROR(CheckTensor("block input x", x, {b, c.in_features}));
+  const int64_t in = c.in_features, out = c.out_features,
+                ffn = c.ffn_hidden_size, f1 = c.fc1_out();
+
+  MlpBlockSaved s;
+  s.x = x;
+  switch (c.norm) {
+    case NormType::kNone:
+      s.norm_out = x;
+      break;
+    case NormType::kLayerNorm:
+      s.norm_out = Tensor::Empty(DType::kFloat32, {b, in});
+      s.mean = Tensor::Empty(DType::kFloat32, {b});
+      s.rstd = Tensor::Empty(DType::kFloat32, {b});
+      LayerNormForward(b, in, F(x), F(params.norm_weight),
+                       F(params.norm_bias), c.norm_eps, F(s.norm_out),
+                       F(s.mean), F(s.rstd));
+      break;
+    case NormType::kRmsNorm:
+      s.norm_out = Tensor::Empty(DType::kFloat32, {b, in});
+      s.rstd = Tensor::Empty(DType::kFloat32, {b});
+      RmsNormForward(b, in, F(x), F(params.norm_weight), c.norm_eps,
+                     F(s.norm_out), F(s.rstd));
+      break;
+  }
+
+  // fc1: [b, f1] = norm_out [b, in] @ fc1.weight^T [in, f1].
+  s.fc1_out = Tensor::Empty(DType::kFloat32, {b, f1});
+  RETURN_IF_ERROR(Sgemm(false, true, b, f1, in, 1.0f, F(s.norm_out), in,
+                        F(params.fc1_weight), in, 0.0f, F(s.fc1_out), f1));
+  s.act_out = Tensor::Empty(DType::kFloat32, {b, ffn});
+  const float* b1 = OrNull(c.bias, params.fc1_bias);
+  switch (c.activation) {
+    case Activation::kRelu:
+      BiasReluForward(b, ffn, b1, F(s.fc1_out), F(s.act_out));
+      break;
+    case Activation::kGelu:
+      BiasGeluForward(b, ffn, b1, F(s.fc1_out), F(s.act_out));
+      break;
+    case Activation::kGeluTanh:
+      BiasGeluTanhForward(b, ffn, b1, F(s.fc1_out), F(s.act_out));
+      break;
+    case Activation::kSwiglu:
+      BiasSwigluForward(b, ffn, b1, F(s.fc1_out), F(s.act_out));
+      break;
+  }
+
+  // fc2: [b, out] = act_out [b, ffn] @ fc2.weight^T [ffn, out].
+  Tensor result = Tensor::Empty(DType::kFloat32, {b, out});
+  RETURN_IF_ERROR(Sgemm(false, true, b, out, ffn, 1.0f, F(s.act_out), ffn,
+                        F(params.fc2_weight), ffn, 0.0f, F(result), out));
+  AddBiasResidual(b, out, OrNull(c.bias, params.fc2_bias),
+                  c.residual ? F(x) : nullptr, F(result));
+  *y = std::move(result);
+  *saved = std::move(s);
+  return absl::OkStatus();
+}
+
+absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
+                                     const Tensor& d_out, MlpBlockSaved* saved,
+                                     Tensor* dx) const {
+  const MlpBlockConfig& c = config_;
+  RETURN_IF_ERROR(ValidateConfig(c));
+  RETURN_IF_ERROR(CheckParams(c, params));
+  if (!saved->fc1_out.defined() || !saved->act_out.defined()) {
+    return absl::FailedPreconditionError(
+        "MlpBlock::BackwardInput: saved tensors are empty (Forward not run, "
+        "or BackwardWeight already released them)");
+  }
+  const int64_t b = saved->x.dim(0);
+  const int64_t in = c.in_features, out = c.out_features,
+                ffn = c.ffn_hidden_size, f1 = c.fc1_out();
+  const Tensor g = d_out;  // keeps d_out alive if *dx aliases it
+  RETURN_IF_ERROR(CheckTensor("block output gradient d_out", g, {b, out}));
+
+  // d(act_out) [b, ffn] = d_out [b, out] @ fc2.weight [out, ffn].
+  Tensor d_act = Tensor::Empty(DType::kFloat32, {b, ffn});
+  RETURN_IF_ERROR(Sgemm(false, false, b, ffn, out, 1.0f, F(g), out,
+                        F(params.fc2_weight), ffn, 0.0f, F(d_act), ffn));
+  Tensor d_fc1;  // [b, f1]
+  switch (c.activation) {
+    case Activation::kRelu:
+      ReluBackward(b * ffn, F(saved->fc1_out), F(d_act));
+      d_fc1 = d_act;
+      break;
+    case Activation::kGelu:
+      GeluBackward(b * ffn, F(saved->fc1_out), F(d_act));
+      d_fc1 = d_act;
+      break;
+    case Activation::kGeluTanh:
+      GeluTanhBackward(b * ffn, F(saved->fc1_out), F(d_act));
+      d_fc1 = d_act;
+      break;
+    case Activation::kSwiglu:
+      d_fc1 = Tensor::Empty(DType::kFloat32, {b, f1});
+      SwigluBackward(b, ffn, F(saved->fc1_out), F(d_act), F(d_fc1));
+      break;
+  }
+  saved->d_out = g;
+  saved->d_fc1_out = d_fc1;
+
+  // d(norm_out) [b, in] = d_fc1 [b, f1] @ fc1.weight [f1, in].
+  const bool need_d_norm_out = c.norm != NormType::kNone;
+  if (!need_d_norm_out && dx == nullptr) return absl::OkStatus();
+  Tensor d_norm_out = Tensor::Empty(DType::kFloat32, {b, in});
+  RETURN_IF_ERROR(Sgemm(false, false, b, in, f1, 1.0f, F(d_fc1), f1,
+                        F(params.fc1_weight), in, 0.0f, F(d_norm_out), in));
+  const float* residual = c.residual ? F(g) : nullptr;
+  switch (c.norm) {
+    case NormType::kNone:
+      AddBiasResidual(b, in, nullptr, residual, F(d_norm_out));
+      *dx = d_norm_out;
+      return absl::OkStatus();
+    case NormType::kLayerNorm:
+      saved->d_norm_out = d_norm_out;
+      if (dx == nullptr) return absl::OkStatus();
+      *dx = Tensor::Empty(DType::kFloat32, {b, in});
+      LayerNormBackwardInput(b, in, F(saved->x), F(params.norm_weight),
+                             F(saved->mean), F(saved->rstd), F(d_norm_out),
+                             residual, F(*dx));
+      return absl::OkStatus();
+    case NormType::kRmsNorm:
+      saved->d_norm_out = d_norm_out;
+      if (dx == nullptr) return absl::OkStatus();
+      *dx = Tensor::Empty(DType::kFloat32, {b, in});
+      RmsNormBackwardInput(b, in, F(saved->x), F(params.norm_weight),
+                           F(saved->rstd), F(d_norm_out), residual, F(*dx));
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Checks a gradient buffer; allocates it when undefined and !accumulate.
+absl::Status PrepareGrad(const char* name, bool accumulate, const Shape& shape,
+                         Tensor* t) {
+  if (!t->defined() && !accumulate) {
+    *t = Tensor::Empty(DType::kFloat32, shape);
+    return absl::OkStatus();
+  }
+  return CheckTensor(name, *t, shape);
+}
+
+}  // namespace
+
+absl::Status MlpBlock::BackwardWeight(MlpBlockSaved* saved, bool accumulate,
+                                      MlpBlockParams* grads) const {
+  const MlpBlockConfig& c = config_;
+  RETURN_IF_ERROR(ValidateConfig(c));
+  if (!saved->d_fc1_out.defined() || !saved->d_out.defined()) {
+    return absl::FailedPreconditionError(
+        "MlpBlock::BackwardWeight: no gradients saved (BackwardInput not run "
+        "for this microbatch, or BackwardWeight already ran)");
+  }
+  const int64_t b = saved->x.dim(0);
+  const int64_t in = c.in_features, out = c.out_features,
+                ffn = c.ffn_hidden_size, f1 = c.fc1_out();
+  if (c.norm != NormType::kNone) {
+    RETURN_IF_ERROR(PrepareGrad("grad norm.weight", accumulate, {in},
+                                &grads->norm_weight));
+  }
+  if (c.norm == NormType::kLayerNorm) {
+    RETURN_IF_ERROR(
+        PrepareGrad("grad norm.bias", accumulate, {in}, &grads->norm_bias));
+  }
+  RETURN_IF_ERROR(PrepareGrad("grad fc1.weight", accumulate, {f1, in},
+                              &grads->fc1_weight));
+  RETURN_IF_ERROR(PrepareGrad("grad fc2.weight", accumulate, {out, ffn},
+                              &grads->fc2_weight));
+  if (c.bias) {
+    RETURN_IF_ERROR(
+        PrepareGrad("grad fc1.bias", accumulate, {f1}, &grads->fc1_bias));
+    RETURN_IF_ERROR(
+        PrepareGrad("grad fc2.bias", accumulate, {out}, &grads->fc2_bias));
+  }
+  const float beta = accumulate ? 1.0f : 0.0f;
+
+  // fc2.weight [out, ffn] (+)= d_out^T [out, b] @ act_out [b, ffn].
+  RETURN_IF_ERROR(Sgemm(true, false, out, ffn, b, 1.0f, F(saved->d_out), out,
+                        F(saved->act_out), ffn, beta, F(grads->fc2_weight),
+                        ffn));
+  // fc1.weight [f1, in] (+)= d_fc1_out^T [f1, b] @ norm_out [b, in].
+  RETURN_IF_ERROR(Sgemm(true, false, f1, in, b, 1.0f, F(saved->d_fc1_out), f1,
+                        F(saved->norm_out), in, beta, F(grads->fc1_weight),
+                        in));
+  if (c.bias) {
+    ColumnSums(b, out, F(saved->d_out), accumulate, F(grads->fc2_bias));
+    ColumnSums(b, f1, F(saved->d_fc1_out), accumulate, F(grads->fc1_bias));
+  }
+  if (c.norm == NormType::kLayerNorm) {
+    LayerNormBackwardParams(b, in, F(saved->x), F(saved->mean),
+                            F(saved->rstd), F(saved->d_norm_out), accumulate,
+                            F(grads->norm_weight), F(grads->norm_bias));
+  } else if (c.norm == NormType::kRmsNorm) {
+    RmsNormBackwardParams(b, in, F(saved->x), F(saved->rstd),
+                          F(saved->d_norm_out), accumulate,
+                          F(grads->norm_weight));
+  }
+  *saved = MlpBlockSaved();
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard

@@ -1,0 +1,451 @@
+#include "kernels/mlp_block.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/random.h"
+#include "core/tensor.h"
+#include "gtest/gtest.h"
+#include "kernels/blas.h"
+#include "kernels/reference.h"
+
+namespace trainyard {
+namespace {
+
+using reference::AllClose;
+using reference::BlockParams;
+using reference::Vec;
+
+// float32 block against float64: GEMM sums of up to ~1000 terms of size ~1.
+constexpr double kRtol = 1e-4;
+constexpr double kAtol = 2e-5;
+
+const char* ActName(Activation a) {
+  switch (a) {
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kGeluTanh:
+      return "gelu_tanh";
+    case Activation::kSwiglu:
+      return "swiglu";
+  }
+  return "?";
+}
+const char* NormName(NormType n) {
+  switch (n) {
+    case NormType::kNone:
+      return "none";
+    case NormType::kLayerNorm:
+      return "layernorm";
+    case NormType::kRmsNorm:
+      return "rmsnorm";
+  }
+  return "?";
+}
+
+std::string Describe(const MlpBlockConfig& c, int64_t b) {
+  return std::string(ActName(c.activation)) + "/" + NormName(c.norm) +
+         (c.bias ? "/bias" : "/nobias") + (c.residual ? "/residual" : "") +
+         " b=" + std::to_string(b) + " in=" + std::to_string(c.in_features) +
+         " ffn=" + std::to_string(c.ffn_hidden_size) +
+         " out=" + std::to_string(c.out_features);
+}
+
+Tensor ToTensor(const Vec& v, Shape shape) {
+  return Tensor::FromVector(reference::ToFloat(v), std::move(shape));
+}
+
+// Random parameters in both float32 tensors and float64 vectors (same
+// values). nn.Linear-like scale 1/sqrt(fan_in).
+void RandomParams(const MlpBlockConfig& c, Rng* rng, MlpBlockParams* p,
+                  BlockParams* ref) {
+  const int64_t in = c.in_features, out = c.out_features,
+                ffn = c.ffn_hidden_size, f1 = c.fc1_out();
+  if (c.norm != NormType::kNone) {
+    ref->norm_weight = reference::RandomVec(rng, in, 0.3);
+    for (double& w : ref->norm_weight) w = static_cast<float>(w + 1.0);
+    p->norm_weight = ToTensor(ref->norm_weight, {in});
+  }
+  if (c.norm == NormType::kLayerNorm) {
+    ref->norm_bias = reference::RandomVec(rng, in, 0.3);
+    p->norm_bias = ToTensor(ref->norm_bias, {in});
+  }
+  ref->fc1_weight = reference::RandomVec(rng, f1 * in, 1.0 / std::sqrt(in));
+  p->fc1_weight = ToTensor(ref->fc1_weight, {f1, in});
+  ref->fc2_weight = reference::RandomVec(rng, out * ffn, 1.0 / std::sqrt(ffn));
+  p->fc2_weight = ToTensor(ref->fc2_weight, {out, ffn});
+  if (c.bias) {
+    ref->fc1_bias = reference::RandomVec(rng, f1, 0.5);
+    p->fc1_bias = ToTensor(ref->fc1_bias, {f1});
+    ref->fc2_bias = reference::RandomVec(rng, out, 0.5);
+    p->fc2_bias = ToTensor(ref->fc2_bias, {out});
+  }
+}
+
+// Compares every gradient the config has.
+void ExpectGradsClose(const MlpBlockConfig& c, const std::string& what,
+                      MlpBlockParams& got, const BlockParams& want) {
+  const std::vector<ParamInfo> infos = BlockParamInfos(c);
+  const std::vector<Tensor*> tensors = got.InOrder(c);
+  ASSERT_EQ(infos.size(), tensors.size());
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const std::string& name = infos[i].name;
+    const Vec& w = name == "norm.weight"  ? want.norm_weight
+                   : name == "norm.bias"  ? want.norm_bias
+                   : name == "fc1.weight" ? want.fc1_weight
+                   : name == "fc1.bias"   ? want.fc1_bias
+                   : name == "fc2.weight" ? want.fc2_weight
+                                          : want.fc2_bias;
+    ASSERT_TRUE(tensors[i]->defined()) << what << " " << name;
+    ASSERT_EQ(tensors[i]->numel(), static_cast<int64_t>(w.size()))
+        << what << " " << name;
+    EXPECT_TRUE(AllClose((what + " grad " + name).c_str(),
+                         tensors[i]->data<float>(), w, kRtol, kAtol));
+  }
+}
+
+std::vector<MlpBlockConfig> AllConfigs(int64_t in, int64_t out, int64_t ffn) {
+  std::vector<MlpBlockConfig> configs;
+  for (Activation act : {Activation::kRelu, Activation::kGelu,
+                         Activation::kGeluTanh, Activation::kSwiglu}) {
+    for (NormType norm :
+         {NormType::kNone, NormType::kLayerNorm, NormType::kRmsNorm}) {
+      for (bool bias : {false, true}) {
+        for (bool residual : {false, true}) {
+          MlpBlockConfig c;
+          c.in_features = in;
+          c.out_features = residual ? in : out;
+          c.ffn_hidden_size = ffn;
+          c.activation = act;
+          c.norm = norm;
+          c.bias = bias;
+          c.residual = residual;
+          configs.push_back(c);
+        }
+      }
+    }
+  }
+  return configs;
+}
+
+// Every activation x norm x bias x residual: forward, dx and all parameter
+// gradients against the float64 reference.
+TEST(MlpBlockTest, EveryConfigMatchesFloat64Reference) {
+  Rng rng(41);
+  struct Dims {
+    int64_t b, in, out, ffn;
+  };
+  for (const Dims& d : {Dims{3, 17, 5, 9}, Dims{1, 3, 1, 1009},
+                        Dims{17, 1, 3, 17}}) {
+    for (const MlpBlockConfig& c : AllConfigs(d.in, d.out, d.ffn)) {
+      const std::string what = Describe(c, d.b);
+      MlpBlockParams params;
+      BlockParams ref;
+      RandomParams(c, &rng, &params, &ref);
+      const Vec x = reference::RandomVec(&rng, d.b * c.in_features, 1.0);
+      const Vec dy = reference::RandomVec(&rng, d.b * c.out_features, 1.0);
+      MlpBlock block(c);
+      Tensor y, dx;
+      MlpBlockSaved saved;
+      ASSERT_TRUE(
+          block.Forward(params, ToTensor(x, {d.b, c.in_features}), &y, &saved)
+              .ok())
+          << what;
+      ASSERT_EQ(y.shape(), (Shape{d.b, c.out_features})) << what;
+      EXPECT_TRUE(AllClose((what + " y").c_str(), y.data<float>(),
+                           reference::BlockForward(c, ref, d.b, x), kRtol,
+                           kAtol));
+      ASSERT_TRUE(block
+                      .BackwardInput(params,
+                                     ToTensor(dy, {d.b, c.out_features}),
+                                     &saved, &dx)
+                      .ok())
+          << what;
+      MlpBlockParams grads;
+      ASSERT_TRUE(block.BackwardWeight(&saved, false, &grads).ok()) << what;
+      EXPECT_FALSE(saved.fc1_out.defined()) << "saved tensors not released";
+      Vec want_dx;
+      BlockParams want_grads;
+      reference::BlockBackward(c, ref, d.b, x, dy, &want_dx, &want_grads);
+      ASSERT_EQ(dx.shape(), (Shape{d.b, c.in_features})) << what;
+      EXPECT_TRUE(AllClose((what + " dx").c_str(), dx.data<float>(), want_dx,
+                           kRtol, kAtol));
+      ExpectGradsClose(c, what, grads, want_grads);
+    }
+  }
+}
+
+double Dot(const Vec& a, const Vec& b) {
+  double s = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// The float64 reference's analytic gradients agree with central
+// differences of its forward, for every config (a few coordinates each).
+TEST(MlpBlockReferenceTest, GradientsMatchFiniteDifferences) {
+  Rng rng(42);
+  const int64_t b = 3;
+  for (const MlpBlockConfig& c : AllConfigs(5, 4, 7)) {
+    const std::string what = Describe(c, b);
+    MlpBlockParams unused;
+    BlockParams ref;
+    RandomParams(c, &rng, &unused, &ref);
+    const Vec x = reference::RandomVec(&rng, b * c.in_features, 1.0);
+    const Vec dy = reference::RandomVec(&rng, b * c.out_features, 1.0);
+    Vec dx;
+    BlockParams grads;
+    reference::BlockBackward(c, ref, b, x, dy, &dx, &grads);
+    const double h = 1e-6;
+    auto check = [&](Vec* v, const Vec& g, const char* name, const Vec* xin) {
+      for (size_t i = 0; i < v->size(); i += 1 + v->size() / 4) {
+        const double orig = (*v)[i];
+        (*v)[i] = orig + h;
+        const double plus = Dot(reference::BlockForward(c, ref, b, *xin), dy);
+        (*v)[i] = orig - h;
+        const double minus = Dot(reference::BlockForward(c, ref, b, *xin), dy);
+        (*v)[i] = orig;
+        EXPECT_NEAR(g[i], (plus - minus) / (2 * h), 2e-6)
+            << what << " " << name << "[" << i << "]";
+      }
+    };
+    Vec xv = x;
+    check(&xv, dx, "x", &xv);
+    check(&ref.fc1_weight, grads.fc1_weight, "fc1.weight", &x);
+    check(&ref.fc2_weight, grads.fc2_weight, "fc2.weight", &x);
+    if (c.bias) {
+      check(&ref.fc1_bias, grads.fc1_bias, "fc1.bias", &x);
+      check(&ref.fc2_bias, grads.fc2_bias, "fc2.bias", &x);
+    }
+    if (c.norm != NormType::kNone) {
+      check(&ref.norm_weight, grads.norm_weight, "norm.weight", &x);
+    }
+    if (c.norm == NormType::kLayerNorm) {
+      check(&ref.norm_bias, grads.norm_bias, "norm.bias", &x);
+    }
+  }
+}
+
+// BackwardWeight(accumulate=false) then (accumulate=true) equals the sum
+// of the two microbatches' gradients; first block (dx == nullptr) too.
+TEST(MlpBlockTest, BackwardWeightAccumulatesMicrobatches) {
+  Rng rng(43);
+  for (const MlpBlockConfig& c : AllConfigs(17, 17, 33)) {
+    const int64_t b1 = 3, b2 = 5;
+    const std::string what = Describe(c, b1);
+    MlpBlockParams params;
+    BlockParams ref;
+    RandomParams(c, &rng, &params, &ref);
+    MlpBlock block(c);
+    MlpBlockParams grads;
+    BlockParams want;
+    // Garbage in the gradient buffers must be overwritten, not added to.
+    std::vector<Tensor*> gt = grads.InOrder(c);
+    for (size_t i = 0; i < gt.size(); ++i) {
+      *gt[i] = Tensor::Empty(DType::kFloat32, BlockParamInfos(c)[i].shape);
+      gt[i]->Fill(1e30f);
+    }
+    int64_t mb = 0;
+    for (int64_t b : {b1, b2}) {
+      const Vec x = reference::RandomVec(&rng, b * c.in_features, 1.0);
+      const Vec dy = reference::RandomVec(&rng, b * c.out_features, 1.0);
+      Tensor y;
+      MlpBlockSaved saved;
+      ASSERT_TRUE(
+          block.Forward(params, ToTensor(x, {b, c.in_features}), &y, &saved)
+              .ok());
+      ASSERT_TRUE(block
+                      .BackwardInput(params, ToTensor(dy, {b, c.out_features}),
+                                     &saved, /*dx=*/nullptr)
+                      .ok());
+      ASSERT_TRUE(block.BackwardWeight(&saved, /*accumulate=*/mb > 0, &grads)
+                      .ok());
+      Vec dx;
+      BlockParams g;
+      reference::BlockBackward(c, ref, b, x, dy, &dx, &g);
+      if (mb == 0) {
+        want = g;
+      } else {
+        for (auto [w, add] : {std::make_pair(&want.norm_weight, &g.norm_weight),
+                              std::make_pair(&want.norm_bias, &g.norm_bias),
+                              std::make_pair(&want.fc1_weight, &g.fc1_weight),
+                              std::make_pair(&want.fc1_bias, &g.fc1_bias),
+                              std::make_pair(&want.fc2_weight, &g.fc2_weight),
+                              std::make_pair(&want.fc2_bias, &g.fc2_bias)}) {
+          for (size_t i = 0; i < w->size(); ++i) (*w)[i] += (*add)[i];
+        }
+      }
+      ++mb;
+    }
+    ExpectGradsClose(c, what + " accumulated", grads, want);
+  }
+}
+
+// Same inputs give the same bits, whatever the BLAS thread count.
+TEST(MlpBlockTest, BitwiseDeterministicAcrossRunsAndThreadCounts) {
+  Rng rng(44);
+  MlpBlockConfig c;
+  c.in_features = c.out_features = 128;
+  c.ffn_hidden_size = 512;
+  c.activation = Activation::kGelu;
+  c.norm = NormType::kLayerNorm;
+  c.residual = true;
+  MlpBlockParams params;
+  BlockParams ref;
+  RandomParams(c, &rng, &params, &ref);
+  const Tensor x = ToTensor(reference::RandomVec(&rng, 64 * 128, 1.0), {64, 128});
+  const Tensor dy =
+      ToTensor(reference::RandomVec(&rng, 64 * 128, 1.0), {64, 128});
+  MlpBlock block(c);
+  std::vector<std::vector<float>> runs;
+  for (int threads : {2, 1, 2}) {
+    SetBlasThreads(threads);
+    Tensor y, dx;
+    MlpBlockSaved saved;
+    MlpBlockParams grads;
+    ASSERT_TRUE(block.Forward(params, x, &y, &saved).ok());
+    ASSERT_TRUE(block.BackwardInput(params, dy, &saved, &dx).ok());
+    ASSERT_TRUE(block.BackwardWeight(&saved, false, &grads).ok());
+    std::vector<float> all;
+    for (const Tensor* t : {&y, &dx}) {
+      all.insert(all.end(), t->data<float>(), t->data<float>() + t->numel());
+    }
+    for (Tensor* t : grads.InOrder(c)) {
+      all.insert(all.end(), t->data<float>(), t->data<float>() + t->numel());
+    }
+    runs.push_back(all);
+  }
+  SetBlasThreads(2);
+  for (size_t i = 1; i < runs.size(); ++i) {
+    ASSERT_EQ(runs[0].size(), runs[i].size());
+    EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[i].data(),
+                             runs[0].size() * sizeof(float)))
+        << "run " << i;
+  }
+}
+
+TEST(MlpBlockTest, NamesParseAndErrorsListAllowedValues) {
+  EXPECT_EQ(*ActivationFromName("relu"), Activation::kRelu);
+  EXPECT_EQ(*ActivationFromName("gelu"), Activation::kGelu);
+  EXPECT_EQ(*ActivationFromName("gelu_tanh"), Activation::kGeluTanh);
+  EXPECT_EQ(*ActivationFromName("swiglu"), Activation::kSwiglu);
+  const absl::Status act = ActivationFromName("tanh").status();
+  EXPECT_EQ(act.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(act.message().find("\"tanh\""), std::string::npos) << act;
+  EXPECT_NE(act.message().find("gelu_tanh"), std::string::npos) << act;
+  EXPECT_EQ(*NormTypeFromName("none"), NormType::kNone);
+  EXPECT_EQ(*NormTypeFromName("layernorm"), NormType::kLayerNorm);
+  EXPECT_EQ(*NormTypeFromName("rmsnorm"), NormType::kRmsNorm);
+  const absl::Status norm = NormTypeFromName("LayerNorm").status();
+  EXPECT_EQ(norm.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(norm.message().find("layernorm"), std::string::npos) << norm;
+  EXPECT_NE(norm.message().find("rmsnorm"), std::string::npos) << norm;
+}
+
+TEST(MlpBlockTest, ParamInfosInCheckpointOrder) {
+  MlpBlockConfig c;
+  c.in_features = 4;
+  c.out_features = 6;
+  c.ffn_hidden_size = 8;
+  c.activation = Activation::kSwiglu;
+  c.norm = NormType::kLayerNorm;
+  c.bias = true;
+  const std::vector<ParamInfo> infos = BlockParamInfos(c);
+  ASSERT_EQ(infos.size(), 6u);
+  const std::vector<std::string> names = {"norm.weight", "norm.bias",
+                                          "fc1.weight",  "fc1.bias",
+                                          "fc2.weight",  "fc2.bias"};
+  const std::vector<Shape> shapes = {{4}, {4}, {16, 4}, {16}, {6, 8}, {6}};
+  for (size_t i = 0; i < infos.size(); ++i) {
+    EXPECT_EQ(infos[i].name, names[i]);
+    EXPECT_EQ(infos[i].shape, shapes[i]) << names[i];
+    EXPECT_EQ(infos[i].is_bias_or_norm, names[i] != "fc1.weight" &&
+                                            names[i] != "fc2.weight")
+        << names[i];
+  }
+  MlpBlockParams p;
+  const std::vector<Tensor*> order = p.InOrder(c);
+  EXPECT_EQ(order, (std::vector<Tensor*>{&p.norm_weight, &p.norm_bias,
+                                         &p.fc1_weight, &p.fc1_bias,
+                                         &p.fc2_weight, &p.fc2_bias}));
+  c.norm = NormType::kRmsNorm;
+  c.bias = false;
+  c.activation = Activation::kRelu;
+  const std::vector<ParamInfo> rms = BlockParamInfos(c);
+  ASSERT_EQ(rms.size(), 3u);
+  EXPECT_EQ(rms[0].name, "norm.weight");
+  EXPECT_TRUE(rms[0].is_bias_or_norm);
+  EXPECT_EQ(rms[1].name, "fc1.weight");
+  EXPECT_EQ(rms[1].shape, (Shape{8, 4}));
+  EXPECT_FALSE(rms[1].is_bias_or_norm);
+  EXPECT_EQ(rms[2].name, "fc2.weight");
+  EXPECT_EQ(p.InOrder(c),
+            (std::vector<Tensor*>{&p.norm_weight, &p.fc1_weight, &p.fc2_weight}));
+}
+
+TEST(MlpBlockTest, RejectsBadShapesAndOrder) {
+  MlpBlockConfig c;
+  c.in_features = 4;
+  c.out_features = 4;
+  c.ffn_hidden_size = 8;
+  Rng rng(45);
+  MlpBlockParams params;
+  BlockParams ref;
+  RandomParams(c, &rng, &params, &ref);
+  MlpBlock block(c);
+  Tensor y;
+  MlpBlockSaved saved;
+  const absl::Status bad_x = block.Forward(
+      params, Tensor::Zeros(DType::kFloat32, {2, 5}), &y, &saved);
+  EXPECT_EQ(bad_x.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_x.message().find("block input x"), std::string::npos) << bad_x;
+  EXPECT_NE(bad_x.message().find("[2, 4]"), std::string::npos) << bad_x;
+
+  MlpBlockParams bad = params;
+  bad.fc2_weight = Tensor::Zeros(DType::kFloat32, {4, 7});
+  const absl::Status bad_w = block.Forward(
+      bad, Tensor::Zeros(DType::kFloat32, {2, 4}), &y, &saved);
+  EXPECT_EQ(bad_w.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_w.message().find("fc2.weight"), std::string::npos) << bad_w;
+
+  MlpBlockParams no_bias = params;
+  no_bias.fc1_bias = Tensor();
+  EXPECT_NE(block.Forward(no_bias, Tensor::Zeros(DType::kFloat32, {2, 4}), &y,
+                          &saved)
+                .message()
+                .find("fc1.bias"),
+            std::string::npos);
+
+  MlpBlockSaved empty;
+  MlpBlockParams grads;
+  EXPECT_EQ(block.BackwardWeight(&empty, false, &grads).code(),
+            absl::StatusCode::kFailedPrecondition);
+  Tensor dx;
+  EXPECT_EQ(block
+                .BackwardInput(params, Tensor::Zeros(DType::kFloat32, {2, 4}),
+                               &empty, &dx)
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(block.Forward(params, Tensor::Zeros(DType::kFloat32, {2, 4}), &y,
+                            &saved)
+                  .ok());
+  const absl::Status bad_dy = block.BackwardInput(
+      params, Tensor::Zeros(DType::kFloat32, {3, 4}), &saved, &dx);
+  EXPECT_NE(bad_dy.message().find("d_out"), std::string::npos) << bad_dy;
+
+  MlpBlockConfig res = c;
+  res.residual = true;
+  res.out_features = 5;
+  const absl::Status bad_res = MlpBlock(res).Forward(
+      params, Tensor::Zeros(DType::kFloat32, {2, 4}), &y, &saved);
+  EXPECT_EQ(bad_res.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_res.message().find("residual"), std::string::npos) << bad_res;
+}
+
+}  // namespace
+}  // namespace trainyard

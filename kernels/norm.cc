@@ -1,0 +1,183 @@
+#include "kernels/norm.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/fast_math.h"
+
+namespace trainyard {
+namespace {
+
+constexpr int kLanes = 16;
+
+// Sum of f(i) for i in [0, n): lane l accumulates i = l (mod kLanes) in
+// order, then lanes combine in a fixed tree. Same order on every ISA.
+template <typename F>
+inline __attribute__((always_inline)) float LaneSum(int64_t n, F f) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += f(i + l);
+  }
+  for (int l = 0; i + l < n; ++l) acc[l] += f(i + l);
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
+  }
+  return acc[0];
+}
+
+// out[c] (+)= sum over rows of f(r, c), rows in order.
+template <typename F>
+inline __attribute__((always_inline)) void RowSumsInto(int64_t rows,
+                                                       int64_t cols,
+                                                       bool accumulate,
+                                                       float* __restrict out,
+                                                       F f) {
+  std::vector<float> sum(cols, 0.0f);
+  float* __restrict s = sum.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) s[c] += f(r, c);
+  }
+  if (accumulate) {
+    for (int64_t c = 0; c < cols; ++c) out[c] += s[c];
+  } else {
+    for (int64_t c = 0; c < cols; ++c) out[c] = s[c];
+  }
+}
+
+}  // namespace
+
+TY_VECTOR_CLONES
+void LayerNormForward(int64_t rows, int64_t cols, const float* x,
+                      const float* weight, const float* bias, float eps,
+                      float* y, float* mean, float* rstd) {
+  const float inv_n = 1.0f / static_cast<float>(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * cols;
+    float* __restrict yr = y + r * cols;
+    const float* __restrict w = weight;
+    const float m = LaneSum(cols, [xr](int64_t i) { return xr[i]; }) * inv_n;
+    const float var =
+        LaneSum(cols, [xr, m](int64_t i) {
+          const float d = xr[i] - m;
+          return d * d;
+        }) *
+        inv_n;
+    const float rs = 1.0f / std::sqrt(var + eps);
+    mean[r] = m;
+    rstd[r] = rs;
+    if (bias != nullptr) {
+      const float* __restrict b = bias;
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+    } else {
+      for (int64_t c = 0; c < cols; ++c) yr[c] = (xr[c] - m) * rs * w[c];
+    }
+  }
+}
+
+TY_VECTOR_CLONES
+void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x,
+                            const float* weight, const float* mean,
+                            const float* rstd, const float* dy,
+                            const float* residual, float* dx) {
+  const float inv_n = 1.0f / static_cast<float>(cols);
+  const float* __restrict w = weight;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * cols;
+    const float* __restrict g = dy + r * cols;
+    float* __restrict out = dx + r * cols;
+    const float m = mean[r];
+    const float rs = rstd[r];
+    const float mean_g =
+        LaneSum(cols, [g, w](int64_t i) { return g[i] * w[i]; }) * inv_n;
+    const float mean_gx = LaneSum(cols, [=](int64_t i) {
+                            return g[i] * w[i] * ((xr[i] - m) * rs);
+                          }) *
+                          inv_n;
+    if (residual != nullptr) {
+      const float* __restrict res = residual + r * cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        const float xhat = (xr[c] - m) * rs;
+        out[c] = (g[c] * w[c] - mean_g - xhat * mean_gx) * rs + res[c];
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float xhat = (xr[c] - m) * rs;
+        out[c] = (g[c] * w[c] - mean_g - xhat * mean_gx) * rs;
+      }
+    }
+  }
+}
+
+TY_VECTOR_CLONES
+void LayerNormBackwardParams(int64_t rows, int64_t cols, const float* x,
+                             const float* mean, const float* rstd,
+                             const float* dy, bool accumulate,
+                             float* d_weight, float* d_bias) {
+  const float* __restrict xp = x;
+  const float* __restrict g = dy;
+  RowSumsInto(rows, cols, accumulate, d_weight, [=](int64_t r, int64_t c) {
+    return g[r * cols + c] * ((xp[r * cols + c] - mean[r]) * rstd[r]);
+  });
+  if (d_bias != nullptr) {
+    RowSumsInto(rows, cols, accumulate, d_bias,
+                [=](int64_t r, int64_t c) { return g[r * cols + c]; });
+  }
+}
+
+TY_VECTOR_CLONES
+void RmsNormForward(int64_t rows, int64_t cols, const float* x,
+                    const float* weight, float eps, float* y, float* rstd) {
+  const float inv_n = 1.0f / static_cast<float>(cols);
+  const float* __restrict w = weight;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * cols;
+    float* __restrict yr = y + r * cols;
+    const float ms =
+        LaneSum(cols, [xr](int64_t i) { return xr[i] * xr[i]; }) * inv_n;
+    const float rs = 1.0f / std::sqrt(ms + eps);
+    rstd[r] = rs;
+    for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * rs * w[c];
+  }
+}
+
+TY_VECTOR_CLONES
+void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x,
+                          const float* weight, const float* rstd,
+                          const float* dy, const float* residual, float* dx) {
+  const float inv_n = 1.0f / static_cast<float>(cols);
+  const float* __restrict w = weight;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* __restrict xr = x + r * cols;
+    const float* __restrict g = dy + r * cols;
+    float* __restrict out = dx + r * cols;
+    const float rs = rstd[r];
+    const float mean_gx = LaneSum(cols, [=](int64_t i) {
+                            return g[i] * w[i] * (xr[i] * rs);
+                          }) *
+                          inv_n;
+    if (residual != nullptr) {
+      const float* __restrict res = residual + r * cols;
+      for (int64_t c = 0; c < cols; ++c) {
+        out[c] = (g[c] * w[c] - (xr[c] * rs) * mean_gx) * rs + res[c];
+      }
+    } else {
+      for (int64_t c = 0; c < cols; ++c) {
+        out[c] = (g[c] * w[c] - (xr[c] * rs) * mean_gx) * rs;
+      }
+    }
+  }
+}
+
+TY_VECTOR_CLONES
+void RmsNormBackwardParams(int64_t rows, int64_t cols, const float* x,
+                           const float* rstd, const float* dy,
+                           bool accumulate, float* d_weight) {
+  const float* __restrict xp = x;
+  const float* __restrict g = dy;
+  RowSumsInto(rows, cols, accumulate, d_weight, [=](int64_t r, int64_t c) {
+    return g[r * cols + c] * (xp[r * cols + c] * rstd[r]);
+  });
+}
+
+}  // namespace trainyard

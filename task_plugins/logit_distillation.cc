@@ -1,0 +1,441 @@
+// Task plugin "logit_distillation": knowledge distillation from a frozen
+// MLP teacher read from a safetensors file (Hinton et al.), with hard labels.
+//
+//   loss = alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T))
+//        + (1 - alpha) * CrossEntropy(student, labels)
+//
+// KL is torch.nn.KLDivLoss(reduction="batchmean") of log_softmax(student/T)
+// against softmax(teacher/T) over the non-ignored samples; CrossEntropy is
+// the mean over the same samples. loss_weight = their count.
+//
+// Config:
+//   "teacher":  path to a safetensors file with blocks.{i}.fc1.weight
+//               [fc1_out, in], blocks.{i}.fc2.weight [out, ffn], optional
+//               .fc1.bias/.fc2.bias and .norm.weight/.norm.bias; a relative
+//               path is resolved against "base_dir" when given.
+//   "teacher_blocks": [{"activation", "norm", "residual"}, ...] one per
+//               block, or top-level "activation" / "norm" / "residual" for
+//               every block (defaults gelu / none / false).
+//   "temperature" (2.0, > 0), "alpha" (0.5, in [0, 1]), "ignore_index"
+//   (-100).
+//
+// The teacher runs in build_forward_inputs (first stage), which passes
+// "teacher_logits" float32 [B, C] and "labels" int64 [B] as state, so the
+// last stage needs no features. Metrics per step: loss, kl, ce, accuracy.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/safetensors.h"
+#include "core/tensor.h"
+#include "kernels/mlp_block.h"
+#include "task_plugins/plugin_sdk.h"
+
+namespace trainyard {
+namespace plugin {
+namespace {
+
+struct TeacherBlock {
+  MlpBlock block;
+  MlpBlockParams params;
+};
+
+struct BlockStyle {
+  std::string activation = "gelu";
+  std::string norm = "none";
+  bool residual = false;
+};
+
+absl::StatusOr<BlockStyle> ParseStyle(const nlohmann::json& j,
+                                      const std::string& where,
+                                      BlockStyle style) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "activation" || key == "norm") {
+      if (!it->is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, key, ": must be a string, got ", it->dump()));
+      }
+      (key == "activation" ? style.activation : style.norm) =
+          it->get<std::string>();
+    } else if (key == "residual") {
+      if (!it->is_boolean()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, key, ": must be a boolean, got ", it->dump()));
+      }
+      style.residual = it->get<bool>();
+    } else if (where != "config.") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, key, ": unknown key (allowed: activation, norm, residual)"));
+    }
+  }
+  return style;
+}
+
+class LogitDistillationTask : public PluginTask {
+ public:
+  static std::set<std::string> ConfigKeys() {
+    return {"teacher",  "base_dir",    "teacher_blocks", "activation",  "norm",
+            "residual", "temperature", "alpha",          "ignore_index"};
+  }
+
+  static absl::StatusOr<std::unique_ptr<PluginTask>> Create(
+      const nlohmann::json& config) {
+    std::unique_ptr<LogitDistillationTask> task(new LogitDistillationTask());
+    absl::StatusOr<double> t = GetNumber(config, "temperature", 2.0);
+    if (!t.ok()) return t.status();
+    if (!(*t > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.temperature: must be > 0, got ", *t));
+    }
+    absl::StatusOr<double> alpha = GetNumber(config, "alpha", 0.5);
+    if (!alpha.ok()) return alpha.status();
+    if (*alpha < 0 || *alpha > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.alpha: must be in [0, 1], got ", *alpha));
+    }
+    absl::StatusOr<int64_t> ignore = GetInt(config, "ignore_index", -100);
+    if (!ignore.ok()) return ignore.status();
+    absl::StatusOr<std::string> teacher = GetString(config, "teacher", "");
+    if (!teacher.ok()) return teacher.status();
+    if (teacher->empty()) {
+      return absl::InvalidArgumentError(
+          "config.teacher: required (path to the teacher's safetensors file)");
+    }
+    absl::StatusOr<std::string> base_dir = GetString(config, "base_dir", "");
+    if (!base_dir.ok()) return base_dir.status();
+    task->temperature_ = *t;
+    task->alpha_ = *alpha;
+    task->ignore_index_ = *ignore;
+    task->teacher_path_ = (*teacher)[0] == '/' || base_dir->empty()
+                              ? *teacher
+                              : absl::StrCat(*base_dir, "/", *teacher);
+    absl::Status s = task->LoadTeacher(config);
+    if (!s.ok()) return s;
+    return std::unique_ptr<PluginTask>(std::move(task));
+  }
+
+  absl::Status BuildForwardInputs(const TrainyardBatch& batch,
+                                  TrainyardSink* out) override {
+    absl::StatusOr<const TrainyardTensor*> found =
+        CopyFeaturesToInputs(batch, out);
+    if (!found.ok()) return found.status();
+    const TrainyardTensor& features = **found;
+    const int64_t b = features.shape[0];
+    const int64_t d = features.shape[1];
+    const int64_t in = teacher_[0].block.config().in_features;
+    if (d != in) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "teacher ", teacher_path_, ": tensor blocks.0.fc1.weight expects ",
+          in, " input features, but \"features\" is ", ShapeString(features)));
+    }
+    absl::StatusOr<const TrainyardTensor*> targets =
+        FindTensor(batch.tensors, batch.num_tensors, "targets");
+    if (!targets.ok()) return targets.status();
+    if (!IsLabelTensor(**targets)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_distillation needs class-index \"targets\" int32/int64 [B], "
+          "got ",
+          DTypeString((*targets)->dtype), " ", ShapeString(**targets)));
+    }
+
+    // The frozen teacher's forward pass.
+    Tensor x = Tensor::Empty(DType::kFloat32, {b, d});
+    if (b * d > 0)
+      std::memcpy(x.raw_data(), features.data, sizeof(float) * b * d);
+    for (size_t i = 0; i < teacher_.size(); ++i) {
+      Tensor y;
+      MlpBlockSaved saved;
+      absl::Status s =
+          teacher_[i].block.Forward(teacher_[i].params, x, &y, &saved);
+      if (!s.ok()) {
+        return absl::InternalError(absl::StrCat("teacher ", teacher_path_,
+                                                " block ", i,
+                                                " forward: ", s.message()));
+      }
+      x = y;
+    }
+    absl::StatusOr<void*> logits =
+        AddTensor(out, "teacher_logits", TRAINYARD_FLOAT32, {b, x.dim(1)});
+    if (!logits.ok()) return logits.status();
+    if (x.numel() > 0) std::memcpy(*logits, x.raw_data(), x.nbytes());
+    absl::StatusOr<void*> labels =
+        AddTensor(out, "labels", TRAINYARD_INT64, {b});
+    if (!labels.ok()) return labels.status();
+    for (int64_t i = 0; i < b; ++i) {
+      static_cast<int64_t*>(*labels)[i] = LabelAt(**targets, i);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ComputeLoss(const TrainyardLossArgs& args,
+                           TrainyardLossResult* result,
+                           TrainyardSink* metrics) override {
+    const TrainyardTensor& out = *args.output;
+    const int64_t b = out.shape[0];
+    const int64_t c = out.shape[1];
+    absl::StatusOr<const TrainyardTensor*> tl =
+        FindTensor(args.state, args.num_state, "teacher_logits");
+    if (!tl.ok()) return tl.status();
+    absl::StatusOr<const TrainyardTensor*> lb =
+        FindTensor(args.state, args.num_state, "labels");
+    if (!lb.ok()) return lb.status();
+    const TrainyardTensor& teacher = **tl;
+    const TrainyardTensor& labels = **lb;
+    if (teacher.dtype != TRAINYARD_FLOAT32 || teacher.ndim != 2 ||
+        teacher.shape[0] != b || teacher.shape[1] != c) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "teacher ", teacher_path_, ": teacher_logits ", ShapeString(teacher),
+          " (tensor blocks.", teacher_.size() - 1, ".fc2.weight gives ",
+          teacher_.back().block.config().out_features,
+          " classes) do not match the student output ", ShapeString(out)));
+    }
+    if (!IsLabelTensor(labels) || labels.shape[0] != b) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "microbatch ", args.microbatch, ": \"labels\" must be int [", b,
+          "], got ", DTypeString(labels.dtype), " ", ShapeString(labels)));
+    }
+    int64_t n = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t y = LabelAt(labels, i);
+      if (y == ignore_index_) continue;
+      if (y < 0 || y >= c) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "microbatch ", args.microbatch, " of ", args.num_microbatches,
+            ", row ", i, ": label ", y, " outside [0, ", c,
+            ") and not ignore_index ", ignore_index_));
+      }
+      ++n;
+    }
+    result->loss = 0;
+    result->loss_weight = static_cast<double>(n);
+    if (n == 0) return absl::OkStatus();
+
+    const double t = temperature_;
+    const float* s = static_cast<const float*>(out.data);
+    const float* z = static_cast<const float*>(teacher.data);
+    float* g =
+        args.is_eval ? nullptr : static_cast<float*>(args.grad_output->data);
+    std::vector<double> log_q(c), log_p(c), log_s(c);
+    double kl_sum = 0, ce_sum = 0;
+    int64_t correct = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t y = LabelAt(labels, i);
+      if (y == ignore_index_) continue;
+      LogSoftmaxRow(s + i * c, c, 1.0 / t, log_q.data());
+      LogSoftmaxRow(z + i * c, c, 1.0 / t, log_p.data());
+      LogSoftmaxRow(s + i * c, c, 1.0, log_s.data());
+      double kl = 0;
+      for (int64_t k = 0; k < c; ++k) {
+        const double p = std::exp(log_p[k]);
+        if (p > 0) kl += p * (log_p[k] - log_q[k]);  // xlogy: 0 log 0 = 0
+      }
+      kl_sum += kl;
+      ce_sum += -log_s[y];
+      int64_t argmax = 0;
+      for (int64_t k = 1; k < c; ++k) {
+        if (s[i * c + k] > s[i * c + argmax]) argmax = k;
+      }
+      correct += (argmax == y);
+      if (g != nullptr) {
+        // d/ds [alpha T^2 KL] = alpha T (q - p); d/ds CE = softmax(s) - 1_y.
+        for (int64_t k = 0; k < c; ++k) {
+          const double dkl =
+              alpha_ * t * (std::exp(log_q[k]) - std::exp(log_p[k]));
+          const double dce = (1 - alpha_) * (std::exp(log_s[k]) - (k == y));
+          g[i * c + k] = static_cast<float>((dkl + dce) / n);
+        }
+      }
+    }
+    const double loss = alpha_ * t * t * kl_sum / n + (1 - alpha_) * ce_sum / n;
+    result->loss = loss;
+    Accum& a = accum_[args.is_eval ? 1 : 0];
+    a.loss_sum += loss * n;
+    a.kl_sum += kl_sum;
+    a.ce_sum += ce_sum;
+    a.correct += correct;
+    a.count += n;
+    return absl::OkStatus();
+  }
+
+  absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) override {
+    Accum& a = accum_[is_eval ? 1 : 0];
+    if (a.count > 0) {
+      const double n = static_cast<double>(a.count);
+      out->add_metric(out->ctx, "loss", a.loss_sum / n);
+      out->add_metric(out->ctx, "kl", a.kl_sum / n);
+      out->add_metric(out->ctx, "ce", a.ce_sum / n);
+      out->add_metric(out->ctx, "accuracy", a.correct / n);
+    }
+    a = Accum();
+    return absl::OkStatus();
+  }
+
+ private:
+  LogitDistillationTask() = default;
+
+  // Reads the teacher file and checks it against the block styles.
+  absl::Status LoadTeacher(const nlohmann::json& config) {
+    const std::string who = absl::StrCat("teacher ", teacher_path_, ": ");
+    absl::StatusOr<SafetensorsFile> file = ReadSafetensors(teacher_path_);
+    if (!file.ok()) {
+      return absl::Status(
+          file.status().code(),
+          absl::StrCat("config.teacher: ", file.status().message()));
+    }
+    std::map<std::string, Tensor> tensors;
+    for (const auto& [name, t] : file->tensors) tensors[name] = t;
+    int num_blocks = 0;
+    while (tensors.count(absl::StrCat("blocks.", num_blocks, ".fc1.weight"))) {
+      ++num_blocks;
+    }
+    if (num_blocks == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, "missing tensor blocks.0.fc1.weight"));
+    }
+
+    // One style per block.
+    absl::StatusOr<BlockStyle> common =
+        ParseStyle(config, "config.", BlockStyle());
+    if (!common.ok()) return common.status();
+    std::vector<BlockStyle> styles(num_blocks, *common);
+    auto list = config.find("teacher_blocks");
+    if (list != config.end()) {
+      if (config.contains("activation") || config.contains("norm") ||
+          config.contains("residual")) {
+        return absl::InvalidArgumentError(
+            "config: give either teacher_blocks or a top-level "
+            "activation/norm/residual, not both");
+      }
+      if (!list->is_array()) {
+        return absl::InvalidArgumentError(
+            "config.teacher_blocks: must be a list of objects");
+      }
+      if (static_cast<int>(list->size()) != num_blocks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, "has ", num_blocks,
+                         " blocks (blocks.0 .. blocks.", num_blocks - 1,
+                         ") but config.teacher_blocks lists ", list->size()));
+      }
+      for (int i = 0; i < num_blocks; ++i) {
+        const std::string where =
+            absl::StrCat("config.teacher_blocks[", i, "].");
+        if (!(*list)[i].is_object()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, " must be an object"));
+        }
+        absl::StatusOr<BlockStyle> st =
+            ParseStyle((*list)[i], where, BlockStyle());
+        if (!st.ok()) return st.status();
+        styles[i] = *st;
+      }
+    }
+
+    std::set<std::string> used;
+    for (int i = 0; i < num_blocks; ++i) {
+      const std::string p = absl::StrCat("blocks.", i, ".");
+      MlpBlockConfig cfg;
+      absl::StatusOr<Activation> act = ActivationFromName(styles[i].activation);
+      if (!act.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("block ", i, ": ", act.status().message()));
+      }
+      absl::StatusOr<NormType> norm = NormTypeFromName(styles[i].norm);
+      if (!norm.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("block ", i, ": ", norm.status().message()));
+      }
+      cfg.activation = *act;
+      cfg.norm = *norm;
+      cfg.residual = styles[i].residual;
+      const Tensor& fc1 = tensors[p + "fc1.weight"];
+      auto fc2 = tensors.find(p + "fc2.weight");
+      if (fc2 == tensors.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, "missing tensor ", p, "fc2.weight"));
+      }
+      for (const auto& [name, t] :
+           {std::pair<std::string, const Tensor*>{p + "fc1.weight", &fc1},
+            {p + "fc2.weight", &fc2->second}}) {
+        if (t->ndim() != 2) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(who, "tensor ", name, ": must be 2-D, got ",
+                           ShapeToString(t->shape())));
+        }
+      }
+      cfg.in_features = fc1.dim(1);
+      cfg.out_features = fc2->second.dim(0);
+      cfg.ffn_hidden_size = fc2->second.dim(1);
+      cfg.bias = tensors.count(p + "fc1.bias") > 0;
+      if (i > 0 &&
+          cfg.in_features != teacher_.back().block.config().out_features) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, "tensor ", p, "fc1.weight: takes ", cfg.in_features,
+            " inputs but block ", i - 1, " produces ",
+            teacher_.back().block.config().out_features));
+      }
+      if (cfg.residual && cfg.in_features != cfg.out_features) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, "block ", i, " is residual but maps ", cfg.in_features, " -> ",
+            cfg.out_features, " features"));
+      }
+      TeacherBlock tb{MlpBlock(cfg), MlpBlockParams()};
+      std::vector<Tensor*> slots = tb.params.InOrder(cfg);
+      std::vector<ParamInfo> infos = BlockParamInfos(cfg);
+      for (size_t k = 0; k < infos.size(); ++k) {
+        const std::string name = p + infos[k].name;
+        auto it = tensors.find(name);
+        if (it == tensors.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              who, "missing tensor ", name, " (block ", i, ": norm \"",
+              styles[i].norm, "\", activation \"", styles[i].activation,
+              "\", bias ", cfg.bias ? "yes" : "no", ")"));
+        }
+        if (it->second.dtype() != DType::kFloat32) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(who, "tensor ", name, ": must be float32, got ",
+                           DTypeName(it->second.dtype())));
+        }
+        if (it->second.shape() != infos[k].shape) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(who, "tensor ", name, ": expected shape ",
+                           ShapeToString(infos[k].shape), ", got ",
+                           ShapeToString(it->second.shape())));
+        }
+        *slots[k] = it->second;
+        used.insert(name);
+      }
+      teacher_.push_back(std::move(tb));
+    }
+    for (const auto& [name, t] : tensors) {
+      if (used.count(name) == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, "unexpected tensor ", name,
+                         " (not used by the configured teacher blocks; check "
+                         "teacher_blocks / norm / bias)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  struct Accum {
+    double loss_sum = 0, kl_sum = 0, ce_sum = 0;
+    int64_t correct = 0, count = 0;
+  };
+  double temperature_ = 2.0;
+  double alpha_ = 0.5;
+  int64_t ignore_index_ = -100;
+  std::string teacher_path_;
+  std::vector<TeacherBlock> teacher_;
+  Accum accum_[2];  // [train, eval]
+};
+
+}  // namespace
+}  // namespace plugin
+}  // namespace trainyard
+
+TRAINYARD_EXPORT_TASK_PLUGIN(trainyard::plugin::LogitDistillationTask,
+                             "logit_distillation")

@@ -1,0 +1,170 @@
+#include "task_plugins/plugin_sdk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace trainyard {
+namespace plugin {
+
+void SetError(TrainyardError* err, const std::string& message) {
+  if (err == nullptr) return;
+  std::snprintf(err->message, sizeof(err->message), "%s", message.c_str());
+}
+
+absl::StatusOr<nlohmann::json> ParseConfig(
+    const char* text, const std::set<std::string>& allowed) {
+  if (text == nullptr) return absl::InvalidArgumentError("config is NULL");
+  nlohmann::json j = nlohmann::json::parse(text, nullptr,
+                                           /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config is not valid JSON: ", text));
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config must be a JSON object, got ", text));
+  }
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (allowed.count(it.key()) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: unknown key \"", it.key(),
+                       "\" (allowed: ", absl::StrJoin(allowed, ", "), ")"));
+    }
+  }
+  return j;
+}
+
+absl::StatusOr<double> GetNumber(const nlohmann::json& config,
+                                 const std::string& key, double fallback) {
+  auto it = config.find(key);
+  if (it == config.end()) return fallback;
+  if (!it->is_number()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.", key, ": must be a number, got ", it->dump()));
+  }
+  const double v = it->get<double>();
+  if (!std::isfinite(v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.", key, ": must be finite"));
+  }
+  return v;
+}
+
+absl::StatusOr<int64_t> GetInt(const nlohmann::json& config,
+                               const std::string& key, int64_t fallback) {
+  auto it = config.find(key);
+  if (it == config.end()) return fallback;
+  if (!it->is_number_integer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.", key, ": must be an integer, got ", it->dump()));
+  }
+  return it->get<int64_t>();
+}
+
+absl::StatusOr<std::string> GetString(const nlohmann::json& config,
+                                      const std::string& key,
+                                      const std::string& fallback) {
+  auto it = config.find(key);
+  if (it == config.end()) return fallback;
+  if (!it->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.", key, ": must be a string, got ", it->dump()));
+  }
+  return it->get<std::string>();
+}
+
+std::string ShapeString(const TrainyardTensor& t) {
+  std::vector<int64_t> dims;
+  for (int i = 0; i < t.ndim && i < TRAINYARD_MAX_DIMS; ++i) {
+    dims.push_back(t.shape[i]);
+  }
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+std::string DTypeString(int32_t dtype) {
+  switch (dtype) {
+    case TRAINYARD_FLOAT32:
+      return "float32";
+    case TRAINYARD_INT32:
+      return "int32";
+    case TRAINYARD_INT64:
+      return "int64";
+  }
+  return absl::StrCat("dtype#", dtype);
+}
+
+int64_t NumElements(const TrainyardTensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+absl::StatusOr<const TrainyardTensor*> FindTensor(
+    const TrainyardTensor* tensors, int32_t n, const std::string& name) {
+  std::vector<std::string> names;
+  for (int32_t i = 0; i < n; ++i) {
+    if (name == tensors[i].name) return &tensors[i];
+    names.push_back(absl::StrCat("\"", tensors[i].name, "\""));
+  }
+  return absl::NotFoundError(absl::StrCat("no tensor \"", name, "\" (have ",
+                                          absl::StrJoin(names, ", "), ")"));
+}
+
+bool IsLabelTensor(const TrainyardTensor& t) {
+  return t.ndim == 1 &&
+         (t.dtype == TRAINYARD_INT32 || t.dtype == TRAINYARD_INT64);
+}
+
+int64_t LabelAt(const TrainyardTensor& t, int64_t i) {
+  if (t.dtype == TRAINYARD_INT32) return static_cast<const int32_t*>(t.data)[i];
+  return static_cast<const int64_t*>(t.data)[i];
+}
+
+absl::StatusOr<void*> AddTensor(TrainyardSink* sink, const std::string& name,
+                                int32_t dtype,
+                                const std::vector<int64_t>& shape) {
+  void* p = sink->add_tensor(sink->ctx, name.c_str(), dtype,
+                             static_cast<int32_t>(shape.size()), shape.data());
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host refused tensor \"", name, "\" ", DTypeString(dtype),
+                     " [", absl::StrJoin(shape, ", "), "]"));
+  }
+  return p;
+}
+
+absl::StatusOr<const TrainyardTensor*> CopyFeaturesToInputs(
+    const TrainyardBatch& batch, TrainyardSink* out) {
+  absl::StatusOr<const TrainyardTensor*> f =
+      FindTensor(batch.tensors, batch.num_tensors, "features");
+  if (!f.ok()) return f.status();
+  const TrainyardTensor& t = **f;
+  if (t.dtype != TRAINYARD_FLOAT32 || t.ndim != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"features\" must be float32 [B, D], got ",
+                     DTypeString(t.dtype), " ", ShapeString(t)));
+  }
+  absl::StatusOr<void*> p =
+      AddTensor(out, "inputs", TRAINYARD_FLOAT32, {t.shape[0], t.shape[1]});
+  if (!p.ok()) return p.status();
+  const int64_t n = NumElements(t);
+  if (n > 0) std::memcpy(*p, t.data, n * sizeof(float));
+  return &t;
+}
+
+void LogSoftmaxRow(const float* x, int64_t n, double scale, double* out) {
+  double m = -INFINITY;
+  for (int64_t c = 0; c < n; ++c) m = std::max(m, scale * x[c]);
+  double sum = 0;
+  for (int64_t c = 0; c < n; ++c) sum += std::exp(scale * x[c] - m);
+  const double lse = m + std::log(sum);
+  for (int64_t c = 0; c < n; ++c) out[c] = scale * x[c] - lse;
+}
+
+}  // namespace plugin
+}  // namespace trainyard

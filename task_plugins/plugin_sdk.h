@@ -1,0 +1,160 @@
+// Plugin-side helpers for writing a task plugin in C++ (the host never
+// includes this). A plugin derives from PluginTask, implements a static
+//   absl::StatusOr<std::unique_ptr<PluginTask>> Create(const nlohmann::json&)
+// and exports its table with TRAINYARD_EXPORT_TASK_PLUGIN(Class, "name").
+// The adapter turns absl::Status into the ABI's int + TrainyardError, and
+// catches every exception so none crosses the C boundary.
+//
+// Ownership: the task handle is the PluginTask*, deleted by destroy().
+// Thread safety: the ABI calls one handle from one thread at a time.
+#ifndef TRAINYARD_TASK_PLUGINS_PLUGIN_SDK_H_
+#define TRAINYARD_TASK_PLUGINS_PLUGIN_SDK_H_
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "task_plugins/task_abi.h"
+
+namespace trainyard {
+namespace plugin {
+
+class PluginTask {
+ public:
+  virtual ~PluginTask() = default;
+  virtual absl::Status BuildForwardInputs(const TrainyardBatch& batch,
+                                          TrainyardSink* out) = 0;
+  virtual absl::Status ComputeLoss(const TrainyardLossArgs& args,
+                                   TrainyardLossResult* result,
+                                   TrainyardSink* metrics) = 0;
+  virtual absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) = 0;
+};
+
+// Writes `message` (truncated) into err.
+void SetError(TrainyardError* err, const std::string& message);
+
+// Runs f (returning absl::Status) and maps it onto the ABI's 0 / non-zero.
+template <typename F>
+int Guard(TrainyardError* err, F&& f) {
+  try {
+    absl::Status s = f();
+    if (s.ok()) return 0;
+    SetError(err, std::string(s.message()));
+  } catch (const std::exception& e) {
+    SetError(err, std::string("internal error: ") + e.what());
+  } catch (...) {
+    SetError(err, "internal error: unknown exception");
+  }
+  return 1;
+}
+
+// Parses a JSON object and refuses keys outside `allowed`.
+absl::StatusOr<nlohmann::json> ParseConfig(
+    const char* text, const std::set<std::string>& allowed);
+// Typed optional fields; errors name the key and the expected type.
+absl::StatusOr<double> GetNumber(const nlohmann::json& config,
+                                 const std::string& key, double fallback);
+absl::StatusOr<int64_t> GetInt(const nlohmann::json& config,
+                               const std::string& key, int64_t fallback);
+absl::StatusOr<std::string> GetString(const nlohmann::json& config,
+                                      const std::string& key,
+                                      const std::string& fallback);
+
+// "[2, 3]" for an ABI tensor; "float32"/"int32"/"int64" for a dtype.
+std::string ShapeString(const TrainyardTensor& t);
+std::string DTypeString(int32_t dtype);
+int64_t NumElements(const TrainyardTensor& t);
+
+// The tensor called `name`, or NotFound listing what there is.
+absl::StatusOr<const TrainyardTensor*> FindTensor(
+    const TrainyardTensor* tensors, int32_t n, const std::string& name);
+
+// Class-index labels: int32/int64 of rank 1.
+bool IsLabelTensor(const TrainyardTensor& t);
+int64_t LabelAt(const TrainyardTensor& t, int64_t i);
+
+// The batch's "features" (float32 [B, D]) copied to "inputs"; returns it.
+absl::StatusOr<const TrainyardTensor*> CopyFeaturesToInputs(
+    const TrainyardBatch& batch, TrainyardSink* out);
+
+// Numerically stable log-softmax of one row of n logits scaled by `scale`,
+// in double: out[c] = scale * x[c] - logsumexp(scale * x).
+void LogSoftmaxRow(const float* x, int64_t n, double scale, double* out);
+
+// Allocates through the sink; an error naming the tensor if the host refuses.
+absl::StatusOr<void*> AddTensor(TrainyardSink* sink, const std::string& name,
+                                int32_t dtype,
+                                const std::vector<int64_t>& shape);
+
+template <typename T>
+struct TableAdapter {
+  static void* Create(const char* config_json, TrainyardError* err) {
+    void* handle = nullptr;
+    Guard(err, [&]() -> absl::Status {
+      absl::StatusOr<nlohmann::json> config =
+          ParseConfig(config_json, T::ConfigKeys());
+      if (!config.ok()) return config.status();
+      absl::StatusOr<std::unique_ptr<PluginTask>> task = T::Create(*config);
+      if (!task.ok()) return task.status();
+      handle = task->release();
+      return absl::OkStatus();
+    });
+    return handle;
+  }
+  static int Build(void* task, const TrainyardBatch* batch, TrainyardSink* out,
+                   TrainyardError* err) {
+    return Guard(err, [&] {
+      return static_cast<PluginTask*>(task)->BuildForwardInputs(*batch, out);
+    });
+  }
+  static int Loss(void* task, const TrainyardLossArgs* args,
+                  TrainyardLossResult* result, TrainyardSink* metrics,
+                  TrainyardError* err) {
+    return Guard(err, [&] {
+      return static_cast<PluginTask*>(task)->ComputeLoss(*args, result,
+                                                         metrics);
+    });
+  }
+  static int Metrics(void* task, int32_t is_eval, TrainyardSink* out,
+                     TrainyardError* err) {
+    return Guard(err, [&] {
+      return static_cast<PluginTask*>(task)->UpdateMetrics(is_eval != 0, out);
+    });
+  }
+  static void Destroy(void* task) { delete static_cast<PluginTask*>(task); }
+
+  static TrainyardTaskV1 Make(const char* name) {
+    TrainyardTaskV1 t;
+    std::memset(&t, 0, sizeof(t));
+    t.abi_version = TRAINYARD_TASK_ABI_VERSION;
+    t.struct_size = sizeof(TrainyardTaskV1);
+    t.name = name;
+    t.create = &Create;
+    t.build_forward_inputs = &Build;
+    t.compute_loss = &Loss;
+    t.update_metrics = &Metrics;
+    t.destroy = &Destroy;
+    return t;
+  }
+};
+
+}  // namespace plugin
+}  // namespace trainyard
+
+// Defines the exported entry point for a PluginTask subclass.
+#define TRAINYARD_EXPORT_TASK_PLUGIN(Class, name_literal)                  \
+  extern "C" __attribute__((visibility("default"))) const TrainyardTaskV1* \
+  trainyard_task_v1(void) {                                                \
+    static const TrainyardTaskV1 table =                                   \
+        ::trainyard::plugin::TableAdapter<Class>::Make(name_literal);      \
+    return &table;                                                         \
+  }
+
+#endif  // TRAINYARD_TASK_PLUGINS_PLUGIN_SDK_H_

@@ -1,0 +1,197 @@
+/* Trainyard task plugin ABI, version 1.
+ *
+ * A task plugin owns the loss of a training job: it turns a raw batch into
+ * model inputs (first pipeline stage), computes the loss and dLoss/dOutput for
+ * each microbatch (last stage), and aggregates metrics once per step. The
+ * lifecycle follows d9d's TrainTask and Megatron Bridge's loss contract:
+ *
+ *   create(config) -> { build_forward_inputs -> compute_loss x M
+ *                       -> update_metrics }* -> finalize -> destroy
+ *
+ * with state_dict / load_state_dict at any point between steps.
+ *
+ * A plugin is a shared library lib<name>.so that exports one C symbol per
+ * ABI version it speaks, `trainyard_task_v1`, returning a pointer to a static
+ * TrainyardTaskV1 table. Only C types cross this boundary.
+ *
+ * Ownership: memory passed into a call is the host's and valid for that call
+ * only. Output tensors are allocated through the sink the host passes in, and
+ * belong to the host. The plugin's task handle (void*) belongs to the plugin
+ * until destroy().
+ *
+ * Errors: a function returns 0 on success. On failure it returns non-zero
+ * and writes a NUL-terminated reason into err->message (at most
+ * TRAINYARD_ERROR_LEN bytes including the NUL); the host prefixes it with the
+ * plugin's name and the call. A plugin must not call exit(), abort() or throw
+ * across this boundary.
+ *
+ * Threading: the host calls one task handle from one thread at a time. The
+ * first and last pipeline stage each create their own handle.
+ *
+ * The format is documented in docs/PLUGIN_ABI.md.
+ */
+#ifndef TRAINYARD_TASK_PLUGINS_TASK_ABI_H_
+#define TRAINYARD_TASK_PLUGINS_TASK_ABI_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TRAINYARD_TASK_ABI_VERSION 1
+#define TRAINYARD_TASK_SYMBOL_V1 "trainyard_task_v1"
+#define TRAINYARD_ERROR_LEN 1024
+#define TRAINYARD_MAX_DIMS 8
+
+typedef enum TrainyardDType {
+  TRAINYARD_FLOAT32 = 0,
+  TRAINYARD_INT32 = 2,
+  TRAINYARD_INT64 = 3,
+} TrainyardDType;
+
+/* A dense, row-major host tensor. Tensors the host passes in (batch,
+ * output, state) are read-only for the plugin although `data` is not const;
+ * only grad_output and sink-allocated tensors may be written. */
+typedef struct TrainyardTensor {
+  const char* name; /* never NULL; "" for unnamed */
+  int32_t dtype;    /* a TrainyardDType */
+  int32_t ndim;     /* 0 .. TRAINYARD_MAX_DIMS */
+  int64_t shape[TRAINYARD_MAX_DIMS];
+  void* data; /* ndim product elements of dtype */
+} TrainyardTensor;
+
+typedef struct TrainyardError {
+  char message[TRAINYARD_ERROR_LEN];
+} TrainyardError;
+
+/* Host-side receiver for what a call produces. Every callback may be used
+ * only during the call it was passed to. */
+typedef struct TrainyardSink {
+  void* ctx;
+  /* Allocates a host tensor named `name` (copied) and returns its data
+   * pointer for the plugin to fill; NULL if the host refuses (bad dtype,
+   * ndim, negative dims, duplicate name or out of memory). The memory is
+   * zero-filled; for a zero-element tensor the pointer is non-NULL but must
+   * not be dereferenced. */
+  void* (*add_tensor)(void* ctx, const char* name, int32_t dtype, int32_t ndim,
+                      const int64_t* shape);
+  /* Records a named scalar metric. */
+  void (*add_metric)(void* ctx, const char* name, double value);
+  /* Appends bytes (state_dict). */
+  void (*add_bytes)(void* ctx, const void* data, size_t len);
+} TrainyardSink;
+
+/* Input of build_forward_inputs: the raw batch as read from the data
+ * source, named "features" (float32 [B, D]) and "targets" (int32/int64 [B]
+ * or float32 [B, K]). */
+typedef struct TrainyardBatch {
+  const TrainyardTensor* tensors;
+  int32_t num_tensors;
+  int64_t step; /* 0-based optimizer step this batch is for */
+  int32_t is_eval;
+} TrainyardBatch;
+
+/* Input of compute_loss, for one microbatch on the last stage. */
+typedef struct TrainyardLossArgs {
+  const TrainyardTensor* output; /* model output, float32 [b, out] */
+  /* The per-microbatch state tensors build_forward_inputs produced (split
+   * along dim 0 like the inputs), in the order they were added. */
+  const TrainyardTensor* state;
+  int32_t num_state;
+  /* float32, same shape as *output: the plugin writes dLoss/dOutput of the
+   * returned `loss` here. Ignored (may be NULL data) when is_eval. */
+  TrainyardTensor* grad_output;
+  int64_t step;
+  int32_t microbatch;
+  int32_t num_microbatches;
+  int32_t is_eval;
+} TrainyardLossArgs;
+
+typedef struct TrainyardLossResult {
+  /* The microbatch's loss, typically a mean over its samples. */
+  double loss;
+  /* This microbatch's share: the engine reports sum(w*loss)/sum(w) and
+   * scales gradients to match, so with w = number of contributing samples
+   * any split into microbatches gives the full-batch mean. Must be > 0
+   * unless the microbatch contributes nothing (then loss and grad are 0). */
+  double loss_weight;
+} TrainyardLossResult;
+
+typedef enum TrainyardEventKind {
+  TRAINYARD_EVENT_STEP_BEGIN = 0,
+  TRAINYARD_EVENT_STEP_END = 1,
+  TRAINYARD_EVENT_CHECKPOINT_SAVED = 2,
+  TRAINYARD_EVENT_JOB_END = 3,
+} TrainyardEventKind;
+
+typedef struct TrainyardEvent {
+  int32_t kind; /* a TrainyardEventKind */
+  int64_t step;
+  const char* detail; /* checkpoint path, or job end reason; never NULL */
+} TrainyardEvent;
+
+typedef struct TrainyardTaskV1 {
+  /* Must be TRAINYARD_TASK_ABI_VERSION and sizeof(TrainyardTaskV1). */
+  uint32_t abi_version;
+  uint32_t struct_size;
+  /* Human-readable name, e.g. "cross_entropy". */
+  const char* name;
+
+  /* Required. Parses `config_json` (a JSON object, "{}" when empty) and
+   * returns a task handle, or NULL with err set when the config is refused. */
+  void* (*create)(const char* config_json, TrainyardError* err);
+
+  /* Required. First stage, once per step (and per eval batch). Adds to
+   * `out` exactly one tensor named "inputs" (float32 [B, D], the model
+   * input) and any number of per-sample state tensors (dim 0 == B) that
+   * travel with each microbatch to compute_loss, e.g. "labels". */
+  int (*build_forward_inputs)(void* task, const TrainyardBatch* batch,
+                              TrainyardSink* out, TrainyardError* err);
+
+  /* Required. Last stage, once per microbatch. Fills result and
+   * args->grad_output; may record per-microbatch metrics with
+   * metrics->add_metric (the host only logs them; aggregate for
+   * update_metrics yourself). */
+  int (*compute_loss)(void* task, const TrainyardLossArgs* args,
+                      TrainyardLossResult* result, TrainyardSink* metrics,
+                      TrainyardError* err);
+
+  /* Required. Last stage, once per step (is_eval = 0) and once per eval
+   * pass (is_eval = 1): reports the metrics accumulated since the previous
+   * call with the same is_eval through out->add_metric, and resets them. */
+  int (*update_metrics)(void* task, int32_t is_eval, TrainyardSink* out,
+                        TrainyardError* err);
+
+  /* Optional (NULL = stateless). Serialises the task's state via
+   * out->add_bytes; the host stores it in checkpoints. */
+  int (*state_dict)(void* task, TrainyardSink* out, TrainyardError* err);
+  /* Optional (NULL = stateless). Restores what state_dict wrote. */
+  int (*load_state_dict)(void* task, const void* data, size_t len,
+                         TrainyardError* err);
+
+  /* Optional event hook (NULL = not interested). */
+  int (*on_event)(void* task, const TrainyardEvent* event,
+                  TrainyardError* err);
+
+  /* Optional inference lifecycle: called instead of compute_loss for
+   * forward-only runs; may add named outputs to `out`. */
+  int (*process_outputs)(void* task, const TrainyardLossArgs* args,
+                         TrainyardSink* out, TrainyardError* err);
+
+  /* Optional. Called once when the job ends, before destroy. */
+  int (*finalize)(void* task, TrainyardError* err);
+
+  /* Required. Frees the handle; never fails. */
+  void (*destroy)(void* task);
+} TrainyardTaskV1;
+
+/* The one symbol a v1 plugin exports. */
+typedef const TrainyardTaskV1* (*TrainyardTaskV1Entry)(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TRAINYARD_TASK_PLUGINS_TASK_ABI_H_ */

@@ -1,0 +1,157 @@
+// Host side of the task plugin ABI (task_abi.h, docs/PLUGIN_ABI.md).
+//
+// TaskPlugin loads lib<name>.so from a plugin folder and validates its
+// TrainyardTaskV1 table; Task wraps one task handle created from it and turns
+// every call into Status/StatusOr over trainyard::Tensor. The host checks
+// everything a plugin returns (names, dtypes, shapes, finiteness, weights,
+// use of the sink) and reports violations as errors naming the plugin and the
+// call, so a plugin that breaks the contract through anything the ABI can
+// express cannot corrupt or crash the host. What cannot be contained
+// in-process: crashes inside plugin code (segfault, abort, stack overflow),
+// writes through wild pointers, infinite loops, and a plugin writing past the
+// end of a buffer the host gave it.
+//
+// Ownership: a TaskPlugin owns its dlopen handle (dlclose on destruction).
+// Each Task holds a shared_ptr to its TaskPlugin, so the library stays mapped
+// until the last Task created from it is destroyed. Tensors returned by Task
+// methods are host-owned copies; nothing returned points into plugin memory.
+//
+// Thread safety: TaskPlugin is immutable after Load and may be shared across
+// threads. A Task must be called from one thread at a time (the ABI allows
+// the plugin to assume so); distinct Tasks may run on distinct threads.
+#ifndef TRAINYARD_TASK_PLUGINS_TASK_LOADER_H_
+#define TRAINYARD_TASK_PLUGINS_TASK_LOADER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+#include "task_plugins/task_abi.h"
+
+namespace trainyard {
+
+// A loaded, validated plugin library. Immutable after Load.
+class TaskPlugin {
+ public:
+  // Loads <plugin_dir>/lib<name>.so. `name` must match [A-Za-z0-9_]+.
+  // Errors (each naming the plugin, the file and the reason):
+  //   InvalidArgument     bad name or empty plugin_dir
+  //   NotFound            no such file, or no trainyard_task_v1 symbol
+  //   FailedPrecondition  dlopen failed (dlerror() text included), the entry
+  //                       returned NULL, wrong abi_version or struct_size,
+  //                       NULL name or NULL required function
+  static absl::StatusOr<std::unique_ptr<TaskPlugin>> Load(
+      const std::string& plugin_dir, const std::string& name);
+
+  ~TaskPlugin();
+  TaskPlugin(const TaskPlugin&) = delete;
+  TaskPlugin& operator=(const TaskPlugin&) = delete;
+
+  const std::string& name() const { return name_; }  // as passed to Load
+  const std::string& path() const { return path_; }  // the .so loaded
+  // The table's own name field, e.g. "cross_entropy".
+  std::string table_name() const { return table_->name; }
+  const TrainyardTaskV1& table() const { return *table_; }
+
+ private:
+  TaskPlugin(std::string name, std::string path, void* handle,
+             const TrainyardTaskV1* table)
+      : name_(std::move(name)),
+        path_(std::move(path)),
+        handle_(handle),
+        table_(table) {}
+
+  std::string name_;
+  std::string path_;
+  void* handle_;                  // from dlopen; dlclose'd in the destructor
+  const TrainyardTaskV1* table_;  // static data inside the library
+};
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// What build_forward_inputs produced for one step.
+struct ForwardInputs {
+  Tensor inputs;       // float32 [B, D]
+  NamedTensors state;  // per-sample tensors, dim 0 == B, in the plugin's order
+};
+
+// What compute_loss produced for one microbatch.
+struct LossResult {
+  double loss = 0;
+  double weight = 0;  // >= 0; 0 only when the microbatch contributes nothing
+  std::vector<std::pair<std::string, double>> metrics;  // per microbatch
+};
+
+using Metrics = std::vector<std::pair<std::string, double>>;
+
+// One task handle created by a plugin. Methods follow the ABI lifecycle:
+//   Create -> { BuildForwardInputs -> ComputeLoss x M -> UpdateMetrics }*
+//          -> Finalize -> (destructor calls destroy)
+// Errors the plugin reports are InvalidArgument; contract violations the host
+// detects in what the plugin returned are Internal; misuse by the caller
+// (wrong tensors passed in, calls after Finalize) is InvalidArgument or
+// FailedPrecondition. Every message starts with `plugin "<name>": <call>:`.
+class Task {
+ public:
+  // Calls create(config_json) ("{}" if empty).
+  static absl::StatusOr<std::unique_ptr<Task>> Create(
+      std::shared_ptr<const TaskPlugin> plugin, const std::string& config_json);
+
+  ~Task();  // destroy(handle)
+  Task(const Task&) = delete;
+  Task& operator=(const Task&) = delete;
+
+  const TaskPlugin& plugin() const { return *plugin_; }
+
+  // First stage. `batch` holds the raw batch tensors (CPU, float32/int32/
+  // int64, rank >= 1, equal dim 0 = B), e.g. "features" [B, D] and
+  // "targets" [B] or [B, K]. Returns "inputs" (float32 [B, D'] ) and the
+  // state tensors (dim 0 == B).
+  absl::StatusOr<ForwardInputs> BuildForwardInputs(const NamedTensors& batch,
+                                                   int64_t step, bool is_eval);
+
+  // Last stage, one microbatch. `output` is float32 [b, out]; `state` is
+  // this microbatch's slice of every state tensor (dim 0 == b);
+  // `grad_output` must be a float32 tensor shaped like `output` unless
+  // is_eval (then it may be undefined and is not written). The host zeroes
+  // it and the plugin writes dLoss/dOutput of the returned loss into it.
+  absl::StatusOr<LossResult> ComputeLoss(
+      const Tensor& output, const NamedTensors& state, Tensor* grad_output,
+      int64_t step, int32_t microbatch, int32_t num_microbatches, bool is_eval);
+
+  // Metrics accumulated since the previous call with the same is_eval.
+  absl::StatusOr<Metrics> UpdateMetrics(bool is_eval);
+
+  // Opaque task state for checkpoints ("" for stateless plugins).
+  absl::StatusOr<std::string> StateDict();
+  // Restores StateDict's bytes. A stateless plugin accepts only "".
+  absl::Status LoadStateDict(const std::string& bytes);
+
+  // Lifecycle notification; a no-op when the plugin has no hook.
+  absl::Status OnEvent(TrainyardEventKind kind, int64_t step,
+                       const std::string& detail);
+
+  // Called once when the job ends; later calls of any method fail with
+  // FailedPrecondition.
+  absl::Status Finalize();
+
+ private:
+  Task(std::shared_ptr<const TaskPlugin> plugin, void* handle)
+      : plugin_(std::move(plugin)), handle_(handle) {}
+
+  // Fails after Finalize.
+  absl::Status CheckUsable(const char* call) const;
+
+  std::shared_ptr<const TaskPlugin> plugin_;
+  void* handle_;  // the plugin's, until destroy()
+  bool finalized_ = false;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_TASK_PLUGINS_TASK_LOADER_H_

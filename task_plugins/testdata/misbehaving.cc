@@ -1,0 +1,238 @@
+// Test plugin "misbehaving": a small working task, plus one contract
+// violation chosen by config {"mode": "<mode>", "fail_at_step": N}.
+//
+// Working behaviour (mode "ok"): inputs = features; state "targets" = a copy
+// of the batch's targets; loss = sum(output^2) / (2 b), grad = output / b,
+// weight = b; per-microbatch metric "rows"; update_metrics reports
+// "loss_calls" (compute_loss calls since the last update) and "events"
+// (on_event calls so far) and "last_event_step"; state_dict is the 8-byte
+// total count of compute_loss calls; finalize fails if called twice.
+//
+// Written against the raw ABI (not the SDK) so it can break every rule,
+// including throwing across the boundary.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "task_plugins/plugin_sdk.h"
+#include "task_plugins/task_abi.h"
+
+namespace {
+
+using trainyard::plugin::FindTensor;
+using trainyard::plugin::NumElements;
+using trainyard::plugin::SetError;
+
+struct Task {
+  std::string mode;
+  int64_t fail_at_step = -1;
+  int64_t loss_calls = 0;   // since update_metrics
+  int64_t total_calls = 0;  // state
+  int64_t events = 0;
+  int64_t last_event_step = -1;
+  bool finalized = false;
+};
+
+bool Is(const Task* t, const char* mode) { return t->mode == mode; }
+
+void* Create(const char* config_json, TrainyardError* err) {
+  auto config =
+      trainyard::plugin::ParseConfig(config_json, {"mode", "fail_at_step"});
+  if (!config.ok()) {
+    SetError(err, std::string(config.status().message()));
+    return nullptr;
+  }
+  auto mode = trainyard::plugin::GetString(*config, "mode", "ok");
+  auto fail_at = trainyard::plugin::GetInt(*config, "fail_at_step", -1);
+  if (!mode.ok() || !fail_at.ok()) {
+    SetError(err, "bad mode or fail_at_step");
+    return nullptr;
+  }
+  if (*mode == "refuse") {
+    SetError(err, "config refused on purpose (mode \"refuse\")");
+    return nullptr;
+  }
+  if (*mode == "null_without_message") return nullptr;
+  Task* t = new Task();
+  t->mode = *mode;
+  t->fail_at_step = *fail_at;
+  return t;
+}
+
+int Build(void* handle, const TrainyardBatch* batch, TrainyardSink* out,
+          TrainyardError* err) {
+  Task* t = static_cast<Task*>(handle);
+  auto f = FindTensor(batch->tensors, batch->num_tensors, "features");
+  if (!f.ok()) {
+    SetError(err, std::string(f.status().message()));
+    return 1;
+  }
+  const TrainyardTensor& features = **f;
+  const int64_t b = features.shape[0];
+  const int64_t d = features.shape[1];
+  if (Is(t, "bytes_in_build")) out->add_bytes(out->ctx, "x", 1);
+  if (!Is(t, "missing_inputs")) {
+    int64_t shape[3] = {b, d, 1};
+    int32_t dtype = TRAINYARD_FLOAT32;
+    int32_t ndim = 2;
+    if (Is(t, "wrong_inputs_rows")) shape[0] = b + 1;
+    if (Is(t, "inputs_int32")) dtype = TRAINYARD_INT32;
+    if (Is(t, "inputs_rank3")) ndim = 3;
+    void* p = out->add_tensor(out->ctx, "inputs", dtype, ndim, shape);
+    if (p == nullptr) {
+      SetError(err, "host refused inputs");
+      return 1;
+    }
+    if (dtype == TRAINYARD_FLOAT32 && shape[0] == b) {
+      std::memcpy(p, features.data, sizeof(float) * b * d);
+    }
+  }
+  if (Is(t, "duplicate_tensor")) {
+    // Ignores the host's refusal (NULL) and reports success.
+    int64_t shape[2] = {b, d};
+    out->add_tensor(out->ctx, "inputs", TRAINYARD_FLOAT32, 2, shape);
+  }
+  if (Is(t, "huge_tensor")) {
+    int64_t shape[2] = {int64_t{1} << 40, int64_t{1} << 20};
+    if (out->add_tensor(out->ctx, "huge", TRAINYARD_FLOAT32, 2, shape) ==
+        nullptr) {
+      SetError(err, "host refused the huge tensor");
+      return 1;
+    }
+  }
+  if (Is(t, "state_bad_rows")) {
+    int64_t shape[1] = {b + 2};
+    out->add_tensor(out->ctx, "weights", TRAINYARD_FLOAT32, 1, shape);
+  }
+  auto targets = FindTensor(batch->tensors, batch->num_tensors, "targets");
+  if (targets.ok()) {
+    const TrainyardTensor& tt = **targets;
+    void* p = out->add_tensor(out->ctx, "targets", tt.dtype, tt.ndim, tt.shape);
+    if (p == nullptr) {
+      SetError(err, "host refused targets");
+      return 1;
+    }
+    const size_t elem = tt.dtype == TRAINYARD_INT64 ? 8 : 4;
+    std::memcpy(p, tt.data, elem * NumElements(tt));
+  }
+  return 0;
+}
+
+int Loss(void* handle, const TrainyardLossArgs* args,
+         TrainyardLossResult* result, TrainyardSink* metrics,
+         TrainyardError* err) {
+  Task* t = static_cast<Task*>(handle);
+  ++t->loss_calls;
+  ++t->total_calls;
+  if (args->step == t->fail_at_step && Is(t, "loss_error_at_step")) {
+    SetError(err, "injected failure at step " + std::to_string(args->step) +
+                      " microbatch " + std::to_string(args->microbatch));
+    return 1;
+  }
+  if (Is(t, "throw")) throw std::runtime_error("thrown on purpose");
+  if (Is(t, "unterminated_error")) {
+    std::memset(err->message, 'x', sizeof(err->message));
+    return 1;
+  }
+  if (Is(t, "error_without_message")) return 1;
+  const TrainyardTensor& out = *args->output;
+  const int64_t b = out.shape[0];
+  const int64_t n = NumElements(out);
+  const float* o = static_cast<const float*>(out.data);
+  float* g = static_cast<float*>(args->grad_output->data);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    sum += 0.5 * o[i] * o[i];
+    if (g != nullptr) g[i] = static_cast<float>(o[i] / b);
+  }
+  result->loss = b > 0 ? sum / b : 0;
+  result->loss_weight = static_cast<double>(b);
+  if (Is(t, "nan_loss")) result->loss = std::nan("");
+  if (Is(t, "inf_weight")) result->loss_weight = INFINITY;
+  if (Is(t, "negative_weight")) result->loss_weight = -1;
+  if (Is(t, "zero_weight_nonzero_loss")) result->loss_weight = 0;
+  if (Is(t, "nan_grad") && g != nullptr && n > 1) g[n - 1] = NAN;
+  if (Is(t, "tensor_in_loss")) {
+    int64_t shape[1] = {1};
+    metrics->add_tensor(metrics->ctx, "x", TRAINYARD_FLOAT32, 1, shape);
+  }
+  metrics->add_metric(metrics->ctx, "rows", static_cast<double>(b));
+  return 0;
+}
+
+int Metrics(void* handle, int32_t is_eval, TrainyardSink* out,
+            TrainyardError* err) {
+  Task* t = static_cast<Task*>(handle);
+  if (Is(t, "metric_nan")) out->add_metric(out->ctx, "bad", NAN);
+  if (Is(t, "duplicate_metric")) out->add_metric(out->ctx, "events", 1);
+  out->add_metric(out->ctx, "loss_calls", static_cast<double>(t->loss_calls));
+  out->add_metric(out->ctx, "events", static_cast<double>(t->events));
+  out->add_metric(out->ctx, "last_event_step",
+                  static_cast<double>(t->last_event_step));
+  t->loss_calls = 0;
+  return 0;
+}
+
+int StateDict(void* handle, TrainyardSink* out, TrainyardError* err) {
+  Task* t = static_cast<Task*>(handle);
+  out->add_bytes(out->ctx, &t->total_calls, sizeof(t->total_calls));
+  return 0;
+}
+
+int LoadStateDict(void* handle, const void* data, size_t len,
+                  TrainyardError* err) {
+  Task* t = static_cast<Task*>(handle);
+  if (len != sizeof(t->total_calls)) {
+    SetError(err, "state must be 8 bytes, got " + std::to_string(len));
+    return 1;
+  }
+  std::memcpy(&t->total_calls, data, len);
+  return 0;
+}
+
+int OnEvent(void* handle, const TrainyardEvent* event, TrainyardError* err) {
+  Task* t = static_cast<Task*>(handle);
+  ++t->events;
+  t->last_event_step = event->step;
+  return 0;
+}
+
+int Finalize(void* handle, TrainyardError* err) {
+  Task* t = static_cast<Task*>(handle);
+  if (t->finalized) {
+    SetError(err, "finalize called twice");
+    return 1;
+  }
+  t->finalized = true;
+  return 0;
+}
+
+void Destroy(void* handle) { delete static_cast<Task*>(handle); }
+
+TrainyardTaskV1 MakeTable() {
+  TrainyardTaskV1 t;
+  std::memset(&t, 0, sizeof(t));
+  t.abi_version = TRAINYARD_TASK_ABI_VERSION;
+  t.struct_size = sizeof(TrainyardTaskV1);
+  t.name = "misbehaving";
+  t.create = &Create;
+  t.build_forward_inputs = &Build;
+  t.compute_loss = &Loss;
+  t.update_metrics = &Metrics;
+  t.state_dict = &StateDict;
+  t.load_state_dict = &LoadStateDict;
+  t.on_event = &OnEvent;
+  t.finalize = &Finalize;
+  t.destroy = &Destroy;
+  return t;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const TrainyardTaskV1*
+trainyard_task_v1(void) {
+  static const TrainyardTaskV1 table = MakeTable();
+  return &table;
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks to build, test and run
+# Trainyard. Idempotent; prints nothing when everything is already there.
+# Needs root (or sudo) only when something is missing.
+set -euo pipefail
+
+# Build and run: Bazel, compilers' libraries, gRPC/protobuf, Abseil, glog,
+# OpenBLAS, GoogleTest/Benchmark, nlohmann-json (plugin configs), SQLite.
+# Tests and examples: Debian's Python with numpy, scikit-learn (the digits
+# data set) and torch (reference checks).
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java
+  g++ pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgoogle-glog-dev libgflags-dev
+  libopenblas-dev libopenblas0-pthread
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libsqlite3-dev nlohmann-json3-dev libssl-dev zlib1g-dev
+  python3-numpy python3-sklearn python3-torch python3-pip
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# Test-only Python tool Debian lacks: the real safetensors library, to check
+# our checkpoint files (tests skip that check, saying so, if it is absent).
+if ! /usr/bin/python3 -c 'import safetensors' 2>/dev/null; then
+  echo "setup: installing safetensors for /usr/bin/python3 (test-only)" >&2
+  /usr/bin/python3 -m pip install -q --break-system-packages safetensors >/dev/null 2>&1 ||
+    echo "setup: warning: could not install safetensors; its interop test will skip" >&2
+fi
+
+# Bazel's output root and disk cache live here (see .bazelrc).
+if [ ! -d /var/cache/trainyard ]; then
+  $SUDO mkdir -p /var/cache/trainyard
+  $SUDO chmod 1777 /var/cache/trainyard
+fi

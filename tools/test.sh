@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: installs what is missing, then `bazel test //...`
+# (GPU tests, tagged "gpu", are filtered out by .bazelrc on machines without
+# a GPU). Ends with one summary line: "tests: N passed, M failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+./tools/setup.sh || exit 1
+log=$(mktemp)
+bazel test //... "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+passed=$(grep -cE '^//.* (PASSED|\(cached\) PASSED)' "$log" || true)
+failed=$(grep -cE '^//.* (FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
+summary=$(grep -E '^Executed [0-9]+ out of [0-9]+ tests?' "$log" | tail -n 1)
+rm -f "$log"
+if [ -n "$summary" ]; then
+  total=$(echo "$summary" | sed -E 's/^Executed [0-9]+ out of ([0-9]+) tests?.*/\1/')
+  fails=$(echo "$summary" | grep -oE '[0-9]+ fails?' | grep -oE '[0-9]+' || echo 0)
+  [ -n "$fails" ] || fails=0
+  failed=$fails
+  passed=$((total - fails))
+fi
+echo "tests: ${passed} passed, ${failed} failed"
+exit "$rc"

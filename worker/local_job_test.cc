@@ -1,0 +1,244 @@
+// The engine's end-to-end properties, in one process:
+// - the stage split and the schedule do not change the arithmetic;
+// - the microbatch count changes it only by rounding;
+// - reruns and resumed runs are bitwise the uninterrupted run.
+#include "worker/local_job.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string PluginDir() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* ws = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || ws == nullptr) return "task_plugins";
+  return std::string(srcdir) + "/" + ws + "/task_plugins";
+}
+
+std::string TempDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+struct RunResult {
+  absl::Status status;
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::vector<std::pair<int64_t, double>> eval_loss;
+  std::map<std::string, std::vector<float>> params;
+};
+
+// A small classification job: 4 blocks mixing every activation and norm, so
+// stage splits cut through all kinds of blocks.
+trainyard::v1::JobSpec ClassificationSpec() {
+  trainyard::v1::JobSpec spec;
+  spec.set_name("engine-test");
+  spec.set_steps(30);
+  spec.set_seed(7);
+  auto* model = spec.mutable_model();
+  struct B {
+    int out, ffn;
+    const char* act;
+    const char* norm;
+    bool residual;
+  };
+  for (B b : {B{24, 40, "gelu", "layernorm", false},
+              B{24, 32, "swiglu", "rmsnorm", true},
+              B{24, 48, "gelu_tanh", "none", true},
+              B{5, 16, "relu", "layernorm", false}}) {
+    auto* blk = model->add_blocks();
+    blk->set_out_features(b.out);
+    blk->set_ffn_hidden_size(b.ffn);
+    blk->set_activation(b.act);
+    blk->set_norm(b.norm);
+    blk->set_residual(b.residual);
+  }
+  auto* par = spec.mutable_parallelism();
+  par->set_stages(1);
+  par->set_microbatches(4);
+  par->set_schedule("1f1b");
+  auto* opt = spec.mutable_optimizer();
+  opt->set_type("adamw");
+  opt->set_lr(3e-3);
+  opt->set_weight_decay(0.05);
+  opt->set_clip_grad(0.5);
+  opt->mutable_schedule()->set_type("cosine");
+  opt->mutable_schedule()->set_warmup_steps(5);
+  opt->mutable_schedule()->set_min_lr(1e-4);
+  spec.mutable_task()->set_plugin("cross_entropy");
+  auto* data = spec.mutable_data();
+  auto* syn = data->mutable_train()->mutable_synthetic();
+  syn->set_kind("gaussian_blobs");
+  syn->set_num_samples(400);
+  syn->set_num_features(12);
+  syn->set_num_outputs(5);
+  syn->set_noise(1.0);
+  data->set_eval_fraction(0.2);
+  data->set_batch_size(32);
+  data->set_shuffle(true);
+  data->set_eval_every(10);
+  return spec;
+}
+
+RunResult RunJob(const trainyard::v1::JobSpec& spec, int64_t stop_after = 0) {
+  RunResult result;
+  PlanOptions plan_options;
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, plan_options);
+  if (!plan.ok()) {
+    result.status = plan.status();
+    return result;
+  }
+  absl::Mutex mu;
+  LocalJobOptions options;
+  options.plugin_dir = PluginDir();
+  options.threads = 1;
+  options.stop_after_step = stop_after;
+  options.timeout = absl::Seconds(30);
+  options.on_step = [&](const StepReport& r, double) {
+    result.losses.push_back(r.loss);
+    result.grad_norms.push_back(r.grad_norm);
+  };
+  options.on_eval = [&](int64_t step, const EvalReport& r) {
+    result.eval_loss.push_back({step, r.loss});
+  };
+  options.on_final_params = [&](int, const auto& params) {
+    absl::MutexLock lock(&mu);
+    for (const auto& [name, t] : params) {
+      const float* p = t.template data<float>();
+      result.params[name].assign(p, p + t.numel());
+    }
+  };
+  result.status = RunLocalJob(*plan, options);
+  return result;
+}
+
+trainyard::v1::JobSpec WithPipeline(trainyard::v1::JobSpec spec, int stages,
+                                    int microbatches, const char* schedule) {
+  spec.mutable_parallelism()->set_stages(stages);
+  spec.mutable_parallelism()->set_microbatches(microbatches);
+  spec.mutable_parallelism()->set_schedule(schedule);
+  return spec;
+}
+
+TEST(LocalJobTest, StageSplitAndScheduleAreBitwiseInvisible) {
+  const auto base = ClassificationSpec();
+  RunResult ref = RunJob(WithPipeline(base, 1, 4, "1f1b"));
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+  ASSERT_EQ(ref.losses.size(), 30u);
+  ASSERT_EQ(ref.params.size(), 21u);  // every parameter of the 4 blocks
+  for (int stages : {1, 2, 4}) {
+    for (const char* schedule : {"gpipe", "1f1b"}) {
+      SCOPED_TRACE(::testing::Message() << "S=" << stages << " " << schedule);
+      RunResult r = RunJob(WithPipeline(base, stages, 4, schedule));
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      EXPECT_EQ(r.losses, ref.losses);  // exact double equality
+      EXPECT_EQ(r.grad_norms, ref.grad_norms);
+      EXPECT_EQ(r.eval_loss, ref.eval_loss);
+      EXPECT_EQ(r.params, ref.params);  // exact float equality
+    }
+  }
+}
+
+TEST(LocalJobTest, MicrobatchCountChangesLossOnlyByRounding) {
+  const auto base = ClassificationSpec();
+  RunResult m1 = RunJob(WithPipeline(base, 2, 1, "1f1b"));
+  ASSERT_TRUE(m1.status.ok()) << m1.status;
+  // The loss must actually go down, or agreement would mean little.
+  EXPECT_LT(m1.losses.back(), 0.5 * m1.losses.front());
+  for (int m : {4, 8}) {
+    RunResult r = RunJob(WithPipeline(base, 2, m, "1f1b"));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ASSERT_EQ(r.losses.size(), m1.losses.size());
+    double worst = 0;
+    for (size_t i = 0; i < r.losses.size(); ++i) {
+      worst = std::max(worst, std::abs(r.losses[i] - m1.losses[i]) /
+                                  std::abs(m1.losses[i]));
+    }
+    EXPECT_LE(worst, 1e-5) << "M=" << m;
+  }
+}
+
+TEST(LocalJobTest, SameSeedIsBitwiseRepeatable) {
+  const auto spec = WithPipeline(ClassificationSpec(), 2, 4, "1f1b");
+  RunResult a = RunJob(spec);
+  RunResult b = RunJob(spec);
+  ASSERT_TRUE(a.status.ok() && b.status.ok());
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.params, b.params);
+  auto other = spec;
+  other.set_seed(8);
+  RunResult c = RunJob(other);
+  ASSERT_TRUE(c.status.ok());
+  EXPECT_NE(c.losses, a.losses);
+}
+
+TEST(LocalJobTest, StopAndResumeIsBitwiseTheUninterruptedRun) {
+  const std::string dir = TempDir() + "/ckpt";
+  auto spec = WithPipeline(ClassificationSpec(), 2, 4, "1f1b");
+  spec.set_steps(20);
+  RunResult full = RunJob(spec);
+  ASSERT_TRUE(full.status.ok()) << full.status;
+
+  spec.mutable_checkpoint()->set_dir(dir);
+  spec.mutable_checkpoint()->set_every(5);
+  spec.mutable_checkpoint()->set_resume("latest");
+  RunResult first = RunJob(spec, /*stop_after=*/10);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  ASSERT_EQ(first.losses.size(), 10u);
+  RunResult second = RunJob(spec);
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  ASSERT_EQ(second.losses.size(), 10u);  // steps 11..20 only
+  std::vector<double> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, full.losses);
+  EXPECT_EQ(second.params, full.params);
+}
+
+TEST(LocalJobTest, ResumeIntoAnotherStageSplitIsBitwise) {
+  const std::string dir = TempDir() + "/ckpt_resplit";
+  auto spec = WithPipeline(ClassificationSpec(), 4, 4, "gpipe");
+  spec.set_steps(12);
+  RunResult full = RunJob(spec);
+  ASSERT_TRUE(full.status.ok()) << full.status;
+  spec.mutable_checkpoint()->set_dir(dir);
+  spec.mutable_checkpoint()->set_every(6);
+  spec.mutable_checkpoint()->set_resume("latest");
+  ASSERT_TRUE(RunJob(spec, 6).status.ok());
+  RunResult rest = RunJob(WithPipeline(spec, 2, 4, "1f1b"));
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  EXPECT_EQ(rest.params, full.params);
+}
+
+TEST(LocalJobTest, RefusesToOverwriteCheckpointsWithoutResume) {
+  const std::string dir = TempDir() + "/ckpt_refuse";
+  auto spec = ClassificationSpec();
+  spec.set_steps(2);
+  spec.mutable_optimizer()->mutable_schedule()->set_warmup_steps(1);
+  spec.mutable_checkpoint()->set_dir(dir);
+  spec.mutable_checkpoint()->set_every(1);
+  RunResult first = RunJob(spec);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  RunResult again = RunJob(spec);
+  EXPECT_EQ(again.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status.message(), HasSubstr("already holds checkpoints"));
+}
+
+TEST(LocalJobTest, UnknownPluginFailsNamingIt) {
+  auto spec = ClassificationSpec();
+  spec.mutable_task()->set_plugin("no_such_task");
+  RunResult r = RunJob(spec);
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_THAT(r.status.message(), HasSubstr("no_such_task"));
+}
+
+}  // namespace
+}  // namespace trainyard

@@ -1,0 +1,181 @@
+// Stage: one pipeline stage of a training job — the engine every worker
+// runs.
+//
+// A Stage owns its blocks' parameters and gradients (one flat float buffer
+// each), its StageOptimizer, and, on the first and last stage, the task
+// plugin. For each optimizer step it executes its list of the job's
+// Schedule (core/schedule.h), exchanging activations and gradients with its
+// neighbours and joining one small all-reduce through a Transport:
+//
+//   all-reduce vector = [sum of squares of each parameter's raw gradient,
+//                        one slot per parameter of the whole model]
+//                       ++ [sum of loss weights, sum of weight * loss]
+//
+// Each slot has exactly one contributor, so the reduction is exact and the
+// gradient norm, loss and update are bitwise the same for any stage split
+// and schedule (given the same microbatch count).
+//
+// Loss combination: microbatch i returns loss L_i with weight w_i; the step
+// loss is sum(w_i L_i) / sum(w_i). Backward is seeded with w_i * dL_i/dOut
+// and the accumulated gradients are scaled by 1 / sum(w_i) (folded into the
+// optimizer step together with the clip coefficient), which gives exactly
+// the full-batch mean's gradient without knowing sum(w_i) in advance.
+//
+// Thread safety: a Stage is used by one thread. Stages of one job talk only
+// through their Transports.
+#ifndef TRAINYARD_WORKER_STAGE_H_
+#define TRAINYARD_WORKER_STAGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/job_plan.h"
+#include "core/schedule.h"
+#include "core/transport.h"
+#include "kernels/mlp_block.h"
+#include "task_plugins/task_loader.h"
+#include "worker/dataset.h"
+#include "worker/optimizer.h"
+
+namespace trainyard {
+
+struct StageOptions {
+  std::string plugin_dir;  // where lib<task.plugin>.so lives
+  // Longest wait for a neighbour or the all-reduce before failing.
+  absl::Duration timeout = absl::Minutes(2);
+};
+
+// Data a stage needs. Only the first stage reads rows; every stage needs
+// the eval row count to run the same number of eval batches.
+struct StageData {
+  std::shared_ptr<const Dataset> train;  // first stage only
+  std::shared_ptr<const Dataset> eval;   // first stage only; may be null
+  int64_t eval_rows = 0;                 // every stage
+};
+
+// Seconds spent in each phase of one step, per stage.
+struct StageTimes {
+  double forward = 0;
+  double backward = 0;   // backward-input + backward-weight
+  double comm = 0;       // sends, all-reduce
+  double idle = 0;       // waiting to receive (the pipeline bubble)
+  double optimizer = 0;  // norm, clip and update
+};
+
+struct StepReport {
+  int64_t step = 0;   // 1-based number of the step just completed
+  double loss = 0;    // sum(w L) / sum(w); known on every stage
+  double lr = 0;      // learning rate used for this step
+  double grad_norm = 0;  // global L2 norm before clipping
+  int64_t samples = 0;   // rows in the batch
+  // The task plugin's metrics (last stage only).
+  std::vector<std::pair<std::string, double>> metrics;
+  StageTimes times;
+};
+
+struct EvalReport {
+  double loss = 0;
+  int64_t samples = 0;
+  std::vector<std::pair<std::string, double>> metrics;  // last stage only
+};
+
+class Stage {
+ public:
+  // Builds stage `index` of `plan`: blocks, buffers, optimizer, schedules
+  // (validated), and the task plugin on the first/last stage. Parameters
+  // are uninitialised until InitParameters or RestoreCheckpoint.
+  static absl::StatusOr<std::unique_ptr<Stage>> Create(
+      const JobPlan& plan, int index, Transport* transport,
+      const StageOptions& options, StageData data);
+  ~Stage();
+
+  // Seeded init (nn.Linear's default, one RNG stream per parameter so the
+  // values do not depend on the stage split) or model.init.safetensors.
+  absl::Status InitParameters();
+
+  // Runs the next optimizer step.
+  absl::StatusOr<StepReport> RunStep();
+
+  // Forward-only pass over the whole eval set (batches of data.batch_size).
+  absl::StatusOr<EvalReport> RunEval();
+
+  // Writes this stage's file of the checkpoint for the completed step
+  // count (see docs/CHECKPOINT_FORMAT.md). Returns its SHA-256.
+  absl::StatusOr<std::string> WriteCheckpointFile(const std::string& dir);
+
+  // Loads the parameters, optimizer state, data position and task state of
+  // checkpoint `step` in `dir`. Parameters are found by name in any of the
+  // checkpoint's stage files, so a checkpoint written with another stage
+  // split loads too.
+  absl::Status RestoreCheckpoint(const std::string& dir, int64_t step);
+
+  // Tells the task plugin (if any) about a lifecycle event.
+  absl::Status NotifyTask(TrainyardEventKind kind, const std::string& detail);
+  // Calls the task's finalize (once).
+  absl::Status Finalize();
+
+  int index() const { return index_; }
+  bool is_first() const { return index_ == 0; }
+  bool is_last() const { return index_ == num_stages_ - 1; }
+  int64_t completed_steps() const { return completed_steps_; }
+
+  // This stage's parameters by global name (views of the flat buffer).
+  std::vector<std::pair<std::string, Tensor>> NamedParameters() const;
+
+ private:
+  Stage() = default;
+  struct Microbatch;
+
+  absl::Status RunSchedule(const Schedule& schedule, int64_t step,
+                           bool is_eval, int num_microbatches,
+                           StageTimes* times);
+  absl::Status Forward(Microbatch* mb, bool save_for_backward);
+  absl::Status BackwardInput(Microbatch* mb);
+  absl::Status BackwardWeight(Microbatch* mb);
+  absl::Status OptimizerStep(int64_t step, StepReport* report);
+  absl::Status PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
+                            int64_t step, bool is_eval, int num_microbatches);
+  absl::Status ReceiveActivation(Microbatch* mb, MessageKind kind, int64_t step,
+                                 StageTimes* times);
+  std::string Where() const;  // "stage 2"
+
+  JobPlan plan_;
+  int index_ = 0;
+  int num_stages_ = 1;
+  Transport* transport_ = nullptr;
+  StageOptions options_;
+  StageData data_;
+
+  std::vector<MlpBlock> blocks_;  // this stage's blocks
+  int first_block_ = 0;           // global index of blocks_[0]
+  std::vector<int> param_index_;  // global index of each local parameter
+  std::vector<ParamSegment> segments_;
+  Tensor params_;  // [total] flat
+  Tensor grads_;   // [total] flat
+  std::vector<MlpBlockParams> block_params_;
+  std::vector<MlpBlockParams> block_grads_;
+  std::vector<bool> grads_written_;  // per local block, this step
+  std::optional<StageOptimizer> optimizer_;
+
+  std::unique_ptr<Task> task_;  // first and/or last stage
+  std::unique_ptr<BatchSampler> sampler_;  // first stage
+  Schedule train_schedule_;
+
+  std::vector<Microbatch> microbatches_;
+  double weight_sum_ = 0;  // last stage, this step / eval pass
+  double loss_sum_ = 0;
+  std::vector<std::pair<std::string, double>> step_metrics_;
+  int64_t completed_steps_ = 0;
+  bool finalized_ = false;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_WORKER_STAGE_H_
