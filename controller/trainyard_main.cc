@@ -98,6 +98,7 @@ int Train() {
   if (options.threads <= 0) {
     options.threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   }
+  SetBlasThreads(options.threads);
   options.stop_after_step = absl::GetFlag(FLAGS_stop_after_step);
   options.on_step = [&](const StepReport& r, double seconds) {
     *out << StepJson(r, seconds) << std::endl;

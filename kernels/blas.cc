@@ -44,7 +44,8 @@ struct Blas {
 
 // Runs fn(0..tasks-1) on the caller plus up to threads-1 persistent
 // workers. Which thread runs a task never changes a result: tasks write
-// disjoint outputs. A second concurrent caller runs its tasks inline.
+// disjoint outputs. A caller that finds the pool busy (another thread's
+// GEMM) runs its tasks inline.
 class Pool {
  public:
   void SetThreads(int n) {
@@ -56,19 +57,18 @@ class Pool {
       workers_.back().detach();  // the pool lives as long as the process
     }
   }
+
   int threads() {
     absl::MutexLock lock(&mu_);
     return threads_;
   }
 
   void Run(int tasks, const std::function<void(int)>& fn) {
-    int helpers;
+    int helpers = 0;
     {
       absl::MutexLock lock(&mu_);
-      helpers = std::min(threads_ - 1, tasks - 1);
-      if (helpers <= 0 || busy_) {
-        helpers = 0;
-      } else {
+      if (!busy_ && tasks > 1 && threads_ > 1) {
+        helpers = std::min(threads_ - 1, tasks - 1);
         busy_ = true;
         job_ = &fn;
         tasks_ = tasks;
@@ -76,6 +76,7 @@ class Pool {
         helpers_ = helpers;
         pending_ = helpers;
         ++generation_;
+        work_cv_.SignalAll();
       }
     }
     if (helpers == 0) {
@@ -84,8 +85,7 @@ class Pool {
     }
     Work(fn, tasks);
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](int* pending) { return *pending == 0; }, &pending_));
+    while (pending_ > 0) done_cv_.Wait(&mu_);
     job_ = nullptr;
     busy_ = false;
   }
@@ -102,12 +102,7 @@ class Pool {
       int tasks;
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](std::pair<Pool*, uint64_t*>* a) {
-              a->first->mu_.AssertHeld();
-              return a->first->generation_ != *a->second;
-            },
-            new_job_arg_(&seen)));
+        while (generation_ == seen) work_cv_.Wait(&mu_);
         seen = generation_;
         if (index >= helpers_) continue;
         job = job_;
@@ -115,16 +110,13 @@ class Pool {
       }
       Work(*job, tasks);
       absl::MutexLock lock(&mu_);
-      --pending_;
+      if (--pending_ == 0) done_cv_.Signal();
     }
-  }
-  std::pair<Pool*, uint64_t*>* new_job_arg_(uint64_t* seen) {
-    thread_local std::pair<Pool*, uint64_t*> arg;
-    arg = {this, seen};
-    return &arg;
   }
 
   absl::Mutex mu_;
+  absl::CondVar work_cv_;
+  absl::CondVar done_cv_;
   int threads_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
@@ -135,6 +127,30 @@ class Pool {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int> next_{0};
 };
+
+struct Tiling {
+  bool split_n;   // split C's columns (else its rows)
+  int64_t tile;   // rows or columns per tile
+  int tiles;
+};
+
+// Splits the larger of m and n (re-packing the smaller operand per tile is
+// cheap) into at most kMaxTiles tiles of >= kMinTile, each >= kMinTileWork
+// multiply-adds. Depends on the shape only, never on the thread count.
+Tiling TileGemm(int64_t m, int64_t n, int64_t k) {
+  constexpr int64_t kMaxTiles = 8;
+  constexpr int64_t kMinTile = 64;
+  constexpr int64_t kMinTileWork = int64_t{1} << 22;
+  const bool split_n = n >= m;
+  const int64_t dim = split_n ? n : m;
+  const int64_t work = m * n * k;
+  const int64_t tiles =
+      std::max<int64_t>(1, std::min({kMaxTiles, dim / kMinTile,
+                                     work / kMinTileWork}));
+  // Round the tile up to a multiple of 16 (OpenBLAS's unroll) and recount.
+  const int64_t tile = ((dim + tiles - 1) / tiles + 15) / 16 * 16;
+  return {split_n, tile, static_cast<int>((dim + tile - 1) / tile)};
+}
 
 Pool& GetPool() {
   static Pool* const pool = [] {
@@ -246,26 +262,40 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     }
     return absl::OkStatus();
   }
-  blas.sgemm(kCblasRowMajor, trans_a ? kCblasTrans : kCblasNoTrans,
-             trans_b ? kCblasTrans : kCblasNoTrans, static_cast<int>(m),
-             static_cast<int>(n), static_cast<int>(k), alpha, a,
-             static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
-             static_cast<int>(ldc));
+  // A fixed tiling of C that depends only on the shape, each tile one
+  // single-threaded OpenBLAS call over the full k: the same bits for any
+  // thread count.
+  const Tiling tiling = TileGemm(m, n, k);
+  const std::function<void(int)> tile = [&](int t) {
+    const int64_t begin = t * tiling.tile;
+    const int64_t size = std::min(tiling.tile, tiling.split_n ? n - begin
+                                                              : m - begin);
+    const float* ta = a;
+    const float* tb = b;
+    float* tc = c;
+    int64_t tm = m, tn = n;
+    if (tiling.split_n) {
+      tb += trans_b ? begin * ldb : begin;  // columns of op(B)
+      tc += begin;
+      tn = size;
+    } else {
+      ta += trans_a ? begin : begin * lda;  // rows of op(A)
+      tc += begin * ldc;
+      tm = size;
+    }
+    blas.sgemm(kCblasRowMajor, trans_a ? kCblasTrans : kCblasNoTrans,
+               trans_b ? kCblasTrans : kCblasNoTrans, static_cast<int>(tm),
+               static_cast<int>(tn), static_cast<int>(k), alpha, ta,
+               static_cast<int>(lda), tb, static_cast<int>(ldb), beta, tc,
+               static_cast<int>(ldc));
+  };
+  GetPool().Run(tiling.tiles, tile);
   return absl::OkStatus();
 }
 
-void SetBlasThreads(int n) {
-  if (n < 1) n = 1;
-  pending_threads.store(n);
-  const Blas& blas = GetBlas();
-  if (blas.status.ok()) blas.set_num_threads(n);
-}
+void SetBlasThreads(int n) { GetPool().SetThreads(std::max(n, 1)); }
 
-int BlasThreads() {
-  const Blas& blas = GetBlas();
-  if (!blas.status.ok()) return pending_threads.load();
-  return blas.get_num_threads();
-}
+int BlasThreads() { return GetPool().threads(); }
 
 std::string BlasDescription() {
   const Blas& blas = GetBlas();
@@ -273,7 +303,7 @@ std::string BlasDescription() {
     return absl::StrCat("OpenBLAS unavailable: ", blas.status.message());
   }
   const char* core = blas.get_corename();
-  const int threads = blas.get_num_threads();
+  const int threads = BlasThreads();
   return absl::StrCat("OpenBLAS ", core ? core : "unknown", ", ", threads,
                       threads == 1 ? " thread" : " threads");
 }

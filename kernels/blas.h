@@ -1,16 +1,24 @@
-// Row-major single-precision GEMM over the system's OpenBLAS.
+// Row-major single-precision GEMM over the system's OpenBLAS, with results
+// that do not depend on the thread count.
 //
 // OpenBLAS is not linked: it is dlopen()ed on first use, after setting
-// OPENBLAS_CORETYPE from CPUID when the caller has not set it. OpenBLAS
+// OPENBLAS_CORETYPE from CPUID when the environment has not set it. OpenBLAS
 // 0.3.21 does not recognise newer CPUs (e.g. AMD Zen 5 with AVX-512) and
 // otherwise falls back to its slowest kernels; it reads OPENBLAS_CORETYPE
-// only when the library loads. Nothing in the process may link
-// libopenblas directly, or it loads before we can set the variable.
+// only when the library loads. Nothing in the process may link libopenblas
+// directly, or it loads before we can set the variable.
+//
+// Determinism: OpenBLAS's own threading gives different bits for 1 and 2
+// threads on many shapes (measured on 0.3.21, Haswell and SkylakeX kernels).
+// So OpenBLAS always runs single-threaded, and Sgemm splits C into a tiling
+// that depends only on (m, n, k); each tile is one OpenBLAS call over the
+// full k, run on a small process-wide thread pool. Same inputs, same bits,
+// for any thread count (blas_test.cc checks it). Results may still differ
+// between OpenBLAS core types (OPENBLAS_CORETYPE).
 //
 // Thread safety: all functions may be called from any thread. The thread
-// count is process-wide (OpenBLAS has one pool); SetBlasThreads affects
-// concurrent callers too. Results do not depend on the thread count (see
-// blas_test.cc, which checks it bitwise).
+// count is process-wide; concurrent Sgemm calls share the pool (a call that
+// finds it busy runs its tiles on its own thread).
 #ifndef TRAINYARD_KERNELS_BLAS_H_
 #define TRAINYARD_KERNELS_BLAS_H_
 
@@ -32,11 +40,11 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                    float alpha, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float beta, float* c, int64_t ldc);
 
-// Sets OpenBLAS's thread count (process-wide). Before the library is
-// loaded the value is remembered and applied at load. n < 1 means 1.
+// Sets the number of threads Sgemm uses (process-wide; default: the
+// hardware concurrency). n < 1 means 1. Never changes results.
 void SetBlasThreads(int n);
 
-// OpenBLAS's current thread count (the pending value before loading).
+// The number of threads Sgemm uses.
 int BlasThreads();
 
 // Loads OpenBLAS if needed; OK when it is usable.

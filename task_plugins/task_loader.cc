@@ -331,8 +331,13 @@ absl::StatusOr<std::unique_ptr<TaskPlugin>> TaskPlugin::Load(
         absl::StrCat(who, path, " is not a regular file"));
   }
   dlerror();
+  // RTLD_NOW: unresolved symbols fail here, not mid-run. RTLD_NODELETE: the
+  // code stays mapped after dlclose, because a plugin may leave threads
+  // running in it (e.g. a BLAS thread pool in a teacher model), or TLS
+  // destructors and atexit handlers pointing into it; unmapping would crash
+  // the host later.
   std::unique_ptr<void, DlCloser> handle(
-      dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL));
+      dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE));
   if (handle == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(who, "dlopen failed for ", path, ": ", DlError()));

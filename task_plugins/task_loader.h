@@ -11,7 +11,9 @@
 // writes through wild pointers, infinite loops, and a plugin writing past the
 // end of a buffer the host gave it.
 //
-// Ownership: a TaskPlugin owns its dlopen handle (dlclose on destruction).
+// Ownership: a TaskPlugin owns its dlopen handle (dlclose on destruction;
+// the library is opened with RTLD_NODELETE, so its code stays mapped for
+// threads or TLS destructors the plugin may have left behind).
 // Each Task holds a shared_ptr to its TaskPlugin, so the library stays mapped
 // until the last Task created from it is destroyed. Tensors returned by Task
 // methods are host-owned copies; nothing returned points into plugin memory.

@@ -11,7 +11,7 @@ import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 steps = [l for l in lines if "loss" in l]
 evals = [l for l in lines if "eval_loss" in l]
-assert len(steps) == 200, len(steps)
+assert len(steps) == 300, len(steps)
 first, last = steps[0]["loss"], evals[-1]["eval_loss"]
 print(f"step 1 train loss {first:.5f}; final eval loss {last:.5f} "
       f"(ratio {last / first:.4f})")
