@@ -4,18 +4,6 @@
 
 namespace trainyard {
 
-const char* MessageKindName(MessageKind kind) {
-  switch (kind) {
-    case MessageKind::kActivation:
-      return "activation";
-    case MessageKind::kGradient:
-      return "gradient";
-    case MessageKind::kEvalActivation:
-      return "eval-activation";
-  }
-  return "?";
-}
-
 class InProcessHub::Rank : public Transport {
  public:
   Rank(InProcessHub* hub, int rank) : hub_(hub), rank_(rank) {}

@@ -9,9 +9,9 @@ using fast_math::Erf;
 using fast_math::Exp;
 using fast_math::Sigmoid;
 
-constexpr float kSqrtHalf = 0.70710678118654752f;      // 1/sqrt(2)
-constexpr float kInvSqrt2Pi = 0.39894228040143268f;    // 1/sqrt(2 pi)
-constexpr float kSqrt2OverPi = 0.79788456080286536f;   // sqrt(2/pi)
+constexpr float kSqrtHalf = 0.70710678118654752f;     // 1/sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1/sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2/pi)
 constexpr float kGeluTanhCubic = 0.044715f;
 
 inline float Relu(float x) { return x > 0.0f ? x : 0.0f; }
@@ -39,9 +39,10 @@ inline float GeluTanhGrad(float x) {
 
 // One pass: pre += bias, out = f(pre). Inlined into each ISA clone.
 template <typename F>
-inline __attribute__((always_inline)) void BiasAct(
-    int64_t rows, int64_t cols, const float* __restrict bias,
-    float* __restrict pre, float* __restrict out, F f) {
+inline __attribute__((always_inline)) void BiasAct(int64_t rows, int64_t cols,
+                                                   const float* __restrict bias,
+                                                   float* __restrict pre,
+                                                   float* __restrict out, F f) {
   for (int64_t r = 0; r < rows; ++r) {
     float* __restrict p = pre + r * cols;
     float* __restrict o = out + r * cols;
@@ -100,8 +101,8 @@ void BiasGeluTanhForward(int64_t rows, int64_t cols, const float* bias,
 }
 
 TY_VECTOR_CLONES
-void BiasSwigluForward(int64_t rows, int64_t ffn, const float* bias,
-                       float* pre, float* out) {
+void BiasSwigluForward(int64_t rows, int64_t ffn, const float* bias, float* pre,
+                       float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     float* __restrict a = pre + r * 2 * ffn;
     float* __restrict b = a + ffn;

@@ -29,8 +29,8 @@ void BiasGeluTanhForward(int64_t rows, int64_t cols, const float* bias,
                          float* pre, float* out);
 // pre [rows, 2*ffn] += bias [2*ffn] (skipped when null);
 // out [rows, ffn] = silu(pre[:, :ffn]) * pre[:, ffn:].
-void BiasSwigluForward(int64_t rows, int64_t ffn, const float* bias,
-                       float* pre, float* out);
+void BiasSwigluForward(int64_t rows, int64_t ffn, const float* bias, float* pre,
+                       float* out);
 
 // In place: grad [n] comes in as dL/d(activation output) and leaves as
 // dL/d(pre-activation), given pre [n].

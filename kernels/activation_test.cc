@@ -68,7 +68,8 @@ TEST(ActivationReferenceTest, DerivativesMatchFiniteDifferences) {
   }
   for (int i = 0; i < 200; ++i) {
     const double x = rng.Normal() * 3.0, h = 1e-5;
-    const double fd = (reference::Silu(x + h) - reference::Silu(x - h)) / (2 * h);
+    const double fd =
+        (reference::Silu(x + h) - reference::Silu(x - h)) / (2 * h);
     EXPECT_NEAR(reference::SiluGrad(x), fd, 1e-7) << "x=" << x;
   }
 }
@@ -85,8 +86,7 @@ struct Elementwise {
 const Elementwise kElementwise[] = {
     {"relu", Activation::kRelu, BiasReluForward, ReluBackward},
     {"gelu", Activation::kGelu, BiasGeluForward, GeluBackward},
-    {"gelu_tanh", Activation::kGeluTanh, BiasGeluTanhForward,
-     GeluTanhBackward},
+    {"gelu_tanh", Activation::kGeluTanh, BiasGeluTanhForward, GeluTanhBackward},
 };
 
 TEST(ActivationTest, ForwardAndBackwardMatchFloat64) {
@@ -205,7 +205,8 @@ TEST(ActivationTest, VectorAndScalarPathsAgreeBitwise) {
       ASSERT_EQ(0, std::memcmp(&gr, &grad[i], sizeof(float))) << e.name << i;
     }
   }
-  std::vector<float> pre2 = reference::ToFloat(reference::RandomVec(&rng, 2 * n, 4.0));
+  std::vector<float> pre2 =
+      reference::ToFloat(reference::RandomVec(&rng, 2 * n, 4.0));
   std::vector<float> out(n), g(n, 1.0f), d(2 * n);
   BiasSwigluForward(1, n, nullptr, pre2.data(), out.data());
   SwigluBackward(1, n, pre2.data(), g.data(), d.data());

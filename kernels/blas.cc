@@ -7,7 +7,6 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-
 #include <functional>
 #include <thread>
 #include <vector>
@@ -129,8 +128,8 @@ class Pool {
 };
 
 struct Tiling {
-  bool split_n;   // split C's columns (else its rows)
-  int64_t tile;   // rows or columns per tile
+  bool split_n;  // split C's columns (else its rows)
+  int64_t tile;  // rows or columns per tile
   int tiles;
 };
 
@@ -144,9 +143,8 @@ Tiling TileGemm(int64_t m, int64_t n, int64_t k) {
   const bool split_n = n >= m;
   const int64_t dim = split_n ? n : m;
   const int64_t work = m * n * k;
-  const int64_t tiles =
-      std::max<int64_t>(1, std::min({kMaxTiles, dim / kMinTile,
-                                     work / kMinTileWork}));
+  const int64_t tiles = std::max<int64_t>(
+      1, std::min({kMaxTiles, dim / kMinTile, work / kMinTileWork}));
   // Round the tile up to a multiple of 16 (OpenBLAS's unroll) and recount.
   const int64_t tile = ((dim + tiles - 1) / tiles + 15) / 16 * 16;
   return {split_n, tile, static_cast<int>((dim + tile - 1) / tile)};
@@ -191,8 +189,10 @@ Blas Load() {
   if (handle == nullptr) {
     const char* err = dlerror();
     blas.status = absl::FailedPreconditionError(
-        absl::StrCat("cannot load ", kLibrary, " (OpenBLAS, Debian package "
-                     "libopenblas0-pthread): ", err ? err : "unknown error"));
+        absl::StrCat("cannot load ", kLibrary,
+                     " (OpenBLAS, Debian package "
+                     "libopenblas0-pthread): ",
+                     err ? err : "unknown error"));
     return blas;
   }
   struct Symbol {
@@ -234,17 +234,17 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                    float alpha, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m < 0 || n < 0 || k < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Sgemm: negative size m=", m, " n=", n, " k=", k));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Sgemm: negative size m=", m, " n=", n, " k=", k));
   }
   const int64_t a_cols = trans_a ? m : k;
   const int64_t b_cols = trans_b ? k : n;
-  if (lda < std::max<int64_t>(1, a_cols) || ldb < std::max<int64_t>(1, b_cols) ||
-      ldc < std::max<int64_t>(1, n)) {
+  if (lda < std::max<int64_t>(1, a_cols) ||
+      ldb < std::max<int64_t>(1, b_cols) || ldc < std::max<int64_t>(1, n)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "Sgemm: leading dimension too small: lda=", lda, " (needs >= ",
-        a_cols, "), ldb=", ldb, " (needs >= ", b_cols, "), ldc=", ldc,
-        " (needs >= ", n, ")"));
+        "Sgemm: leading dimension too small: lda=", lda, " (needs >= ", a_cols,
+        "), ldb=", ldb, " (needs >= ", b_cols, "), ldc=", ldc, " (needs >= ", n,
+        ")"));
   }
   const int64_t largest = std::max({m, n, k, lda, ldb, ldc});
   if (largest > INT_MAX) {
@@ -258,7 +258,8 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     // C = beta * C; BLAS semantics: beta == 0 overwrites.
     for (int64_t i = 0; i < m; ++i) {
       float* row = c + i * ldc;
-      for (int64_t j = 0; j < n; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+      for (int64_t j = 0; j < n; ++j)
+        row[j] = beta == 0.0f ? 0.0f : beta * row[j];
     }
     return absl::OkStatus();
   }
@@ -268,8 +269,8 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   const Tiling tiling = TileGemm(m, n, k);
   const std::function<void(int)> tile = [&](int t) {
     const int64_t begin = t * tiling.tile;
-    const int64_t size = std::min(tiling.tile, tiling.split_n ? n - begin
-                                                              : m - begin);
+    const int64_t size =
+        std::min(tiling.tile, tiling.split_n ? n - begin : m - begin);
     const float* ta = a;
     const float* tb = b;
     float* tc = c;

@@ -37,9 +37,9 @@ std::vector<float> Padded(const Vec& v, int64_t rows, int64_t cols,
 TEST(SgemmTest, MatchesFloat64ReferenceOnOddShapes) {
   Rng rng(1);
   const std::vector<GemmCase> cases = {
-      {false, false, 1, 1, 1},     {false, true, 3, 17, 5},
-      {true, false, 17, 3, 1009},  {true, true, 1009, 3, 17},
-      {false, true, 5, 1009, 3},   {true, false, 1, 17, 3},
+      {false, false, 1, 1, 1},      {false, true, 3, 17, 5},
+      {true, false, 17, 3, 1009},   {true, true, 1009, 3, 17},
+      {false, true, 5, 1009, 3},    {true, false, 1, 17, 3},
       {false, false, 17, 33, 1009}, {true, true, 3, 1, 64},
   };
   for (const GemmCase& gc : cases) {
@@ -63,11 +63,10 @@ TEST(SgemmTest, MatchesFloat64ReferenceOnOddShapes) {
       expected[i] = alpha * expected[i] + beta * c0[i];
       got[i] = fc[(i / gc.n) * ldc + i % gc.n];
     }
-    const std::string what = "C for ta=" + std::to_string(gc.ta) +
-                             " tb=" + std::to_string(gc.tb) +
-                             " m=" + std::to_string(gc.m) +
-                             " n=" + std::to_string(gc.n) +
-                             " k=" + std::to_string(gc.k);
+    const std::string what =
+        "C for ta=" + std::to_string(gc.ta) + " tb=" + std::to_string(gc.tb) +
+        " m=" + std::to_string(gc.m) + " n=" + std::to_string(gc.n) +
+        " k=" + std::to_string(gc.k);
     // float32 accumulation over k terms of size ~1: error ~ sqrt(k) eps.
     EXPECT_TRUE(AllClose(what.c_str(), got.data(), expected, 1e-5,
                          2e-6 * std::sqrt(static_cast<double>(gc.k))));
@@ -83,21 +82,21 @@ TEST(SgemmTest, MatchesFloat64ReferenceOnOddShapes) {
 TEST(SgemmTest, BetaZeroOverwritesNaN) {
   std::vector<float> a = {1, 2, 3, 4}, b = {1, 0, 0, 1};
   std::vector<float> c(4, std::numeric_limits<float>::quiet_NaN());
-  ASSERT_TRUE(Sgemm(false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2,
-                    0.0f, c.data(), 2)
+  ASSERT_TRUE(Sgemm(false, false, 2, 2, 2, 1.0f, a.data(), 2, b.data(), 2, 0.0f,
+                    c.data(), 2)
                   .ok());
   EXPECT_EQ(c, a);
 }
 
 TEST(SgemmTest, ZeroInnerDimensionScalesC) {
   std::vector<float> c = {1, 2, 3, 4};
-  ASSERT_TRUE(
-      Sgemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 2.0f, c.data(), 2)
-          .ok());
+  ASSERT_TRUE(Sgemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 2.0f,
+                    c.data(), 2)
+                  .ok());
   EXPECT_EQ(c, (std::vector<float>{2, 4, 6, 8}));
-  ASSERT_TRUE(
-      Sgemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, c.data(), 2)
-          .ok());
+  ASSERT_TRUE(Sgemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f,
+                    c.data(), 2)
+                  .ok());
   EXPECT_EQ(c, (std::vector<float>{0, 0, 0, 0}));
 }
 
@@ -107,8 +106,8 @@ TEST(SgemmTest, RejectsBadLeadingDimension) {
                                b.data(), 2, 0.0f, c.data(), 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("lda=2"), std::string::npos) << s;
-  EXPECT_EQ(Sgemm(false, false, -1, 2, 3, 1.0f, a.data(), 3, b.data(), 2,
-                  0.0f, c.data(), 2)
+  EXPECT_EQ(Sgemm(false, false, -1, 2, 3, 1.0f, a.data(), 3, b.data(), 2, 0.0f,
+                  c.data(), 2)
                 .code(),
             absl::StatusCode::kInvalidArgument);
 }
@@ -130,7 +129,8 @@ TEST(BlasTest, PicksCoreTypeFromCpuid) {
   const bool avx512 =
       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (kCoreTypeAtStart != nullptr) {
     ASSERT_NE(env, nullptr);
     EXPECT_STREQ(env, kCoreTypeAtStart) << "a preset value must be kept";
@@ -167,14 +167,13 @@ TEST(SgemmTest, BitwiseIdenticalAcrossThreadCounts) {
       {false, false, b, f, h},  // d_act
       {true, false, h, f, b},   // fc2 weight grad
       {true, false, f, h, b},   // fc1 weight grad
-      {false, true, 17, 1009, 1009},
-      {false, false, 3, 17, 1009},
+      {false, true, 17, 1009, 1009}, {false, false, 3, 17, 1009},
   };
   for (const GemmCase& gc : cases) {
-    std::vector<float> a = reference::ToFloat(
-        reference::RandomVec(&rng, gc.m * gc.k, 1.0));
-    std::vector<float> bm = reference::ToFloat(
-        reference::RandomVec(&rng, gc.k * gc.n, 1.0));
+    std::vector<float> a =
+        reference::ToFloat(reference::RandomVec(&rng, gc.m * gc.k, 1.0));
+    std::vector<float> bm =
+        reference::ToFloat(reference::RandomVec(&rng, gc.k * gc.n, 1.0));
     const int64_t lda = gc.ta ? gc.m : gc.k, ldb = gc.tb ? gc.k : gc.n;
     std::vector<std::vector<float>> results;
     for (int threads : {1, 2, 3, 2}) {
@@ -205,8 +204,8 @@ TEST(SgemmTest, ConcurrentCallersGetSameBits) {
       reference::ToFloat(reference::RandomVec(&rng, k * n, 1.0));
   SetBlasThreads(2);
   std::vector<float> want(m * n);
-  ASSERT_TRUE(Sgemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n,
-                    0.0f, want.data(), n)
+  ASSERT_TRUE(Sgemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+                    want.data(), n)
                   .ok());
   std::vector<std::vector<float>> got(2, std::vector<float>(m * n));
   std::vector<std::thread> threads;
@@ -214,8 +213,8 @@ TEST(SgemmTest, ConcurrentCallersGetSameBits) {
     threads.emplace_back([&, t] {
       for (int rep = 0; rep < 5; ++rep) {
         std::fill(got[t].begin(), got[t].end(), 0.0f);
-        ASSERT_TRUE(Sgemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(),
-                          n, 0.0f, got[t].data(), n)
+        ASSERT_TRUE(Sgemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n,
+                          0.0f, got[t].data(), n)
                         .ok());
         ASSERT_EQ(0, std::memcmp(want.data(), got[t].data(),
                                  want.size() * sizeof(float)));

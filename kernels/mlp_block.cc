@@ -35,14 +35,13 @@ absl::Status ValidateConfig(const MlpBlockConfig& c) {
 absl::Status CheckTensor(const char* name, const Tensor& t,
                          const Shape& shape) {
   if (!t.defined()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": undefined, expected float32 ",
-                     ShapeToString(shape)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": undefined, expected float32 ", ShapeToString(shape)));
   }
   if (t.dtype() != DType::kFloat32 || !t.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": expected float32 on cpu, got ", DTypeName(t.dtype()), " on ",
-        t.device().ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": expected float32 on cpu, got ",
+                     DTypeName(t.dtype()), " on ", t.device().ToString()));
   }
   if (t.shape() != shape) {
     return absl::InvalidArgumentError(
@@ -129,9 +128,9 @@ absl::Status MlpBlock::Forward(const MlpBlockParams& params, const Tensor& x,
   RETURN_IF_ERROR(ValidateConfig(c));
   RETURN_IF_ERROR(CheckParams(c, params));
   if (x.ndim() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block input x: expected [batch, ", c.in_features, "], got ",
-        ShapeToString(x.shape())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block input x: expected [batch, ", c.in_features,
+                     "], got ", ShapeToString(x.shape())));
   }
   const int64_t b = x.dim(0);
   RETURN_IF_ERROR(CheckTensor("block input x", x, {b, c.in_features}));
@@ -148,9 +147,8 @@ absl::Status MlpBlock::Forward(const MlpBlockParams& params, const Tensor& x,
       s.norm_out = Tensor::Empty(DType::kFloat32, {b, in});
       s.mean = Tensor::Empty(DType::kFloat32, {b});
       s.rstd = Tensor::Empty(DType::kFloat32, {b});
-      LayerNormForward(b, in, F(x), F(params.norm_weight),
-                       F(params.norm_bias), c.norm_eps, F(s.norm_out),
-                       F(s.mean), F(s.rstd));
+      LayerNormForward(b, in, F(x), F(params.norm_weight), F(params.norm_bias),
+                       c.norm_eps, F(s.norm_out), F(s.mean), F(s.rstd));
       break;
     case NormType::kRmsNorm:
       s.norm_out = Tensor::Empty(DType::kFloat32, {b, in});
@@ -293,15 +291,15 @@ absl::Status MlpBlock::BackwardWeight(MlpBlockSaved* saved, bool accumulate,
   const int64_t in = c.in_features, out = c.out_features,
                 ffn = c.ffn_hidden_size, f1 = c.fc1_out();
   if (c.norm != NormType::kNone) {
-    RETURN_IF_ERROR(PrepareGrad("grad norm.weight", accumulate, {in},
-                                &grads->norm_weight));
+    RETURN_IF_ERROR(
+        PrepareGrad("grad norm.weight", accumulate, {in}, &grads->norm_weight));
   }
   if (c.norm == NormType::kLayerNorm) {
     RETURN_IF_ERROR(
         PrepareGrad("grad norm.bias", accumulate, {in}, &grads->norm_bias));
   }
-  RETURN_IF_ERROR(PrepareGrad("grad fc1.weight", accumulate, {f1, in},
-                              &grads->fc1_weight));
+  RETURN_IF_ERROR(
+      PrepareGrad("grad fc1.weight", accumulate, {f1, in}, &grads->fc1_weight));
   RETURN_IF_ERROR(PrepareGrad("grad fc2.weight", accumulate, {out, ffn},
                               &grads->fc2_weight));
   if (c.bias) {
@@ -325,8 +323,8 @@ absl::Status MlpBlock::BackwardWeight(MlpBlockSaved* saved, bool accumulate,
     ColumnSums(b, f1, F(saved->d_fc1_out), accumulate, F(grads->fc1_bias));
   }
   if (c.norm == NormType::kLayerNorm) {
-    LayerNormBackwardParams(b, in, F(saved->x), F(saved->mean),
-                            F(saved->rstd), F(saved->d_norm_out), accumulate,
+    LayerNormBackwardParams(b, in, F(saved->x), F(saved->mean), F(saved->rstd),
+                            F(saved->d_norm_out), accumulate,
                             F(grads->norm_weight), F(grads->norm_bias));
   } else if (c.norm == NormType::kRmsNorm) {
     RmsNormBackwardParams(b, in, F(saved->x), F(saved->rstd),

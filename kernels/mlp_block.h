@@ -99,8 +99,8 @@ class MlpBlock {
   const MlpBlockConfig& config() const { return config_; }
 
   // y [b, out] = block(x [b, in]). Allocates y and the saved tensors.
-  absl::Status Forward(const MlpBlockParams& params, const Tensor& x,
-                       Tensor* y, MlpBlockSaved* saved) const;
+  absl::Status Forward(const MlpBlockParams& params, const Tensor& x, Tensor* y,
+                       MlpBlockSaved* saved) const;
 
   // dx [b, in] from d_out [b, out]; stores into *saved what BackwardWeight
   // needs. `dx` may be null for the first block of the model.

@@ -2,6 +2,7 @@
 //
 //   bazel run -c opt //kernels:mlp_block_benchmark -- --benchmark_min_time=2
 //   ... -- --blas_threads=1   (default 2)
+//   ... -- --benchmark_repetitions=5 (median rows; use on a shared host)
 //
 // BM_Sgemm: one fc1-shaped SGEMM, M=256 (batch), N=4096, K=1024: the rate
 // the whole step can at best reach. BM_MlpForwardBackward: a training step's
@@ -9,6 +10,7 @@
 // BackwardInput and BackwardWeight (accumulating) of every block. Its
 // GFLOP/s counts the 6 GEMMs of 2*b*h*ffn flops per block; the rest of the
 // work (bias, activation, bias gradients) is the overhead being measured.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -40,8 +42,8 @@ void BM_Sgemm(benchmark::State& state) {
   const Tensor b = RandomTensor(&rng, {n, k}, 1.0f);
   Tensor c = Tensor::Empty(DType::kFloat32, {m, n});
   for (auto _ : state) {
-    CHECK(Sgemm(false, true, m, n, k, 1.0f, a.data<float>(), k,
-                b.data<float>(), k, 0.0f, c.data<float>(), n)
+    CHECK(Sgemm(false, true, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(),
+                k, 0.0f, c.data<float>(), n)
               .ok());
     benchmark::DoNotOptimize(c.data<float>());
     benchmark::ClobberMemory();
@@ -68,8 +70,8 @@ void BM_MlpForwardBackward(benchmark::State& state) {
     std::vector<Tensor*> g = grads[i].InOrder(config);
     const std::vector<ParamInfo> infos = BlockParamInfos(config);
     for (size_t j = 0; j < infos.size(); ++j) {
-      const float scale = 1.0f / std::sqrt(static_cast<float>(
-                                     infos[j].shape.back()));
+      const float scale =
+          1.0f / std::sqrt(static_cast<float>(infos[j].shape.back()));
       *p[j] = RandomTensor(&rng, infos[j].shape, scale);
       *g[j] = Tensor::Zeros(DType::kFloat32, infos[j].shape);
     }
@@ -92,17 +94,17 @@ void BM_MlpForwardBackward(benchmark::State& state) {
       grad = dx;
     }
     for (int i = 0; i < kBlocks; ++i) {
-      CHECK(block.BackwardWeight(&saved[i], /*accumulate=*/true, &grads[i])
-                .ok());
+      CHECK(
+          block.BackwardWeight(&saved[i], /*accumulate=*/true, &grads[i]).ok());
     }
     benchmark::DoNotOptimize(grad.data<float>());
   }
-  state.counters["samples/s"] = benchmark::Counter(
-      batch, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["FLOP/s"] = benchmark::Counter(
-      kBlocks * 6 * 2.0 * batch * h * ffn,
-      benchmark::Counter::kIsIterationInvariantRate,
-      benchmark::Counter::OneK::kIs1000);
+  state.counters["samples/s"] =
+      benchmark::Counter(batch, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(kBlocks * 6 * 2.0 * batch * h * ffn,
+                         benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::OneK::kIs1000);
 }
 BENCHMARK(BM_MlpForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 
@@ -117,8 +119,10 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], kFlag, sizeof(kFlag) - 1) == 0) {
       threads = std::atoi(argv[i] + sizeof(kFlag) - 1);
     } else {
-      std::fprintf(stderr, "unknown flag %s (besides --benchmark_*: "
-                   "--blas_threads=N)\n", argv[i]);
+      std::fprintf(stderr,
+                   "unknown flag %s (besides --benchmark_*: "
+                   "--blas_threads=N)\n",
+                   argv[i]);
       return 2;
     }
   }

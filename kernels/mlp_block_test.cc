@@ -139,8 +139,8 @@ TEST(MlpBlockTest, EveryConfigMatchesFloat64Reference) {
   struct Dims {
     int64_t b, in, out, ffn;
   };
-  for (const Dims& d : {Dims{3, 17, 5, 9}, Dims{1, 3, 1, 1009},
-                        Dims{17, 1, 3, 17}}) {
+  for (const Dims& d :
+       {Dims{3, 17, 5, 9}, Dims{1, 3, 1, 1009}, Dims{17, 1, 3, 17}}) {
     for (const MlpBlockConfig& c : AllConfigs(d.in, d.out, d.ffn)) {
       const std::string what = Describe(c, d.b);
       MlpBlockParams params;
@@ -262,8 +262,8 @@ TEST(MlpBlockTest, BackwardWeightAccumulatesMicrobatches) {
                       .BackwardInput(params, ToTensor(dy, {b, c.out_features}),
                                      &saved, /*dx=*/nullptr)
                       .ok());
-      ASSERT_TRUE(block.BackwardWeight(&saved, /*accumulate=*/mb > 0, &grads)
-                      .ok());
+      ASSERT_TRUE(
+          block.BackwardWeight(&saved, /*accumulate=*/mb > 0, &grads).ok());
       Vec dx;
       BlockParams g;
       reference::BlockBackward(c, ref, b, x, dy, &dx, &g);
@@ -297,7 +297,8 @@ TEST(MlpBlockTest, BitwiseDeterministicAcrossRunsAndThreadCounts) {
   MlpBlockParams params;
   BlockParams ref;
   RandomParams(c, &rng, &params, &ref);
-  const Tensor x = ToTensor(reference::RandomVec(&rng, 64 * 128, 1.0), {64, 128});
+  const Tensor x =
+      ToTensor(reference::RandomVec(&rng, 64 * 128, 1.0), {64, 128});
   const Tensor dy =
       ToTensor(reference::RandomVec(&rng, 64 * 128, 1.0), {64, 128});
   MlpBlock block(c);
@@ -363,15 +364,15 @@ TEST(MlpBlockTest, ParamInfosInCheckpointOrder) {
   for (size_t i = 0; i < infos.size(); ++i) {
     EXPECT_EQ(infos[i].name, names[i]);
     EXPECT_EQ(infos[i].shape, shapes[i]) << names[i];
-    EXPECT_EQ(infos[i].is_bias_or_norm, names[i] != "fc1.weight" &&
-                                            names[i] != "fc2.weight")
+    EXPECT_EQ(infos[i].is_bias_or_norm,
+              names[i] != "fc1.weight" && names[i] != "fc2.weight")
         << names[i];
   }
   MlpBlockParams p;
   const std::vector<Tensor*> order = p.InOrder(c);
-  EXPECT_EQ(order, (std::vector<Tensor*>{&p.norm_weight, &p.norm_bias,
-                                         &p.fc1_weight, &p.fc1_bias,
-                                         &p.fc2_weight, &p.fc2_bias}));
+  EXPECT_EQ(order,
+            (std::vector<Tensor*>{&p.norm_weight, &p.norm_bias, &p.fc1_weight,
+                                  &p.fc1_bias, &p.fc2_weight, &p.fc2_bias}));
   c.norm = NormType::kRmsNorm;
   c.bias = false;
   c.activation = Activation::kRelu;
@@ -383,8 +384,8 @@ TEST(MlpBlockTest, ParamInfosInCheckpointOrder) {
   EXPECT_EQ(rms[1].shape, (Shape{8, 4}));
   EXPECT_FALSE(rms[1].is_bias_or_norm);
   EXPECT_EQ(rms[2].name, "fc2.weight");
-  EXPECT_EQ(p.InOrder(c),
-            (std::vector<Tensor*>{&p.norm_weight, &p.fc1_weight, &p.fc2_weight}));
+  EXPECT_EQ(p.InOrder(c), (std::vector<Tensor*>{&p.norm_weight, &p.fc1_weight,
+                                                &p.fc2_weight}));
 }
 
 TEST(MlpBlockTest, RejectsBadShapesAndOrder) {
@@ -399,26 +400,26 @@ TEST(MlpBlockTest, RejectsBadShapesAndOrder) {
   MlpBlock block(c);
   Tensor y;
   MlpBlockSaved saved;
-  const absl::Status bad_x = block.Forward(
-      params, Tensor::Zeros(DType::kFloat32, {2, 5}), &y, &saved);
+  const absl::Status bad_x =
+      block.Forward(params, Tensor::Zeros(DType::kFloat32, {2, 5}), &y, &saved);
   EXPECT_EQ(bad_x.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad_x.message().find("block input x"), std::string::npos) << bad_x;
   EXPECT_NE(bad_x.message().find("[2, 4]"), std::string::npos) << bad_x;
 
   MlpBlockParams bad = params;
   bad.fc2_weight = Tensor::Zeros(DType::kFloat32, {4, 7});
-  const absl::Status bad_w = block.Forward(
-      bad, Tensor::Zeros(DType::kFloat32, {2, 4}), &y, &saved);
+  const absl::Status bad_w =
+      block.Forward(bad, Tensor::Zeros(DType::kFloat32, {2, 4}), &y, &saved);
   EXPECT_EQ(bad_w.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad_w.message().find("fc2.weight"), std::string::npos) << bad_w;
 
   MlpBlockParams no_bias = params;
   no_bias.fc1_bias = Tensor();
-  EXPECT_NE(block.Forward(no_bias, Tensor::Zeros(DType::kFloat32, {2, 4}), &y,
-                          &saved)
-                .message()
-                .find("fc1.bias"),
-            std::string::npos);
+  EXPECT_NE(
+      block.Forward(no_bias, Tensor::Zeros(DType::kFloat32, {2, 4}), &y, &saved)
+          .message()
+          .find("fc1.bias"),
+      std::string::npos);
 
   MlpBlockSaved empty;
   MlpBlockParams grads;
@@ -431,9 +432,9 @@ TEST(MlpBlockTest, RejectsBadShapesAndOrder) {
                 .code(),
             absl::StatusCode::kFailedPrecondition);
 
-  ASSERT_TRUE(block.Forward(params, Tensor::Zeros(DType::kFloat32, {2, 4}), &y,
-                            &saved)
-                  .ok());
+  ASSERT_TRUE(
+      block.Forward(params, Tensor::Zeros(DType::kFloat32, {2, 4}), &y, &saved)
+          .ok());
   const absl::Status bad_dy = block.BackwardInput(
       params, Tensor::Zeros(DType::kFloat32, {3, 4}), &saved, &dx);
   EXPECT_NE(bad_dy.message().find("d_out"), std::string::npos) << bad_dy;

@@ -28,11 +28,8 @@ inline __attribute__((always_inline)) float LaneSum(int64_t n, F f) {
 
 // out[c] (+)= sum over rows of f(r, c), rows in order.
 template <typename F>
-inline __attribute__((always_inline)) void RowSumsInto(int64_t rows,
-                                                       int64_t cols,
-                                                       bool accumulate,
-                                                       float* __restrict out,
-                                                       F f) {
+inline __attribute__((always_inline)) void RowSumsInto(
+    int64_t rows, int64_t cols, bool accumulate, float* __restrict out, F f) {
   std::vector<float> sum(cols, 0.0f);
   float* __restrict s = sum.data();
   for (int64_t r = 0; r < rows; ++r) {
@@ -57,12 +54,12 @@ void LayerNormForward(int64_t rows, int64_t cols, const float* x,
     float* __restrict yr = y + r * cols;
     const float* __restrict w = weight;
     const float m = LaneSum(cols, [xr](int64_t i) { return xr[i]; }) * inv_n;
-    const float var =
-        LaneSum(cols, [xr, m](int64_t i) {
-          const float d = xr[i] - m;
-          return d * d;
-        }) *
-        inv_n;
+    const float var = LaneSum(cols,
+                              [xr, m](int64_t i) {
+                                const float d = xr[i] - m;
+                                return d * d;
+                              }) *
+                      inv_n;
     const float rs = 1.0f / std::sqrt(var + eps);
     mean[r] = m;
     rstd[r] = rs;
@@ -90,10 +87,10 @@ void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x,
     const float rs = rstd[r];
     const float mean_g =
         LaneSum(cols, [g, w](int64_t i) { return g[i] * w[i]; }) * inv_n;
-    const float mean_gx = LaneSum(cols, [=](int64_t i) {
-                            return g[i] * w[i] * ((xr[i] - m) * rs);
-                          }) *
-                          inv_n;
+    const float mean_gx =
+        LaneSum(cols,
+                [=](int64_t i) { return g[i] * w[i] * ((xr[i] - m) * rs); }) *
+        inv_n;
     if (residual != nullptr) {
       const float* __restrict res = residual + r * cols;
       for (int64_t c = 0; c < cols; ++c) {
@@ -112,8 +109,8 @@ void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x,
 TY_VECTOR_CLONES
 void LayerNormBackwardParams(int64_t rows, int64_t cols, const float* x,
                              const float* mean, const float* rstd,
-                             const float* dy, bool accumulate,
-                             float* d_weight, float* d_bias) {
+                             const float* dy, bool accumulate, float* d_weight,
+                             float* d_bias) {
   const float* __restrict xp = x;
   const float* __restrict g = dy;
   RowSumsInto(rows, cols, accumulate, d_weight, [=](int64_t r, int64_t c) {
@@ -152,10 +149,9 @@ void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x,
     const float* __restrict g = dy + r * cols;
     float* __restrict out = dx + r * cols;
     const float rs = rstd[r];
-    const float mean_gx = LaneSum(cols, [=](int64_t i) {
-                            return g[i] * w[i] * (xr[i] * rs);
-                          }) *
-                          inv_n;
+    const float mean_gx =
+        LaneSum(cols, [=](int64_t i) { return g[i] * w[i] * (xr[i] * rs); }) *
+        inv_n;
     if (residual != nullptr) {
       const float* __restrict res = residual + r * cols;
       for (int64_t c = 0; c < cols; ++c) {
@@ -171,8 +167,8 @@ void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x,
 
 TY_VECTOR_CLONES
 void RmsNormBackwardParams(int64_t rows, int64_t cols, const float* x,
-                           const float* rstd, const float* dy,
-                           bool accumulate, float* d_weight) {
+                           const float* rstd, const float* dy, bool accumulate,
+                           float* d_weight) {
   const float* __restrict xp = x;
   const float* __restrict g = dy;
   RowSumsInto(rows, cols, accumulate, d_weight, [=](int64_t r, int64_t c) {

@@ -30,8 +30,8 @@ void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x,
 // dy * xhat (and dy); added to the existing values when accumulate.
 void LayerNormBackwardParams(int64_t rows, int64_t cols, const float* x,
                              const float* mean, const float* rstd,
-                             const float* dy, bool accumulate,
-                             float* d_weight, float* d_bias);
+                             const float* dy, bool accumulate, float* d_weight,
+                             float* d_bias);
 
 // y [rows, cols] = x * rstd * weight; rstd [rows] = 1/sqrt(mean(x^2) + eps).
 void RmsNormForward(int64_t rows, int64_t cols, const float* x,
@@ -42,8 +42,8 @@ void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x,
                           const float* dy, const float* residual, float* dx);
 
 void RmsNormBackwardParams(int64_t rows, int64_t cols, const float* x,
-                           const float* rstd, const float* dy,
-                           bool accumulate, float* d_weight);
+                           const float* rstd, const float* dy, bool accumulate,
+                           float* d_weight);
 
 }  // namespace trainyard
 

@@ -52,19 +52,28 @@ TEST(NormReferenceTest, LayerNormGradientsMatchFiniteDifferences) {
   Vec dx, dw, db;
   reference::LayerNormBackward(rows, cols, x, w, kEps, dy, &dx, &dw, &db);
   for (int64_t i = 0; i < rows * cols; i += 5) {
-    EXPECT_NEAR(dx[i], FiniteDiff(x, i, dy, [&](const Vec& v) {
-                  return reference::LayerNorm(rows, cols, v, w, b, kEps);
-                }),
+    EXPECT_NEAR(dx[i],
+                FiniteDiff(x, i, dy,
+                           [&](const Vec& v) {
+                             return reference::LayerNorm(rows, cols, v, w, b,
+                                                         kEps);
+                           }),
                 1e-6);
   }
   for (int64_t i = 0; i < cols; i += 3) {
-    EXPECT_NEAR(dw[i], FiniteDiff(w, i, dy, [&](const Vec& v) {
-                  return reference::LayerNorm(rows, cols, x, v, b, kEps);
-                }),
+    EXPECT_NEAR(dw[i],
+                FiniteDiff(w, i, dy,
+                           [&](const Vec& v) {
+                             return reference::LayerNorm(rows, cols, x, v, b,
+                                                         kEps);
+                           }),
                 1e-6);
-    EXPECT_NEAR(db[i], FiniteDiff(b, i, dy, [&](const Vec& v) {
-                  return reference::LayerNorm(rows, cols, x, w, v, kEps);
-                }),
+    EXPECT_NEAR(db[i],
+                FiniteDiff(b, i, dy,
+                           [&](const Vec& v) {
+                             return reference::LayerNorm(rows, cols, x, w, v,
+                                                         kEps);
+                           }),
                 1e-6);
   }
 }
@@ -78,15 +87,19 @@ TEST(NormReferenceTest, RmsNormGradientsMatchFiniteDifferences) {
   Vec dx, dw;
   reference::RmsNormBackward(rows, cols, x, w, kEps, dy, &dx, &dw);
   for (int64_t i = 0; i < rows * cols; i += 5) {
-    EXPECT_NEAR(dx[i], FiniteDiff(x, i, dy, [&](const Vec& v) {
-                  return reference::RmsNorm(rows, cols, v, w, kEps);
-                }),
+    EXPECT_NEAR(dx[i],
+                FiniteDiff(x, i, dy,
+                           [&](const Vec& v) {
+                             return reference::RmsNorm(rows, cols, v, w, kEps);
+                           }),
                 1e-6);
   }
   for (int64_t i = 0; i < cols; i += 3) {
-    EXPECT_NEAR(dw[i], FiniteDiff(w, i, dy, [&](const Vec& v) {
-                  return reference::RmsNorm(rows, cols, x, v, kEps);
-                }),
+    EXPECT_NEAR(dw[i],
+                FiniteDiff(w, i, dy,
+                           [&](const Vec& v) {
+                             return reference::RmsNorm(rows, cols, x, v, kEps);
+                           }),
                 1e-6);
   }
 }
@@ -140,14 +153,14 @@ TEST(NormTest, LayerNormMatchesFloat64) {
       EXPECT_TRUE(AllClose(("layernorm y " + what).c_str(), y.data(),
                            reference::LayerNorm(s.rows, s.cols, x, w, b, kEps),
                            kRtol, kAtol));
-      EXPECT_TRUE(AllClose(("layernorm dx " + what).c_str(), dx.data(),
-                           want_dx, kRtol, kAtol));
+      EXPECT_TRUE(AllClose(("layernorm dx " + what).c_str(), dx.data(), want_dx,
+                           kRtol, kAtol));
       EXPECT_TRUE(AllClose(("layernorm dx+residual " + what).c_str(),
                            dx_res.data(), want_dx_res, kRtol, kAtol));
-      EXPECT_TRUE(AllClose(("layernorm dw " + what).c_str(), dw.data(),
-                           want_dw, kRtol, kAtol));
-      EXPECT_TRUE(AllClose(("layernorm db " + what).c_str(), db.data(),
-                           want_db, kRtol, kAtol));
+      EXPECT_TRUE(AllClose(("layernorm dw " + what).c_str(), dw.data(), want_dw,
+                           kRtol, kAtol));
+      EXPECT_TRUE(AllClose(("layernorm db " + what).c_str(), db.data(), want_db,
+                           kRtol, kAtol));
       EXPECT_TRUE(AllClose(("layernorm dw accumulated " + what).c_str(),
                            dw_acc.data(), want_dw_acc, kRtol, kAtol));
       EXPECT_TRUE(AllClose(("layernorm db accumulated " + what).c_str(),
@@ -193,8 +206,8 @@ TEST(NormTest, RmsNormMatchesFloat64) {
                          kAtol));
     EXPECT_TRUE(AllClose(("rmsnorm dx " + what).c_str(), dx.data(), want_dx,
                          kRtol, kAtol));
-    EXPECT_TRUE(AllClose(("rmsnorm dx+residual " + what).c_str(),
-                         dx_res.data(), want_dx_res, kRtol, kAtol));
+    EXPECT_TRUE(AllClose(("rmsnorm dx+residual " + what).c_str(), dx_res.data(),
+                         want_dx_res, kRtol, kAtol));
     EXPECT_TRUE(AllClose(("rmsnorm dw " + what).c_str(), dw.data(), want_dw,
                          kRtol, kAtol));
     EXPECT_TRUE(AllClose(("rmsnorm dw accumulated " + what).c_str(),
@@ -219,8 +232,8 @@ TEST(NormTest, RowResultsIndependentOfBatchBitwise) {
     float m1, s1;
     LayerNormForward(1, cols, x.data() + r * cols, w.data(), nullptr, kEps,
                      y1.data(), &m1, &s1);
-    EXPECT_EQ(0, std::memcmp(y1.data(), y.data() + r * cols,
-                             cols * sizeof(float)));
+    EXPECT_EQ(
+        0, std::memcmp(y1.data(), y.data() + r * cols, cols * sizeof(float)));
     EXPECT_EQ(m1, mean[r]);
     EXPECT_EQ(s1, rstd[r]);
   }

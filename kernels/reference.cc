@@ -37,7 +37,8 @@ double Act(Activation act, double x) {
       return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
     case Activation::kGeluTanh:
       return 0.5 * x *
-             (1.0 + std::tanh(std::sqrt(2.0 / kPi) * (x + 0.044715 * x * x * x)));
+             (1.0 +
+              std::tanh(std::sqrt(2.0 / kPi) * (x + 0.044715 * x * x * x)));
     case Activation::kSwiglu:
       break;
   }
@@ -83,8 +84,8 @@ Vec LayerNorm(int64_t rows, int64_t cols, const Vec& x, const Vec& w,
     var /= cols;
     const double rstd = 1.0 / std::sqrt(var + eps);
     for (int64_t c = 0; c < cols; ++c) {
-      y[r * cols + c] = (x[r * cols + c] - mean) * rstd * w[c] +
-                        (b.empty() ? 0.0 : b[c]);
+      y[r * cols + c] =
+          (x[r * cols + c] - mean) * rstd * w[c] + (b.empty() ? 0.0 : b[c]);
     }
   }
   return y;
@@ -175,8 +176,7 @@ Vec Forward(const MlpBlockConfig& c, const BlockParams& p, int64_t b,
       t->norm_out = x;
       break;
     case NormType::kLayerNorm:
-      t->norm_out =
-          LayerNorm(b, in, x, p.norm_weight, p.norm_bias, c.norm_eps);
+      t->norm_out = LayerNorm(b, in, x, p.norm_weight, p.norm_bias, c.norm_eps);
       break;
     case NormType::kRmsNorm:
       t->norm_out = RmsNorm(b, in, x, p.norm_weight, c.norm_eps);

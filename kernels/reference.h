@@ -32,8 +32,7 @@ Vec LayerNorm(int64_t rows, int64_t cols, const Vec& x, const Vec& w,
 // Gradients for the loss sum(y * dy): dx [rows, cols], dw [cols], db [cols].
 void LayerNormBackward(int64_t rows, int64_t cols, const Vec& x, const Vec& w,
                        double eps, const Vec& dy, Vec* dx, Vec* dw, Vec* db);
-Vec RmsNorm(int64_t rows, int64_t cols, const Vec& x, const Vec& w,
-            double eps);
+Vec RmsNorm(int64_t rows, int64_t cols, const Vec& x, const Vec& w, double eps);
 void RmsNormBackward(int64_t rows, int64_t cols, const Vec& x, const Vec& w,
                      double eps, const Vec& dy, Vec* dx, Vec* dw);
 

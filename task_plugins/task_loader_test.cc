@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -249,6 +250,17 @@ TEST(TaskTest, TaskKeepsPluginLoaded) {
   }  // Our reference to the plugin is gone; the task's keeps it mapped.
   auto fwd = task->BuildForwardInputs(Batch(), 0, false);
   EXPECT_TRUE(fwd.ok()) << fwd.status();
+}
+
+TEST(TaskTest, PluginThreadsSurviveUnload) {
+  {
+    auto task = Misbehaving(R"({"mode": "leave_thread"})");
+    ASSERT_NE(task, nullptr);
+  }  // Task and plugin handle gone; the plugin's thread is still running.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Reloading gives the same, still-mapped library.
+  auto again = Misbehaving("{}");
+  EXPECT_NE(again, nullptr);
 }
 
 TEST(TaskTest, StatelessPluginRefusesState) {

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "task_plugins/plugin_sdk.h"
 #include "task_plugins/task_abi.h"
@@ -55,6 +56,13 @@ void* Create(const char* config_json, TrainyardError* err) {
     return nullptr;
   }
   if (*mode == "null_without_message") return nullptr;
+  if (*mode == "leave_thread") {
+    // A thread that keeps running plugin code after the task and the
+    // library handle are gone (like a BLAS pool's workers).
+    std::thread([] {
+      for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }).detach();
+  }
   Task* t = new Task();
   t->mode = *mode;
   t->fail_at_step = *fail_at;

@@ -1,0 +1,17 @@
+#include "core/transport.h"
+
+namespace trainyard {
+
+const char* MessageKindName(MessageKind kind) {
+  switch (kind) {
+    case MessageKind::kActivation:
+      return "activation";
+    case MessageKind::kGradient:
+      return "gradient";
+    case MessageKind::kEvalActivation:
+      return "eval-activation";
+  }
+  return "?";
+}
+
+}  // namespace trainyard
