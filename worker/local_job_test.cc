@@ -5,12 +5,14 @@
 #include "worker/local_job.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/checkpoint_store.h"
 
 namespace trainyard {
 namespace {
@@ -89,7 +91,8 @@ trainyard::v1::JobSpec ClassificationSpec() {
   return spec;
 }
 
-RunResult RunJob(const trainyard::v1::JobSpec& spec, int64_t stop_after = 0) {
+RunResult RunJob(const trainyard::v1::JobSpec& spec, int64_t stop_after = 0,
+                 const std::string& plugin_dir = PluginDir()) {
   RunResult result;
   PlanOptions plan_options;
   absl::StatusOr<JobPlan> plan = PlanJob(spec, plan_options);
@@ -99,7 +102,7 @@ RunResult RunJob(const trainyard::v1::JobSpec& spec, int64_t stop_after = 0) {
   }
   absl::Mutex mu;
   LocalJobOptions options;
-  options.plugin_dir = PluginDir();
+  options.plugin_dir = plugin_dir;
   options.threads = 1;
   options.stop_after_step = stop_after;
   options.timeout = absl::Seconds(30);
@@ -238,6 +241,71 @@ TEST(LocalJobTest, UnknownPluginFailsNamingIt) {
   RunResult r = RunJob(spec);
   EXPECT_FALSE(r.status.ok());
   EXPECT_THAT(r.status.message(), HasSubstr("no_such_task"));
+}
+
+// A test plugin ("misbehaving") picks its failure from its config.
+trainyard::v1::JobSpec MisbehavingSpec(const std::string& mode, int fail_at) {
+  auto spec = WithPipeline(ClassificationSpec(), 2, 4, "1f1b");
+  spec.mutable_data()->set_eval_every(0);
+  spec.mutable_data()->set_eval_fraction(0);
+  spec.mutable_task()->set_plugin("misbehaving");
+  auto& fields = *spec.mutable_task()->mutable_config()->mutable_fields();
+  fields["mode"].set_string_value(mode);
+  fields["fail_at_step"].set_number_value(fail_at);
+  return spec;
+}
+
+TEST(LocalJobTest, NonFiniteGradientRefusesTheStepNamingStageAndParameter) {
+  RunResult r = RunJob(MisbehavingSpec("huge_grad", -1), 0,
+                       PluginDir() + "/testdata");
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status.message(),
+              HasSubstr("step 1: stage 0 parameter blocks.0.norm.weight has a "
+                        "non-finite gradient; step refused"));
+  EXPECT_TRUE(r.losses.empty());
+}
+
+TEST(LocalJobTest, PluginFailureMidRunKeepsEarlierCheckpoints) {
+  const std::string dir = TempDir() + "/ckpt_plugin_failure";
+  auto spec = MisbehavingSpec("loss_error_at_step", 7);  // 0-based step 7
+  spec.mutable_checkpoint()->set_dir(dir);
+  spec.mutable_checkpoint()->set_every(5);
+  spec.mutable_checkpoint()->set_resume("latest");
+  RunResult r = RunJob(spec, 0, PluginDir() + "/testdata");
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_THAT(r.status.message(), HasSubstr("plugin \"misbehaving\""));
+  EXPECT_THAT(r.status.message(), HasSubstr("injected failure at step 7"));
+  EXPECT_EQ(r.losses.size(), 7u);
+  auto latest = LatestCheckpoint(dir);
+  ASSERT_TRUE(latest.ok());
+  ASSERT_TRUE(latest->has_value());
+  EXPECT_EQ(**latest, 5);
+  // The saved checkpoint still loads: the rerun resumes at step 6 and fails
+  // at the same place again.
+  RunResult again = RunJob(spec, 0, PluginDir() + "/testdata");
+  EXPECT_THAT(again.status.message(), HasSubstr("injected failure at step 7"));
+  EXPECT_EQ(again.losses.size(), 2u);
+}
+
+TEST(LocalJobTest, CorruptCheckpointIsNamedOnResume) {
+  const std::string dir = TempDir() + "/ckpt_corrupt";
+  auto spec = WithPipeline(ClassificationSpec(), 2, 4, "1f1b");
+  spec.mutable_checkpoint()->set_dir(dir);
+  spec.mutable_checkpoint()->set_every(5);
+  spec.mutable_checkpoint()->set_resume("latest");
+  ASSERT_TRUE(RunJob(spec, 5).status.ok());
+  const std::string victim = CheckpointStagePath(dir, 5, 1);
+  {
+    FILE* f = std::fopen(victim.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, -3, SEEK_END);
+    std::fputc(0x5a, f);
+    std::fclose(f);
+  }
+  RunResult r = RunJob(spec);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.status.message(), HasSubstr(victim));
+  EXPECT_TRUE(r.losses.empty());
 }
 
 }  // namespace

@@ -162,6 +162,10 @@ int Loss(void* handle, const TrainyardLossArgs* args,
   if (Is(t, "negative_weight")) result->loss_weight = -1;
   if (Is(t, "zero_weight_nonzero_loss")) result->loss_weight = 0;
   if (Is(t, "nan_grad") && g != nullptr && n > 1) g[n - 1] = NAN;
+  // Finite, but overflows to inf once the engine scales it by the weight.
+  if (Is(t, "huge_grad") && g != nullptr) {
+    for (int64_t i = 0; i < n; ++i) g[i] = 3e38f;
+  }
   if (Is(t, "tensor_in_loss")) {
     int64_t shape[1] = {1};
     metrics->add_tensor(metrics->ctx, "x", TRAINYARD_FLOAT32, 1, shape);
