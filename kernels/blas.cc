@@ -1,5 +1,7 @@
 #include "kernels/blas.h"
 
+#include "kernels/parallel.h"
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -41,92 +43,6 @@ struct Blas {
   CoreNameFn get_corename = nullptr;
 };
 
-// Runs fn(0..tasks-1) on the caller plus up to threads-1 persistent
-// workers. Which thread runs a task never changes a result: tasks write
-// disjoint outputs. A caller that finds the pool busy (another thread's
-// GEMM) runs its tasks inline.
-class Pool {
- public:
-  void SetThreads(int n) {
-    absl::MutexLock lock(&mu_);
-    threads_ = n;
-    while (static_cast<int>(workers_.size()) < n - 1) {
-      const int index = static_cast<int>(workers_.size());
-      workers_.emplace_back([this, index] { WorkerLoop(index); });
-      workers_.back().detach();  // the pool lives as long as the process
-    }
-  }
-
-  int threads() {
-    absl::MutexLock lock(&mu_);
-    return threads_;
-  }
-
-  void Run(int tasks, const std::function<void(int)>& fn) {
-    int helpers = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!busy_ && tasks > 1 && threads_ > 1) {
-        helpers = std::min(threads_ - 1, tasks - 1);
-        busy_ = true;
-        job_ = &fn;
-        tasks_ = tasks;
-        next_.store(0);
-        helpers_ = helpers;
-        pending_ = helpers;
-        ++generation_;
-        work_cv_.SignalAll();
-      }
-    }
-    if (helpers == 0) {
-      for (int t = 0; t < tasks; ++t) fn(t);
-      return;
-    }
-    Work(fn, tasks);
-    absl::MutexLock lock(&mu_);
-    while (pending_ > 0) done_cv_.Wait(&mu_);
-    job_ = nullptr;
-    busy_ = false;
-  }
-
- private:
-  void Work(const std::function<void(int)>& fn, int tasks) {
-    for (int t = next_.fetch_add(1); t < tasks; t = next_.fetch_add(1)) fn(t);
-  }
-
-  void WorkerLoop(int index) {
-    uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(int)>* job;
-      int tasks;
-      {
-        absl::MutexLock lock(&mu_);
-        while (generation_ == seen) work_cv_.Wait(&mu_);
-        seen = generation_;
-        if (index >= helpers_) continue;
-        job = job_;
-        tasks = tasks_;
-      }
-      Work(*job, tasks);
-      absl::MutexLock lock(&mu_);
-      if (--pending_ == 0) done_cv_.Signal();
-    }
-  }
-
-  absl::Mutex mu_;
-  absl::CondVar work_cv_;
-  absl::CondVar done_cv_;
-  int threads_ ABSL_GUARDED_BY(mu_) = 1;
-  std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
-  const std::function<void(int)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
-  int tasks_ ABSL_GUARDED_BY(mu_) = 0;
-  int helpers_ ABSL_GUARDED_BY(mu_) = 0;
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  std::atomic<int> next_{0};
-};
-
 struct Tiling {
   bool split_n;  // split C's columns (else its rows)
   int64_t tile;  // rows or columns per tile
@@ -150,15 +66,6 @@ Tiling TileGemm(int64_t m, int64_t n, int64_t k) {
   return {split_n, tile, static_cast<int>((dim + tile - 1) / tile)};
 }
 
-Pool& GetPool() {
-  static Pool* const pool = [] {
-    Pool* p = new Pool();
-    const unsigned hw = std::thread::hardware_concurrency();
-    p->SetThreads(hw == 0 ? 1 : static_cast<int>(hw));
-    return p;
-  }();
-  return *pool;
-}
 
 // The OPENBLAS_CORETYPE value this CPU's features call for, or null.
 const char* CoreTypeFromCpuid() {
@@ -290,13 +197,13 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                static_cast<int>(lda), tb, static_cast<int>(ldb), beta, tc,
                static_cast<int>(ldc));
   };
-  GetPool().Run(tiling.tiles, tile);
+  ParallelFor(tiling.tiles, tile);
   return absl::OkStatus();
 }
 
-void SetBlasThreads(int n) { GetPool().SetThreads(std::max(n, 1)); }
+void SetBlasThreads(int n) { SetComputeThreads(n); }
 
-int BlasThreads() { return GetPool().threads(); }
+int BlasThreads() { return ComputeThreads(); }
 
 std::string BlasDescription() {
   const Blas& blas = GetBlas();

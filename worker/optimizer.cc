@@ -1,8 +1,10 @@
 #include "worker/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/parallel.h"
 
 namespace trainyard {
 namespace {
@@ -44,6 +46,30 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void SgdKernel(
   }
 }
 
+// Elements per unit of parallel work: big enough to amortise scheduling,
+// small enough to balance two to a few dozen threads.
+constexpr int64_t kChunk = int64_t{1} << 16;
+
+// Sum of squares in double with a fixed lane structure, so the result does
+// not depend on the compiler's vector width.
+double SumOfSquares(const float* x, int64_t n) {
+  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) {
+      const double v = x[i + j];
+      lanes[j] += v * v;
+    }
+  }
+  for (; i < n; ++i) {
+    const double v = x[i];
+    lanes[0] += v * v;
+  }
+  double total = 0;
+  for (double l : lanes) total += l;
+  return total;
+}
+
 }  // namespace
 
 absl::StatusOr<StageOptimizer> StageOptimizer::Create(
@@ -72,6 +98,13 @@ absl::StatusOr<StageOptimizer> StageOptimizer::Create(
     return absl::InternalError("parameter segments do not cover the buffer");
   }
   opt.segments_ = std::move(segments);
+  for (size_t i = 0; i < opt.segments_.size(); ++i) {
+    const ParamSegment& seg = opt.segments_[i];
+    for (int64_t b = 0; b < seg.size(); b += kChunk) {
+      opt.chunks_.push_back({static_cast<int>(i), seg.offset + b,
+                             seg.offset + std::min(seg.size(), b + kChunk)});
+    }
+  }
   opt.total_size_ = total_size;
   if (opt.adamw_) {
     opt.state1_ = Tensor::Zeros(DType::kFloat32, {total_size});
@@ -92,27 +125,41 @@ void StageOptimizer::Step(float* params, const float* grads, double lr,
     const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step_count_));
     const float neg_step_size = static_cast<float>(-(lr / bc1));
     const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    for (const ParamSegment& s : segments_) {
-      const double wd = s.decay ? spec_.weight_decay() : 0.0;
-      AdamWKernel(s.size(), params + s.offset, grads + s.offset,
-                  state1_.data<float>() + s.offset,
-                  state2_.data<float>() + s.offset, scale,
+    float* m = state1_.data<float>();
+    float* v = state2_.data<float>();
+    ParallelFor(static_cast<int>(chunks_.size()), [&](int c) {
+      const Chunk& ch = chunks_[c];
+      const double wd = segments_[ch.segment].decay ? spec_.weight_decay() : 0.0;
+      AdamWKernel(ch.end - ch.begin, params + ch.begin, grads + ch.begin,
+                  m + ch.begin, v + ch.begin, scale,
                   static_cast<float>(1.0 - lr * wd), static_cast<float>(beta1),
                   static_cast<float>(1.0 - beta1), static_cast<float>(beta2),
                   static_cast<float>(1.0 - beta2), bc2_sqrt,
                   static_cast<float>(spec_.eps()), neg_step_size);
-    }
+    });
     return;
   }
   float* buf = state1_.defined() ? state1_.data<float>() : nullptr;
-  for (const ParamSegment& s : segments_) {
-    const double wd = s.decay ? spec_.weight_decay() : 0.0;
-    SgdKernel(s.size(), params + s.offset, grads + s.offset,
-              buf == nullptr ? nullptr : buf + s.offset, scale,
+  ParallelFor(static_cast<int>(chunks_.size()), [&](int c) {
+    const Chunk& ch = chunks_[c];
+    const double wd = segments_[ch.segment].decay ? spec_.weight_decay() : 0.0;
+    SgdKernel(ch.end - ch.begin, params + ch.begin, grads + ch.begin,
+              buf == nullptr ? nullptr : buf + ch.begin, scale,
               static_cast<float>(wd), static_cast<float>(spec_.momentum()),
               static_cast<float>(1.0 - spec_.dampening()), step_count_ == 1,
               spec_.nesterov(), static_cast<float>(-lr));
-  }
+  });
+}
+
+std::vector<double> StageOptimizer::GradSumsOfSquares(const float* grads) const {
+  std::vector<double> partial(chunks_.size());
+  ParallelFor(static_cast<int>(chunks_.size()), [&](int c) {
+    partial[c] = SumOfSquares(grads + chunks_[c].begin,
+                              chunks_[c].end - chunks_[c].begin);
+  });
+  std::vector<double> out(segments_.size(), 0.0);
+  for (size_t c = 0; c < chunks_.size(); ++c) out[chunks_[c].segment] += partial[c];
+  return out;
 }
 
 std::vector<std::pair<std::string, Tensor>> StageOptimizer::StateTensors()

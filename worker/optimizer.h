@@ -52,6 +52,11 @@ class StageOptimizer {
   // effective gradient = grads * grad_scale, learning rate `lr`.
   void Step(float* params, const float* grads, double lr, double grad_scale);
 
+  // Sum of squares of each segment's raw gradient, in segment order, in
+  // double. Chunked by a fixed size and reduced in chunk order, so the
+  // result does not depend on the thread count.
+  std::vector<double> GradSumsOfSquares(const float* grads) const;
+
   // Updates taken so far (torch's state["step"]).
   int64_t step_count() const { return step_count_; }
 
@@ -74,6 +79,12 @@ class StageOptimizer {
   std::vector<ParamSegment> segments_;
   int64_t total_size_ = 0;
   int64_t step_count_ = 0;
+  // Fixed-size pieces of the segments, the unit of parallel work.
+  struct Chunk {
+    int segment;
+    int64_t begin, end;  // elements into the flat buffer
+  };
+  std::vector<Chunk> chunks_;
   Tensor state1_;  // [total] exp_avg or momentum_buffer
   Tensor state2_;  // [total] exp_avg_sq
 };

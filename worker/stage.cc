@@ -39,26 +39,6 @@ class Timer {
   absl::Time start_;
 };
 
-// Sum of squares in double with a fixed lane structure, so the result does
-// not depend on the compiler's vector width.
-double SumOfSquares(const float* x, int64_t n) {
-  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) {
-      const double v = x[i + j];
-      lanes[j] += v * v;
-    }
-  }
-  for (; i < n; ++i) {
-    const double v = x[i];
-    lanes[0] += v * v;
-  }
-  double total = 0;
-  for (double l : lanes) total += l;
-  return total;
-}
-
 // Splits `rows` rows into `parts` contiguous microbatches whose sizes differ
 // by at most one (the first rows % parts get one more).
 std::vector<std::pair<int64_t, int64_t>> SplitRows(int64_t rows, int parts) {
@@ -452,10 +432,10 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
   std::vector<double> reduce(num_params + 2, 0.0);
   {
     Timer t(&report->times.optimizer);
+    const std::vector<double> sums =
+        optimizer_->GradSumsOfSquares(grads_.data<float>());
     for (size_t i = 0; i < segments_.size(); ++i) {
-      reduce[param_index_[i]] =
-          SumOfSquares(grads_.data<float>() + segments_[i].offset,
-                       segments_[i].size());
+      reduce[param_index_[i]] = sums[i];
     }
   }
   if (is_last()) {

@@ -1,0 +1,29 @@
+// A process-wide pool of compute threads for data-parallel loops (GEMM
+// tiles, optimizer chunks, reductions).
+//
+// ParallelFor(tasks, fn) runs fn(0) ... fn(tasks - 1) on the caller plus up
+// to ComputeThreads() - 1 persistent workers and returns when all are done.
+// Which thread runs a task never changes a result as long as tasks write
+// disjoint outputs; callers split work by shape only, never by thread count,
+// so results are bitwise the same for any thread count.
+//
+// Thread safety: everything may be called from any thread. A caller that
+// finds the pool busy (another thread's loop, e.g. another pipeline stage)
+// runs its tasks inline on its own thread.
+#ifndef TRAINYARD_KERNELS_PARALLEL_H_
+#define TRAINYARD_KERNELS_PARALLEL_H_
+
+#include <functional>
+
+namespace trainyard {
+
+void ParallelFor(int tasks, const std::function<void(int)>& fn);
+
+// Threads ParallelFor uses (default: the hardware concurrency); n < 1
+// means 1.
+void SetComputeThreads(int n);
+int ComputeThreads();
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_KERNELS_PARALLEL_H_
