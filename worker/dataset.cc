@@ -212,7 +212,9 @@ absl::StatusOr<std::pair<Dataset, Dataset>> SplitTail(const Dataset& data,
     return absl::InvalidArgumentError(
         absl::StrCat("eval_fraction must be in (0, 1), got ", fraction));
   }
-  const int64_t n_eval = std::llround(static_cast<double>(n) * fraction);
+  // floor, as docs/SPEC.md and the spec validation (core/job_plan.cc) say.
+  const int64_t n_eval =
+      static_cast<int64_t>(std::floor(static_cast<double>(n) * fraction));
   if (n_eval < 1 || n_eval >= n) {
     return absl::InvalidArgumentError(absl::StrCat(
         "eval_fraction ", fraction, " of ", n, " rows leaves ", n - n_eval,

@@ -68,7 +68,7 @@ absl::StatusOr<Dataset> LoadDataSource(const trainyard::v1::DataSource& source,
                                        const std::string& base_dir,
                                        uint64_t default_seed);
 
-// Splits off the last round(N * fraction) rows as the eval set (first:
+// Splits off the last floor(N * fraction) rows as the eval set (first:
 // train, second: eval). The halves share storage with `data`.
 // InvalidArgument unless 0 < fraction < 1 and both halves get >= 1 row.
 absl::StatusOr<std::pair<Dataset, Dataset>> SplitTail(const Dataset& data,

@@ -291,7 +291,7 @@ Dataset Counting(int64_t n) {
 }
 
 TEST(SplitTailTest, EvalIsTheLastRows) {
-  auto split = SplitTail(Counting(10), 0.25);  // round(2.5) = 3
+  auto split = SplitTail(Counting(10), 0.3);  // floor(3.0) = 3
   ASSERT_TRUE(split.ok()) << split.status();
   const auto& [train, eval] = *split;
   EXPECT_EQ(train.num_rows(), 7);
@@ -308,8 +308,9 @@ TEST(SplitTailTest, RejectsFractionsThatLeaveAnEmptySide) {
               HasSubstr("must be in (0, 1)"));
   EXPECT_THAT(SplitTail(Counting(10), 0.01).status().message(),
               HasSubstr("leaves 10 train and 0 eval rows"));
-  EXPECT_THAT(SplitTail(Counting(2), 0.9).status().message(),
-              HasSubstr("leaves 0 train and 2 eval rows"));
+  EXPECT_THAT(SplitTail(Counting(3), 0.2).status().message(),
+              HasSubstr("leaves 3 train and 0 eval rows"));  // floor(0.6)
+  EXPECT_TRUE(SplitTail(Counting(2), 0.9).ok());  // floor(1.8) = 1 each
 }
 
 TEST(GatherTest, CopiesRowsOfFeaturesAndTargets) {
