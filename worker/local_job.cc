@@ -7,12 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "core/in_process_transport.h"
 #include "core/status_macros.h"
-#include "google/protobuf/util/json_util.h"
 #include "kernels/blas.h"
-#include "worker/checkpoint_store.h"
+#include "worker/stage_runner.h"
 
 namespace trainyard {
 namespace {
@@ -37,24 +35,6 @@ std::string MetricsJson(
   return out;
 }
 
-// What the manifest records about the job: the normalized spec, so a
-// checkpoint says what produced it.
-std::string PlanMetadataJson(const JobPlan& plan, int64_t step) {
-  std::string spec_json;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(plan.spec, &spec_json, opts)
-           .ok()) {
-    spec_json = "null";
-  }
-  return absl::StrCat("{\"step\":", step, ",\"stages\":", plan.num_stages(),
-                      ",\"spec\":", spec_json, "}");
-}
-
-bool Due(int64_t step, int64_t every, int64_t last_step) {
-  return every > 0 && (step % every == 0 || step == last_step);
-}
-
 }  // namespace
 
 std::string StepJson(const StepReport& r, double step_seconds) {
@@ -72,47 +52,9 @@ std::string EvalJson(int64_t step, const EvalReport& r) {
 }
 
 absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
-  const auto& spec = plan.spec;
   const int S = plan.num_stages();
   if (options.threads > 0) SetBlasThreads(options.threads);
-
-  // Data: only the first stage reads rows.
-  ASSIGN_OR_RETURN(Dataset train_all,
-                   LoadDataSource(spec.data().train(), "", spec.data().seed()));
-  auto train = std::make_shared<Dataset>();
-  auto eval = std::make_shared<Dataset>();
-  bool have_eval = false;
-  if (spec.data().has_eval()) {
-    *train = std::move(train_all);
-    ASSIGN_OR_RETURN(*eval,
-                     LoadDataSource(spec.data().eval(), "", spec.data().seed()));
-    have_eval = true;
-  } else if (spec.data().eval_fraction() > 0) {
-    ASSIGN_OR_RETURN(auto split,
-                     SplitTail(train_all, spec.data().eval_fraction()));
-    *train = std::move(split.first);
-    *eval = std::move(split.second);
-    have_eval = true;
-  } else {
-    *train = std::move(train_all);
-  }
-  const int64_t eval_rows = have_eval ? eval->features.dim(0) : 0;
-
-  // Checkpoint to resume from.
-  const auto& ckpt = spec.checkpoint();
-  int64_t resume_step = 0;
-  if (!ckpt.dir().empty()) {
-    ASSIGN_OR_RETURN(std::optional<int64_t> latest, LatestCheckpoint(ckpt.dir()));
-    if (latest.has_value()) {
-      if (ckpt.resume() != "latest") {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint.dir: ", ckpt.dir(), " already holds checkpoints (newest: step ",
-            *latest, "); set checkpoint.resume to \"latest\" to continue from it, "
-            "or use an empty folder"));
-      }
-      resume_step = *latest;
-    }
-  }
+  ASSIGN_OR_RETURN(const int64_t resume_step, ResumeStep(plan));
 
   InProcessHub hub(S);
   StageOptions stage_options;
@@ -120,85 +62,48 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   stage_options.timeout = options.timeout;
   std::vector<std::unique_ptr<Stage>> stages;
   for (int s = 0; s < S; ++s) {
-    StageData data;
-    data.eval_rows = eval_rows;
-    if (s == 0) {
-      data.train = train;
-      if (have_eval) data.eval = eval;
-    }
+    ASSIGN_OR_RETURN(StageData data, LoadStageData(plan, s));
     ASSIGN_OR_RETURN(auto stage,
                      Stage::Create(plan, s, hub.rank(s), stage_options, data));
     if (resume_step > 0) {
-      RETURN_IF_ERROR(stage->RestoreCheckpoint(ckpt.dir(), resume_step));
+      RETURN_IF_ERROR(
+          stage->RestoreCheckpoint(plan.spec.checkpoint().dir(), resume_step));
     } else {
       RETURN_IF_ERROR(stage->InitParameters());
     }
     stages.push_back(std::move(stage));
   }
   if (resume_step > 0 && options.on_log) {
-    options.on_log(absl::StrCat("resumed from ", ckpt.dir(), " at step ",
-                                resume_step));
+    options.on_log(absl::StrCat("resumed from ", plan.spec.checkpoint().dir(),
+                                " at step ", resume_step));
   }
 
-  const int64_t last_step = spec.steps();
-  const int64_t stop = options.stop_after_step > 0
-                           ? std::min(options.stop_after_step, last_step)
-                           : last_step;
   absl::Mutex mu;
   absl::Status first_error;  // the root cause, not the aborts it caused
-  auto fail = [&](int s, absl::Status st) {
+  auto run_stage = [&](int s) {
+    Stage& stage = *stages[s];
+    StageRunOptions run;
+    run.stop_after_step = options.stop_after_step;
+    run.timeout = options.timeout;
+    if (stage.is_last()) {
+      run.on_step = options.on_step;
+      run.on_eval = options.on_eval;
+    }
+    run.on_checkpoint = options.on_checkpoint;
+    absl::Status st = RunStage(stage, hub.rank(s), plan, run);
+    if (st.ok()) {
+      if (options.on_final_params) {
+        options.on_final_params(s, stage.NamedParameters());
+      }
+      return;
+    }
     absl::MutexLock lock(&mu);
-    if (first_error.ok() || (absl::IsAborted(first_error) && !absl::IsAborted(st))) {
+    if (first_error.ok() ||
+        (absl::IsAborted(first_error) && !absl::IsAborted(st))) {
       first_error = st;
     }
     hub.rank(s)->Abort(absl::Status(
         st.code(), absl::StrCat("stage ", s, " failed: ", st.message())));
-  };
-
-  auto run_stage = [&](int s) {
-    Stage& stage = *stages[s];
-    Transport* transport = hub.rank(s);
-    absl::Time step_start = absl::Now();
-    while (stage.completed_steps() < stop) {
-      absl::StatusOr<StepReport> report = stage.RunStep();
-      if (!report.ok()) return fail(s, report.status());
-      const int64_t step = report->step;
-      const absl::Time now = absl::Now();
-      if (stage.is_last() && options.on_step) {
-        options.on_step(*report, absl::ToDoubleSeconds(now - step_start));
-      }
-      if (have_eval && Due(step, spec.data().eval_every(), last_step)) {
-        absl::StatusOr<EvalReport> eval_report = stage.RunEval();
-        if (!eval_report.ok()) return fail(s, eval_report.status());
-        if (stage.is_last() && options.on_eval) options.on_eval(step, *eval_report);
-      }
-      if (!ckpt.dir().empty() && Due(step, ckpt.every(), last_step)) {
-        absl::StatusOr<std::string> written = stage.WriteCheckpointFile(ckpt.dir());
-        if (!written.ok()) return fail(s, written.status());
-        // Barrier: the manifest goes in only after every stage file is there.
-        std::vector<double> done = {1.0};
-        if (S > 1) {
-          absl::Status st = transport->AllReduceSum(&done, options.timeout);
-          if (!st.ok()) return fail(s, st);
-        }
-        if (stage.is_first()) {
-          absl::Status st = CommitCheckpoint(ckpt.dir(), step, S,
-                                             PlanMetadataJson(plan, step));
-          if (st.ok()) st = PruneCheckpoints(ckpt.dir(), ckpt.keep_last());
-          if (!st.ok()) return fail(s, st);
-          if (options.on_checkpoint) options.on_checkpoint(step, ckpt.dir());
-        }
-        absl::Status st = stage.NotifyTask(TRAINYARD_EVENT_CHECKPOINT_SAVED,
-                                           ckpt.dir());
-        if (!st.ok()) return fail(s, st);
-      }
-      step_start = absl::Now();
-    }
-    absl::Status st = stage.NotifyTask(TRAINYARD_EVENT_JOB_END,
-                                       stop == last_step ? "completed" : "stopped");
-    if (st.ok()) st = stage.Finalize();
-    if (!st.ok()) return fail(s, st);
-    if (options.on_final_params) options.on_final_params(s, stage.NamedParameters());
   };
 
   std::vector<std::thread> threads;

@@ -1,0 +1,65 @@
+// The per-stage job loop shared by `trainyard train` (stages as threads) and
+// the worker daemon (one stage per process): load the stage's data, resume
+// or initialise, then run steps, evals and checkpoints until the job ends,
+// is stopped, or fails.
+//
+// Thread safety: RunStage runs on the calling thread; the callbacks are
+// called from it. `cancel` may be set from any thread.
+#ifndef TRAINYARD_WORKER_STAGE_RUNNER_H_
+#define TRAINYARD_WORKER_STAGE_RUNNER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/job_plan.h"
+#include "core/transport.h"
+#include "worker/stage.h"
+
+namespace trainyard {
+
+// Rows of the eval set, known to every stage from the plan alone (reads at
+// most a .npy header).
+absl::StatusOr<int64_t> EvalRows(const JobPlan& plan);
+
+// The data stage `stage` needs: the first stage loads the train (and eval)
+// rows; every stage gets the eval row count.
+absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage);
+
+// The completed-step count to resume from: 0 for a fresh start, or the
+// newest complete checkpoint when checkpoint.resume is "latest".
+// FailedPrecondition if checkpoint.dir holds checkpoints and resume is not
+// "latest" (nothing is overwritten).
+absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan);
+
+// Checkpoint manifest metadata: the step, stage count and normalized spec.
+std::string PlanMetadataJson(const JobPlan& plan, int64_t step);
+
+struct StageRunOptions {
+  // Stop (successfully) once this many steps are complete; 0 = spec.steps.
+  int64_t stop_after_step = 0;
+  absl::Duration timeout = absl::Minutes(2);
+  // Checked before every step; when set, RunStage returns Cancelled.
+  const std::atomic<bool>* cancel = nullptr;
+  // Per step, on every stage, with the step's wall time.
+  std::function<void(const StepReport&, double step_seconds)> on_step;
+  // Per eval pass, on every stage (metrics only on the last).
+  std::function<void(int64_t step, const EvalReport&)> on_eval;
+  // On the first stage, after a checkpoint is committed.
+  std::function<void(int64_t step, const std::string& dir)> on_checkpoint;
+};
+
+// Runs `stage` (already initialised or restored) through the rest of the
+// job. Errors are returned as they are; the caller aborts the transport so
+// the other stages stop too.
+absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
+                      const StageRunOptions& options);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_WORKER_STAGE_RUNNER_H_
