@@ -1,0 +1,64 @@
+// TCP Transport: pipeline stages in different processes (or machines)
+// exchanging framed tensor messages over TCP. The frame format is
+// docs/TRANSPORT_FRAME.md.
+//
+// A worker owns one PeerListener for its lifetime (bound before it
+// registers, so it can report its address). Each job stage creates a
+// TcpTransport with the addresses of every stage (from the controller's
+// rendezvous); the transport dials the peers it needs and accepts the
+// connections the others dial, through the listener, matched by job id and
+// rank in a handshake.
+//
+// Guarantees (on top of transport.h): every read and write has a timeout;
+// a partial read, a peer that disconnects, a frame with a bad magic,
+// version, size or checksum, or one for another job is an error naming the
+// peer rank and address and the reason — never a crash or a hang. Send is
+// buffered: it queues the frame for a per-peer sender thread and returns, so
+// a 1F1B schedule never blocks on a send.
+//
+// Thread safety: as transport.h; PeerListener is thread-safe.
+#ifndef TRAINYARD_CORE_TCP_TRANSPORT_H_
+#define TRAINYARD_CORE_TCP_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/transport.h"
+
+namespace trainyard {
+
+class PeerListener {
+ public:
+  // Listens on `address` ("127.0.0.1:0" picks a free port; "0.0.0.0:7000"
+  // for pods). Errors name the address.
+  static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(
+      const std::string& address);
+  virtual ~PeerListener() = default;
+  // The bound address, host:port, with the real port.
+  virtual std::string address() const = 0;
+};
+
+struct TcpTransportOptions {
+  std::string job_id;
+  int rank = 0;
+  // host:port of every rank, indexed by rank; entry `rank` is ours.
+  std::vector<std::string> peer_addresses;
+  // Longest wait to establish all connections.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Longest a single frame write may take before the peer counts as gone.
+  absl::Duration io_timeout = absl::Seconds(60);
+};
+
+// Connects rank `options.rank` to the others (the ones it needs: its
+// neighbours, plus every rank for the all-reduce) and returns when all
+// connections are up, or an error naming the ranks that did not connect in
+// time.
+absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
+    PeerListener* listener, const TcpTransportOptions& options);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_CORE_TCP_TRANSPORT_H_
