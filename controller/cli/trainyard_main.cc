@@ -55,7 +55,7 @@ std::string DefaultPluginDir() {
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n <= 0) return "task_plugins";
   buf[n] = '\0';
-  return Dirname(Dirname(buf)) + "/task_plugins";
+  return Dirname(Dirname(Dirname(buf))) + "/task_plugins";
 }
 
 int Train() {
