@@ -1,16 +1,20 @@
-// trainyard: the command-line client.
+// trainyard: the command-line client. See kUsage below and the README's CLI
+// reference.
 //
-//   trainyard train --spec job.json [--metrics_out FILE] [--plugin_dir DIR]
-//                   [--threads N] [--stop_after_step N]
-//
-// `train` runs a whole job in this process (each pipeline stage a thread)
-// and prints one JSON line per step (and per eval) to stdout or
-// --metrics_out. Exit status: 0 on success, 2 for a bad spec or usage, 1 for
-// a failure while running.
+// Exit status: 0 success (for watch/submit --watch/up --run: the job
+// SUCCEEDED), 1 a failure while running (or the job ended FAILED or
+// CANCELLED), 2 bad usage or a bad spec, 3 the controller could not be
+// reached or refused the call.
+#include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <algorithm>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -19,7 +23,13 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "controller/cli/job_client.h"
+#include "controller/cli/local_cluster.h"
 #include "core/job_plan.h"
+#include "google/protobuf/util/json_util.h"
 #include "kernels/blas.h"
 #include "worker/local_job.h"
 
@@ -34,6 +44,32 @@ ABSL_FLAG(int64_t, stop_after_step, 0,
           "Stop after this many completed steps, as if interrupted "
           "(checkpoints permitting, a rerun with resume \"latest\" "
           "continues).");
+ABSL_FLAG(std::string, controller, "",
+          "Controller address host:port (default: $TRAINYARD_CONTROLLER, "
+          "else 127.0.0.1:7070).");
+ABSL_FLAG(int, priority, 0, "submit: higher runs first.");
+ABSL_FLAG(std::string, request_id, "",
+          "submit: idempotency key (default: a fresh random id; reuse one to "
+          "retry a submit safely).");
+ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends.");
+ABSL_FLAG(int64_t, from_step, 0, "watch: replay from this step.");
+ABSL_FLAG(std::string, state, "",
+          "list: comma-separated states to show (QUEUED,RUNNING,...).");
+ABSL_FLAG(int, page_size, 50, "list: jobs per page.");
+ABSL_FLAG(std::string, page_token, "", "list: continue from this token.");
+ABSL_FLAG(std::string, reason, "cancelled by user", "cancel: the reason.");
+ABSL_FLAG(int, workers, 3, "up: number of worker daemons.");
+ABSL_FLAG(std::string, data_dir, "",
+          "up: data directory for the cluster (default: a new folder under "
+          "/tmp).");
+ABSL_FLAG(std::string, run, "",
+          "up: submit this spec, watch it to the end, print its final eval "
+          "metrics, then stop the cluster.");
+ABSL_FLAG(std::string, controller_bin, "",
+          "up: trainyard-controller binary (default: next to this one, as "
+          "Bazel lays them out).");
+ABSL_FLAG(std::string, worker_bin, "",
+          "up: trainyard-worker binary (default: as --controller_bin).");
 
 namespace trainyard {
 namespace {
@@ -41,7 +77,14 @@ namespace {
 constexpr char kUsage[] =
     "trainyard <command> [flags]\n\n"
     "commands:\n"
-    "  train --spec job.json   run a job in this process\n";
+    "  train --spec FILE            run a job in this process\n"
+    "  submit --spec FILE [--watch] submit a job to the controller\n"
+    "  get JOB_ID                   show a job (JSON)\n"
+    "  list [--state S,...]         list jobs\n"
+    "  cancel JOB_ID                cancel a job\n"
+    "  watch JOB_ID [--from_step N] follow a job's steps until it ends\n"
+    "  up [--workers N] [--run FILE] start a local cluster (Ctrl-C stops "
+    "it)\n";
 
 std::string Dirname(const std::string& path) {
   size_t slash = path.rfind('/');
@@ -50,12 +93,19 @@ std::string Dirname(const std::string& path) {
   return path.substr(0, slash);
 }
 
-std::string DefaultPluginDir() {
+std::string SelfDir() {
   char buf[4096];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "task_plugins";
+  if (n <= 0) return ".";
   buf[n] = '\0';
-  return Dirname(Dirname(Dirname(buf))) + "/task_plugins";
+  return Dirname(buf);
+}
+
+// Bazel lays binaries out as bazel-bin/controller/cli/trainyard,
+// bazel-bin/controller/trainyard-controller, bazel-bin/worker/
+// trainyard-worker and bazel-bin/task_plugins/lib*.so.
+std::string DefaultPluginDir() {
+  return Dirname(Dirname(SelfDir())) + "/task_plugins";
 }
 
 int Train() {
@@ -127,6 +177,330 @@ int Train() {
   return 0;
 }
 
+
+std::string ControllerAddress() {
+  std::string a = absl::GetFlag(FLAGS_controller);
+  if (!a.empty()) return a;
+  const char* env = std::getenv("TRAINYARD_CONTROLLER");
+  return env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
+}
+
+int ReportRpcError(const char* command, const JobClient& client,
+                   const absl::Status& st) {
+  std::cerr << "trainyard " << command << ": " << client.address() << ": "
+            << absl::StatusCodeToString(st.code()) << ": " << st.message()
+            << "\n";
+  if (absl::IsInvalidArgument(st) || absl::IsNotFound(st) ||
+      absl::IsFailedPrecondition(st)) {
+    return 2;
+  }
+  return 3;
+}
+
+std::string ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.add_whitespace = true;
+  opts.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
+std::string FormatMetrics(const google::protobuf::Map<std::string, double>& m,
+                          const std::string& prefix) {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : m) keys.push_back(k);
+  std::sort(keys.begin(), keys.end());
+  std::string out;
+  for (const auto& k : keys) {
+    absl::StrAppend(&out, " ", prefix, k, "=", absl::StrFormat("%.6g", m.at(k)));
+  }
+  return out;
+}
+
+std::string FormatEta(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e7) return "--:--";
+  int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) {
+    return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
+  }
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
+}
+
+// Prints a job's events: a live progress bar on a terminal, one plain line
+// per step otherwise.
+class WatchPrinter {
+ public:
+  WatchPrinter(int64_t total_steps, int64_t batch_size)
+      : total_(total_steps), batch_(batch_size), tty_(isatty(1) != 0) {}
+
+  void operator()(const trainyard::v1::JobEvent& e) {
+    if (e.has_state()) {
+      EndBar();
+      std::cout << "job " << e.job_id() << ": " << JobStateName(e.state().state());
+      if (!e.state().reason().empty()) std::cout << ": " << e.state().reason();
+      std::cout << std::endl;
+    } else if (e.has_step()) {
+      const auto& m = e.step();
+      const double rate = batch_ > 0 && m.samples_per_sec() > 0
+                              ? m.samples_per_sec() / batch_
+                              : 0;
+      const double eta = rate > 0 ? (total_ - m.step()) / rate : -1;
+      if (tty_) {
+        const int width = 30;
+        const int filled =
+            total_ > 0 ? static_cast<int>(width * m.step() / total_) : 0;
+        std::cout << "\r[" << std::string(filled, '#')
+                  << std::string(width - filled, '-') << "] "
+                  << absl::StrFormat(
+                         "step %d/%d loss %.4f lr %.3g %.0f samples/s ETA %s",
+                         m.step(), total_, m.loss(), m.lr(),
+                         m.samples_per_sec(), FormatEta(eta))
+                  << "\x1b[K" << std::flush;
+        bar_open_ = true;
+      } else {
+        std::cout << absl::StrFormat(
+                         "step %d/%d loss=%.6g lr=%.6g grad_norm=%.6g "
+                         "samples_per_sec=%.1f eta=%s",
+                         m.step(), total_, m.loss(), m.lr(), m.grad_norm(),
+                         m.samples_per_sec(), FormatEta(eta))
+                  << FormatMetrics(m.metrics(), "") << std::endl;
+      }
+    } else if (e.has_eval()) {
+      EndBar();
+      const auto& ev = e.eval();
+      std::cout << absl::StrFormat("eval after step %d: loss=%.6g samples=%d",
+                                   ev.step(), ev.loss(), ev.samples())
+                << FormatMetrics(ev.metrics(), "") << std::endl;
+      last_eval_ = ev;
+      has_eval_ = true;
+    }
+  }
+
+  void EndBar() {
+    if (bar_open_) std::cout << std::endl;
+    bar_open_ = false;
+  }
+
+  bool has_eval() const { return has_eval_; }
+  const trainyard::v1::EvalMetrics& last_eval() const { return last_eval_; }
+
+ private:
+  int64_t total_;
+  int64_t batch_;
+  bool tty_;
+  bool bar_open_ = false;
+  bool has_eval_ = false;
+  trainyard::v1::EvalMetrics last_eval_;
+};
+
+// Watches to the end; exit status 0 only when the job SUCCEEDED. The
+// printer (made from the job's spec) is handed to `done` afterwards.
+int WatchToEnd(JobClient& client, const std::string& job_id, int64_t from_step,
+               const std::function<void(const WatchPrinter&)>& done = nullptr) {
+  auto job = client.Get(job_id);
+  if (!job.ok()) return ReportRpcError("watch", client, job.status());
+  WatchPrinter printer(job->spec().steps(), job->spec().data().batch_size());
+  auto end = client.Watch(job_id, from_step,
+                          [&](const trainyard::v1::JobEvent& e) { printer(e); });
+  printer.EndBar();
+  if (done) done(printer);
+  if (!end.ok()) return ReportRpcError("watch", client, end.status());
+  return end->state() == trainyard::v1::SUCCEEDED ? 0 : 1;
+}
+
+absl::StatusOr<std::pair<trainyard::v1::JobSpec, std::string>> ReadSpecForSubmit(
+    const std::string& path) {
+  absl::StatusOr<trainyard::v1::JobSpec> spec = LoadJobSpecFile(path);
+  if (!spec.ok()) return spec.status();
+  std::string base = Dirname(path);
+  if (!base.empty() && base[0] != '/') {
+    char cwd[4096];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr) base = std::string(cwd) + "/" + base;
+  }
+  ResolveSpecPaths(base, &*spec);
+  return std::make_pair(*spec, base);
+}
+
+int Submit() {
+  const std::string path = absl::GetFlag(FLAGS_spec);
+  if (path.empty()) {
+    std::cerr << "trainyard submit: --spec is required\n";
+    return 2;
+  }
+  auto spec = ReadSpecForSubmit(path);
+  if (!spec.ok()) {
+    std::cerr << "trainyard submit: " << spec.status().message() << "\n";
+    return 2;
+  }
+  JobClient client(ControllerAddress());
+  std::string request_id = absl::GetFlag(FLAGS_request_id);
+  if (request_id.empty()) request_id = NewRequestId();
+  auto job = client.Submit(spec->first, request_id, absl::GetFlag(FLAGS_priority));
+  if (!job.ok()) return ReportRpcError("submit", client, job.status());
+  std::cout << job->job_id() << std::endl;
+  std::cerr << "trainyard submit: job " << job->job_id() << " "
+            << JobStateName(job->state())
+            << (job->reason().empty() ? "" : ": " + job->reason())
+            << " (request id " << request_id << ")\n";
+  if (!absl::GetFlag(FLAGS_watch)) return 0;
+  return WatchToEnd(client, job->job_id(), 0);
+}
+
+int Get(const std::vector<char*>& args) {
+  if (args.size() != 3) {
+    std::cerr << "usage: trainyard get JOB_ID\n";
+    return 2;
+  }
+  JobClient client(ControllerAddress());
+  auto job = client.Get(args[2]);
+  if (!job.ok()) return ReportRpcError("get", client, job.status());
+  std::cout << ToJson(*job);
+  return 0;
+}
+
+int List() {
+  std::vector<trainyard::v1::JobState> states;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_state), ',', absl::SkipEmpty())) {
+    trainyard::v1::JobState s;
+    if (!trainyard::v1::JobState_Parse(std::string(name), &s)) {
+      std::cerr << "trainyard list: --state: unknown state \"" << name
+                << "\" (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)\n";
+      return 2;
+    }
+    states.push_back(s);
+  }
+  JobClient client(ControllerAddress());
+  auto resp = client.List(states, absl::GetFlag(FLAGS_page_size),
+                          absl::GetFlag(FLAGS_page_token));
+  if (!resp.ok()) return ReportRpcError("list", client, resp.status());
+  std::cout << absl::StrFormat("%-24s %-10s %-24s %11s  %s\n", "JOB", "STATE",
+                               "NAME", "STEPS", "REASON");
+  for (const auto& job : resp->jobs()) {
+    std::cout << absl::StrFormat("%-24s %-10s %-24s %5d/%-5d  %s\n",
+                                 job.job_id(), JobStateName(job.state()),
+                                 job.spec().name(), job.steps_completed(),
+                                 job.spec().steps(), job.reason());
+  }
+  if (!resp->next_page_token().empty()) {
+    std::cout << "more: --page_token=" << resp->next_page_token() << "\n";
+  }
+  return 0;
+}
+
+int Cancel(const std::vector<char*>& args) {
+  if (args.size() != 3) {
+    std::cerr << "usage: trainyard cancel JOB_ID [--reason TEXT]\n";
+    return 2;
+  }
+  JobClient client(ControllerAddress());
+  auto job = client.Cancel(args[2], absl::GetFlag(FLAGS_reason));
+  if (!job.ok()) return ReportRpcError("cancel", client, job.status());
+  std::cout << job->job_id() << " " << JobStateName(job->state()) << "\n";
+  return 0;
+}
+
+int Watch(const std::vector<char*>& args) {
+  if (args.size() != 3) {
+    std::cerr << "usage: trainyard watch JOB_ID [--from_step N]\n";
+    return 2;
+  }
+  JobClient client(ControllerAddress());
+  return WatchToEnd(client, args[2], absl::GetFlag(FLAGS_from_step));
+}
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+int Up() {
+  LocalClusterOptions opts;
+  const std::string bazel_bin = Dirname(Dirname(SelfDir()));
+  opts.controller_bin = absl::GetFlag(FLAGS_controller_bin);
+  if (opts.controller_bin.empty()) {
+    opts.controller_bin = bazel_bin + "/controller/trainyard-controller";
+  }
+  opts.worker_bin = absl::GetFlag(FLAGS_worker_bin);
+  if (opts.worker_bin.empty()) opts.worker_bin = bazel_bin + "/worker/trainyard-worker";
+  opts.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
+  if (opts.plugin_dir.empty()) opts.plugin_dir = DefaultPluginDir();
+  opts.workers = absl::GetFlag(FLAGS_workers);
+  if (opts.workers < 1) {
+    std::cerr << "trainyard up: --workers must be >= 1\n";
+    return 2;
+  }
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  opts.threads_per_worker = std::max<int>(1, static_cast<int>(cores) / opts.workers);
+  opts.data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (opts.data_dir.empty()) {
+    char tmpl[] = "/tmp/trainyard-up-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::cerr << "trainyard up: cannot create a data directory in /tmp\n";
+      return 1;
+    }
+    opts.data_dir = tmpl;
+  }
+  // Parse the job first: a bad spec should not cost a cluster start.
+  const std::string run_path = absl::GetFlag(FLAGS_run);
+  std::optional<trainyard::v1::JobSpec> run_spec;
+  if (!run_path.empty()) {
+    auto spec = ReadSpecForSubmit(run_path);
+    if (!spec.ok()) {
+      std::cerr << "trainyard up: --run: " << spec.status().message() << "\n";
+      return 2;
+    }
+    run_spec = spec->first;
+  }
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  LocalCluster cluster(opts);
+  if (absl::Status st = cluster.Start(); !st.ok()) {
+    std::cerr << "trainyard up: " << st.message() << "\n";
+    return 1;
+  }
+  std::cerr << "trainyard up: controller at " << cluster.controller_address()
+            << ", " << opts.workers << " workers; data and logs in "
+            << opts.data_dir << "\n";
+  if (!run_spec.has_value()) {
+    std::cerr << "trainyard up: submit with --controller="
+              << cluster.controller_address() << "; Ctrl-C stops the cluster\n";
+    while (!g_stop.load()) {
+      if (absl::Status st = cluster.CheckChildren(); !st.ok()) {
+        std::cerr << "trainyard up: " << st.message() << "; stopping\n";
+        cluster.Stop();
+        return 1;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    std::cerr << "trainyard up: stopping\n";
+    cluster.Stop();
+    return 0;
+  }
+  JobClient client(cluster.controller_address());
+  auto job = client.Submit(*run_spec, NewRequestId(), 0);
+  if (!job.ok()) {
+    int rc = ReportRpcError("up", client, job.status());
+    cluster.Stop();
+    return rc;
+  }
+  std::cerr << "trainyard up: submitted " << job->job_id() << " ("
+            << run_spec->name() << ", " << run_spec->parallelism().stages()
+            << " stages)\n";
+  int rc = WatchToEnd(client, job->job_id(), 0, [](const WatchPrinter& p) {
+    if (!p.has_eval()) return;
+    const auto& ev = p.last_eval();
+    auto it = ev.metrics().find("accuracy");
+    std::cout << "final eval after step " << ev.step() << ": loss "
+              << absl::StrFormat("%.4f", ev.loss());
+    if (it != ev.metrics().end()) {
+      std::cout << ", accuracy " << absl::StrFormat("%.4f", it->second);
+    }
+    std::cout << std::endl;
+  });
+  cluster.Stop();
+  return rc;
+}
+
 }  // namespace
 }  // namespace trainyard
 
@@ -139,6 +513,12 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[1];
   if (command == "train") return trainyard::Train();
+  if (command == "submit") return trainyard::Submit();
+  if (command == "get") return trainyard::Get(args);
+  if (command == "list") return trainyard::List();
+  if (command == "cancel") return trainyard::Cancel(args);
+  if (command == "watch") return trainyard::Watch(args);
+  if (command == "up") return trainyard::Up();
   std::cerr << "trainyard: unknown command \"" << command << "\"\n"
             << trainyard::kUsage;
   return 2;

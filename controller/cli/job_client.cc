@@ -1,0 +1,223 @@
+#include "controller/cli/job_client.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+
+namespace trainyard {
+
+using trainyard::v1::Job;
+using trainyard::v1::JobEvent;
+using trainyard::v1::JobState;
+using trainyard::v1::JobStateChange;
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+namespace {
+
+bool Transient(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    absl::ToChronoMilliseconds(timeout));
+}
+
+void MakeAbsolute(const std::string& base, std::string* path) {
+  if (path->empty() || (*path)[0] == '/' || base.empty()) return;
+  *path = base + "/" + *path;
+}
+
+void ResolveSource(const std::string& base, trainyard::v1::DataSource* src) {
+  if (!src->has_npy()) return;
+  MakeAbsolute(base, src->mutable_npy()->mutable_features());
+  MakeAbsolute(base, src->mutable_npy()->mutable_targets());
+}
+
+}  // namespace
+
+JobClient::JobClient(const std::string& controller_address,
+                     absl::Duration rpc_timeout)
+    : address_(controller_address), rpc_timeout_(rpc_timeout) {
+  stub_ = trainyard::v1::JobService::NewStub(grpc::CreateChannel(
+      controller_address, grpc::InsecureChannelCredentials()));
+}
+
+absl::StatusOr<Job> JobClient::Submit(const trainyard::v1::JobSpec& spec,
+                                      const std::string& request_id,
+                                      int priority) {
+  trainyard::v1::SubmitJobRequest req;
+  req.set_request_id(request_id);
+  *req.mutable_spec() = spec;
+  req.set_priority(priority);
+  grpc::Status status;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (attempt > 0) absl::SleepFor(absl::Milliseconds(200 << attempt));
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, rpc_timeout_);
+    ctx.set_wait_for_ready(true);
+    Job job;
+    status = stub_->SubmitJob(&ctx, req, &job);
+    if (status.ok()) return job;
+    if (!Transient(status)) break;
+  }
+  return FromGrpcStatus(status);
+}
+
+absl::StatusOr<Job> JobClient::Get(const std::string& job_id) {
+  trainyard::v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  Job job;
+  grpc::Status status = stub_->GetJob(&ctx, req, &job);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return job;
+}
+
+absl::StatusOr<trainyard::v1::ListJobsResponse> JobClient::List(
+    const std::vector<JobState>& states, int page_size,
+    const std::string& page_token) {
+  trainyard::v1::ListJobsRequest req;
+  for (JobState s : states) req.add_states(s);
+  req.set_page_size(page_size);
+  req.set_page_token(page_token);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  trainyard::v1::ListJobsResponse resp;
+  grpc::Status status = stub_->ListJobs(&ctx, req, &resp);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return resp;
+}
+
+absl::StatusOr<Job> JobClient::Cancel(const std::string& job_id,
+                                      const std::string& reason) {
+  trainyard::v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  req.set_reason(reason);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  Job job;
+  grpc::Status status = stub_->CancelJob(&ctx, req, &job);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return job;
+}
+
+absl::StatusOr<JobStateChange> JobClient::Watch(
+    const std::string& job_id, int64_t from_step,
+    const std::function<void(const JobEvent&)>& on_event,
+    absl::Duration reconnect_for) {
+  int64_t last_step = from_step - 1;  // last step event delivered
+  int64_t last_eval = from_step - 1;  // last eval event delivered
+  JobState last_state = trainyard::v1::JOB_STATE_UNSPECIFIED;
+  absl::Time give_up = absl::InfiniteFuture();
+  while (true) {
+    trainyard::v1::WatchJobRequest req;
+    req.set_job_id(job_id);
+    // Resume at the older of the two cursors; duplicates are dropped below.
+    req.set_from_step(std::max<int64_t>(0, std::min(last_step, last_eval) + 1));
+    grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);
+    auto reader = stub_->WatchJob(&ctx, req);
+    JobEvent event;
+    while (reader->Read(&event)) {
+      give_up = absl::InfiniteFuture();
+      if (event.has_step()) {
+        if (event.step().step() <= last_step) continue;
+        last_step = event.step().step();
+      } else if (event.has_eval()) {
+        if (event.eval().step() <= last_eval) continue;
+        last_eval = event.eval().step();
+      } else if (event.has_state()) {
+        if (event.state().state() == last_state) continue;
+        last_state = event.state().state();
+      }
+      on_event(event);
+      if (event.has_state() && IsTerminal(event.state().state())) {
+        ctx.TryCancel();
+        reader->Finish();
+        return event.state();
+      }
+    }
+    grpc::Status status = reader->Finish();
+    if (!status.ok() && !Transient(status) &&
+        status.error_code() != grpc::StatusCode::CANCELLED &&
+        status.error_code() != grpc::StatusCode::INTERNAL) {
+      return FromGrpcStatus(status);
+    }
+    // The stream ended without a terminal state: reconnect.
+    if (give_up == absl::InfiniteFuture()) give_up = absl::Now() + reconnect_for;
+    if (absl::Now() > give_up) {
+      return absl::UnavailableError(absl::StrCat(
+          "lost the watch stream to ", address_, " and could not reconnect for ",
+          absl::FormatDuration(reconnect_for), ": ", status.error_message()));
+    }
+    absl::SleepFor(absl::Milliseconds(250));
+  }
+}
+
+std::string NewRequestId() {
+  unsigned char bytes[16] = {0};
+  int fd = open("/dev/urandom", O_RDONLY);
+  if (fd >= 0) {
+    ssize_t n = read(fd, bytes, sizeof(bytes));
+    (void)n;
+    close(fd);
+  }
+  std::string out = "req-";
+  char hex[3];
+  for (unsigned char b : bytes) {
+    std::snprintf(hex, sizeof(hex), "%02x", b);
+    out += hex;
+  }
+  return out;
+}
+
+void ResolveSpecPaths(const std::string& base_dir,
+                      trainyard::v1::JobSpec* spec) {
+  auto* data = spec->mutable_data();
+  if (data->has_train()) ResolveSource(base_dir, data->mutable_train());
+  if (data->has_eval()) ResolveSource(base_dir, data->mutable_eval());
+  if (spec->has_model() && spec->model().has_init()) {
+    MakeAbsolute(base_dir,
+                 spec->mutable_model()->mutable_init()->mutable_safetensors());
+  }
+  if (spec->has_checkpoint()) {
+    MakeAbsolute(base_dir, spec->mutable_checkpoint()->mutable_dir());
+  }
+}
+
+const char* JobStateName(JobState state) {
+  switch (state) {
+    case trainyard::v1::QUEUED:
+      return "QUEUED";
+    case trainyard::v1::RUNNING:
+      return "RUNNING";
+    case trainyard::v1::SUCCEEDED:
+      return "SUCCEEDED";
+    case trainyard::v1::FAILED:
+      return "FAILED";
+    case trainyard::v1::CANCELLED:
+      return "CANCELLED";
+    default:
+      return "UNSPECIFIED";
+  }
+}
+
+bool IsTerminal(JobState state) {
+  return state == trainyard::v1::SUCCEEDED || state == trainyard::v1::FAILED ||
+         state == trainyard::v1::CANCELLED;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,167 @@
+#include "controller/cli/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+
+namespace trainyard {
+namespace {
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string partial;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || (path[i] == '/' && i > 0)) {
+      partial = path.substr(0, i);
+      if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::InternalError(
+            absl::StrCat("mkdir ", partial, ": ", std::strerror(errno)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+LocalCluster::LocalCluster(LocalClusterOptions options)
+    : options_(std::move(options)) {}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+absl::StatusOr<pid_t> LocalCluster::Spawn(const std::string& name,
+                                          const std::vector<std::string>& argv) {
+  const std::string log = absl::StrCat(options_.data_dir, "/logs/", name, ".log");
+  if (access(argv[0].c_str(), X_OK) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat(name, ": cannot execute ", argv[0], ": ",
+                     std::strerror(errno)));
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    // Our own process group: Ctrl-C reaches `trainyard up`, which stops the
+    // children in order, instead of killing everything at once.
+    setpgid(0, 0);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  children_.push_back({name, log, pid});
+  return pid;
+}
+
+absl::Status LocalCluster::Start() {
+  if (auto st = MakeDirs(options_.data_dir + "/logs"); !st.ok()) return st;
+  if (auto st = MakeDirs(options_.data_dir + "/controller"); !st.ok()) return st;
+  const std::string port_file = options_.data_dir + "/controller.port";
+  unlink(port_file.c_str());
+  auto pid = Spawn("controller",
+                   {options_.controller_bin, "--listen=127.0.0.1:0",
+                    "--data_dir=" + options_.data_dir + "/controller",
+                    "--port_file=" + port_file});
+  if (!pid.ok()) return pid.status();
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  int port = 0;
+  while (port == 0) {
+    std::string text(absl::StripAsciiWhitespace(ReadSmallFile(port_file)));
+    if (!text.empty() && absl::SimpleAtoi(text, &port) && port > 0) break;
+    port = 0;
+    if (auto st = CheckChildren(); !st.ok()) return st;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "controller did not report its port within ",
+          absl::FormatDuration(options_.start_timeout), "; see ",
+          children_[0].log));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  address_ = absl::StrCat("127.0.0.1:", port);
+  for (int i = 0; i < options_.workers; ++i) {
+    std::vector<std::string> argv = {
+        options_.worker_bin, "--controller=" + address_,
+        "--listen=127.0.0.1:0", absl::StrCat("--name=worker-", i),
+        absl::StrCat("--threads=", options_.threads_per_worker)};
+    if (!options_.plugin_dir.empty()) {
+      argv.push_back("--plugin_dir=" + options_.plugin_dir);
+    }
+    auto wpid = Spawn(absl::StrCat("worker-", i), argv);
+    if (!wpid.ok()) return wpid.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::CheckChildren() {
+  for (Child& c : children_) {
+    if (c.pid <= 0) continue;
+    int status = 0;
+    pid_t r = waitpid(c.pid, &status, WNOHANG);
+    if (r == c.pid) {
+      c.pid = -1;
+      return absl::UnavailableError(absl::StrCat(
+          c.name, " exited (",
+          WIFEXITED(status) ? absl::StrCat("status ", WEXITSTATUS(status))
+                            : absl::StrCat("signal ", WTERMSIG(status)),
+          "); see ", c.log));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LocalCluster::Stop() {
+  // Workers first, then the controller, so no worker reports into a void.
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<Child*> group;
+    for (Child& c : children_) {
+      const bool is_controller = c.name == "controller";
+      if (c.pid > 0 && is_controller == (pass == 1)) group.push_back(&c);
+    }
+    for (Child* c : group) kill(c->pid, SIGTERM);
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    for (Child* c : group) {
+      while (c->pid > 0) {
+        int status = 0;
+        if (waitpid(c->pid, &status, WNOHANG) == c->pid) {
+          c->pid = -1;
+        } else if (absl::Now() > deadline) {
+          kill(c->pid, SIGKILL);
+          waitpid(c->pid, &status, 0);
+          c->pid = -1;
+        } else {
+          absl::SleepFor(absl::Milliseconds(20));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace trainyard

@@ -1,0 +1,424 @@
+#include "core/frame.h"
+
+#include <array>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the frame format is little-endian; add byte swaps for this host");
+
+namespace trainyard {
+namespace {
+
+template <typename T>
+void Put(std::string* out, T value) {
+  char buf[sizeof(T)];
+  std::memcpy(buf, &value, sizeof(T));
+  out->append(buf, sizeof(T));
+}
+
+template <typename T>
+T Get(const char* p) {
+  T value;
+  std::memcpy(&value, p, sizeof(T));
+  return value;
+}
+
+// Reads fixed-size fields from a byte range, failing on overrun.
+class Reader {
+ public:
+  explicit Reader(absl::string_view data) : data_(data) {}
+  template <typename T>
+  bool Read(T* value) {
+    if (data_.size() < sizeof(T)) return false;
+    *value = Get<T>(data_.data());
+    data_.remove_prefix(sizeof(T));
+    return true;
+  }
+  bool ReadBytes(size_t n, std::string* out) {
+    if (data_.size() < n) return false;
+    out->assign(data_.data(), n);
+    data_.remove_prefix(n);
+    return true;
+  }
+  size_t remaining() const { return data_.size(); }
+
+ private:
+  absl::string_view data_;
+};
+
+bool IsValidDType(uint8_t d) { return d <= static_cast<uint8_t>(DType::kUInt8); }
+
+// CRC32C tables for slicing-by-8, reflected polynomial 0x82F63B78.
+struct Crc32cTables {
+  std::array<std::array<uint32_t, 256>, 8> t;
+  Crc32cTables() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i) {
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
+    }
+  }
+};
+
+const Crc32cTables& Tables() {
+  static const Crc32cTables* tables = new Crc32cTables();
+  return *tables;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(uint32_t crc,
+                                                          const void* data,
+                                                          size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t c = ~crc;
+  while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {
+    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
+    --n;
+  }
+  while (n >= 8) {
+    c = _mm_crc32_u64(c, Get<uint64_t>(reinterpret_cast<const char*>(p)));
+    p += 8;
+    n -= 8;
+  }
+  while (n > 0) {
+    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
+    --n;
+  }
+  return ~static_cast<uint32_t>(c);
+}
+
+bool HaveSse42() {
+  static const bool have = __builtin_cpu_supports("sse4.2");
+  return have;
+}
+#endif
+
+}  // namespace
+
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
+  const auto& t = Tables().t;
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t c = ~crc;
+  while (n >= 8) {
+    const uint32_t lo = Get<uint32_t>(reinterpret_cast<const char*>(p)) ^ c;
+    const uint32_t hi = Get<uint32_t>(reinterpret_cast<const char*>(p) + 4);
+    c = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^
+        t[4][lo >> 24] ^ t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^
+        t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  while (n-- > 0) c = (c >> 8) ^ t[0][(c ^ *p++) & 0xff];
+  return ~c;
+}
+
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
+#if defined(__x86_64__)
+  if (HaveSse42()) return Crc32cHardware(crc, data, n);
+#endif
+  return Crc32cExtendPortable(crc, data, n);
+}
+
+bool IsKnownFrameKind(uint16_t kind) {
+  switch (static_cast<FrameKind>(kind)) {
+    case FrameKind::kActivation:
+    case FrameKind::kGradient:
+    case FrameKind::kEvalActivation:
+    case FrameKind::kAllReduceContribution:
+    case FrameKind::kAllReduceResult:
+    case FrameKind::kAllReduceError:
+    case FrameKind::kGoodbye:
+      return true;
+  }
+  return false;
+}
+
+const char* FrameKindName(FrameKind kind) {
+  switch (kind) {
+    case FrameKind::kActivation:
+      return "activation";
+    case FrameKind::kGradient:
+      return "gradient";
+    case FrameKind::kEvalActivation:
+      return "eval-activation";
+    case FrameKind::kAllReduceContribution:
+      return "all-reduce-contribution";
+    case FrameKind::kAllReduceResult:
+      return "all-reduce-result";
+    case FrameKind::kAllReduceError:
+      return "all-reduce-error";
+    case FrameKind::kGoodbye:
+      return "goodbye";
+  }
+  return "?";
+}
+
+uint64_t TensorDesc::nbytes() const {
+  return static_cast<uint64_t>(NumElements(shape)) * DTypeSize(dtype);
+}
+
+absl::StatusOr<std::string> EncodeFrameHeader(
+    FrameKind kind, absl::string_view job_id, int64_t step, int32_t microbatch,
+    const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  if (job_id.size() > static_cast<size_t>(kMaxJobIdLength)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame: job id is ", job_id.size(), " bytes, limit ", kMaxJobIdLength));
+  }
+  if (tensors.size() > static_cast<size_t>(kMaxFrameTensors)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame: ", tensors.size(), " tensors, limit ", kMaxFrameTensors));
+  }
+  uint64_t payload = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.size() > static_cast<size_t>(kMaxTensorNameLength)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("frame: tensor name \"", name.substr(0, 32), "...\" is ",
+                       name.size(), " bytes, limit ", kMaxTensorNameLength));
+    }
+    if (tensor.ndim() > kMaxTensorNdim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("frame: tensor \"", name, "\" has ", tensor.ndim(),
+                       " dims, limit ", kMaxTensorNdim));
+    }
+    if (!tensor.device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("frame: tensor \"", name, "\" is on ",
+                       tensor.device().ToString(), "; only cpu is supported"));
+    }
+    payload += tensor.nbytes();
+  }
+  if (payload > kMaxFramePayloadBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame: payload is ", payload, " bytes, limit ",
+                     kMaxFramePayloadBytes));
+  }
+  std::string out;
+  out.reserve(kFramePrefixSize + job_id.size() + tensors.size() * 96);
+  Put<uint32_t>(&out, kFrameMagic);
+  Put<uint16_t>(&out, kFrameVersion);
+  Put<uint16_t>(&out, static_cast<uint16_t>(kind));
+  Put<uint32_t>(&out, 0);  // header_size, patched below
+  Put<uint32_t>(&out, static_cast<uint32_t>(tensors.size()));
+  Put<int64_t>(&out, step);
+  Put<int32_t>(&out, microbatch);
+  Put<uint16_t>(&out, static_cast<uint16_t>(job_id.size()));
+  Put<uint16_t>(&out, 0);
+  Put<uint64_t>(&out, payload);
+  out.append(job_id.data(), job_id.size());
+  for (const auto& [name, tensor] : tensors) {
+    Put<uint16_t>(&out, static_cast<uint16_t>(name.size()));
+    Put<uint8_t>(&out, static_cast<uint8_t>(tensor.dtype()));
+    Put<uint8_t>(&out, static_cast<uint8_t>(tensor.ndim()));
+    for (int64_t d : tensor.shape()) Put<int64_t>(&out, d);
+    out.append(name);
+  }
+  const uint32_t header_size = static_cast<uint32_t>(out.size());
+  std::memcpy(&out[8], &header_size, 4);
+  return out;
+}
+
+absl::StatusOr<FramePrefix> DecodeFramePrefix(const char* data) {
+  const uint32_t magic = Get<uint32_t>(data);
+  if (magic != kFrameMagic) {
+    return absl::DataLossError(absl::StrFormat(
+        "bad frame magic 0x%08x (expected 0x%08x)", magic, kFrameMagic));
+  }
+  const uint16_t version = Get<uint16_t>(data + 4);
+  if (version != kFrameVersion) {
+    return absl::DataLossError(absl::StrCat("unsupported frame version ",
+                                            version, " (expected ",
+                                            kFrameVersion, ")"));
+  }
+  FramePrefix p;
+  const uint16_t kind = Get<uint16_t>(data + 6);
+  if (!IsKnownFrameKind(kind)) {
+    return absl::DataLossError(absl::StrCat("unknown frame kind ", kind));
+  }
+  p.kind = static_cast<FrameKind>(kind);
+  p.header_size = Get<uint32_t>(data + 8);
+  p.num_tensors = Get<uint32_t>(data + 12);
+  p.step = Get<int64_t>(data + 16);
+  p.microbatch = Get<int32_t>(data + 24);
+  p.job_id_length = Get<uint16_t>(data + 28);
+  p.payload_size = Get<uint64_t>(data + 32);
+  if (p.num_tensors > static_cast<uint32_t>(kMaxFrameTensors)) {
+    return absl::DataLossError(absl::StrCat("frame claims ", p.num_tensors,
+                                            " tensors, limit ",
+                                            kMaxFrameTensors));
+  }
+  if (p.job_id_length > kMaxJobIdLength) {
+    return absl::DataLossError(absl::StrCat("frame claims a job id of ",
+                                            p.job_id_length, " bytes, limit ",
+                                            kMaxJobIdLength));
+  }
+  if (p.header_size < kFramePrefixSize + p.job_id_length ||
+      p.header_size > kMaxFrameHeaderSize) {
+    return absl::DataLossError(absl::StrCat(
+        "frame claims a header of ", p.header_size, " bytes, must be in [",
+        kFramePrefixSize + p.job_id_length, ", ", kMaxFrameHeaderSize, "]"));
+  }
+  if (p.payload_size > kMaxFramePayloadBytes) {
+    return absl::DataLossError(absl::StrCat("frame claims a payload of ",
+                                            p.payload_size, " bytes, limit ",
+                                            kMaxFramePayloadBytes));
+  }
+  return p;
+}
+
+absl::StatusOr<FrameHeader> DecodeFrameHeader(const FramePrefix& prefix,
+                                              absl::string_view rest) {
+  if (rest.size() != prefix.header_size - kFramePrefixSize) {
+    return absl::DataLossError(absl::StrCat(
+        "frame header: got ", rest.size() + kFramePrefixSize,
+        " bytes, prefix says ", prefix.header_size));
+  }
+  FrameHeader h;
+  h.prefix = prefix;
+  Reader r(rest);
+  r.ReadBytes(prefix.job_id_length, &h.job_id);  // length checked above
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < prefix.num_tensors; ++i) {
+    uint16_t name_len;
+    uint8_t dtype, ndim;
+    if (!r.Read(&name_len) || !r.Read(&dtype) || !r.Read(&ndim)) {
+      return absl::DataLossError(
+          absl::StrCat("frame header: tensor ", i, " descriptor truncated"));
+    }
+    if (!IsValidDType(dtype)) {
+      return absl::DataLossError(
+          absl::StrCat("frame header: tensor ", i, " has unknown dtype ",
+                       static_cast<int>(dtype)));
+    }
+    if (ndim > kMaxTensorNdim) {
+      return absl::DataLossError(absl::StrCat("frame header: tensor ", i,
+                                              " has ", static_cast<int>(ndim),
+                                              " dims, limit ", kMaxTensorNdim));
+    }
+    if (name_len > kMaxTensorNameLength) {
+      return absl::DataLossError(absl::StrCat(
+          "frame header: tensor ", i, " name is ", name_len, " bytes, limit ",
+          kMaxTensorNameLength));
+    }
+    TensorDesc d;
+    d.dtype = static_cast<DType>(dtype);
+    uint64_t elements = 1;
+    for (int k = 0; k < ndim; ++k) {
+      int64_t dim;
+      if (!r.Read(&dim)) {
+        return absl::DataLossError(
+            absl::StrCat("frame header: tensor ", i, " shape truncated"));
+      }
+      if (dim < 0 || static_cast<uint64_t>(dim) > kMaxFramePayloadBytes) {
+        return absl::DataLossError(absl::StrCat(
+            "frame header: tensor ", i, " has dimension ", k, " = ", dim));
+      }
+      d.shape.push_back(dim);
+      // Both factors are <= 2^31, so the product cannot overflow before the
+      // check catches it.
+      elements *= static_cast<uint64_t>(dim);
+      if (elements > kMaxFramePayloadBytes) elements = kMaxFramePayloadBytes + 1;
+    }
+    if (!r.ReadBytes(name_len, &d.name)) {
+      return absl::DataLossError(
+          absl::StrCat("frame header: tensor ", i, " name truncated"));
+    }
+    total += elements * DTypeSize(d.dtype);
+    if (total > prefix.payload_size) {
+      return absl::DataLossError(absl::StrCat(
+          "frame header: tensor \"", d.name, "\" ", ShapeToString(d.shape),
+          " overruns the payload of ", prefix.payload_size, " bytes"));
+    }
+    h.tensors.push_back(std::move(d));
+  }
+  if (total != prefix.payload_size) {
+    return absl::DataLossError(
+        absl::StrCat("frame header: tensors hold ", total,
+                     " bytes, payload size says ", prefix.payload_size));
+  }
+  if (r.remaining() != 0) {
+    return absl::DataLossError(absl::StrCat("frame header: ", r.remaining(),
+                                            " trailing bytes"));
+  }
+  return h;
+}
+
+std::string EncodeHandshake(const Handshake& handshake) {
+  std::string out;
+  Put<uint32_t>(&out, kHandshakeMagic);
+  Put<uint16_t>(&out, kFrameVersion);
+  Put<uint16_t>(&out, static_cast<uint16_t>(handshake.job_id.size()));
+  Put<int32_t>(&out, handshake.from_rank);
+  Put<int32_t>(&out, handshake.to_rank);
+  out.append(handshake.job_id);
+  return out;
+}
+
+absl::StatusOr<Handshake> DecodeHandshakePrefix(const char* data,
+                                                uint16_t* job_id_length) {
+  const uint32_t magic = Get<uint32_t>(data);
+  if (magic != kHandshakeMagic) {
+    return absl::DataLossError(absl::StrFormat(
+        "bad handshake magic 0x%08x (expected 0x%08x)", magic, kHandshakeMagic));
+  }
+  const uint16_t version = Get<uint16_t>(data + 4);
+  if (version != kFrameVersion) {
+    return absl::DataLossError(absl::StrCat("unsupported handshake version ",
+                                            version, " (expected ",
+                                            kFrameVersion, ")"));
+  }
+  *job_id_length = Get<uint16_t>(data + 6);
+  if (*job_id_length == 0 || *job_id_length > kMaxJobIdLength) {
+    return absl::DataLossError(absl::StrCat("handshake job id length ",
+                                            *job_id_length, " not in [1, ",
+                                            kMaxJobIdLength, "]"));
+  }
+  Handshake h;
+  h.from_rank = Get<int32_t>(data + 8);
+  h.to_rank = Get<int32_t>(data + 12);
+  return h;
+}
+
+std::string EncodeHandshakeReply(bool accepted, absl::string_view reason) {
+  reason = reason.substr(0, kMaxHandshakeReasonLength);
+  std::string out;
+  Put<uint32_t>(&out, kHandshakeReplyMagic);
+  Put<uint32_t>(&out, accepted ? 0 : 1);
+  Put<uint16_t>(&out, static_cast<uint16_t>(reason.size()));
+  Put<uint16_t>(&out, 0);
+  out.append(reason.data(), reason.size());
+  return out;
+}
+
+absl::Status DecodeHandshakeReplyPrefix(const char* data, bool* accepted,
+                                        uint16_t* reason_length) {
+  const uint32_t magic = Get<uint32_t>(data);
+  if (magic != kHandshakeReplyMagic) {
+    return absl::DataLossError(
+        absl::StrFormat("bad handshake reply magic 0x%08x (expected 0x%08x)",
+                        magic, kHandshakeReplyMagic));
+  }
+  const uint32_t code = Get<uint32_t>(data + 4);
+  if (code > 1) {
+    return absl::DataLossError(absl::StrCat("bad handshake reply code ", code));
+  }
+  *accepted = code == 0;
+  *reason_length = Get<uint16_t>(data + 8);
+  if (*reason_length > kMaxHandshakeReasonLength) {
+    return absl::DataLossError(absl::StrCat("handshake reply reason of ",
+                                            *reason_length, " bytes, limit ",
+                                            kMaxHandshakeReasonLength));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard

@@ -1,0 +1,135 @@
+// Transport frame codec: the byte layout of the messages TcpTransport sends
+// between pipeline stages, and of the connection handshake. The layout is
+// specified in docs/TRANSPORT_FRAME.md; this file is its only encoder and
+// decoder.
+//
+// A frame is a header (fixed 40-byte prefix, job id, tensor descriptors),
+// the tensors' bytes back to back, and a CRC32C over header and payload.
+// Decoding is split so that a reader can check every size a frame claims
+// against the limits below before allocating anything: DecodeFramePrefix
+// on the fixed prefix, then DecodeFrameHeader on the rest of the header.
+//
+// All functions are pure and thread-safe.
+#ifndef TRAINYARD_CORE_FRAME_H_
+#define TRAINYARD_CORE_FRAME_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/tensor.h"
+
+namespace trainyard {
+
+// "TYFR", "TYHS" and "TYHA" as little-endian u32.
+inline constexpr uint32_t kFrameMagic = 0x52465954;
+inline constexpr uint32_t kHandshakeMagic = 0x53485954;
+inline constexpr uint32_t kHandshakeReplyMagic = 0x41485954;
+inline constexpr uint16_t kFrameVersion = 1;
+
+inline constexpr size_t kFramePrefixSize = 40;
+inline constexpr size_t kFrameTrailerSize = 4;  // CRC32C
+inline constexpr size_t kHandshakePrefixSize = 16;
+inline constexpr size_t kHandshakeReplyPrefixSize = 12;
+
+// Limits; a frame or handshake that claims more is rejected before any
+// allocation.
+inline constexpr int kMaxFrameTensors = 64;
+inline constexpr int kMaxTensorNameLength = 256;
+inline constexpr int kMaxTensorNdim = 8;
+inline constexpr int kMaxJobIdLength = 256;
+inline constexpr int kMaxHandshakeReasonLength = 1024;
+inline constexpr uint64_t kMaxFramePayloadBytes = uint64_t{2} << 30;  // 2 GiB
+// Largest possible header: prefix, job id, and kMaxFrameTensors descriptors
+// of kMaxTensorNdim dims with kMaxTensorNameLength-byte names.
+inline constexpr size_t kMaxFrameHeaderSize =
+    kFramePrefixSize + kMaxJobIdLength +
+    kMaxFrameTensors * (4 + 8 * kMaxTensorNdim + kMaxTensorNameLength);
+
+// The kind field. 0..2 are MessageKind; the rest are internal to the
+// transport.
+enum class FrameKind : uint16_t {
+  kActivation = 0,
+  kGradient = 1,
+  kEvalActivation = 2,
+  kAllReduceContribution = 16,  // rank r -> rank 0: one int64 tensor "values"
+  kAllReduceResult = 17,        // rank 0 -> rank r: one int64 tensor "values"
+  kAllReduceError = 18,         // rank 0 -> rank r: uint8 tensor "message"
+  kGoodbye = 19,                // orderly close, no tensors
+};
+bool IsKnownFrameKind(uint16_t kind);
+const char* FrameKindName(FrameKind kind);
+
+struct TensorDesc {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  uint64_t nbytes() const;
+};
+
+// The fixed prefix, validated: magic, version, kind and every size within
+// the limits.
+struct FramePrefix {
+  FrameKind kind = FrameKind::kActivation;
+  uint32_t header_size = 0;  // whole header, prefix included
+  uint32_t num_tensors = 0;
+  int64_t step = 0;
+  int32_t microbatch = 0;
+  uint16_t job_id_length = 0;
+  uint64_t payload_size = 0;
+};
+
+struct FrameHeader {
+  FramePrefix prefix;
+  std::string job_id;
+  std::vector<TensorDesc> tensors;
+};
+
+// Encodes the header of a frame carrying `tensors` (CPU tensors only).
+// Fails with InvalidArgument naming the tensor and limit when a count,
+// name, rank or size exceeds the limits.
+absl::StatusOr<std::string> EncodeFrameHeader(
+    FrameKind kind, absl::string_view job_id, int64_t step, int32_t microbatch,
+    const std::vector<std::pair<std::string, Tensor>>& tensors);
+
+// `data` holds kFramePrefixSize bytes. Errors (DataLoss) say which field is
+// wrong and its value.
+absl::StatusOr<FramePrefix> DecodeFramePrefix(const char* data);
+
+// `rest` holds the header after the prefix (prefix.header_size -
+// kFramePrefixSize bytes). Checks every descriptor and that the tensors'
+// sizes add up to prefix.payload_size.
+absl::StatusOr<FrameHeader> DecodeFrameHeader(const FramePrefix& prefix,
+                                              absl::string_view rest);
+
+// CRC32C (Castagnoli), extending `crc` (start with 0) by `n` bytes. Uses
+// the SSE4.2 instruction when the CPU has it, else a table.
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
+// The table version, for tests against the hardware one.
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n);
+
+// Handshake: the first bytes on a connection, from the dialing rank.
+struct Handshake {
+  std::string job_id;
+  int32_t from_rank = 0;
+  int32_t to_rank = 0;
+};
+std::string EncodeHandshake(const Handshake& handshake);
+// `data` holds kHandshakePrefixSize bytes; returns the handshake without
+// its job id and the job id's length in *job_id_length (<= kMaxJobIdLength).
+absl::StatusOr<Handshake> DecodeHandshakePrefix(const char* data,
+                                                uint16_t* job_id_length);
+
+// The listener's answer: accepted, or rejected with a reason.
+std::string EncodeHandshakeReply(bool accepted, absl::string_view reason);
+// `data` holds kHandshakeReplyPrefixSize bytes.
+absl::Status DecodeHandshakeReplyPrefix(const char* data, bool* accepted,
+                                        uint16_t* reason_length);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_CORE_FRAME_H_

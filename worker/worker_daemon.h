@@ -1,0 +1,131 @@
+// The worker daemon (`trainyard-worker`): dials the controller, keeps one
+// WorkerService.Connect stream open, and runs the pipeline stages the
+// controller assigns to it, one job at a time, reporting every step, eval
+// and the stage's end back on the stream.
+//
+// Life of a worker: bind the peer listener (its address is reported in
+// RegisterWorker so other stages can dial it) and the health server; then,
+// until Shutdown: connect, send RegisterWorker, wait for WorkerRegistered,
+// heartbeat every heartbeat_interval_ms, and serve StageAssignment /
+// CancelStage. When the stream breaks or the controller is unreachable, a
+// running stage is aborted (its job is lost anyway), and the worker retries
+// with bounded exponential backoff and registers again.
+//
+// A worker survives bad input: an assignment that cannot run (a spec that
+// fails PlanJob, an unknown plugin, a missing data file, peers that do not
+// connect) ends as StageDone{ok=false, error=<what and why>} and the worker
+// stays idle, ready for the next one.
+//
+// Ownership: a Worker owns its threads, its listener and its health server;
+// destroying it shuts it down. Thread safety: every public method of Worker
+// may be called from any thread.
+#ifndef TRAINYARD_WORKER_WORKER_DAEMON_H_
+#define TRAINYARD_WORKER_WORKER_DAEMON_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "core/transport.h"
+
+namespace trainyard {
+
+// Opens the stage-to-stage transport of rank `rank` of a multi-stage job
+// whose ranks listen at `peer_addresses` (indexed by rank).
+using TransportFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Transport>>(
+        const std::string& job_id, int rank,
+        const std::vector<std::string>& peer_addresses)>;
+
+struct WorkerOptions {
+  // host:port of the controller's WorkerService. Required.
+  std::string controller;
+  // Where peers (other stages) connect to this worker; port 0 picks one.
+  std::string listen = "127.0.0.1:0";
+  // "cpu". "cuda:N" is rejected: this build has no GPU path.
+  std::string device = "cpu";
+  // Folder holding lib<plugin>.so. Required.
+  std::string plugin_dir;
+  // Relative paths in assigned specs resolve here; empty = the current
+  // directory.
+  std::string data_dir;
+  // Compute (BLAS) threads, process-wide; 0 = leave as is.
+  int threads = 0;
+  // Stable worker name; empty = "<hostname>-<pid>".
+  std::string name;
+  // Memory jobs may use (reported, and the PlanJob limit); 0 = physical
+  // memory.
+  uint64_t memory_bytes = 0;
+  // grpc.health.v1 + server reflection; empty = no health server.
+  std::string health_listen = "127.0.0.1:0";
+
+  // Longest wait for WorkerRegistered after RegisterWorker.
+  absl::Duration register_timeout = absl::Seconds(10);
+  // Reconnect backoff: doubles from min to max, reset by a registration.
+  absl::Duration min_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(5);
+  // Longest wait for a neighbour stage or the all-reduce.
+  absl::Duration stage_timeout = absl::Minutes(2);
+  // Longest wait for all peers of a multi-stage job to connect.
+  absl::Duration peer_connect_timeout = absl::Seconds(30);
+
+  // How multi-stage jobs reach their peers. Null = the TCP transport over
+  // a PeerListener bound to `listen` (core/tcp_transport.h). Tests inject
+  // fakes here; `peer_address` must then be set too.
+  TransportFactory connect_transport;
+  // The address reported to the controller when connect_transport is set.
+  std::string peer_address;
+};
+
+// Checks the options a user can get wrong (controller, device, plugin_dir)
+// and fills in defaults (name, memory). InvalidArgument names the flag.
+absl::StatusOr<WorkerOptions> ValidateWorkerOptions(WorkerOptions options);
+
+class Worker {
+ public:
+  // Validates `options`, binds the peer listener and the health server,
+  // and starts the connection loop in the background. Errors (bad options,
+  // an address that cannot be bound) name the option and the reason. The
+  // controller need not be up yet.
+  static absl::StatusOr<std::unique_ptr<Worker>> Start(WorkerOptions options);
+  ~Worker();  // Shutdown()
+
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Aborts a running stage, closes the stream and joins every thread.
+  // Idempotent.
+  void Shutdown();
+
+  // host:port peers dial (reported as capabilities.peer_address).
+  std::string peer_address() const;
+  // Port of the health/reflection server; 0 when there is none.
+  int health_port() const;
+  // The id of the latest registration ("" before the first).
+  std::string worker_id() const;
+  // How many times the controller accepted this worker's registration.
+  int64_t registrations() const;
+  // True while a stage runs.
+  bool busy() const;
+
+ private:
+  class Impl;
+  explicit Worker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Starts a worker and runs it until `stop` is notified (main's signal
+// handler) or, with stop == nullptr, forever. `on_started` (may be null)
+// is called once the worker is up, e.g. to write the health port file.
+absl::Status RunWorker(const WorkerOptions& options, absl::Notification* stop,
+                       const std::function<void(const Worker&)>& on_started);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_WORKER_WORKER_DAEMON_H_
