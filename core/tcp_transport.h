@@ -30,12 +30,28 @@
 
 namespace trainyard {
 
+struct PeerListenerOptions {
+  // Longest an accepted connection may take to send its handshake.
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  // How long a handshake for a job/rank that has not registered yet waits
+  // for it (the dialer may be faster than the local stage); after that the
+  // connection is closed and the reason logged and sent back.
+  absl::Duration unknown_job_timeout = absl::Seconds(10);
+};
+
+// Accepts peer connections on one port and hands each, after its handshake,
+// to the TcpTransport being set up for that job and rank. Connections that
+// fail the handshake are answered with the reason, logged and closed; the
+// listener keeps serving. It must outlive every ConnectTcpTransport call
+// that uses it (not the transports it returned).
 class PeerListener {
  public:
   // Listens on `address` ("127.0.0.1:0" picks a free port; "0.0.0.0:7000"
   // for pods). Errors name the address.
   static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(
       const std::string& address);
+  static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(
+      const std::string& address, const PeerListenerOptions& options);
   virtual ~PeerListener() = default;
   // The bound address, host:port, with the real port.
   virtual std::string address() const = 0;
@@ -56,6 +72,18 @@ struct TcpTransportOptions {
 // neighbours, plus every rank for the all-reduce) and returns when all
 // connections are up, or an error naming the ranks that did not connect in
 // time.
+//
+// Topology: a full mesh, one connection per pair of ranks, dialed by the
+// higher rank. AllReduceSum gathers every rank's vector at rank 0, which
+// sums in rank order and sends the result back.
+//
+// Destroying a healthy transport flushes queued sends and tells each peer
+// (a "goodbye" frame), whose later Recv from this rank then fails with
+// FailedPrecondition instead of waiting; a failed or aborted one just
+// closes, and its peers fail with an error naming it. A connection error
+// (EOF without goodbye, bad frame, write timeout) fails every pending and
+// later call on this transport with a status naming the peer rank, address
+// and reason; Abort closes the sockets so that peers fail in turn.
 absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
     PeerListener* listener, const TcpTransportOptions& options);
 

@@ -1,0 +1,110 @@
+// JobStore: the controller's durable state, one embedded SQLite database
+// (<data_dir>/controller.db) in WAL mode.
+//
+// Tables (docs/CONTROLLER.md has the full schema):
+//   jobs        one row per job: id, request_id (UNIQUE, the idempotency
+//               key), the submitted spec as serialized JobSpec bytes, state,
+//               reason, priority, times, steps_completed, last step/eval,
+//               workers.
+//   job_events  the job's event history (JobEvent bytes keyed by job id and
+//               a dense 0-based sequence number): state changes, every
+//               StepMetrics and EvalMetrics. This is the metrics history
+//               WatchJob replays.
+//
+// Every mutation is one transaction, so a SIGKILL at any point leaves either
+// the old or the new state. synchronous=NORMAL: in WAL mode that is durable
+// against a crash of the process (the WAL is in the OS page cache; SQLite
+// replays it on open); only an OS crash or power loss can drop the last few
+// commits, never corrupt the file. FULL would fsync on every step report,
+// which costs more than the training step of a small model.
+//
+// On Open, jobs left RUNNING by a previous process are marked FAILED with
+// reason "controller restarted while the job was running" (plus a matching
+// state-change event); QUEUED jobs stay queued.
+//
+// Thread safety: all methods may be called from any thread (one internal
+// mutex serializes access to the connection).
+#ifndef TRAINYARD_CONTROLLER_JOB_STORE_H_
+#define TRAINYARD_CONTROLLER_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/trainyard.pb.h"
+
+struct sqlite3;
+
+namespace trainyard {
+
+inline constexpr char kRestartedReason[] =
+    "controller restarted while the job was running";
+
+class JobStore {
+ public:
+  // Opens (creating if needed) <data_dir>/controller.db; creates data_dir if
+  // missing. Internal / FailedPrecondition naming the file on any error.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(
+      const std::string& data_dir);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Jobs marked FAILED by Open because they were RUNNING.
+  int recovered_running_jobs() const { return recovered_running_jobs_; }
+
+  struct Created {
+    v1::Job job;
+    bool created = false;  // false: request_id existed; `job` is that job
+  };
+  // Inserts a QUEUED job with a fresh id ("job-<n>") for `request_id`, plus
+  // its first event (the QUEUED state change), or returns the job already
+  // stored under `request_id`. `job` supplies spec, priority, reason and
+  // create_time_ms; job_id/state are assigned here.
+  absl::StatusOr<Created> CreateJob(const v1::Job& job);
+
+  // Rewrites the mutable columns of job.job_id() and, when `event` is not
+  // null, appends it as event number `event_seq`, in one transaction.
+  // NotFound if the job does not exist.
+  absl::Status UpdateJob(const v1::Job& job, int64_t event_seq,
+                         const v1::JobEvent* event);
+
+  // NotFound naming the id.
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+
+  // Every job, oldest first.
+  absl::StatusOr<std::vector<v1::Job>> LoadJobs();
+
+  // The job's events in sequence order.
+  absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(
+      const std::string& job_id);
+
+  // Newest first. `states` empty = all. Returns up to `limit` jobs created
+  // before the job with creation number `before` (0 = from the newest);
+  // `next_before` is set to the creation number to continue from, or 0 when
+  // there are no more.
+  absl::StatusOr<std::vector<v1::Job>> ListJobs(
+      const std::vector<v1::JobState>& states, int limit, int64_t before,
+      int64_t* next_before);
+
+ private:
+  JobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  absl::Status Exec(const std::string& sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Init() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RecoverRunning() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Error(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
+  const std::string path_;
+  int recovered_running_jobs_ = 0;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_CONTROLLER_JOB_STORE_H_

@@ -1,0 +1,163 @@
+"""Test harness: a real controller and real worker processes on 127.0.0.1.
+
+Used by the cross-process tests in this folder (run by Bazel with Debian's
+/usr/bin/python3). Every wait is bounded; every process is killed at exit.
+"""
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+RUNFILES = os.environ.get("TEST_SRCDIR", "")
+WORKSPACE = os.environ.get("TEST_WORKSPACE", "trainyard")
+ROOT = os.path.join(RUNFILES, WORKSPACE) if RUNFILES else os.getcwd()
+sys.path.insert(0, ROOT)
+
+import grpc  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
+from proto import job_spec_pb2, trainyard_pb2 as pb, trainyard_pb2_grpc as pb_grpc  # noqa: E402
+
+CONTROLLER_BIN = os.path.join(ROOT, "controller", "trainyard-controller")
+WORKER_BIN = os.path.join(ROOT, "worker", "trainyard-worker")
+CLI_BIN = os.path.join(ROOT, "controller", "cli", "trainyard")
+PLUGIN_DIR = os.path.join(ROOT, "task_plugins")
+TERMINAL = (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, workers=0, heartbeat_timeout_ms=2000):
+        self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.controller = None
+        self.address = None
+        self.workers = {}
+        self._logs = []
+        atexit.register(self.stop)
+        self.start_controller()
+        for i in range(workers):
+            self.start_worker(f"w{i}")
+
+    def _spawn(self, name, argv):
+        log = open(os.path.join(self.dir, f"{name}.log"), "ab")
+        self._logs.append(log)
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def start_controller(self):
+        port_file = os.path.join(self.dir, "controller.port")
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        self.controller = self._spawn("controller", [
+            CONTROLLER_BIN, "--listen=127.0.0.1:0",
+            f"--data_dir={self.dir}/controller", f"--port_file={port_file}",
+            "--heartbeat_interval_ms=200",
+            f"--heartbeat_timeout_ms={self.heartbeat_timeout_ms}"])
+
+        def port():
+            if self.controller.poll() is not None:
+                raise AssertionError("controller exited: " + self.log("controller"))
+            try:
+                text = open(port_file).read().strip()
+                return int(text) if text else None
+            except (OSError, ValueError):
+                return None
+        self.address = f"127.0.0.1:{wait_for(port, 30, 'the controller port')}"
+        self.channel = grpc.insecure_channel(self.address)
+        self.jobs = pb_grpc.JobServiceStub(self.channel)
+
+    def start_worker(self, name):
+        self.workers[name] = self._spawn(name, [
+            WORKER_BIN, f"--controller={self.address}", "--listen=127.0.0.1:0",
+            f"--name={name}", "--threads=1", f"--plugin_dir={PLUGIN_DIR}"])
+        return self.workers[name]
+
+    def kill_worker(self, name, sig=signal.SIGKILL):
+        proc = self.workers.pop(name)
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+
+    def kill_controller(self, sig=signal.SIGKILL):
+        self.controller.send_signal(sig)
+        self.controller.wait(timeout=10)
+
+    def log(self, name):
+        try:
+            return open(os.path.join(self.dir, f"{name}.log")).read()[-4000:]
+        except OSError:
+            return ""
+
+    def submit(self, spec, request_id=None, priority=0):
+        return self.jobs.SubmitJob(pb.SubmitJobRequest(
+            request_id=request_id or str(uuid.uuid4()), spec=spec,
+            priority=priority), timeout=30, wait_for_ready=True)
+
+    def get(self, job_id):
+        return self.jobs.GetJob(pb.GetJobRequest(job_id=job_id), timeout=10)
+
+    def wait_state(self, job_id, states, timeout=120):
+        return wait_for(lambda: (lambda j: j if j.state in states else None)(
+            self.get(job_id)), timeout, f"job {job_id} to reach {states}")
+
+    def watch(self, job_id, from_step=0, timeout=120):
+        """All events of a job until its terminal state."""
+        events = []
+        for e in self.jobs.WatchJob(pb.WatchJobRequest(job_id=job_id,
+                                                       from_step=from_step),
+                                    timeout=timeout):
+            events.append(e)
+            if e.WhichOneof("event") == "state" and e.state.state in TERMINAL:
+                break
+        return events
+
+    def stop(self):
+        for proc in list(self.workers.values()) + [self.controller]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.workers = {}
+
+
+def spec_from_json(obj):
+    spec = job_spec_pb2.JobSpec()
+    json_format.ParseDict(obj, spec)
+    return spec
+
+
+def small_spec(stages=4, steps=12, plugin="cross_entropy", name="small",
+               samples=512, features=16, batch=32, microbatches=4):
+    """A quick classification job on synthetic blobs, one block per stage."""
+    blocks = [{"outFeatures": 24, "ffnHiddenSize": 32, "norm": "layernorm"}
+              for _ in range(stages - 1)]
+    blocks.append({"outFeatures": 5, "ffnHiddenSize": 16})
+    return {
+        "name": name, "steps": steps, "seed": 11,
+        "model": {"blocks": blocks},
+        "parallelism": {"stages": stages, "microbatches": microbatches,
+                        "schedule": "1f1b"},
+        "optimizer": {"type": "adamw", "lr": 0.003, "clipGrad": 1.0},
+        "task": {"plugin": plugin},
+        "data": {"train": {"synthetic": {"kind": "gaussian_blobs",
+                                         "numSamples": samples,
+                                         "numFeatures": features,
+                                         "numOutputs": 5, "noise": 1.0}},
+                 "evalFraction": 0.125, "evalEvery": 4,
+                 "batchSize": batch, "shuffle": True},
+    }
+
+
+def steps_of(events):
+    return [e.step for e in events if e.WhichOneof("event") == "step"]

@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+"""Service benchmarks (issue 3), against real processes on 127.0.0.1:
+
+1. SubmitJob latency (p50/p99) with 1,000 jobs already queued.
+2. Metrics fan-out: 100 concurrent WatchJob watchers on a job running at the
+   fastest step rate the engine reaches (a tiny 1-stage model), counting
+   lost, duplicated and out-of-order updates per watcher.
+
+Run from the repository root after building:
+    bazel build //controller:trainyard-controller //worker:trainyard-worker \\
+        //controller/cli:trainyard //proto:trainyard_py //task_plugins:plugins
+    (cd bazel-bin && /usr/bin/python3 ../tools/bench_service.py)
+"""
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from cluster import Cluster, pb, small_spec, spec_from_json, steps_of  # noqa: E402
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def bench_submit(queued=1000, measured=500):
+    cluster = Cluster(workers=0)
+    spec = spec_from_json(small_spec(stages=1, steps=10))
+    for _ in range(queued):
+        cluster.submit(spec)
+    lat = []
+    for _ in range(measured):
+        t0 = time.perf_counter()
+        cluster.submit(spec, request_id=str(uuid.uuid4()))
+        lat.append((time.perf_counter() - t0) * 1e3)
+    listed = cluster.jobs.ListJobs(pb.ListJobsRequest(states=[pb.QUEUED], page_size=1000),
+                                   timeout=30)
+    cluster.stop()
+    print(f"SubmitJob with {queued} queued jobs: {measured} submits, "
+          f"p50 {percentile(lat, 0.5):.2f} ms, p99 {percentile(lat, 0.99):.2f} ms, "
+          f"max {max(lat):.2f} ms, mean {statistics.mean(lat):.2f} ms "
+          f"(ListJobs QUEUED page: {len(listed.jobs)} jobs)")
+
+
+def bench_fanout(watchers=100, steps=2000):
+    cluster = Cluster(workers=1)
+    spec = small_spec(stages=1, steps=steps, name="fanout", samples=256,
+                      features=8, batch=16, microbatches=1)
+    spec["data"]["evalEvery"] = 0
+    spec["data"].pop("evalFraction")
+    job = cluster.submit(spec_from_json(spec))
+    results = [None] * watchers
+    started = threading.Barrier(watchers + 1)
+
+    def watch(i):
+        started.wait()
+        results[i] = [s.step for s in steps_of(cluster.watch(job.job_id, timeout=600))]
+
+    threads = [threading.Thread(target=watch, args=(i,)) for i in range(watchers)]
+    for t in threads:
+        t.start()
+    t0 = time.time()
+    started.wait()
+    for t in threads:
+        t.join()
+    wall = time.time() - t0
+    final = cluster.get(job.job_id)
+    expected = list(range(1, steps + 1))
+    lost = sum(len(set(expected) - set(r)) for r in results)
+    dup = sum(len(r) - len(set(r)) for r in results)
+    disorder = sum(1 for r in results if r != sorted(r))
+    cluster.stop()
+    print(f"fan-out: {watchers} watchers x {steps} steps, job {pb.JobState.Name(final.state)} "
+          f"in {wall:.1f} s ({steps / wall:.0f} steps/s as watched); "
+          f"lost {lost}, duplicated {dup}, out-of-order watchers {disorder}")
+
+
+if __name__ == "__main__":
+    bench_submit()
+    bench_fanout()

@@ -1,0 +1,734 @@
+#include "worker/worker_daemon.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "core/job_plan.h"
+#include "core/status_macros.h"
+#ifndef TRAINYARD_NO_TCP_TRANSPORT  // TEMPORARY until //core:tcp_transport lands
+#include "core/tcp_transport.h"
+#endif
+#include "glog/logging.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "kernels/blas.h"
+#include "proto/trainyard.grpc.pb.h"
+#include "proto/trainyard.pb.h"
+#include "worker/stage.h"
+#include "worker/stage_runner.h"
+
+namespace trainyard {
+namespace {
+
+using ::trainyard::v1::CancelStage;
+using ::trainyard::v1::ControllerMessage;
+using ::trainyard::v1::StageAssignment;
+using ::trainyard::v1::WorkerMessage;
+using ::trainyard::v1::WorkerService;
+using Stream =
+    grpc::ClientReaderWriter<trainyard::v1::WorkerMessage,
+                             trainyard::v1::ControllerMessage>;
+
+std::string Hostname() {
+  char buf[256];
+  if (gethostname(buf, sizeof(buf)) != 0) return "localhost";
+  buf[sizeof(buf) - 1] = '\0';
+  return buf;
+}
+
+uint64_t PhysicalMemory() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// One Connect stream and what the threads sharing it know about it.
+struct Session {
+  grpc::ClientContext context;
+  std::unique_ptr<Stream> stream;
+
+  absl::Mutex write_mu;  // gRPC allows one writer at a time
+
+  absl::Mutex mu;
+  absl::CondVar cv;
+  bool registered ABSL_GUARDED_BY(mu) = false;
+  bool done ABSL_GUARDED_BY(mu) = false;  // the reader saw the stream end
+  int64_t heartbeat_interval_ms ABSL_GUARDED_BY(mu) = 1000;
+
+  // False once the stream is broken; the reader notices it too.
+  bool Write(const WorkerMessage& message) {
+    absl::MutexLock lock(&write_mu);
+    return stream->Write(message);
+  }
+};
+
+// The stage a worker is running and how to stop it.
+class ActiveJob {
+ public:
+  ActiveJob(std::string job_id, int stage)
+      : job_id_(std::move(job_id)), stage_(stage) {}
+
+  const std::string& job_id() const { return job_id_; }
+  int stage() const { return stage_; }
+  const std::atomic<bool>* cancel_flag() const { return &cancel_; }
+
+  // Stops the stage: RunStage sees the flag before its next step, and the
+  // transport fails every wait at once. The first reason wins.
+  void Abort(const absl::Status& reason, bool cancelled) {
+    absl::MutexLock lock(&mu_);
+    if (reason_.ok()) {
+      reason_ = reason;
+      cancelled_ = cancelled;
+    }
+    cancel_.store(true);
+    if (transport_ != nullptr) transport_->Abort(reason);
+  }
+
+  // Registers the transport to abort (null to unregister before it dies).
+  void SetTransport(Transport* transport) {
+    absl::MutexLock lock(&mu_);
+    transport_ = transport;
+    if (transport_ != nullptr && !reason_.ok()) transport_->Abort(reason_);
+  }
+
+  // The abort reason (OK if none) and whether it was a cancellation.
+  std::pair<absl::Status, bool> abort_reason() const {
+    absl::MutexLock lock(&mu_);
+    return {reason_, cancelled_};
+  }
+
+ private:
+  const std::string job_id_;
+  const int stage_;
+  std::atomic<bool> cancel_{false};
+  mutable absl::Mutex mu_;
+  Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Status reason_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+WorkerMessage StepMessage(const std::string& job_id, int stage,
+                          const StepReport& r, double step_seconds) {
+  WorkerMessage m;
+  auto* report = m.mutable_step();
+  report->set_job_id(job_id);
+  report->set_stage(stage);
+  auto* step = report->mutable_step();
+  step->set_step(r.step);
+  step->set_loss(r.loss);
+  step->set_lr(r.lr);
+  step->set_grad_norm(r.grad_norm);
+  step->set_samples_per_sec(step_seconds > 0 ? r.samples / step_seconds : 0);
+  for (const auto& [name, value] : r.metrics) {
+    (*step->mutable_metrics())[name] = value;
+  }
+  auto* timing = step->add_stages();
+  timing->set_stage(stage);
+  timing->set_forward_s(r.times.forward);
+  timing->set_backward_s(r.times.backward);
+  timing->set_comm_s(r.times.comm);
+  timing->set_idle_s(r.times.idle);
+  timing->set_optimizer_s(r.times.optimizer);
+  return m;
+}
+
+WorkerMessage EvalMessage(const std::string& job_id, int stage, int64_t step,
+                          const EvalReport& r) {
+  WorkerMessage m;
+  auto* report = m.mutable_eval();
+  report->set_job_id(job_id);
+  report->set_stage(stage);
+  auto* eval = report->mutable_eval();
+  eval->set_step(step);
+  eval->set_loss(r.loss);
+  eval->set_samples(r.samples);
+  for (const auto& [name, value] : r.metrics) {
+    (*eval->mutable_metrics())[name] = value;
+  }
+  return m;
+}
+
+WorkerMessage DoneMessage(const std::string& job_id, int stage, bool ok,
+                          const std::string& error, bool cancelled) {
+  WorkerMessage m;
+  auto* done = m.mutable_done();
+  done->set_job_id(job_id);
+  done->set_stage(stage);
+  done->set_ok(ok);
+  done->set_error(error);
+  done->set_cancelled(cancelled);
+  return m;
+}
+
+absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerOptions> ValidateWorkerOptions(WorkerOptions options) {
+  if (options.controller.empty()) {
+    return absl::InvalidArgumentError(
+        "--controller: required (host:port of the controller)");
+  }
+  if (options.device.empty()) options.device = "cpu";
+  if (options.device != "cpu") {
+    int index = 0;
+    if (options.device == "cuda" ||
+        (absl::StartsWith(options.device, "cuda:") &&
+         absl::SimpleAtoi(options.device.substr(5), &index) && index >= 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--device \"", options.device,
+          "\": this build of trainyard-worker has no CUDA support; use "
+          "--device cpu"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device: must be \"cpu\" or \"cuda:N\", got \"", options.device,
+        "\""));
+  }
+  if (options.plugin_dir.empty()) {
+    return absl::InvalidArgumentError("--plugin_dir: required");
+  }
+  if (!IsDirectory(options.plugin_dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--plugin_dir ", options.plugin_dir, ": not a directory"));
+  }
+  if (!options.data_dir.empty() && !IsDirectory(options.data_dir)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data_dir ", options.data_dir, ": not a directory"));
+  }
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads: must be >= 0, got ", options.threads));
+  }
+  if (options.connect_transport && options.peer_address.empty()) {
+    return absl::InvalidArgumentError(
+        "WorkerOptions.peer_address: required with connect_transport");
+  }
+  if (options.name.empty()) {
+    options.name = absl::StrCat(Hostname(), "-", getpid());
+  }
+  if (options.memory_bytes == 0) options.memory_bytes = PhysicalMemory();
+  if (options.min_backoff <= absl::ZeroDuration()) {
+    options.min_backoff = absl::Milliseconds(10);
+  }
+  options.max_backoff = std::max(options.max_backoff, options.min_backoff);
+  return options;
+}
+
+class Worker::Impl {
+ public:
+  explicit Impl(WorkerOptions options) : options_(std::move(options)) {}
+  ~Impl() { Shutdown(); }
+
+  absl::Status Init();
+  void Shutdown();
+
+  std::string peer_address() const { return peer_address_; }
+  int health_port() const { return health_port_; }
+  std::string worker_id() const {
+    absl::MutexLock lock(&mu_);
+    return worker_id_;
+  }
+  int64_t registrations() const {
+    absl::MutexLock lock(&mu_);
+    return registrations_;
+  }
+  bool busy() const {
+    absl::MutexLock lock(&mu_);
+    return job_ != nullptr && !job_finished_;
+  }
+
+ private:
+  void ConnectionLoop();
+  // One connect / register / serve cycle; true if the controller accepted
+  // the registration.
+  bool RunSession(int attempt);
+  void HeartbeatLoop(Session* session);
+  void OnRegistered(Session* session,
+                    const trainyard::v1::WorkerRegistered& registered);
+  void OnAssign(Session* session, const StageAssignment& assignment);
+  void OnCancel(const CancelStage& cancel);
+  void RunJob(Session* session, StageAssignment assignment,
+              std::shared_ptr<ActiveJob> job);
+  absl::Status RunAssignment(Session* session,
+                             const StageAssignment& assignment,
+                             ActiveJob* job);
+  // Aborts the running stage (if any) and joins its thread.
+  void StopJob(const absl::Status& reason);
+
+  WorkerOptions options_;
+  std::string peer_address_;
+#ifndef TRAINYARD_NO_TCP_TRANSPORT
+  std::unique_ptr<PeerListener> listener_;
+#endif
+  TransportFactory connect_transport_;
+  std::unique_ptr<grpc::Server> health_server_;
+  int health_port_ = 0;
+
+  absl::Notification shutdown_;
+  std::thread connection_thread_;
+  std::once_flag shutdown_once_;
+
+  mutable absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  Session* session_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<ActiveJob> job_ ABSL_GUARDED_BY(mu_);
+  bool job_finished_ ABSL_GUARDED_BY(mu_) = true;
+  std::thread job_thread_ ABSL_GUARDED_BY(mu_);
+
+  friend class Worker;
+};
+
+absl::Status Worker::Impl::Init() {
+  if (options_.threads > 0) SetBlasThreads(options_.threads);
+  if (options_.connect_transport) {
+    connect_transport_ = options_.connect_transport;
+    peer_address_ = options_.peer_address;
+  } else {
+#ifdef TRAINYARD_NO_TCP_TRANSPORT
+    return absl::UnimplementedError("TEMPORARY: no tcp transport yet");
+#else
+    absl::StatusOr<std::unique_ptr<PeerListener>> listener =
+        PeerListener::Listen(options_.listen);
+    if (!listener.ok()) return Prefixed(listener.status(), "--listen: ");
+    listener_ = std::move(*listener);
+    peer_address_ = listener_->address();
+    PeerListener* raw = listener_.get();
+    const absl::Duration connect_timeout = options_.peer_connect_timeout;
+    connect_transport_ = [raw, connect_timeout](
+                             const std::string& job_id, int rank,
+                             const std::vector<std::string>& peers) {
+      TcpTransportOptions tcp;
+      tcp.job_id = job_id;
+      tcp.rank = rank;
+      tcp.peer_addresses = peers;
+      tcp.connect_timeout = connect_timeout;
+      return ConnectTcpTransport(raw, tcp);
+    };
+#endif
+  }
+
+  if (!options_.health_listen.empty()) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      grpc::EnableDefaultHealthCheckService(true);
+      grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    });
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(options_.health_listen,
+                             grpc::InsecureServerCredentials(), &health_port_);
+    health_server_ = builder.BuildAndStart();
+    if (health_server_ == nullptr || health_port_ == 0) {
+      health_server_.reset();
+      return absl::UnavailableError(absl::StrCat(
+          "--health_listen ", options_.health_listen, ": cannot listen"));
+    }
+    health_server_->GetHealthCheckService()->SetServingStatus(true);
+  }
+
+  LOG(INFO) << "trainyard-worker " << options_.name << ": peers dial "
+            << peer_address_ << ", health port " << health_port_
+            << ", plugins in " << options_.plugin_dir << ", controller "
+            << options_.controller;
+  connection_thread_ = std::thread([this] { ConnectionLoop(); });
+  return absl::OkStatus();
+}
+
+void Worker::Impl::Shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    {
+      absl::MutexLock lock(&mu_);
+      shutting_down_ = true;
+      if (session_ != nullptr) session_->context.TryCancel();
+    }
+    shutdown_.Notify();
+    if (connection_thread_.joinable()) connection_thread_.join();
+    // No session runs now, but a job may have started and ended without one.
+    StopJob(absl::CancelledError("worker shutting down"));
+    if (health_server_ != nullptr) {
+      health_server_->Shutdown(std::chrono::system_clock::now());
+      health_server_->Wait();
+    }
+  });
+}
+
+void Worker::Impl::ConnectionLoop() {
+  absl::Duration backoff = options_.min_backoff;
+  int attempt = 0;
+  while (!shutdown_.HasBeenNotified()) {
+    ++attempt;
+    const bool registered = RunSession(attempt);
+    if (shutdown_.HasBeenNotified()) break;
+    if (registered) {
+      backoff = options_.min_backoff;
+      attempt = 0;
+    }
+    LOG(WARNING) << "trainyard-worker " << options_.name
+                 << ": reconnecting to " << options_.controller << " in "
+                 << absl::FormatDuration(backoff);
+    shutdown_.WaitForNotificationWithTimeout(backoff);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+bool Worker::Impl::RunSession(int attempt) {
+  auto session = std::make_unique<Session>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return false;
+    session_ = session.get();
+  }
+  LOG(INFO) << "trainyard-worker " << options_.name << ": connecting to "
+            << options_.controller << " (attempt " << attempt << ")";
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(
+      options_.controller, grpc::InsecureChannelCredentials());
+  std::unique_ptr<WorkerService::Stub> stub = WorkerService::NewStub(channel);
+  session->stream = stub->Connect(&session->context);
+  // Also the registration watchdog: it cancels the stream if the controller
+  // does not answer in time, which ends the Read loop below.
+  std::thread heartbeat([this, s = session.get()] { HeartbeatLoop(s); });
+
+  WorkerMessage hello;
+  auto* reg = hello.mutable_register_();
+  reg->set_name(options_.name);
+  auto* caps = reg->mutable_capabilities();
+  caps->set_device(options_.device);
+  caps->set_memory_bytes(options_.memory_bytes);
+  caps->set_peer_address(peer_address_);
+  caps->set_threads(options_.threads > 0
+                        ? options_.threads
+                        : static_cast<int>(std::thread::hardware_concurrency()));
+  caps->set_hostname(Hostname());
+  session->Write(hello);  // a failure shows up as the end of the stream
+
+  ControllerMessage message;
+  bool registered = false;
+  while (session->stream->Read(&message)) {
+    if (message.has_registered()) {
+      OnRegistered(session.get(), message.registered());
+      registered = true;
+    } else if (!registered) {
+      LOG(ERROR) << "trainyard-worker: controller " << options_.controller
+                 << " sent " << message.msg_case()
+                 << " before WorkerRegistered; reconnecting";
+      session->context.TryCancel();
+    } else if (message.has_assign()) {
+      OnAssign(session.get(), message.assign());
+    } else if (message.has_cancel()) {
+      OnCancel(message.cancel());
+    } else {
+      LOG(WARNING) << "trainyard-worker: ignoring an unknown controller "
+                      "message (field "
+                   << message.msg_case() << ")";
+    }
+  }
+  {
+    absl::MutexLock lock(&session->mu);
+    session->done = true;
+    session->cv.SignalAll();
+  }
+  StopJob(absl::UnavailableError(absl::StrCat(
+      "worker ", options_.name, " lost its connection to the controller at ",
+      options_.controller)));
+  heartbeat.join();
+  const grpc::Status status = session->stream->Finish();
+  {
+    absl::MutexLock lock(&mu_);
+    session_ = nullptr;
+  }
+  if (!shutdown_.HasBeenNotified()) {
+    LOG(WARNING) << "trainyard-worker " << options_.name << ": stream to "
+                 << options_.controller << " ended"
+                 << (registered ? "" : " before registration") << ": "
+                 << (status.ok() ? std::string("OK")
+                                 : absl::StrCat(status.error_code(), " ",
+                                                status.error_message()));
+  }
+  return registered;
+}
+
+void Worker::Impl::HeartbeatLoop(Session* session) {
+  int64_t interval_ms;
+  {
+    absl::MutexLock lock(&session->mu);
+    const absl::Time deadline = absl::Now() + options_.register_timeout;
+    while (!session->registered && !session->done) {
+      if (session->cv.WaitWithDeadline(&session->mu, deadline)) break;
+    }
+    if (session->done) return;
+    if (!session->registered) {
+      LOG(WARNING) << "trainyard-worker " << options_.name
+                   << ": no WorkerRegistered from " << options_.controller
+                   << " within " << absl::FormatDuration(options_.register_timeout);
+      session->context.TryCancel();
+      return;
+    }
+    interval_ms = session->heartbeat_interval_ms;
+  }
+  while (true) {
+    {
+      absl::MutexLock lock(&session->mu);
+      const absl::Time deadline = absl::Now() + absl::Milliseconds(interval_ms);
+      while (!session->done) {
+        if (session->cv.WaitWithDeadline(&session->mu, deadline)) break;
+      }
+      if (session->done) return;
+      interval_ms = session->heartbeat_interval_ms;
+    }
+    WorkerMessage beat;
+    beat.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(absl::Now()));
+    if (!session->Write(beat)) {
+      session->context.TryCancel();
+      return;
+    }
+  }
+}
+
+void Worker::Impl::OnRegistered(
+    Session* session, const trainyard::v1::WorkerRegistered& registered) {
+  {
+    absl::MutexLock lock(&session->mu);
+    session->registered = true;
+    if (registered.heartbeat_interval_ms() > 0) {
+      session->heartbeat_interval_ms = registered.heartbeat_interval_ms();
+    }
+    session->cv.SignalAll();
+  }
+  absl::MutexLock lock(&mu_);
+  worker_id_ = registered.worker_id();
+  ++registrations_;
+  LOG(INFO) << "trainyard-worker " << options_.name << ": registered as "
+            << worker_id_ << " with " << options_.controller
+            << ", heartbeat every " << registered.heartbeat_interval_ms()
+            << " ms";
+}
+
+void Worker::Impl::OnAssign(Session* session,
+                            const StageAssignment& assignment) {
+  std::thread finished;
+  std::string busy_with;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job_ != nullptr && !job_finished_) {
+      busy_with = job_->job_id();
+    } else {
+      finished = std::move(job_thread_);
+      auto job =
+          std::make_shared<ActiveJob>(assignment.job_id(), assignment.stage());
+      job_ = job;
+      job_finished_ = false;
+      job_thread_ = std::thread([this, session, assignment, job] {
+        RunJob(session, assignment, job);
+      });
+    }
+  }
+  // The finished job has reported already; its thread is exiting.
+  if (finished.joinable()) finished.join();
+  if (!busy_with.empty()) {
+    LOG(WARNING) << "trainyard-worker " << options_.name << ": refusing job "
+                 << assignment.job_id() << ": busy with job " << busy_with;
+    session->Write(DoneMessage(
+        assignment.job_id(), assignment.stage(), false,
+        absl::StrCat("worker ", options_.name, " busy with job ", busy_with),
+        false));
+  }
+}
+
+void Worker::Impl::OnCancel(const CancelStage& cancel) {
+  absl::MutexLock lock(&mu_);
+  if (job_ == nullptr || job_finished_ || job_->job_id() != cancel.job_id()) {
+    LOG(INFO) << "trainyard-worker " << options_.name << ": cancel for job "
+              << cancel.job_id() << ", which is not running here; ignored";
+    return;
+  }
+  const std::string reason = cancel.reason().empty()
+                                 ? std::string("cancelled by the controller")
+                                 : cancel.reason();
+  LOG(INFO) << "trainyard-worker " << options_.name << ": cancelling job "
+            << cancel.job_id() << ": " << reason;
+  job_->Abort(absl::CancelledError(reason), /*cancelled=*/true);
+}
+
+void Worker::Impl::StopJob(const absl::Status& reason) {
+  std::thread thread;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job_ != nullptr && !job_finished_) {
+      LOG(WARNING) << "trainyard-worker " << options_.name
+                   << ": aborting job " << job_->job_id() << ": "
+                   << reason.message();
+      job_->Abort(reason, /*cancelled=*/false);
+    }
+    thread = std::move(job_thread_);
+  }
+  if (thread.joinable()) thread.join();
+}
+
+void Worker::Impl::RunJob(Session* session, StageAssignment assignment,
+                          std::shared_ptr<ActiveJob> job) {
+  LOG(INFO) << "trainyard-worker " << options_.name << ": starting job "
+            << job->job_id() << " stage " << job->stage();
+  const absl::Status status = RunAssignment(session, assignment, job.get());
+  const auto [reason, cancelled] = job->abort_reason();
+  std::string error;
+  bool was_cancelled = false;
+  if (!status.ok()) {
+    if (cancelled) {
+      was_cancelled = true;
+      error = std::string(reason.message());
+    } else {
+      error = absl::StrCat("job ", job->job_id(), " stage ", job->stage(),
+                           " on worker ", options_.name, ": ",
+                           status.message());
+    }
+    LOG(WARNING) << "trainyard-worker " << options_.name << ": job "
+                 << job->job_id() << " stage " << job->stage()
+                 << (was_cancelled ? " cancelled: " : " failed: ") << error;
+  } else {
+    LOG(INFO) << "trainyard-worker " << options_.name << ": job "
+              << job->job_id() << " stage " << job->stage() << " done";
+  }
+  {
+    // Idle before reporting, so the controller may assign the next job as
+    // soon as it reads StageDone.
+    absl::MutexLock lock(&mu_);
+    job_finished_ = true;
+  }
+  session->Write(DoneMessage(job->job_id(), job->stage(), status.ok(), error,
+                             was_cancelled));
+}
+
+absl::Status Worker::Impl::RunAssignment(Session* session,
+                                         const StageAssignment& assignment,
+                                         ActiveJob* job) {
+  if (assignment.job_id().empty()) {
+    return absl::InvalidArgumentError("StageAssignment.job_id: empty");
+  }
+  PlanOptions plan_options;
+  plan_options.base_dir = options_.data_dir;
+  plan_options.memory_limit_bytes = options_.memory_bytes;
+  plan_options.check_files = true;
+  absl::StatusOr<JobPlan> plan = PlanJob(assignment.spec(), plan_options);
+  if (!plan.ok()) return Prefixed(plan.status(), "invalid job spec: ");
+  const int num_stages = plan->num_stages();
+  const int s = assignment.stage();
+  if (s < 0 || s >= num_stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StageAssignment.stage: must be in [0, ", num_stages,
+                     ") for this job, got ", s));
+  }
+
+  std::unique_ptr<Transport> transport;
+  if (num_stages > 1) {
+    if (assignment.peer_addresses_size() != num_stages) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StageAssignment.peer_addresses: the job has ", num_stages,
+          " stages, got ", assignment.peer_addresses_size(), " addresses"));
+    }
+    std::vector<std::string> peers(assignment.peer_addresses().begin(),
+                                   assignment.peer_addresses().end());
+    if (job->cancel_flag()->load()) return job->abort_reason().first;
+    absl::StatusOr<std::unique_ptr<Transport>> connected =
+        connect_transport_(assignment.job_id(), s, peers);
+    if (!connected.ok()) {
+      return Prefixed(connected.status(), "connecting to the other stages: ");
+    }
+    transport = std::move(*connected);
+    job->SetTransport(transport.get());
+  }
+
+  const std::string& job_id = assignment.job_id();
+  absl::Status status = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(StageData data, LoadStageData(*plan, s));
+    StageOptions stage_options;
+    stage_options.plugin_dir = options_.plugin_dir;
+    stage_options.timeout = options_.stage_timeout;
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
+                     Stage::Create(*plan, s, transport.get(), stage_options,
+                                   std::move(data)));
+    ASSIGN_OR_RETURN(const int64_t resume_step, ResumeStep(*plan));
+    if (resume_step > 0) {
+      RETURN_IF_ERROR(
+          stage->RestoreCheckpoint(plan->spec.checkpoint().dir(), resume_step));
+      LOG(INFO) << "trainyard-worker " << options_.name << ": job " << job_id
+                << " stage " << s << " resumed at step " << resume_step;
+    } else {
+      RETURN_IF_ERROR(stage->InitParameters());
+    }
+    StageRunOptions run;
+    run.timeout = options_.stage_timeout;
+    run.cancel = job->cancel_flag();
+    run.on_step = [&](const StepReport& report, double seconds) {
+      session->Write(StepMessage(job_id, s, report, seconds));
+    };
+    if (s == num_stages - 1) {
+      run.on_eval = [&](int64_t step, const EvalReport& report) {
+        session->Write(EvalMessage(job_id, s, step, report));
+      };
+    }
+    return RunStage(*stage, transport.get(), *plan, run);
+  }();
+  if (!status.ok() && transport != nullptr) {
+    transport->Abort(absl::Status(
+        status.code(), absl::StrCat("stage ", s, " failed: ", status.message())));
+  }
+  job->SetTransport(nullptr);
+  return status;
+}
+
+Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Worker::~Worker() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(WorkerOptions options) {
+  ASSIGN_OR_RETURN(WorkerOptions valid,
+                   ValidateWorkerOptions(std::move(options)));
+  auto impl = std::make_unique<Impl>(std::move(valid));
+  RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Worker>(new Worker(std::move(impl)));
+}
+
+void Worker::Shutdown() { impl_->Shutdown(); }
+std::string Worker::peer_address() const { return impl_->peer_address(); }
+int Worker::health_port() const { return impl_->health_port(); }
+std::string Worker::worker_id() const { return impl_->worker_id(); }
+int64_t Worker::registrations() const { return impl_->registrations(); }
+bool Worker::busy() const { return impl_->busy(); }
+
+absl::Status RunWorker(const WorkerOptions& options, absl::Notification* stop,
+                       const std::function<void(const Worker&)>& on_started) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Start(options));
+  if (on_started) on_started(*worker);
+  if (stop != nullptr) {
+    stop->WaitForNotification();
+  } else {
+    absl::Notification never;
+    never.WaitForNotification();
+  }
+  worker->Shutdown();
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard
