@@ -37,13 +37,16 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >/dev/null
 fi
 
-# Test-only Python tool Debian lacks: the real safetensors library, to check
-# our checkpoint files (tests skip that check, saying so, if it is absent).
-if ! /usr/bin/python3 -c 'import safetensors' 2>/dev/null; then
-  echo "setup: installing safetensors for /usr/bin/python3 (test-only)" >&2
-  /usr/bin/python3 -m pip install -q --break-system-packages safetensors >/dev/null 2>&1 ||
-    echo "setup: warning: could not install safetensors; its interop test will skip" >&2
-fi
+# Test-only Python tools Debian lacks: the real safetensors library (checks
+# our checkpoint files) and kubernetes-validate (checks deploy/ manifests).
+# Tests that need them skip, saying so, if they are absent.
+for mod in safetensors:safetensors kubernetes_validate:kubernetes-validate; do
+  if ! /usr/bin/python3 -c "import ${mod%%:*}" 2>/dev/null; then
+    echo "setup: installing ${mod##*:} for /usr/bin/python3 (test-only)" >&2
+    /usr/bin/python3 -m pip install -q --break-system-packages "${mod##*:}" >/dev/null 2>&1 ||
+      echo "setup: warning: could not install ${mod##*:}; its test will skip" >&2
+  fi
+done
 
 # Bazel's output root and disk cache live here (see .bazelrc).
 if [ ! -d /var/cache/trainyard ]; then

@@ -1,0 +1,194 @@
+// JobManager: the controller's brain, free of gRPC. It owns the JobStore,
+// every job's lifecycle (QUEUED -> RUNNING -> SUCCEEDED | FAILED |
+// CANCELLED), the registry of connected workers, gang scheduling
+// (controller/scheduler.h), the per-job event logs WatchJob reads, and the
+// liveness checker thread that declares silent workers lost.
+//
+// Workers are reached through WorkerLink (the gRPC layer implements it over
+// the Connect stream; tests may fake it). Messages to workers are queued
+// while the manager's lock is held and delivered, in order, after it is
+// released, so a link may call back into the manager from Send or Close.
+//
+// Ownership: owns the store and the liveness thread; holds shared_ptrs to
+// worker links and event logs. Destroying the manager calls Shutdown().
+// Thread safety: every public method is thread-safe.
+#ifndef TRAINYARD_CONTROLLER_JOB_MANAGER_H_
+#define TRAINYARD_CONTROLLER_JOB_MANAGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "controller/job_event_log.h"
+#include "controller/job_store.h"
+#include "proto/trainyard.pb.h"
+
+namespace trainyard {
+
+// The controller's end of one worker's stream.
+class WorkerLink {
+ public:
+  virtual ~WorkerLink() = default;
+  // Queues `msg` to the worker; never blocks. Ignored after Close.
+  virtual void Send(const v1::ControllerMessage& msg) = 0;
+  // Ends the stream with `status`; idempotent.
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+struct JobManagerOptions {
+  std::string data_dir;  // required
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+};
+
+class JobManager {
+ public:
+  // Opens the store (recovering jobs a previous process left RUNNING),
+  // loads every job and starts the liveness thread.
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(
+      const JobManagerOptions& options);
+  ~JobManager();
+  JobManager(const JobManager&) = delete;
+  JobManager& operator=(const JobManager&) = delete;
+
+  // Stops the liveness thread and closes every worker link (UNAVAILABLE).
+  // Afterwards worker traffic is ignored and job states no longer change
+  // (a RUNNING job is failed by the next process's recovery). Idempotent.
+  void Shutdown();
+
+  // ---- JobService. Errors are absl codes; the RPC layer maps them.
+  // InvalidArgument: missing request_id, or a spec PlanJob rejects (the
+  // message lists every field path). A known request_id returns its job.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request);
+  // NotFound naming the id.
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // InvalidArgument for a negative page_size or a malformed page_token.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(
+      const v1::ListJobsRequest& request);
+  // NotFound; FailedPrecondition naming the state of a finished job.
+  absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
+  // The job's event log (loaded from the store on first use). NotFound.
+  absl::StatusOr<std::shared_ptr<JobEventLog>> WatchJob(
+      const std::string& job_id);
+
+  // ---- WorkerService.
+  // Registers a worker and sends it WorkerRegistered through `link`;
+  // returns the new worker id ("w-<n>"). Unavailable after Shutdown.
+  absl::StatusOr<std::string> RegisterWorker(const v1::RegisterWorker& reg,
+                                             std::shared_ptr<WorkerLink> link);
+  // Any message from a registered worker (counts as a heartbeat).
+  void OnWorkerMessage(const std::string& worker_id,
+                       const v1::WorkerMessage& msg);
+  // The worker's stream ended (`why` says how); the worker is lost at once.
+  void OnWorkerStreamEnded(const std::string& worker_id,
+                           const std::string& why);
+
+  struct WorkerInfo {
+    std::string id;
+    std::string name;
+    std::string device;
+    std::string job_id;  // empty = idle
+    int stage = -1;
+  };
+  // Registered workers in registration order.
+  std::vector<WorkerInfo> ListWorkers();
+
+ private:
+  struct JobEntry {
+    v1::Job job;
+    int64_t order = 0;
+    int num_stages = 1;
+    v1::JobSpec normalized;  // sent in StageAssignment
+    std::shared_ptr<JobEventLog> log;  // null until first needed
+    // step -> timings of the stages that reported it so far.
+    std::map<int64_t, std::vector<v1::StageTiming>> pending_steps;
+    std::vector<int> stage_done;  // per stage: 0 running, 1 ok, 2 failed
+    std::string first_cancel_error;
+  };
+  struct WorkerEntry {
+    std::string id;
+    std::string name;
+    v1::WorkerCapabilities caps;
+    int64_t order = 0;
+    std::shared_ptr<WorkerLink> link;
+    absl::Time last_seen;
+    std::string job_id;  // empty = idle
+    int stage = -1;
+  };
+  struct Outgoing {
+    std::shared_ptr<WorkerLink> link;
+    bool close = false;
+    v1::ControllerMessage msg;
+    absl::Status status;
+  };
+
+  JobManager(const JobManagerOptions& options, std::unique_ptr<JobStore> store);
+  absl::Status Load();
+  void LivenessLoop();
+  // Sends everything queued in outbox_, in order; safe to re-enter.
+  void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
+
+  JobEventLog* LogLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persists e.job plus `event` (when not null) and appends the event.
+  void CommitLocked(JobEntry& e, v1::JobEvent* event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetStateLocked(JobEntry& e, v1::JobState state,
+                      const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a QUEUED or RUNNING job; detaches its workers, sending CancelStage
+  // with `reason` to those still on it when `cancel_workers`.
+  void FinishJobLocked(JobEntry& e, v1::JobState state,
+                       const std::string& reason, bool cancel_workers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartJobLocked(JobEntry& e, const std::vector<std::string>& worker_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoseWorkerLocked(const std::string& worker_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleStepLocked(WorkerEntry& w, const v1::StageStepReport& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleEvalLocked(WorkerEntry& w, const v1::StageEvalReport& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The running job `w` works on for (job_id, stage), or null if stale.
+  JobEntry* RunningJobOfLocked(const WorkerEntry& w, const std::string& job_id,
+                               int stage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendLocked(const std::shared_ptr<WorkerLink>& link,
+                  v1::ControllerMessage msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const JobManagerOptions options_;
+  const std::unique_ptr<JobStore> store_;
+
+  absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, std::unique_ptr<JobEntry>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> job_by_request_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> queued_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
+  int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
+  bool delivering_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread liveness_;
+};
+
+// The spec to hand workers: `plan_spec` (PlanJob's normalized spec) with
+// every file path the submitter wrote relative put back as written, so each
+// worker resolves it against its own --data_dir.
+v1::JobSpec WorkerSpec(const v1::JobSpec& submitted,
+                       const v1::JobSpec& plan_spec);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_CONTROLLER_JOB_MANAGER_H_

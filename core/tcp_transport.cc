@@ -1,0 +1,1023 @@
+#include "core/tcp_transport.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "core/frame.h"
+#include "core/status_macros.h"
+#include "glog/logging.h"
+
+namespace trainyard {
+namespace {
+
+// Frames are written and read in pieces of this size; the CRC of a piece is
+// computed right before it is written (or right after it is read), while
+// it is still in cache.
+constexpr size_t kChunk = 256 << 10;
+
+// Closes the descriptor it owns.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { Reset(); }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void Reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// An eventfd that, once signalled, stays readable: every poll() that
+// includes it wakes up.
+class StopSignal {
+ public:
+  StopSignal() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    CHECK(fd_.valid()) << "eventfd: " << ErrnoText(errno);
+  }
+  void Signal() {
+    uint64_t one = 1;
+    ssize_t n = ::write(fd_.get(), &one, sizeof(one));
+    (void)n;  // fails only when the counter would overflow: already set
+  }
+  int fd() const { return fd_.get(); }
+
+ private:
+  Fd fd_;
+};
+
+absl::StatusOr<sockaddr_in> ResolveIpv4(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address \"", address, "\": expected host:port with port in [0, 65535]"));
+  }
+  const std::string host = address.substr(0, colon);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) == 1) return sa;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &result);
+  if (rc != 0 || result == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address \"", address, "\": cannot resolve host \"", host,
+                     "\" to IPv4: ", ::gai_strerror(rc)));
+  }
+  sa.sin_addr = reinterpret_cast<sockaddr_in*>(result->ai_addr)->sin_addr;
+  ::freeaddrinfo(result);
+  return sa;
+}
+
+std::string SockaddrToString(const sockaddr_in& sa) {
+  char host[INET_ADDRSTRLEN] = "?";
+  ::inet_ntop(AF_INET, &sa.sin_addr, host, sizeof(host));
+  return absl::StrCat(host, ":", ntohs(sa.sin_port));
+}
+
+void SetConnectionOptions(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+int PollTimeoutMs(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return 1000;
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  // Round up so that we do not spin on sub-millisecond remainders.
+  return static_cast<int>(
+      std::min<int64_t>(1000, absl::ToInt64Milliseconds(left) + 1));
+}
+
+// Waits until `fd` has `events` (POLLIN or POLLOUT). Returns
+// DeadlineExceeded after `deadline`, Cancelled when `stop_fd` fires.
+absl::Status WaitFd(int fd, short events, absl::Time deadline, int stop_fd) {
+  while (true) {
+    pollfd fds[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
+    const int n = ::poll(fds, stop_fd >= 0 ? 2 : 1, PollTimeoutMs(deadline));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("poll: ", ErrnoText(errno)));
+    }
+    if (stop_fd >= 0 && (fds[1].revents & POLLIN)) {
+      return absl::CancelledError("transport is shutting down");
+    }
+    if (fds[0].revents != 0) return absl::OkStatus();  // ready, HUP or error
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError("timed out");
+    }
+  }
+}
+
+// Reads exactly `n` bytes into `buf`. *got counts the bytes read. EOF is
+// Unavailable ("connection closed"); a socket error is Unavailable with its
+// text.
+absl::Status ReadFull(int fd, char* buf, size_t n, absl::Time deadline,
+                      int stop_fd, size_t* got) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::recv(fd, buf + done, n - done, 0);
+    if (r > 0) {
+      done += static_cast<size_t>(r);
+      *got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return absl::UnavailableError("connection closed");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      return absl::UnavailableError(ErrnoText(errno));
+    }
+    RETURN_IF_ERROR(WaitFd(fd, POLLIN, deadline, stop_fd));
+  }
+  return absl::OkStatus();
+}
+
+// Writes every byte of `iov` (modified in place).
+absl::Status WriteAll(int fd, std::vector<iovec>* iov, absl::Time deadline,
+                      int stop_fd) {
+  size_t first = 0;
+  while (first < iov->size()) {
+    msghdr msg{};
+    msg.msg_iov = iov->data() + first;
+    msg.msg_iovlen = std::min<size_t>(iov->size() - first, IOV_MAX);
+    const ssize_t w = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        RETURN_IF_ERROR(WaitFd(fd, POLLOUT, deadline, stop_fd));
+        continue;
+      }
+      return absl::UnavailableError(ErrnoText(errno));
+    }
+    size_t left = static_cast<size_t>(w);
+    while (left > 0) {
+      iovec& v = (*iov)[first];
+      if (left >= v.iov_len) {
+        left -= v.iov_len;
+        ++first;
+      } else {
+        v.iov_base = static_cast<char*>(v.iov_base) + left;
+        v.iov_len -= left;
+        left = 0;
+      }
+    }
+    while (first < iov->size() && (*iov)[first].iov_len == 0) ++first;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteString(int fd, const std::string& s, absl::Time deadline,
+                         int stop_fd) {
+  std::vector<iovec> iov = {{const_cast<char*>(s.data()), s.size()}};
+  return WriteAll(fd, &iov, deadline, stop_fd);
+}
+
+// Writes one frame: header, the tensors' bytes straight from their
+// storage, CRC32C trailer.
+absl::Status WriteFrame(int fd, const std::string& header,
+                        const std::vector<Tensor>& tensors, absl::Time deadline,
+                        int stop_fd) {
+  uint32_t crc = Crc32cExtend(0, header.data(), header.size());
+  std::vector<iovec> batch = {{const_cast<char*>(header.data()), header.size()}};
+  size_t batch_bytes = header.size();
+  for (const Tensor& t : tensors) {
+    const char* p = static_cast<const char*>(t.raw_data());
+    size_t n = t.nbytes();
+    while (n > 0) {
+      const size_t take = std::min(n, kChunk - std::min(batch_bytes, kChunk - 1));
+      crc = Crc32cExtend(crc, p, take);
+      batch.push_back({const_cast<char*>(p), take});
+      batch_bytes += take;
+      p += take;
+      n -= take;
+      if (batch_bytes >= kChunk) {
+        RETURN_IF_ERROR(WriteAll(fd, &batch, deadline, stop_fd));
+        batch.clear();
+        batch_bytes = 0;
+      }
+    }
+  }
+  char trailer[kFrameTrailerSize];
+  std::memcpy(trailer, &crc, sizeof(crc));
+  batch.push_back({trailer, sizeof(trailer)});
+  return WriteAll(fd, &batch, deadline, stop_fd);
+}
+
+struct Frame {
+  FrameHeader header;
+  std::vector<Tensor> tensors;
+};
+
+// Reads one frame. Waits for its first byte until `stop_fd` fires; the
+// rest must arrive within `io_timeout`. Errors say what went wrong, without
+// naming the peer (the caller does).
+absl::StatusOr<Frame> ReadFrame(int fd, absl::Duration io_timeout,
+                                int stop_fd) {
+  char prefix_bytes[kFramePrefixSize];
+  size_t got = 0;
+  // The first byte may take as long as the peer likes.
+  absl::Status s = ReadFull(fd, prefix_bytes, 1, absl::InfiniteFuture(),
+                            stop_fd, &got);
+  if (!s.ok()) {
+    if (absl::IsUnavailable(s) && got == 0 && s.message() == "connection closed") {
+      return absl::UnavailableError(
+          "connection closed by the peer between frames (no goodbye: the "
+          "peer process died or aborted)");
+    }
+    return s;
+  }
+  const absl::Time deadline = absl::Now() + io_timeout;
+  auto mid_frame = [&](const absl::Status& s,
+                       uint64_t total) -> absl::Status {
+    const std::string of =
+        total == 0 ? std::string("a frame prefix of ") +
+                         std::to_string(kFramePrefixSize)
+                   : std::to_string(total);
+    if (absl::IsCancelled(s)) return s;
+    if (absl::IsDeadlineExceeded(s)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "frame not complete within ", absl::FormatDuration(io_timeout),
+          " (got ", got, " of ", of, " bytes)"));
+    }
+    if (s.message() == "connection closed") {
+      return absl::UnavailableError(
+          absl::StrCat("connection closed in the middle of a frame (got ", got,
+                       " of ", of, " bytes)"));
+    }
+    return absl::UnavailableError(absl::StrCat(s.message(), " (got ", got,
+                                               " of ", of, " bytes)"));
+  };
+  s = ReadFull(fd, prefix_bytes + 1, kFramePrefixSize - 1, deadline, stop_fd,
+               &got);
+  if (!s.ok()) return mid_frame(s, 0);
+  ASSIGN_OR_RETURN(const FramePrefix prefix, DecodeFramePrefix(prefix_bytes));
+  const uint64_t total =
+      prefix.header_size + prefix.payload_size + kFrameTrailerSize;
+  std::string rest(prefix.header_size - kFramePrefixSize, '\0');
+  s = ReadFull(fd, rest.data(), rest.size(), deadline, stop_fd, &got);
+  if (!s.ok()) return mid_frame(s, total);
+  Frame frame;
+  ASSIGN_OR_RETURN(frame.header, DecodeFrameHeader(prefix, rest));
+  uint32_t crc = Crc32cExtend(0, prefix_bytes, kFramePrefixSize);
+  crc = Crc32cExtend(crc, rest.data(), rest.size());
+  for (const TensorDesc& d : frame.header.tensors) {
+    Tensor t = Tensor::Empty(d.dtype, d.shape);
+    char* p = static_cast<char*>(t.raw_data());
+    size_t n = t.nbytes();
+    while (n > 0) {
+      const size_t take = std::min(n, kChunk);
+      s = ReadFull(fd, p, take, deadline, stop_fd, &got);
+      if (!s.ok()) return mid_frame(s, total);
+      crc = Crc32cExtend(crc, p, take);
+      p += take;
+      n -= take;
+    }
+    frame.tensors.push_back(std::move(t));
+  }
+  uint32_t expected;
+  s = ReadFull(fd, reinterpret_cast<char*>(&expected), sizeof(expected),
+               deadline, stop_fd, &got);
+  if (!s.ok()) return mid_frame(s, total);
+  if (expected != crc) {
+    return absl::DataLossError(absl::StrFormat(
+        "checksum mismatch in a %s frame of %d bytes (crc32c 0x%08x, trailer "
+        "says 0x%08x)",
+        FrameKindName(prefix.kind), total, crc, expected));
+  }
+  return frame;
+}
+
+// A listener registration: the connections accepted so far for one job
+// rank, by the dialing rank.
+struct Registration {
+  Registration(std::string job_id, int rank, int world_size)
+      : job_id(std::move(job_id)), rank(rank), accepted(world_size) {}
+  const std::string job_id;
+  const int rank;
+  absl::Mutex mu;
+  std::vector<Fd> accepted ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;
+};
+
+}  // namespace
+
+class PeerListenerImpl : public PeerListener {
+ public:
+  PeerListenerImpl(Fd fd, std::string address,
+                   const PeerListenerOptions& options)
+      : fd_(std::move(fd)), address_(std::move(address)), options_(options) {
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+  }
+
+  ~PeerListenerImpl() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    stop_.Signal();
+    accept_thread_.join();
+    std::map<int64_t, std::thread> threads;
+    {
+      absl::MutexLock lock(&mu_);
+      threads.swap(handshakes_);
+    }
+    for (auto& [id, t] : threads) t.join();
+  }
+
+  std::string address() const override { return address_; }
+
+  absl::StatusOr<std::shared_ptr<Registration>> Register(
+      const std::string& job_id, int rank, int world_size) {
+    absl::MutexLock lock(&mu_);
+    auto& slot = registry_[{job_id, rank}];
+    if (slot != nullptr) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("listener ", address_, ": job \"", job_id, "\" rank ",
+                       rank, " is already connecting through it"));
+    }
+    slot = std::make_shared<Registration>(job_id, rank, world_size);
+    return slot;
+  }
+
+  void Unregister(const std::shared_ptr<Registration>& reg) {
+    {
+      absl::MutexLock lock(&reg->mu);
+      reg->closed = true;
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = registry_.find({reg->job_id, reg->rank});
+    if (it != registry_.end() && it->second == reg) registry_.erase(it);
+  }
+
+ private:
+  void AcceptLoop() {
+    while (true) {
+      absl::Status s =
+          WaitFd(fd_.get(), POLLIN, absl::InfiniteFuture(), stop_.fd());
+      if (absl::IsCancelled(s)) return;
+      ReapHandshakes();
+      sockaddr_in from{};
+      socklen_t len = sizeof(from);
+      const int c = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&from),
+                              &len, SOCK_CLOEXEC);
+      if (c < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+            errno != ECONNABORTED) {
+          LOG(WARNING) << "listener " << address_
+                       << ": accept: " << ErrnoText(errno);
+          absl::SleepFor(absl::Milliseconds(10));
+        }
+        continue;
+      }
+      Fd conn(c);
+      SetConnectionOptions(conn.get());
+      absl::MutexLock lock(&mu_);
+      const int64_t id = next_id_++;
+      handshakes_[id] = std::thread(
+          [this, id, conn = std::move(conn), peer = SockaddrToString(from)]()
+              mutable {
+            HandleHandshake(std::move(conn), peer);
+            absl::MutexLock lock(&mu_);
+            finished_.push_back(id);
+          });
+    }
+  }
+
+  void ReapHandshakes() {
+    std::vector<std::thread> done;
+    {
+      absl::MutexLock lock(&mu_);
+      for (int64_t id : finished_) {
+        auto it = handshakes_.find(id);
+        done.push_back(std::move(it->second));
+        handshakes_.erase(it);
+      }
+      finished_.clear();
+    }
+    for (auto& t : done) t.join();
+  }
+
+  void Reject(int fd, const std::string& peer, const std::string& reason) {
+    LOG(WARNING) << "listener " << address_ << ": closing connection from "
+                 << peer << ": " << reason;
+    WriteString(fd, EncodeHandshakeReply(false, reason),
+                absl::Now() + absl::Seconds(1), stop_.fd())
+        .IgnoreError();
+  }
+
+  void HandleHandshake(Fd conn, const std::string& peer) {
+    const absl::Time deadline = absl::Now() + options_.handshake_timeout;
+    char prefix[kHandshakePrefixSize];
+    size_t got = 0;
+    absl::Status s = ReadFull(conn.get(), prefix, sizeof(prefix), deadline,
+                              stop_.fd(), &got);
+    if (!s.ok()) {
+      Reject(conn.get(), peer,
+             absl::StrCat("handshake: ", s.message(), " after ", got, " of ",
+                          kHandshakePrefixSize, " bytes"));
+      return;
+    }
+    uint16_t job_len = 0;
+    absl::StatusOr<Handshake> hs = DecodeHandshakePrefix(prefix, &job_len);
+    if (!hs.ok()) {
+      Reject(conn.get(), peer, std::string(hs.status().message()));
+      return;
+    }
+    hs->job_id.resize(job_len);
+    s = ReadFull(conn.get(), hs->job_id.data(), job_len, deadline, stop_.fd(),
+                 &got);
+    if (!s.ok()) {
+      Reject(conn.get(), peer,
+             absl::StrCat("handshake: ", s.message(), " reading the job id"));
+      return;
+    }
+    // Wait for the transport of that job and rank to register.
+    std::shared_ptr<Registration> reg;
+    {
+      const std::pair<std::string, int> key = {hs->job_id, hs->to_rank};
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || registry_.count(key) > 0;
+      };
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&ready),
+                           options_.unknown_job_timeout);
+      if (!stopping_ && registry_.count(key) > 0) reg = registry_[key];
+    }
+    const std::string who = absl::StrCat("rank ", hs->from_rank, " of job \"",
+                                         hs->job_id, "\" for rank ",
+                                         hs->to_rank);
+    if (reg == nullptr) {
+      Reject(conn.get(), peer,
+             absl::StrCat(who, ": no such job/rank registered with this "
+                               "listener within ",
+                          absl::FormatDuration(options_.unknown_job_timeout)));
+      return;
+    }
+    absl::MutexLock lock(&reg->mu);
+    const int world = static_cast<int>(reg->accepted.size());
+    std::string reason;
+    if (reg->closed) {
+      reason = "that transport is no longer accepting connections";
+    } else if (hs->from_rank <= reg->rank || hs->from_rank >= world) {
+      reason = absl::StrCat("from-rank must be in (", reg->rank, ", ", world,
+                            ") (higher ranks dial lower ones)");
+    } else if (reg->accepted[hs->from_rank].valid()) {
+      reason = "duplicate connection";
+    }
+    if (!reason.empty()) {
+      Reject(conn.get(), peer, absl::StrCat(who, ": ", reason));
+      return;
+    }
+    s = WriteString(conn.get(), EncodeHandshakeReply(true, ""),
+                    absl::Now() + absl::Seconds(1), stop_.fd());
+    if (!s.ok()) {
+      LOG(WARNING) << "listener " << address_ << ": " << who
+                   << ": cannot answer handshake: " << s.message();
+      return;
+    }
+    reg->accepted[hs->from_rank] = std::move(conn);
+  }
+
+  const Fd fd_;
+  const std::string address_;
+  const PeerListenerOptions options_;
+  StopSignal stop_;
+  std::thread accept_thread_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::pair<std::string, int>, std::shared_ptr<Registration>>
+      registry_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int64_t, std::thread> handshakes_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(
+    const std::string& address) {
+  return Listen(address, PeerListenerOptions());
+}
+
+absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(
+    const std::string& address, const PeerListenerOptions& options) {
+  ASSIGN_OR_RETURN(sockaddr_in sa, ResolveIpv4(address));
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) {
+    return absl::InternalError(
+        absl::StrCat("listen on ", address, ": socket: ", ErrnoText(errno)));
+  }
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("listen on ", address, ": bind: ", ErrnoText(errno)));
+  }
+  if (::listen(fd.get(), 128) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("listen on ", address, ": listen: ", ErrnoText(errno)));
+  }
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len);
+  return std::unique_ptr<PeerListener>(
+      new PeerListenerImpl(std::move(fd), SockaddrToString(sa), options));
+}
+
+namespace {
+
+// Dials `address`, retrying refused connections, and performs the
+// handshake. Errors say why the last attempt failed.
+absl::StatusOr<Fd> Dial(const std::string& address, const Handshake& hs,
+                        absl::Time deadline) {
+  ASSIGN_OR_RETURN(sockaddr_in sa, ResolveIpv4(address));
+  absl::Status last = absl::DeadlineExceededError("no attempt made");
+  const std::string hello = EncodeHandshake(hs);
+  while (absl::Now() < deadline) {
+    Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) {
+      return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
+    }
+    SetConnectionOptions(fd.get());
+    int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    if (rc != 0 && errno == EINPROGRESS) {
+      absl::Status s = WaitFd(fd.get(), POLLOUT, deadline, -1);
+      if (!s.ok()) {
+        last = absl::DeadlineExceededError("connect timed out");
+        break;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc != 0) {
+      last = absl::UnavailableError(absl::StrCat("connect: ", ErrnoText(errno)));
+      absl::SleepFor(absl::Milliseconds(20));
+      continue;
+    }
+    absl::Status s = WriteString(fd.get(), hello, deadline, -1);
+    char reply[kHandshakeReplyPrefixSize];
+    size_t got = 0;
+    if (s.ok()) s = ReadFull(fd.get(), reply, sizeof(reply), deadline, -1, &got);
+    bool accepted = false;
+    uint16_t reason_len = 0;
+    if (s.ok()) s = DecodeHandshakeReplyPrefix(reply, &accepted, &reason_len);
+    std::string reason(reason_len, '\0');
+    if (s.ok()) {
+      s = ReadFull(fd.get(), reason.data(), reason.size(), deadline, -1, &got);
+    }
+    if (s.ok() && accepted) return fd;
+    last = s.ok() ? absl::UnavailableError(
+                        absl::StrCat("handshake rejected: ", reason))
+                  : absl::UnavailableError(
+                        absl::StrCat("handshake: ", s.message()));
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return last;
+}
+
+class TcpTransport : public Transport {
+ public:
+  TcpTransport(const TcpTransportOptions& options, std::vector<Fd> fds)
+      : options_(options), peers_(options.peer_addresses.size()) {
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      if (static_cast<int>(r) == options_.rank) continue;
+      auto p = std::make_unique<Peer>();
+      p->rank = static_cast<int>(r);
+      p->name = absl::StrCat("rank ", r, " (", options_.peer_addresses[r], ")");
+      p->fd = std::move(fds[r]);
+      peers_[r] = std::move(p);
+    }
+    for (auto& p : peers_) {
+      if (p == nullptr) continue;
+      Peer* peer = p.get();
+      peer->sender = std::thread([this, peer] { SendLoop(peer); });
+      peer->receiver = std::thread([this, peer] { ReceiveLoop(peer); });
+    }
+  }
+
+  ~TcpTransport() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (fatal_.ok()) {
+        for (auto& p : peers_) {
+          if (p != nullptr) p->outbox.push_back(Outgoing{FrameKind::kGoodbye});
+        }
+      }
+    }
+    for (auto& p : peers_) {
+      if (p != nullptr) p->sender.join();
+    }
+    stop_.Signal();
+    for (auto& p : peers_) {
+      if (p != nullptr) p->receiver.join();
+    }
+  }
+
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return static_cast<int>(peers_.size()); }
+
+  absl::Status Send(int peer, Message message) override {
+    RETURN_IF_ERROR(CheckPeer(peer, "send to"));
+    Outgoing out{static_cast<FrameKind>(message.kind)};
+    absl::StatusOr<std::string> header =
+        EncodeFrameHeader(out.kind, options_.job_id, message.step,
+                          message.microbatch, message.tensors);
+    if (!header.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", options_.rank, ": send to rank ", peer, ": ",
+                       header.status().message()));
+    }
+    out.header = *std::move(header);
+    return Enqueue(peer, std::move(out), message.tensors);
+  }
+
+  absl::StatusOr<Message> Recv(int peer, absl::Duration timeout) override {
+    RETURN_IF_ERROR(CheckPeer(peer, "receive from"));
+    ASSIGN_OR_RETURN(Frame frame, Take(peer, /*reduce=*/false,
+                                       absl::Now() + timeout, timeout));
+    Message m;
+    m.kind = static_cast<MessageKind>(frame.header.prefix.kind);
+    m.step = frame.header.prefix.step;
+    m.microbatch = frame.header.prefix.microbatch;
+    for (size_t i = 0; i < frame.tensors.size(); ++i) {
+      m.tensors.emplace_back(std::move(frame.header.tensors[i].name),
+                             std::move(frame.tensors[i]));
+    }
+    return m;
+  }
+
+  absl::Status AllReduceSum(std::vector<double>* values,
+                            absl::Duration timeout) override;
+
+  void Abort(const absl::Status& reason) override {
+    absl::MutexLock lock(&mu_);
+    if (fatal_.ok()) {
+      fatal_ = absl::AbortedError(reason.ok() ? "aborted" : reason.message());
+    }
+    stop_.Signal();
+    for (auto& p : peers_) {
+      if (p != nullptr) ::shutdown(p->fd.get(), SHUT_RDWR);
+    }
+  }
+
+ private:
+  struct Outgoing {
+    FrameKind kind;
+    std::string header;
+    std::vector<Tensor> tensors;
+  };
+  struct Peer {
+    int rank = 0;
+    std::string name;  // "rank 2 (127.0.0.1:40123)"
+    Fd fd;
+    std::thread sender, receiver;
+    std::deque<Outgoing> outbox;  // guarded by the transport's mu_
+    std::deque<Frame> inbox;      // user messages
+    std::deque<Frame> reduce_inbox;
+    bool said_goodbye = false;
+  };
+
+  absl::Status CheckPeer(int peer, const char* what) const {
+    if (peer < 0 || peer >= world_size() || peer == options_.rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", options_.rank, ": cannot ", what, " rank ",
+                       peer, " of ", world_size()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Enqueue(int peer, Outgoing out,
+                       const std::vector<std::pair<std::string, Tensor>>& ts) {
+    for (const auto& [name, t] : ts) out.tensors.push_back(t);
+    absl::MutexLock lock(&mu_);
+    if (!fatal_.ok()) return fatal_;
+    Peer* p = peers_[peer].get();
+    if (p->said_goodbye) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", options_.rank, ": cannot send to ", p->name,
+          ": it closed its transport"));
+    }
+    p->outbox.push_back(std::move(out));
+    return absl::OkStatus();
+  }
+
+  // Pops the next frame from `peer` (user or all-reduce queue).
+  absl::StatusOr<Frame> Take(int peer, bool reduce, absl::Time deadline,
+                             absl::Duration timeout) {
+    Peer* p = peers_[peer].get();
+    std::deque<Frame>& q = reduce ? p->reduce_inbox : p->inbox;
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !q.empty() || !fatal_.ok() || p->said_goodbye;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", options_.rank, ": no ",
+                       reduce ? "all-reduce message" : "message", " from ",
+                       p->name, " within ", absl::FormatDuration(timeout)));
+    }
+    if (!fatal_.ok()) return fatal_;
+    if (q.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", options_.rank, ": ", p->name,
+                       " closed its transport; no more messages will come"));
+    }
+    Frame f = std::move(q.front());
+    q.pop_front();
+    return f;
+  }
+
+  // Records the first connection error and stops every thread; pending and
+  // later calls return it.
+  void Fail(Peer* p, const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    if (!fatal_.ok()) return;
+    fatal_ = absl::Status(s.code(), absl::StrCat(p->name, ": ", s.message()));
+    LOG(WARNING) << "job \"" << options_.job_id << "\" rank " << options_.rank
+                 << ": " << fatal_.message();
+    stop_.Signal();
+  }
+
+  void SendLoop(Peer* p) {
+    while (true) {
+      Outgoing out;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !p->outbox.empty() || !fatal_.ok();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (!fatal_.ok()) return;
+        out = std::move(p->outbox.front());
+        p->outbox.pop_front();
+      }
+      if (out.kind == FrameKind::kGoodbye) {
+        absl::StatusOr<std::string> h =
+            EncodeFrameHeader(FrameKind::kGoodbye, options_.job_id, 0, 0, {});
+        out.header = *h;
+      }
+      const absl::Status s =
+          WriteFrame(p->fd.get(), out.header, out.tensors,
+                     absl::Now() + options_.io_timeout, stop_.fd());
+      if (!s.ok()) {
+        if (!absl::IsCancelled(s)) {
+          Fail(p, absl::Status(s.code(),
+                               absl::StrCat("sending a ", FrameKindName(out.kind),
+                                            " frame: ", s.message())));
+        }
+        return;
+      }
+      if (out.kind == FrameKind::kGoodbye) {
+        ::shutdown(p->fd.get(), SHUT_WR);
+        return;
+      }
+    }
+  }
+
+  void ReceiveLoop(Peer* p) {
+    while (true) {
+      absl::StatusOr<Frame> f =
+          ReadFrame(p->fd.get(), options_.io_timeout, stop_.fd());
+      if (!f.ok()) {
+        if (!absl::IsCancelled(f.status())) Fail(p, f.status());
+        return;
+      }
+      if (f->header.job_id != options_.job_id) {
+        Fail(p, absl::DataLossError(absl::StrCat(
+                    "received a frame for job \"", f->header.job_id,
+                    "\"; this transport serves job \"", options_.job_id, "\"")));
+        return;
+      }
+      absl::MutexLock lock(&mu_);
+      switch (f->header.prefix.kind) {
+        case FrameKind::kGoodbye:
+          p->said_goodbye = true;
+          return;
+        case FrameKind::kAllReduceContribution:
+        case FrameKind::kAllReduceResult:
+        case FrameKind::kAllReduceError:
+          p->reduce_inbox.push_back(*std::move(f));
+          break;
+        default:
+          p->inbox.push_back(*std::move(f));
+      }
+    }
+  }
+
+  absl::Status SendReduceFrame(int peer, FrameKind kind, int64_t round,
+                               Tensor t) {
+    std::vector<std::pair<std::string, Tensor>> ts = {
+        {kind == FrameKind::kAllReduceError ? "message" : "values", t}};
+    Outgoing out{kind};
+    ASSIGN_OR_RETURN(out.header,
+                     EncodeFrameHeader(kind, options_.job_id, round, 0, ts));
+    return Enqueue(peer, std::move(out), ts);
+  }
+
+  const TcpTransportOptions options_;
+  StopSignal stop_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // by rank; null for ours
+  int64_t reduce_round_ = 0;                  // only the caller's thread
+  absl::Mutex mu_;
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);
+};
+
+Tensor DoublesToTensor(const std::vector<double>& v) {
+  Tensor t = Tensor::Empty(DType::kInt64, {static_cast<int64_t>(v.size())});
+  if (!v.empty()) std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(double));
+  return t;
+}
+
+absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
+                                        absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  const int64_t round = reduce_round_++;
+  const int n = world_size();
+  const std::string me = absl::StrCat("rank ", options_.rank, ": all-reduce round ", round);
+  if (options_.rank != 0) {
+    RETURN_IF_ERROR(SendReduceFrame(0, FrameKind::kAllReduceContribution, round,
+                                    DoublesToTensor(*values)));
+    ASSIGN_OR_RETURN(Frame f, Take(0, true, deadline, timeout));
+    const FramePrefix& pf = f.header.prefix;
+    if (pf.kind == FrameKind::kAllReduceError) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          me, ": rank 0 failed the round: ",
+          absl::string_view(static_cast<const char*>(f.tensors[0].raw_data()),
+                            f.tensors[0].nbytes())));
+    }
+    if (pf.kind != FrameKind::kAllReduceResult || pf.step != round ||
+        f.tensors.size() != 1 || f.tensors[0].dtype() != DType::kInt64 ||
+        f.tensors[0].numel() != static_cast<int64_t>(values->size())) {
+      return absl::InternalError(absl::StrCat(
+          me, ": unexpected ", FrameKindName(pf.kind), " frame for round ",
+          pf.step, " from rank 0"));
+    }
+    std::memcpy(values->data(), f.tensors[0].raw_data(), f.tensors[0].nbytes());
+    return absl::OkStatus();
+  }
+  // Rank 0: gather in rank order, sum, broadcast.
+  std::vector<Tensor> parts(n);
+  std::string error;
+  for (int r = 1; r < n; ++r) {
+    ASSIGN_OR_RETURN(Frame f, Take(r, true, deadline, timeout));
+    const FramePrefix& pf = f.header.prefix;
+    if (pf.kind != FrameKind::kAllReduceContribution || pf.step != round ||
+        f.tensors.size() != 1 || f.tensors[0].dtype() != DType::kInt64) {
+      error = absl::StrCat("unexpected ", FrameKindName(pf.kind),
+                           " frame for round ", pf.step, " from rank ", r);
+    } else if (f.tensors[0].numel() != static_cast<int64_t>(values->size())) {
+      error = absl::StrCat("rank ", r, " sent ", f.tensors[0].numel(),
+                           " values, rank 0 sent ", values->size());
+    }
+    if (!error.empty()) break;
+    parts[r] = std::move(f.tensors[0]);
+  }
+  if (!error.empty()) {
+    Tensor msg = Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(error.size())});
+    std::memcpy(msg.raw_data(), error.data(), error.size());
+    for (int r = 1; r < n; ++r) {
+      SendReduceFrame(r, FrameKind::kAllReduceError, round, msg).IgnoreError();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(me, ": ", error));
+  }
+  // Same order and starting value as the in-process transport: 0.0 + v0 +
+  // v1 + ... so that both give bitwise the same sums.
+  std::vector<double> sum(values->size(), 0.0);
+  for (int r = 0; r < n; ++r) {
+    const double* v = r == 0 ? values->data()
+                             : static_cast<const double*>(parts[r].raw_data());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+  }
+  *values = std::move(sum);
+  const Tensor result = DoublesToTensor(*values);
+  for (int r = 1; r < n; ++r) {
+    RETURN_IF_ERROR(
+        SendReduceFrame(r, FrameKind::kAllReduceResult, round, result));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
+    PeerListener* listener, const TcpTransportOptions& options) {
+  const int world = static_cast<int>(options.peer_addresses.size());
+  const std::string me =
+      absl::StrCat("job \"", options.job_id, "\" rank ", options.rank);
+  if (options.job_id.empty() ||
+      options.job_id.size() > static_cast<size_t>(kMaxJobIdLength)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        me, ": job id must be 1..", kMaxJobIdLength, " bytes"));
+  }
+  if (options.rank < 0 || options.rank >= world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        me, ": rank not in [0, ", world, ") (peer_addresses has ", world,
+        " entries)"));
+  }
+  auto* impl = dynamic_cast<PeerListenerImpl*>(listener);
+  if (impl == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(me, ": listener was not made by PeerListener::Listen"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Registration> reg,
+                   impl->Register(options.job_id, options.rank, world));
+  const absl::Time deadline = absl::Now() + options.connect_timeout;
+
+  // Dial every lower rank in parallel; higher ranks dial us.
+  std::vector<absl::StatusOr<Fd>> dialed(options.rank,
+                                         absl::UnknownError("not dialed"));
+  std::vector<std::thread> dialers;
+  for (int r = 0; r < options.rank; ++r) {
+    dialers.emplace_back([&, r] {
+      dialed[r] = Dial(options.peer_addresses[r],
+                       Handshake{options.job_id, options.rank, r}, deadline);
+    });
+  }
+  {
+    absl::MutexLock lock(&reg->mu);
+    auto all_in = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reg->mu) {
+      for (int r = options.rank + 1; r < world; ++r) {
+        if (!reg->accepted[r].valid()) return false;
+      }
+      return true;
+    };
+    reg->mu.AwaitWithDeadline(absl::Condition(&all_in), deadline);
+  }
+  for (auto& t : dialers) t.join();
+  impl->Unregister(reg);
+
+  std::vector<Fd> fds(world);
+  std::vector<std::string> missing;
+  for (int r = 0; r < options.rank; ++r) {
+    if (dialed[r].ok()) {
+      fds[r] = *std::move(dialed[r]);
+    } else {
+      missing.push_back(absl::StrCat("rank ", r, " (", options.peer_addresses[r],
+                                     "): ", dialed[r].status().message()));
+    }
+  }
+  {
+    absl::MutexLock lock(&reg->mu);
+    for (int r = options.rank + 1; r < world; ++r) {
+      if (reg->accepted[r].valid()) {
+        fds[r] = std::move(reg->accepted[r]);
+      } else {
+        missing.push_back(absl::StrCat("rank ", r, " (",
+                                       options.peer_addresses[r],
+                                       "): never connected"));
+      }
+    }
+  }
+  if (!missing.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        me, ": peers not connected within ",
+        absl::FormatDuration(options.connect_timeout), ": ",
+        absl::StrJoin(missing, "; ")));
+  }
+  return std::unique_ptr<Transport>(new TcpTransport(options, std::move(fds)));
+}
+
+}  // namespace trainyard

@@ -1,0 +1,604 @@
+// The worker daemon against a fake controller served in-process on
+// 127.0.0.1: registration, heartbeats, step/eval/done reports, bad
+// assignments, cancellation, reconnection and the health service.
+#include "worker/worker_daemon.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/trainyard.grpc.pb.h"
+#include "proto/trainyard.pb.h"
+#include "worker/local_job.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::HasSubstr;
+using ::trainyard::v1::ControllerMessage;
+using ::trainyard::v1::JobSpec;
+using ::trainyard::v1::WorkerMessage;
+
+constexpr int64_t kHeartbeatMs = 50;
+
+std::string PluginDir() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* ws = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || ws == nullptr) return "task_plugins";
+  return std::string(srcdir) + "/" + ws + "/task_plugins";
+}
+
+std::string TempDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+// What the fake controller heard from one worker.
+struct Heard {
+  std::string worker_id;
+  WorkerMessage message;
+};
+
+// A controller that registers every worker, records everything workers
+// send, and sends what the test tells it to.
+class FakeController final : public trainyard::v1::WorkerService::Service {
+ public:
+  using Stream = grpc::ServerReaderWriter<ControllerMessage, WorkerMessage>;
+
+  // Serves on `address` ("127.0.0.1:0" for a free port).
+  explicit FakeController(const std::string& address) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~FakeController() override { Stop(); }
+
+  bool ok() const { return server_ != nullptr && port_ > 0; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  // Ends every stream at once, like a controller that dies.
+  void Stop() {
+    if (server_ == nullptr) return;
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+    server_.reset();
+  }
+
+  grpc::Status Connect(grpc::ServerContext*, Stream* stream) override {
+    WorkerMessage first;
+    if (!stream->Read(&first) || !first.has_register_()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "first message must be RegisterWorker");
+    }
+    std::string id;
+    {
+      absl::MutexLock lock(&mu_);
+      id = absl::StrCat("w", ++registrations_);
+      streams_[id] = stream;
+      registered_.push_back(first.register_());
+      worker_ids_.push_back(id);
+    }
+    ControllerMessage reply;
+    reply.mutable_registered()->set_worker_id(id);
+    reply.mutable_registered()->set_heartbeat_interval_ms(kHeartbeatMs);
+    reply.mutable_registered()->set_heartbeat_timeout_ms(10 * kHeartbeatMs);
+    Send(id, reply);
+    WorkerMessage message;
+    while (stream->Read(&message)) {
+      absl::MutexLock lock(&mu_);
+      heard_.push_back({id, message});
+    }
+    absl::MutexLock lock(&mu_);
+    streams_.erase(id);
+    return grpc::Status::OK;
+  }
+
+  bool Send(const std::string& worker_id, const ControllerMessage& message) {
+    absl::MutexLock lock(&write_mu_);
+    Stream* stream;
+    {
+      absl::MutexLock lock2(&mu_);
+      auto it = streams_.find(worker_id);
+      if (it == streams_.end()) return false;
+      stream = it->second;
+    }
+    return stream->Write(message);
+  }
+
+  // Waits for the n-th registration (1-based) and returns its worker id.
+  std::string WaitForRegistration(int n,
+                                  absl::Duration timeout = absl::Seconds(10)) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return registrations_ >= n;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+    return registrations_ >= n ? worker_ids_[n - 1] : "";
+  }
+
+  // Waits for StageDone of `job_id` and returns it (nullopt on timeout).
+  std::optional<trainyard::v1::StageDone> WaitForDone(
+      const std::string& job_id, absl::Duration timeout = absl::Seconds(20)) {
+    absl::MutexLock lock(&mu_);
+    auto find = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      for (const Heard& h : heard_) {
+        if (h.message.has_done() && h.message.done().job_id() == job_id) {
+          return true;
+        }
+      }
+      return false;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&find), timeout);
+    for (const Heard& h : heard_) {
+      if (h.message.has_done() && h.message.done().job_id() == job_id) {
+        return h.message.done();
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Waits until `job_id` has reported `count` step reports.
+  bool WaitForSteps(const std::string& job_id, int count,
+                    absl::Duration timeout = absl::Seconds(20)) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      int n = 0;
+      for (const Heard& h : heard_) {
+        n += h.message.has_step() && h.message.step().job_id() == job_id;
+      }
+      return n >= count;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+
+  int Heartbeats(const std::string& worker_id) {
+    absl::MutexLock lock(&mu_);
+    int n = 0;
+    for (const Heard& h : heard_) {
+      n += h.worker_id == worker_id && h.message.has_heartbeat();
+    }
+    return n;
+  }
+
+  std::vector<Heard> heard() {
+    absl::MutexLock lock(&mu_);
+    return heard_;
+  }
+  std::vector<trainyard::v1::RegisterWorker> registered() {
+    absl::MutexLock lock(&mu_);
+    return registered_;
+  }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Mutex write_mu_;  // one writer per stream at a time
+  absl::Mutex mu_;
+  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> worker_ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<trainyard::v1::RegisterWorker> registered_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Stream*> streams_ ABSL_GUARDED_BY(mu_);
+  std::vector<Heard> heard_ ABSL_GUARDED_BY(mu_);
+};
+
+JobSpec SmallSpec(int64_t steps) {
+  JobSpec spec;
+  spec.set_name("worker-test");
+  spec.set_steps(steps);
+  spec.set_seed(11);
+  for (int out : {16, 4}) {
+    auto* block = spec.mutable_model()->add_blocks();
+    block->set_out_features(out);
+    block->set_ffn_hidden_size(24);
+    block->set_activation("gelu");
+    block->set_norm("layernorm");
+  }
+  spec.mutable_parallelism()->set_microbatches(2);
+  spec.mutable_optimizer()->set_lr(3e-3);
+  spec.mutable_task()->set_plugin("cross_entropy");
+  auto* data = spec.mutable_data();
+  auto* syn = data->mutable_train()->mutable_synthetic();
+  syn->set_kind("gaussian_blobs");
+  syn->set_num_samples(200);
+  syn->set_num_features(8);
+  syn->set_num_outputs(4);
+  syn->set_noise(1.0);
+  data->set_eval_fraction(0.2);
+  data->set_batch_size(16);
+  data->set_shuffle(true);
+  data->set_eval_every(3);
+  return spec;
+}
+
+ControllerMessage Assign(const std::string& job_id, const JobSpec& spec,
+                         int stage = 0,
+                         const std::vector<std::string>& peers = {}) {
+  ControllerMessage m;
+  auto* a = m.mutable_assign();
+  a->set_job_id(job_id);
+  a->set_stage(stage);
+  *a->mutable_spec() = spec;
+  for (const auto& p : peers) a->add_peer_addresses(p);
+  return m;
+}
+
+ControllerMessage Cancel(const std::string& job_id, const std::string& reason) {
+  ControllerMessage m;
+  m.mutable_cancel()->set_job_id(job_id);
+  m.mutable_cancel()->set_reason(reason);
+  return m;
+}
+
+// A one-stage job needs no transport; multi-stage tests set their own.
+WorkerOptions TestOptions(const std::string& controller) {
+  WorkerOptions options;
+  options.controller = controller;
+  options.plugin_dir = PluginDir();
+  options.data_dir = TempDir();
+  options.threads = 1;
+  options.name = "test-worker";
+  options.health_listen = "";
+  options.min_backoff = absl::Milliseconds(20);
+  options.max_backoff = absl::Milliseconds(200);
+  options.stage_timeout = absl::Seconds(20);
+  options.peer_address = "127.0.0.1:1";
+  options.connect_transport = [](const std::string&, int,
+                                 const std::vector<std::string>&)
+      -> absl::StatusOr<std::unique_ptr<Transport>> {
+    return absl::UnimplementedError("no transport in this test");
+  };
+  return options;
+}
+
+std::vector<double> LocalLosses(const JobSpec& spec) {
+  PlanOptions plan_options;
+  plan_options.base_dir = TempDir();
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, plan_options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  std::vector<double> losses;
+  if (!plan.ok()) return losses;
+  LocalJobOptions options;
+  options.plugin_dir = PluginDir();
+  options.threads = 1;
+  options.on_step = [&](const StepReport& r, double) {
+    losses.push_back(r.loss);
+  };
+  absl::Status status = RunLocalJob(*plan, options);
+  EXPECT_TRUE(status.ok()) << status;
+  return losses;
+}
+
+class WorkerDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    controller_ = std::make_unique<FakeController>("127.0.0.1:0");
+    ASSERT_TRUE(controller_->ok());
+  }
+
+  std::unique_ptr<Worker> StartWorker(WorkerOptions options) {
+    absl::StatusOr<std::unique_ptr<Worker>> worker =
+        Worker::Start(std::move(options));
+    EXPECT_TRUE(worker.ok()) << worker.status();
+    return worker.ok() ? std::move(*worker) : nullptr;
+  }
+
+  std::unique_ptr<FakeController> controller_;
+};
+
+TEST_F(WorkerDaemonTest, RegistersWithCapabilitiesAndHeartbeats) {
+  WorkerOptions options = TestOptions(controller_->address());
+  options.memory_bytes = 123456789;
+  auto worker = StartWorker(options);
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  ASSERT_EQ(id, "w1");
+  const auto reg = controller_->registered().at(0);
+  EXPECT_EQ(reg.name(), "test-worker");
+  EXPECT_EQ(reg.capabilities().device(), "cpu");
+  EXPECT_EQ(reg.capabilities().memory_bytes(), 123456789u);
+  EXPECT_EQ(reg.capabilities().peer_address(), "127.0.0.1:1");
+  EXPECT_EQ(reg.capabilities().threads(), 1);
+  EXPECT_FALSE(reg.capabilities().hostname().empty());
+  absl::SleepFor(absl::Milliseconds(10 * kHeartbeatMs));
+  // ~10 expected; generous bounds for a loaded machine.
+  EXPECT_GE(controller_->Heartbeats(id), 4);
+  EXPECT_EQ(worker->worker_id(), "w1");
+  EXPECT_EQ(worker->registrations(), 1);
+}
+
+TEST_F(WorkerDaemonTest, RunsOneStageJobMatchingTheLocalRunner) {
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  ASSERT_FALSE(id.empty());
+  const JobSpec spec = SmallSpec(7);
+  ASSERT_TRUE(controller_->Send(id, Assign("job-1", spec)));
+  auto done = controller_->WaitForDone("job-1");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->ok()) << done->error();
+  EXPECT_FALSE(done->cancelled());
+  EXPECT_EQ(done->stage(), 0);
+
+  std::vector<double> losses;
+  std::vector<int64_t> eval_steps;
+  bool done_seen = false;
+  for (const Heard& h : controller_->heard()) {
+    if (h.message.has_step()) {
+      EXPECT_FALSE(done_seen) << "step report after StageDone";
+      const auto& r = h.message.step();
+      EXPECT_EQ(r.job_id(), "job-1");
+      EXPECT_EQ(r.stage(), 0);
+      EXPECT_EQ(r.step().step(), static_cast<int64_t>(losses.size()) + 1);
+      EXPECT_TRUE(std::isfinite(r.step().loss()));
+      EXPECT_GT(r.step().lr(), 0);
+      EXPECT_TRUE(r.step().metrics().count("accuracy")) << r.DebugString();
+      ASSERT_EQ(r.step().stages_size(), 1);
+      EXPECT_EQ(r.step().stages(0).stage(), 0);
+      EXPECT_GT(r.step().stages(0).forward_s(), 0);
+      losses.push_back(r.step().loss());
+    } else if (h.message.has_eval()) {
+      EXPECT_EQ(h.message.eval().job_id(), "job-1");
+      EXPECT_TRUE(std::isfinite(h.message.eval().eval().loss()));
+      EXPECT_EQ(h.message.eval().eval().samples(), 40);  // 20% of 200
+      eval_steps.push_back(h.message.eval().eval().step());
+    } else if (h.message.has_done()) {
+      done_seen = true;
+    }
+  }
+  EXPECT_THAT(eval_steps, ::testing::ElementsAre(3, 6, 7));
+  // The same job in one process: bitwise the same losses.
+  EXPECT_EQ(losses, LocalLosses(spec));
+  EXPECT_FALSE(worker->busy());
+}
+
+TEST_F(WorkerDaemonTest, BadSpecIsReportedAndWorkerStaysUsable) {
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  ASSERT_FALSE(id.empty());
+  JobSpec bad = SmallSpec(3);
+  bad.mutable_model()->mutable_blocks(0)->set_ffn_hidden_size(-4);
+  ASSERT_TRUE(controller_->Send(id, Assign("bad", bad)));
+  auto done = controller_->WaitForDone("bad");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_FALSE(done->ok());
+  EXPECT_FALSE(done->cancelled());
+  EXPECT_THAT(done->error(), HasSubstr("model.blocks[0].ffn_hidden_size"));
+  EXPECT_THAT(done->error(), HasSubstr("bad"));  // the job id
+
+  const int beats = controller_->Heartbeats(id);
+  absl::SleepFor(absl::Milliseconds(5 * kHeartbeatMs));
+  EXPECT_GT(controller_->Heartbeats(id), beats);
+
+  ASSERT_TRUE(controller_->Send(id, Assign("good", SmallSpec(2))));
+  auto good = controller_->WaitForDone("good");
+  ASSERT_TRUE(good.has_value());
+  EXPECT_TRUE(good->ok()) << good->error();
+  EXPECT_EQ(worker->registrations(), 1);
+}
+
+TEST_F(WorkerDaemonTest, UnknownPluginIsNamed) {
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  JobSpec spec = SmallSpec(2);
+  spec.mutable_task()->set_plugin("no_such_task");
+  ASSERT_TRUE(controller_->Send(id, Assign("j", spec)));
+  auto done = controller_->WaitForDone("j");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_FALSE(done->ok());
+  EXPECT_THAT(done->error(), HasSubstr("no_such_task"));
+}
+
+TEST_F(WorkerDaemonTest, MissingDataFileIsNamedAndRelativeToDataDir) {
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  JobSpec spec = SmallSpec(2);
+  auto* npy = spec.mutable_data()->mutable_train()->mutable_npy();
+  npy->set_features("missing_features.npy");
+  npy->set_targets("missing_targets.npy");
+  ASSERT_TRUE(controller_->Send(id, Assign("j", spec)));
+  auto done = controller_->WaitForDone("j");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_FALSE(done->ok());
+  EXPECT_THAT(done->error(),
+              HasSubstr(TempDir() + "/missing_features.npy"));
+}
+
+TEST_F(WorkerDaemonTest, MultiStageJobWithoutPeersFailsCleanly) {
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_stages(2);
+  ASSERT_TRUE(controller_->Send(id, Assign("one-peer", spec, 0, {"x:1"})));
+  auto done = controller_->WaitForDone("one-peer");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_THAT(done->error(), HasSubstr("peer_addresses"));
+  ASSERT_TRUE(
+      controller_->Send(id, Assign("no-transport", spec, 1, {"x:1", "y:2"})));
+  done = controller_->WaitForDone("no-transport");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_THAT(done->error(), HasSubstr("connecting to the other stages"));
+  EXPECT_THAT(done->error(), HasSubstr("no transport in this test"));
+}
+
+TEST_F(WorkerDaemonTest, CancelStopsTheStageQuicklyAndBusyWorkerRefuses) {
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  ASSERT_TRUE(controller_->Send(id, Assign("long", SmallSpec(1000000))));
+  ASSERT_TRUE(controller_->WaitForSteps("long", 2));
+  EXPECT_TRUE(worker->busy());
+
+  ASSERT_TRUE(controller_->Send(id, Assign("second", SmallSpec(2))));
+  auto busy = controller_->WaitForDone("second");
+  ASSERT_TRUE(busy.has_value());
+  EXPECT_FALSE(busy->ok());
+  EXPECT_THAT(busy->error(), HasSubstr("busy with job long"));
+
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(controller_->Send(id, Cancel("long", "user pressed stop")));
+  auto done = controller_->WaitForDone("long", absl::Seconds(2));
+  ASSERT_TRUE(done.has_value()) << "no StageDone within 2 s of the cancel";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_FALSE(done->ok());
+  EXPECT_TRUE(done->cancelled());
+  EXPECT_EQ(done->error(), "user pressed stop");
+  EXPECT_FALSE(worker->busy());
+
+  ASSERT_TRUE(controller_->Send(id, Assign("after", SmallSpec(2))));
+  auto after = controller_->WaitForDone("after");
+  ASSERT_TRUE(after.has_value());
+  EXPECT_TRUE(after->ok()) << after->error();
+}
+
+TEST_F(WorkerDaemonTest, ReconnectsAndReregistersAfterControllerRestart) {
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  ASSERT_TRUE(controller_->Send(id, Assign("lost", SmallSpec(1000000))));
+  ASSERT_TRUE(controller_->WaitForSteps("lost", 1));
+  const std::string address = controller_->address();
+  controller_->Stop();
+  // The running stage is aborted once the stream breaks.
+  for (int i = 0; i < 100 && worker->busy(); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_FALSE(worker->busy());
+  absl::SleepFor(absl::Milliseconds(300));  // a few failed attempts
+
+  controller_ = std::make_unique<FakeController>(address);
+  if (!controller_->ok()) {
+    GTEST_SKIP() << "could not rebind " << address;
+  }
+  ASSERT_EQ(controller_->WaitForRegistration(1), "w1");
+  // The fake counts when it replies; the worker when it reads the reply.
+  for (int i = 0; i < 100 && worker->registrations() < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(worker->registrations(), 2);
+  ASSERT_TRUE(controller_->Send("w1", Assign("again", SmallSpec(2))));
+  auto done = controller_->WaitForDone("again");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->ok()) << done->error();
+}
+
+TEST_F(WorkerDaemonTest, NoRegistrationReplyTimesOutAndRetries) {
+  // A server that accepts the stream but never answers.
+  class Silent final : public trainyard::v1::WorkerService::Service {
+   public:
+    grpc::Status Connect(grpc::ServerContext* context,
+                         grpc::ServerReaderWriter<ControllerMessage,
+                                                  WorkerMessage>* stream)
+        override {
+      connects.fetch_add(1);
+      WorkerMessage m;
+      while (stream->Read(&m)) {
+      }
+      return grpc::Status::OK;
+    }
+    std::atomic<int> connects{0};
+  } silent;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&silent);
+  auto server = builder.BuildAndStart();
+  ASSERT_GT(port, 0);
+  WorkerOptions options = TestOptions(absl::StrCat("127.0.0.1:", port));
+  options.register_timeout = absl::Milliseconds(200);
+  auto worker = StartWorker(options);
+  ASSERT_NE(worker, nullptr);
+  for (int i = 0; i < 100 && silent.connects.load() < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE(silent.connects.load(), 2);
+  EXPECT_EQ(worker->registrations(), 0);
+  worker->Shutdown();
+  server->Shutdown(std::chrono::system_clock::now());
+}
+
+TEST(WorkerOptionsTest, RejectsCudaDeviceAndMissingFlags) {
+  WorkerOptions options = TestOptions("127.0.0.1:1");
+  options.device = "cuda:0";
+  absl::StatusOr<WorkerOptions> valid = ValidateWorkerOptions(options);
+  ASSERT_FALSE(valid.ok());
+  EXPECT_THAT(valid.status().message(), HasSubstr("--device \"cuda:0\""));
+  EXPECT_THAT(valid.status().message(), HasSubstr("no CUDA support"));
+
+  options.device = "tpu";
+  EXPECT_THAT(ValidateWorkerOptions(options).status().message(),
+              HasSubstr("must be \"cpu\" or \"cuda:N\", got \"tpu\""));
+
+  options = TestOptions("");
+  EXPECT_THAT(ValidateWorkerOptions(options).status().message(),
+              HasSubstr("--controller"));
+  options = TestOptions("127.0.0.1:1");
+  options.plugin_dir = TempDir() + "/nope";
+  EXPECT_THAT(ValidateWorkerOptions(options).status().message(),
+              HasSubstr("--plugin_dir " + TempDir() + "/nope"));
+
+  options = TestOptions("127.0.0.1:1");
+  options.name = "";
+  options.memory_bytes = 0;
+  valid = ValidateWorkerOptions(options);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  EXPECT_THAT(valid->name, HasSubstr(absl::StrCat("-", getpid())));
+  EXPECT_GT(valid->memory_bytes, 0u);
+}
+
+// grpc.health.v1.Health/Check by hand (no generated health stubs in
+// Debian's gRPC): an empty HealthCheckRequest, and SERVING is field 1 = 1.
+TEST(WorkerHealthTest, ServesHealthCheck) {
+  WorkerOptions options = TestOptions("127.0.0.1:1");  // nobody there
+  options.health_listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(options);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_GT((*worker)->health_port(), 0);
+  auto channel = grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*worker)->health_port()),
+      grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  absl::Notification finished;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request, &response, [&](grpc::Status s) {
+                   status = s;
+                   finished.Notify();
+                 });
+  finished.WaitForNotification();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+}
+
+}  // namespace
+}  // namespace trainyard
