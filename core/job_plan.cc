@@ -711,7 +711,8 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
           absl::StrCat("must be <= data.batch_size (", data->batch_size(),
                        "), got ", par->microbatches()));
   }
-  CheckOneOf(&p, "parallelism.schedule", par->schedule(), {"gpipe", "1f1b"});
+  CheckOneOf(&p, "parallelism.schedule", par->schedule(),
+             {"gpipe", "1f1b", "zbh1"});
   bool split_ok = true;
   if (par->split_size() > 0) {
     if (stages_ok && par->split_size() != par->stages()) {

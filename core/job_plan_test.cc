@@ -358,7 +358,7 @@ TEST(PlanJobErrorsTest, ScheduleName) {
   spec.mutable_parallelism()->set_schedule("zb");
   ExpectProblem(PlanJob(spec, Options(dir)),
                 "parallelism.schedule: must be one of \"gpipe\", \"1f1b\", "
-                "got \"zb\"");
+                "\"zbh1\", got \"zb\"");
 }
 
 TEST(PlanJobErrorsTest, Split) {
@@ -720,7 +720,7 @@ TEST(PlanJobTest, AllProblemsComeBackInOneStatus) {
             "steps: must be > 0, got 0\n"
             "device: cuda is not available in this build\n"
             "model.blocks[0].ffn_hidden_size: must be > 0, got -4\n"
-            "parallelism.schedule: must be one of \"gpipe\", \"1f1b\", got "
+            "parallelism.schedule: must be one of \"gpipe\", \"1f1b\", \"zbh1\", got "
             "\"zb\"\n"
             "optimizer.beta1: only for adamw");
 }

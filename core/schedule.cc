@@ -125,6 +125,33 @@ Schedule MakeOneFOneBSchedule(int S, int M) {
   return sched;
 }
 
+Schedule MakeZeroBubbleH1Schedule(int S, int M) {
+  Schedule sched = Empty("zbh1", S, M, true);
+  for (int s = 0; s < S; ++s) {
+    auto& acts = sched.stages[s];
+    const int warmup = std::min(S - s - 1, M);
+    const int first_deferred = M - warmup;  // W of these mbs runs last
+    auto backward = [&](int mb) {
+      if (s < S - 1) acts.push_back({ActionKind::kRecvGradient, mb});
+      acts.push_back({ActionKind::kBackwardInput, mb});
+      if (s > 0) acts.push_back({ActionKind::kSendGradient, mb});
+      if (mb < first_deferred) acts.push_back({ActionKind::kBackwardWeight, mb});
+    };
+    for (int mb = 0; mb < warmup; ++mb) AddForward(s, S, mb, &acts);
+    int next_backward = 0;
+    for (int mb = warmup; mb < M; ++mb) {
+      AddForward(s, S, mb, &acts);
+      backward(next_backward++);
+    }
+    while (next_backward < M) backward(next_backward++);
+    for (int mb = first_deferred; mb < M; ++mb) {
+      acts.push_back({ActionKind::kBackwardWeight, mb});
+    }
+    acts.push_back({ActionKind::kOptimizerStep, -1});
+  }
+  return sched;
+}
+
 Schedule MakeForwardOnlySchedule(int S, int M) {
   Schedule sched = Empty("forward", S, M, false);
   for (int s = 0; s < S; ++s) {
@@ -141,8 +168,10 @@ absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
   }
   if (name == "gpipe") return MakeGPipeSchedule(S, M);
   if (name == "1f1b") return MakeOneFOneBSchedule(S, M);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown schedule \"", name, "\" (expected \"gpipe\" or \"1f1b\")"));
+  if (name == "zbh1") return MakeZeroBubbleH1Schedule(S, M);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown schedule \"", name,
+                   "\" (expected \"gpipe\", \"1f1b\" or \"zbh1\")"));
 }
 
 absl::Status ValidateSchedule(const Schedule& sched) {

@@ -68,10 +68,16 @@ Schedule MakeGPipeSchedule(int num_stages, int num_microbatches);
 // 1F1B (PipeDream-Flush): stage s warms up with min(S-s-1, M) forwards, then
 // alternates one forward and one backward, then drains.
 Schedule MakeOneFOneBSchedule(int num_stages, int num_microbatches);
+// Zero-bubble H1 style: 1F1B whose stage s defers the weight-gradient
+// passes of its last min(S-s-1, M) microbatches to the end of the step, so
+// its input gradients reach the stage before it sooner and the cooldown
+// bubble shrinks (Megatron's backward_dw split is what makes this possible).
+// Weight gradients still accumulate in ascending microbatch order.
+Schedule MakeZeroBubbleH1Schedule(int num_stages, int num_microbatches);
 // Forward only (eval / inference).
 Schedule MakeForwardOnlySchedule(int num_stages, int num_microbatches);
 
-// "gpipe" | "1f1b".
+// "gpipe" | "1f1b" | "zbh1".
 absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name,
                                               int num_stages,
                                               int num_microbatches);

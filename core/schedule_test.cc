@@ -32,7 +32,7 @@ TEST(ScheduleTest, GPipeShape) {
 TEST(ScheduleTest, GeneratedSchedulesAreValid) {
   for (int S : {1, 2, 3, 4, 8}) {
     for (int M : {1, 2, 3, 4, 8, 13}) {
-      for (const char* name : {"gpipe", "1f1b"}) {
+      for (const char* name : {"gpipe", "1f1b", "zbh1"}) {
         auto sched = MakeTrainingSchedule(name, S, M);
         ASSERT_TRUE(sched.ok());
         EXPECT_TRUE(ValidateSchedule(*sched).ok())
@@ -45,7 +45,7 @@ TEST(ScheduleTest, GeneratedSchedulesAreValid) {
 }
 
 TEST(ScheduleTest, BackwardRunsInAscendingOrderUnderBothSchedules) {
-  for (const char* name : {"gpipe", "1f1b"}) {
+  for (const char* name : {"gpipe", "1f1b", "zbh1"}) {
     Schedule s = *MakeTrainingSchedule(name, 4, 8);
     for (const auto& stage : s.stages) {
       int last = -1;
@@ -56,6 +56,17 @@ TEST(ScheduleTest, BackwardRunsInAscendingOrderUnderBothSchedules) {
       }
     }
   }
+}
+
+TEST(ScheduleTest, ZeroBubbleH1DefersWeightGradients) {
+  Schedule s = MakeZeroBubbleH1Schedule(2, 3);
+  // Stage 0 defers W2 (its last S-1 = 1 microbatch) to the end.
+  EXPECT_EQ(Stage(s, 0), "F0 >A0 F1 >A1 <G0 B0 W0 F2 >A2 <G1 B1 W1 <G2 B2 W2 OPT");
+  Schedule s3 = MakeZeroBubbleH1Schedule(3, 4);
+  EXPECT_EQ(Stage(s3, 0),
+            "F0 >A0 F1 >A1 F2 >A2 <G0 B0 W0 F3 >A3 <G1 B1 W1 <G2 B2 <G3 B3 W2 W3 OPT");
+  EXPECT_EQ(Stage(s3, 2),
+            "<A0 F0 B0 >G0 W0 <A1 F1 B1 >G1 W1 <A2 F2 B2 >G2 W2 <A3 F3 B3 >G3 W3 OPT");
 }
 
 TEST(ScheduleTest, DetectsDeadlock) {

@@ -967,8 +967,10 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
   const absl::Time deadline = absl::Now() + options.connect_timeout;
 
   // Dial every lower rank in parallel; higher ranks dial us.
-  std::vector<absl::StatusOr<Fd>> dialed(options.rank,
-                                         absl::UnknownError("not dialed"));
+  std::vector<absl::StatusOr<Fd>> dialed;
+  for (int r = 0; r < options.rank; ++r) {
+    dialed.emplace_back(absl::UnknownError("not dialed"));
+  }
   std::vector<std::thread> dialers;
   for (int r = 0; r < options.rank; ++r) {
     dialers.emplace_back([&, r] {

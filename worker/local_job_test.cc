@@ -139,7 +139,7 @@ TEST(LocalJobTest, StageSplitAndScheduleAreBitwiseInvisible) {
   ASSERT_EQ(ref.losses.size(), 30u);
   ASSERT_EQ(ref.params.size(), 21u);  // every parameter of the 4 blocks
   for (int stages : {1, 2, 4}) {
-    for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (const char* schedule : {"gpipe", "1f1b", "zbh1"}) {
       SCOPED_TRACE(::testing::Message() << "S=" << stages << " " << schedule);
       RunResult r = RunJob(WithPipeline(base, stages, 4, schedule));
       ASSERT_TRUE(r.status.ok()) << r.status;

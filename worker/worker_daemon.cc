@@ -18,9 +18,7 @@
 #include "absl/time/clock.h"
 #include "core/job_plan.h"
 #include "core/status_macros.h"
-#ifndef TRAINYARD_NO_TCP_TRANSPORT  // TEMPORARY until //core:tcp_transport lands
 #include "core/tcp_transport.h"
-#endif
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -279,9 +277,7 @@ class Worker::Impl {
 
   WorkerOptions options_;
   std::string peer_address_;
-#ifndef TRAINYARD_NO_TCP_TRANSPORT
   std::unique_ptr<PeerListener> listener_;
-#endif
   TransportFactory connect_transport_;
   std::unique_ptr<grpc::Server> health_server_;
   int health_port_ = 0;
@@ -308,9 +304,6 @@ absl::Status Worker::Impl::Init() {
     connect_transport_ = options_.connect_transport;
     peer_address_ = options_.peer_address;
   } else {
-#ifdef TRAINYARD_NO_TCP_TRANSPORT
-    return absl::UnimplementedError("TEMPORARY: no tcp transport yet");
-#else
     absl::StatusOr<std::unique_ptr<PeerListener>> listener =
         PeerListener::Listen(options_.listen);
     if (!listener.ok()) return Prefixed(listener.status(), "--listen: ");
@@ -328,7 +321,6 @@ absl::Status Worker::Impl::Init() {
       tcp.connect_timeout = connect_timeout;
       return ConnectTcpTransport(raw, tcp);
     };
-#endif
   }
 
   if (!options_.health_listen.empty()) {

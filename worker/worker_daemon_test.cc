@@ -87,16 +87,22 @@ class FakeController final : public trainyard::v1::WorkerService::Service {
     std::string id;
     {
       absl::MutexLock lock(&mu_);
-      id = absl::StrCat("w", ++registrations_);
+      id = absl::StrCat("w", ++connects_);
       streams_[id] = stream;
-      registered_.push_back(first.register_());
-      worker_ids_.push_back(id);
     }
     ControllerMessage reply;
     reply.mutable_registered()->set_worker_id(id);
     reply.mutable_registered()->set_heartbeat_interval_ms(kHeartbeatMs);
     reply.mutable_registered()->set_heartbeat_timeout_ms(10 * kHeartbeatMs);
     Send(id, reply);
+    {
+      // Counted only once the reply is out, so nothing the test sends can
+      // overtake it.
+      absl::MutexLock lock(&mu_);
+      ++registrations_;
+      registered_.push_back(first.register_());
+      worker_ids_.push_back(id);
+    }
     WorkerMessage message;
     while (stream->Read(&message)) {
       absl::MutexLock lock(&mu_);
@@ -188,6 +194,7 @@ class FakeController final : public trainyard::v1::WorkerService::Service {
   int port_ = 0;
   absl::Mutex write_mu_;  // one writer per stream at a time
   absl::Mutex mu_;
+  int connects_ ABSL_GUARDED_BY(mu_) = 0;
   int registrations_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> worker_ids_ ABSL_GUARDED_BY(mu_);
   std::vector<trainyard::v1::RegisterWorker> registered_ ABSL_GUARDED_BY(mu_);

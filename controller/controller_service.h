@@ -1,0 +1,113 @@
+// The controller's gRPC edge: JobService and WorkerService over a
+// JobManager, and ControllerServer, which runs them (plus grpc.health.v1 and
+// server reflection) on one listening port.
+//
+// Embedding in a test:
+//   ControllerOptions opts;
+//   opts.data_dir = dir;              // listen defaults to 127.0.0.1:0
+//   ASSIGN_OR_RETURN(auto server, ControllerServer::Start(opts));
+//   auto channel = grpc::CreateChannel(server->address(), ...);
+//   ...
+//   server->Shutdown();               // or just destroy it
+//
+// Ownership: ControllerServer owns the grpc::Server and the JobManager.
+// Thread safety: every method of ControllerServer is thread-safe.
+#ifndef TRAINYARD_CONTROLLER_CONTROLLER_SERVICE_H_
+#define TRAINYARD_CONTROLLER_CONTROLLER_SERVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "controller/job_manager.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/trainyard.grpc.pb.h"
+
+namespace trainyard {
+
+// The one absl -> gRPC status mapping used at the RPC edge (codes share
+// their numeric values).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class JobServiceImpl final : public v1::JobService::CallbackService {
+ public:
+  explicit JobServiceImpl(JobManager* manager) : manager_(manager) {}
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const v1::SubmitJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request,
+                                   v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const v1::CancelJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(
+      grpc::CallbackServerContext* context,
+      const v1::WatchJobRequest* request) override;
+
+ private:
+  JobManager* const manager_;  // not owned
+};
+
+class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
+ public:
+  explicit WorkerServiceImpl(JobManager* manager) : manager_(manager) {}
+
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::ControllerMessage>* Connect(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  JobManager* const manager_;  // not owned
+};
+
+struct ControllerOptions {
+  // host:port; port 0 picks a free one (see ControllerServer::port()).
+  std::string listen = "127.0.0.1:0";
+  std::string data_dir;  // required
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+};
+
+class ControllerServer {
+ public:
+  // Opens the store, starts the manager and the gRPC server. Errors: those
+  // of JobManager::Create, or Unavailable naming the address that could not
+  // be bound.
+  static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(
+      const ControllerOptions& options);
+  ~ControllerServer();
+
+  int port() const { return port_; }
+  // "127.0.0.1:<port>" style address clients can dial.
+  std::string address() const { return address_; }
+  JobManager* manager() { return manager_.get(); }
+
+  // Closes worker streams, ends open calls (watchers are cancelled) and
+  // stops the server. Idempotent; the destructor calls it.
+  void Shutdown();
+  // Blocks until Shutdown has been called (from another thread).
+  void Wait();
+
+ private:
+  ControllerServer() = default;
+
+  std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<JobServiceImpl> job_service_;
+  std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+  absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_CONTROLLER_CONTROLLER_SERVICE_H_

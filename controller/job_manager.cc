@@ -1,0 +1,677 @@
+#include "controller/job_manager.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "controller/scheduler.h"
+#include "core/job_plan.h"
+#include "core/status_macros.h"
+#include "glog/logging.h"
+
+namespace trainyard {
+namespace {
+
+using v1::Job;
+using v1::JobEvent;
+using v1::JobState;
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+PlanOptions ControllerPlanOptions() {
+  PlanOptions options;
+  options.check_files = false;
+  // Workers check memory and devices against their own machines; the
+  // controller only schedules, so neither may reject a spec here.
+  options.memory_limit_bytes = std::numeric_limits<uint64_t>::max();
+  options.cuda_available = true;
+  return options;
+}
+
+std::string WorkerLabel(const std::string& id, const std::string& name) {
+  return absl::StrCat(id, " (", name, ")");
+}
+
+constexpr int kDefaultPageSize = 50;
+constexpr int kMaxPageSize = 1000;
+constexpr char kTokenPrefix[] = "before:";
+
+void RestorePath(const std::string& submitted, std::string* normalized) {
+  if (!submitted.empty() && submitted[0] != '/') *normalized = submitted;
+}
+
+void RestoreSource(const v1::DataSource& submitted, v1::DataSource* out) {
+  if (submitted.has_npy() && out->has_npy()) {
+    RestorePath(submitted.npy().features(),
+                out->mutable_npy()->mutable_features());
+    RestorePath(submitted.npy().targets(),
+                out->mutable_npy()->mutable_targets());
+  }
+}
+
+}  // namespace
+
+v1::JobSpec WorkerSpec(const v1::JobSpec& submitted,
+                       const v1::JobSpec& plan_spec) {
+  v1::JobSpec spec = plan_spec;
+  RestoreSource(submitted.data().train(),
+                spec.mutable_data()->mutable_train());
+  RestoreSource(submitted.data().eval(), spec.mutable_data()->mutable_eval());
+  RestorePath(submitted.model().init().safetensors(),
+              spec.mutable_model()->mutable_init()->mutable_safetensors());
+  RestorePath(submitted.checkpoint().dir(),
+              spec.mutable_checkpoint()->mutable_dir());
+  return spec;
+}
+
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
+    const JobManagerOptions& options) {
+  if (options.heartbeat_interval <= absl::ZeroDuration() ||
+      options.heartbeat_timeout <= options.heartbeat_interval) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat_timeout (", absl::FormatDuration(options.heartbeat_timeout),
+        ") must be greater than heartbeat_interval (",
+        absl::FormatDuration(options.heartbeat_interval), ") > 0"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
+                   JobStore::Open(options.data_dir));
+  if (store->recovered_running_jobs() > 0) {
+    LOG(WARNING) << store->recovered_running_jobs()
+                 << " job(s) were RUNNING when the previous controller "
+                    "stopped; marked FAILED";
+  }
+  std::unique_ptr<JobManager> manager(
+      new JobManager(options, std::move(store)));
+  RETURN_IF_ERROR(manager->Load());
+  manager->liveness_ = std::thread([m = manager.get()] { m->LivenessLoop(); });
+  return manager;
+}
+
+JobManager::JobManager(const JobManagerOptions& options,
+                       std::unique_ptr<JobStore> store)
+    : options_(options), store_(std::move(store)) {}
+
+JobManager::~JobManager() { Shutdown(); }
+
+absl::Status JobManager::Load() {
+  ASSIGN_OR_RETURN(std::vector<Job> jobs, store_->LoadJobs());
+  absl::MutexLock lock(&mu_);
+  int64_t order = 0;
+  for (Job& job : jobs) {
+    auto e = std::make_unique<JobEntry>();
+    e->order = ++order;
+    e->job = std::move(job);
+    job_by_request_[e->job.request_id()] = e->job.job_id();
+    JobEntry& entry = *e;
+    jobs_[e->job.job_id()] = std::move(e);
+    if (entry.job.state() != v1::QUEUED) continue;
+    absl::StatusOr<JobPlan> plan =
+        PlanJob(entry.job.spec(), ControllerPlanOptions());
+    if (!plan.ok()) {
+      FinishJobLocked(entry, v1::FAILED,
+                      absl::StrCat("spec no longer valid after restart: ",
+                                   plan.status().message()),
+                      false);
+      continue;
+    }
+    entry.num_stages = plan->num_stages();
+    entry.normalized = WorkerSpec(entry.job.spec(), plan->spec);
+    queued_.insert(entry.job.job_id());
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    for (auto& [id, w] : workers_) {
+      Outgoing out;
+      out.link = w.link;
+      out.close = true;
+      out.status = absl::UnavailableError("controller shutting down");
+      outbox_.push_back(std::move(out));
+    }
+    workers_.clear();
+  }
+  if (liveness_.joinable()) liveness_.join();
+  Deliver();
+}
+
+void JobManager::LivenessLoop() {
+  const absl::Duration period =
+      std::min(options_.heartbeat_interval / 2, absl::Milliseconds(100));
+  absl::MutexLock lock(&mu_);
+  while (!shutting_down_) {
+    mu_.AwaitWithTimeout(absl::Condition(&shutting_down_), period);
+    if (shutting_down_) break;
+    const absl::Time now = absl::Now();
+    std::vector<std::pair<std::string, absl::Duration>> lost;
+    for (const auto& [id, w] : workers_) {
+      absl::Duration silent = now - w.last_seen;
+      if (silent > options_.heartbeat_timeout) lost.emplace_back(id, silent);
+    }
+    if (lost.empty()) continue;
+    for (const auto& [id, silent] : lost) {
+      LoseWorkerLocked(id, absl::StrFormat("no heartbeat for %.1f s",
+                                           absl::ToDoubleSeconds(silent)));
+    }
+    mu_.Unlock();
+    Deliver();
+    mu_.Lock();
+  }
+}
+
+void JobManager::Deliver() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (delivering_) return;  // the active deliverer will send ours too
+    delivering_ = true;
+  }
+  while (true) {
+    Outgoing out;
+    {
+      absl::MutexLock lock(&mu_);
+      if (outbox_.empty()) {
+        delivering_ = false;
+        return;
+      }
+      out = std::move(outbox_.front());
+      outbox_.pop_front();
+    }
+    if (out.close) {
+      out.link->Close(out.status);
+    } else {
+      out.link->Send(out.msg);
+    }
+  }
+}
+
+void JobManager::SendLocked(const std::shared_ptr<WorkerLink>& link,
+                            v1::ControllerMessage msg) {
+  Outgoing out;
+  out.link = link;
+  out.msg = std::move(msg);
+  outbox_.push_back(std::move(out));
+}
+
+JobEventLog* JobManager::LogLocked(JobEntry& e) {
+  if (e.log == nullptr) {
+    absl::StatusOr<std::vector<JobEvent>> events =
+        store_->LoadEvents(e.job.job_id());
+    if (!events.ok()) {
+      LOG(ERROR) << events.status();
+      events = std::vector<JobEvent>();
+    }
+    if (events->empty()) {
+      // Keep the invariant that a log starts with the job's state.
+      JobEvent first;
+      first.set_job_id(e.job.job_id());
+      first.mutable_state()->set_state(e.job.state());
+      first.mutable_state()->set_reason(e.job.reason());
+      events->push_back(std::move(first));
+    }
+    e.log = std::make_shared<JobEventLog>(*std::move(events));
+  }
+  return e.log.get();
+}
+
+void JobManager::CommitLocked(JobEntry& e, JobEvent* event) {
+  JobEventLog* log = LogLocked(e);
+  if (event != nullptr) event->set_job_id(e.job.job_id());
+  absl::Status st = store_->UpdateJob(e.job, log->size(), event);
+  // The in-memory state goes on even if the disk write failed: running jobs
+  // must keep being served; the error is loud in the log.
+  if (!st.ok()) LOG(ERROR) << "persisting job " << e.job.job_id() << ": " << st;
+  if (event != nullptr) log->Append(*event);
+}
+
+void JobManager::SetStateLocked(JobEntry& e, JobState state,
+                                const std::string& reason) {
+  e.job.set_state(state);
+  e.job.set_reason(reason);
+  if (state == v1::RUNNING) e.job.set_start_time_ms(NowMs());
+  if (IsTerminal(state)) e.job.set_end_time_ms(NowMs());
+  JobEvent event;
+  event.mutable_state()->set_state(state);
+  event.mutable_state()->set_reason(reason);
+  CommitLocked(e, &event);
+}
+
+void JobManager::FinishJobLocked(JobEntry& e, JobState state,
+                                 const std::string& reason,
+                                 bool cancel_workers) {
+  for (auto& [id, w] : workers_) {
+    if (w.job_id != e.job.job_id()) continue;
+    if (cancel_workers) {
+      v1::ControllerMessage msg;
+      msg.mutable_cancel()->set_job_id(e.job.job_id());
+      msg.mutable_cancel()->set_reason(reason);
+      SendLocked(w.link, std::move(msg));
+    }
+    w.job_id.clear();
+    w.stage = -1;
+  }
+  e.pending_steps.clear();
+  queued_.erase(e.job.job_id());
+  SetStateLocked(e, state, reason);
+}
+
+// ---- Scheduling.
+
+void JobManager::ScheduleLocked() {
+  if (shutting_down_) return;
+  std::vector<SchedJob> queued;
+  for (const std::string& id : queued_) {
+    const JobEntry& e = *jobs_.at(id);
+    SchedJob j;
+    j.id = id;
+    j.priority = e.job.priority();
+    j.order = e.order;
+    j.stages = e.num_stages;
+    j.device = e.normalized.device();
+    queued.push_back(std::move(j));
+  }
+  if (queued.empty()) return;
+  std::vector<const WorkerEntry*> ordered;
+  for (const auto& [id, w] : workers_) ordered.push_back(&w);
+  std::sort(ordered.begin(), ordered.end(),
+            [](const WorkerEntry* a, const WorkerEntry* b) {
+              return a->order < b->order;
+            });
+  std::vector<SchedWorker> workers;
+  for (const WorkerEntry* w : ordered) {
+    workers.push_back({w->id, w->caps.device(), w->job_id.empty()});
+  }
+  SchedDecision decision = Schedule(std::move(queued), workers);
+  for (const SchedDecision::Start& start : decision.starts) {
+    StartJobLocked(*jobs_.at(start.job_id), start.worker_ids);
+  }
+  for (const auto& [id, reason] : decision.waiting) {
+    JobEntry& e = *jobs_.at(id);
+    if (e.job.reason() == reason) continue;
+    e.job.set_reason(reason);
+    CommitLocked(e, nullptr);
+  }
+}
+
+void JobManager::StartJobLocked(JobEntry& e,
+                                const std::vector<std::string>& worker_ids) {
+  const std::string& job_id = e.job.job_id();
+  queued_.erase(job_id);
+  e.job.clear_workers();
+  v1::StageAssignment assign;
+  assign.set_job_id(job_id);
+  *assign.mutable_spec() = e.normalized;
+  for (size_t k = 0; k < worker_ids.size(); ++k) {
+    WorkerEntry& w = workers_.at(worker_ids[k]);
+    w.job_id = job_id;
+    w.stage = static_cast<int>(k);
+    e.job.add_workers(w.id);
+    assign.add_peer_addresses(w.caps.peer_address());
+  }
+  e.stage_done.assign(worker_ids.size(), 0);
+  e.first_cancel_error.clear();
+  e.pending_steps.clear();
+  SetStateLocked(e, v1::RUNNING, "");
+  for (size_t k = 0; k < worker_ids.size(); ++k) {
+    v1::ControllerMessage msg;
+    *msg.mutable_assign() = assign;
+    msg.mutable_assign()->set_stage(static_cast<int>(k));
+    SendLocked(workers_.at(worker_ids[k]).link, std::move(msg));
+  }
+  LOG(INFO) << "job " << job_id << " started on " << worker_ids.size()
+            << " worker(s)";
+}
+
+// ---- JobService.
+
+absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request) {
+  if (request.request_id().empty()) {
+    return absl::InvalidArgumentError(
+        "request_id: required (a client-chosen idempotency key)");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = job_by_request_.find(request.request_id());
+    if (it != job_by_request_.end()) return jobs_.at(it->second)->job;
+  }
+  absl::StatusOr<JobPlan> plan =
+      PlanJob(request.spec(), ControllerPlanOptions());
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat("invalid job spec:\n",
+                                     plan.status().message()));
+  }
+  Job result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) {
+      return absl::UnavailableError("controller shutting down");
+    }
+    auto it = job_by_request_.find(request.request_id());
+    if (it != job_by_request_.end()) return jobs_.at(it->second)->job;
+    Job job;
+    job.set_request_id(request.request_id());
+    *job.mutable_spec() = request.spec();
+    job.set_priority(request.priority());
+    job.set_create_time_ms(NowMs());
+    ASSIGN_OR_RETURN(JobStore::Created created, store_->CreateJob(job));
+    auto e = std::make_unique<JobEntry>();
+    e->job = std::move(created.job);
+    e->order = static_cast<int64_t>(jobs_.size()) + 1;  // jobs never leave
+    e->num_stages = plan->num_stages();
+    e->normalized = WorkerSpec(request.spec(), plan->spec);
+    const std::string id = e->job.job_id();
+    job_by_request_[request.request_id()] = id;
+    jobs_[id] = std::move(e);
+    if (created.created) queued_.insert(id);
+    ScheduleLocked();
+    result = jobs_.at(id)->job;
+  }
+  Deliver();
+  return result;
+}
+
+absl::StatusOr<Job> JobManager::GetJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, ": not found"));
+  }
+  return it->second->job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(
+    const v1::ListJobsRequest& request) {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: must be >= 0, got ", request.page_size()));
+  }
+  int limit = request.page_size() == 0 ? kDefaultPageSize
+                                       : std::min(request.page_size(),
+                                                  kMaxPageSize);
+  int64_t before = 0;
+  if (!request.page_token().empty()) {
+    std::string decoded;
+    if (!absl::WebSafeBase64Unescape(request.page_token(), &decoded) ||
+        !absl::StartsWith(decoded, kTokenPrefix) ||
+        !absl::SimpleAtoi(decoded.substr(sizeof(kTokenPrefix) - 1), &before) ||
+        before <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_token: not a token from ListJobs: \"",
+                       request.page_token(), "\""));
+    }
+  }
+  std::vector<JobState> states;
+  for (int i = 0; i < request.states_size(); ++i) {
+    JobState s = request.states(i);
+    if (!v1::JobState_IsValid(s) || s == v1::JOB_STATE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("states[", i, "]: not a job state: ", int{s}));
+    }
+    states.push_back(s);
+  }
+  int64_t next_before = 0;
+  ASSIGN_OR_RETURN(std::vector<Job> jobs,
+                   store_->ListJobs(states, limit, before, &next_before));
+  v1::ListJobsResponse response;
+  for (Job& job : jobs) *response.add_jobs() = std::move(job);
+  if (next_before > 0) {
+    response.set_next_page_token(
+        absl::WebSafeBase64Escape(absl::StrCat(kTokenPrefix, next_before)));
+  }
+  return response;
+}
+
+absl::StatusOr<Job> JobManager::CancelJob(const v1::CancelJobRequest& request) {
+  Job result;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", request.job_id(), ": not found"));
+    }
+    JobEntry& e = *it->second;
+    if (IsTerminal(e.job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", e.job.job_id(), " is already ",
+          v1::JobState_Name(e.job.state()), "; only QUEUED or RUNNING jobs "
+          "can be cancelled"));
+    }
+    if (shutting_down_) {
+      return absl::UnavailableError("controller shutting down");
+    }
+    const std::string reason =
+        request.reason().empty()
+            ? std::string("cancelled by request")
+            : absl::StrCat("cancelled by request: ", request.reason());
+    const bool running = e.job.state() == v1::RUNNING;
+    FinishJobLocked(e, v1::CANCELLED, reason, /*cancel_workers=*/running);
+    ScheduleLocked();
+    result = e.job;
+  }
+  Deliver();
+  return result;
+}
+
+absl::StatusOr<std::shared_ptr<JobEventLog>> JobManager::WatchJob(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, ": not found"));
+  }
+  LogLocked(*it->second);
+  return it->second->log;
+}
+
+// ---- WorkerService.
+
+absl::StatusOr<std::string> JobManager::RegisterWorker(
+    const v1::RegisterWorker& reg, std::shared_ptr<WorkerLink> link) {
+  std::string id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) {
+      return absl::UnavailableError("controller shutting down");
+    }
+    const int64_t n = next_worker_++;
+    id = absl::StrCat("w-", n);
+    WorkerEntry& w = workers_[id];
+    w.id = id;
+    w.name = reg.name().empty() ? id : reg.name();
+    w.caps = reg.capabilities();
+    w.order = n;
+    w.link = link;
+    w.last_seen = absl::Now();
+    v1::ControllerMessage msg;
+    msg.mutable_registered()->set_worker_id(id);
+    msg.mutable_registered()->set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(options_.heartbeat_interval));
+    msg.mutable_registered()->set_heartbeat_timeout_ms(
+        absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+    SendLocked(link, std::move(msg));
+    LOG(INFO) << "worker " << WorkerLabel(id, w.name) << " registered, device "
+              << w.caps.device() << ", peer " << w.caps.peer_address();
+    ScheduleLocked();
+  }
+  Deliver();
+  return id;
+}
+
+void JobManager::OnWorkerMessage(const std::string& worker_id,
+                                 const v1::WorkerMessage& msg) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(worker_id);
+    if (it == workers_.end() || shutting_down_) return;
+    WorkerEntry& w = it->second;
+    w.last_seen = absl::Now();
+    switch (msg.msg_case()) {
+      case v1::WorkerMessage::kStep:
+        HandleStepLocked(w, msg.step());
+        break;
+      case v1::WorkerMessage::kEval:
+        HandleEvalLocked(w, msg.eval());
+        break;
+      case v1::WorkerMessage::kDone:
+        HandleDoneLocked(w, msg.done());
+        break;
+      default:
+        break;  // heartbeat (or a repeated register): liveness only
+    }
+  }
+  Deliver();
+}
+
+void JobManager::OnWorkerStreamEnded(const std::string& worker_id,
+                                     const std::string& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_ || workers_.count(worker_id) == 0) return;
+    LoseWorkerLocked(worker_id, why);
+  }
+  Deliver();
+}
+
+void JobManager::LoseWorkerLocked(const std::string& worker_id,
+                                  const std::string& why) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  WorkerEntry w = std::move(it->second);
+  workers_.erase(it);
+  LOG(WARNING) << "worker " << WorkerLabel(w.id, w.name) << " lost: " << why;
+  Outgoing out;
+  out.link = w.link;
+  out.close = true;
+  out.status = absl::UnavailableError(
+      absl::StrCat("worker ", w.id, " declared lost: ", why));
+  outbox_.push_back(std::move(out));
+  if (!w.job_id.empty()) {
+    JobEntry& e = *jobs_.at(w.job_id);
+    if (e.job.state() == v1::RUNNING) {
+      FinishJobLocked(e, v1::FAILED,
+                      absl::StrCat("worker ", WorkerLabel(w.id, w.name),
+                                   " running stage ", w.stage,
+                                   " was lost: ", why),
+                      /*cancel_workers=*/true);
+    }
+  }
+  ScheduleLocked();
+}
+
+JobManager::JobEntry* JobManager::RunningJobOfLocked(const WorkerEntry& w,
+                                                     const std::string& job_id,
+                                                     int stage) {
+  if (w.job_id.empty() || w.job_id != job_id || w.stage != stage) {
+    return nullptr;
+  }
+  JobEntry& e = *jobs_.at(job_id);
+  return e.job.state() == v1::RUNNING ? &e : nullptr;
+}
+
+void JobManager::HandleStepLocked(WorkerEntry& w,
+                                  const v1::StageStepReport& r) {
+  JobEntry* e = RunningJobOfLocked(w, r.job_id(), r.stage());
+  if (e == nullptr) return;
+  const int64_t step = r.step().step();
+  if (step <= e->job.steps_completed()) return;  // already published
+  std::vector<v1::StageTiming>& timings = e->pending_steps[step];
+  if (r.step().stages_size() == 0) {
+    v1::StageTiming t;
+    t.set_stage(r.stage());
+    timings.push_back(t);
+  }
+  for (v1::StageTiming t : r.step().stages()) {
+    t.set_stage(r.stage());
+    timings.push_back(t);
+  }
+  if (r.stage() != e->num_stages - 1) return;
+  JobEvent event;
+  v1::StepMetrics* m = event.mutable_step();
+  *m = r.step();
+  m->clear_stages();
+  std::sort(timings.begin(), timings.end(),
+            [](const v1::StageTiming& a, const v1::StageTiming& b) {
+              return a.stage() < b.stage();
+            });
+  for (const v1::StageTiming& t : timings) *m->add_stages() = t;
+  e->pending_steps.erase(e->pending_steps.begin(),
+                         e->pending_steps.upper_bound(step));
+  e->job.set_steps_completed(step);
+  *e->job.mutable_last_step() = *m;
+  CommitLocked(*e, &event);
+}
+
+void JobManager::HandleEvalLocked(WorkerEntry& w,
+                                  const v1::StageEvalReport& r) {
+  JobEntry* e = RunningJobOfLocked(w, r.job_id(), r.stage());
+  if (e == nullptr || r.stage() != e->num_stages - 1) return;
+  JobEvent event;
+  *event.mutable_eval() = r.eval();
+  *e->job.mutable_last_eval() = r.eval();
+  CommitLocked(*e, &event);
+}
+
+void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
+  JobEntry* e = RunningJobOfLocked(w, d.job_id(), d.stage());
+  if (e == nullptr) return;
+  const std::string label = WorkerLabel(w.id, w.name);
+  if (!d.ok()) {
+    std::string error = absl::StrCat(
+        "stage ", d.stage(), " on worker ", label, " failed: ",
+        d.error().empty() ? std::string("no error given") : d.error());
+    if (!d.cancelled()) {
+      FinishJobLocked(*e, v1::FAILED, error, /*cancel_workers=*/true);
+      ScheduleLocked();
+      return;
+    }
+    if (e->first_cancel_error.empty()) e->first_cancel_error = error;
+  }
+  e->stage_done[d.stage()] = d.ok() ? 1 : 2;
+  w.job_id.clear();
+  w.stage = -1;
+  bool all_done = true;
+  bool all_ok = true;
+  for (int s : e->stage_done) {
+    all_done = all_done && s != 0;
+    all_ok = all_ok && s == 1;
+  }
+  if (all_done) {
+    if (all_ok) {
+      FinishJobLocked(*e, v1::SUCCEEDED,
+                      absl::StrCat("all ", e->num_stages,
+                                   " stage(s) finished after step ",
+                                   e->job.steps_completed()),
+                      false);
+    } else {
+      FinishJobLocked(*e, v1::FAILED, e->first_cancel_error, false);
+    }
+  }
+  ScheduleLocked();
+}
+
+std::vector<JobManager::WorkerInfo> JobManager::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<int64_t, WorkerInfo>> infos;
+  for (const auto& [id, w] : workers_) {
+    infos.push_back({w.order, {w.id, w.name, w.caps.device(), w.job_id,
+                               w.stage}});
+  }
+  std::sort(infos.begin(), infos.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<WorkerInfo> out;
+  for (auto& [order, info] : infos) out.push_back(std::move(info));
+  return out;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,170 @@
+#include "core/frame.h"
+
+#include <cstring>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Crc32cTest, KnownVectors) {
+  // RFC 3720 B.4 and the classic check value.
+  EXPECT_EQ(Crc32cExtend(0, "123456789", 9), 0xE3069283u);
+  EXPECT_EQ(Crc32cExtendPortable(0, "123456789", 9), 0xE3069283u);
+  std::string zeros(32, '\0');
+  EXPECT_EQ(Crc32cExtend(0, zeros.data(), 32), 0x8A9136AAu);
+  std::string ones(32, '\xff');
+  EXPECT_EQ(Crc32cExtendPortable(0, ones.data(), 32), 0x62A8AB43u);
+}
+
+TEST(Crc32cTest, HardwareMatchesTableOnOddLengthsAndOffsets) {
+  std::string data(10007, '\0');
+  uint64_t x = 12345;
+  for (char& c : data) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    c = static_cast<char>(x >> 56);
+  }
+  for (size_t off : {0, 1, 3, 7}) {
+    for (size_t n : {0, 1, 7, 8, 9, 63, 4096, 10000}) {
+      EXPECT_EQ(Crc32cExtend(0, data.data() + off, n),
+                Crc32cExtendPortable(0, data.data() + off, n))
+          << off << " " << n;
+    }
+  }
+  // Extending in pieces equals one pass.
+  const uint32_t whole = Crc32cExtend(0, data.data(), data.size());
+  uint32_t pieces = Crc32cExtend(0, data.data(), 1234);
+  pieces = Crc32cExtend(pieces, data.data() + 1234, data.size() - 1234);
+  EXPECT_EQ(whole, pieces);
+}
+
+TEST(FrameTest, HeaderRoundTrip) {
+  std::vector<std::pair<std::string, Tensor>> ts = {
+      {"x", Tensor::Zeros(DType::kFloat32, {3, 5})},
+      {"labels", Tensor::Zeros(DType::kInt64, {7})},
+      {"empty", Tensor::Zeros(DType::kUInt8, {0, 4})}};
+  auto h = EncodeFrameHeader(FrameKind::kGradient, "job-1", 42, -3, ts);
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto prefix = DecodeFramePrefix(h->data());
+  ASSERT_TRUE(prefix.ok()) << prefix.status();
+  EXPECT_EQ(prefix->kind, FrameKind::kGradient);
+  EXPECT_EQ(prefix->header_size, h->size());
+  EXPECT_EQ(prefix->step, 42);
+  EXPECT_EQ(prefix->microbatch, -3);
+  EXPECT_EQ(prefix->payload_size, 3 * 5 * 4 + 7 * 8);
+  auto header = DecodeFrameHeader(
+      *prefix, absl::string_view(*h).substr(kFramePrefixSize));
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->job_id, "job-1");
+  ASSERT_EQ(header->tensors.size(), 3u);
+  EXPECT_EQ(header->tensors[1].name, "labels");
+  EXPECT_EQ(header->tensors[1].dtype, DType::kInt64);
+  EXPECT_EQ(header->tensors[0].shape, (Shape{3, 5}));
+  EXPECT_EQ(header->tensors[2].shape, (Shape{0, 4}));
+}
+
+TEST(FrameTest, EncodeRejectsOverLimits) {
+  std::vector<std::pair<std::string, Tensor>> many;
+  for (int i = 0; i <= kMaxFrameTensors; ++i) {
+    many.push_back({"t", Tensor::Zeros(DType::kFloat32, {1})});
+  }
+  auto h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, many);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(h.status().message(), HasSubstr("65 tensors, limit 64"));
+
+  std::vector<std::pair<std::string, Tensor>> deep = {
+      {"deep", Tensor::Zeros(DType::kFloat32, {1, 1, 1, 1, 1, 1, 1, 1, 1})}};
+  h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, deep);
+  EXPECT_THAT(h.status().message(), HasSubstr("\"deep\" has 9 dims, limit 8"));
+
+  std::vector<std::pair<std::string, Tensor>> long_name = {
+      {std::string(300, 'n'), Tensor::Zeros(DType::kFloat32, {1})}};
+  h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, long_name);
+  EXPECT_THAT(h.status().message(), HasSubstr("300 bytes, limit 256"));
+}
+
+std::string ValidHeader() {
+  return *EncodeFrameHeader(FrameKind::kActivation, "j", 1, 2,
+                            {{"x", Tensor::Zeros(DType::kFloat32, {2, 2})}});
+}
+
+TEST(FrameTest, PrefixRejectsBadMagicVersionKindAndSizes) {
+  std::string h = ValidHeader();
+  std::string bad = h;
+  bad[0] = 'X';
+  EXPECT_THAT(DecodeFramePrefix(bad.data()).status().message(),
+              HasSubstr("bad frame magic"));
+  bad = h;
+  bad[4] = 9;
+  EXPECT_THAT(DecodeFramePrefix(bad.data()).status().message(),
+              HasSubstr("unsupported frame version 9"));
+  bad = h;
+  bad[6] = 77;
+  EXPECT_THAT(DecodeFramePrefix(bad.data()).status().message(),
+              HasSubstr("unknown frame kind 77"));
+  bad = h;
+  const uint64_t huge = kMaxFramePayloadBytes + 1;
+  std::memcpy(&bad[32], &huge, 8);
+  auto p = DecodeFramePrefix(bad.data());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(p.status().message(), HasSubstr("payload of 2147483649 bytes"));
+  bad = h;
+  const uint32_t tensors = 1000;
+  std::memcpy(&bad[12], &tensors, 4);
+  EXPECT_THAT(DecodeFramePrefix(bad.data()).status().message(),
+              HasSubstr("1000 tensors, limit 64"));
+  bad = h;
+  const uint32_t header_size = 1 << 30;
+  std::memcpy(&bad[8], &header_size, 4);
+  EXPECT_THAT(DecodeFramePrefix(bad.data()).status().message(),
+              HasSubstr("header of 1073741824 bytes"));
+}
+
+TEST(FrameTest, HeaderRejectsPayloadMismatchAndBadDims) {
+  std::string h = ValidHeader();
+  std::string bad = h;
+  const uint64_t payload = 17;  // the tensor holds 16
+  std::memcpy(&bad[32], &payload, 8);
+  auto prefix = DecodeFramePrefix(bad.data());
+  ASSERT_TRUE(prefix.ok());
+  auto header = DecodeFrameHeader(
+      *prefix, absl::string_view(bad).substr(kFramePrefixSize));
+  EXPECT_THAT(header.status().message(),
+              HasSubstr("tensors hold 16 bytes, payload size says 17"));
+
+  bad = h;
+  const int64_t negative = -5;
+  // Prefix (40) + job id "j" (1) + name_len/dtype/ndim (4) = first dim.
+  std::memcpy(&bad[45], &negative, 8);
+  prefix = DecodeFramePrefix(bad.data());
+  header = DecodeFrameHeader(*prefix,
+                             absl::string_view(bad).substr(kFramePrefixSize));
+  EXPECT_THAT(header.status().message(), HasSubstr("dimension 0 = -5"));
+}
+
+TEST(HandshakeTest, RoundTripAndRejects) {
+  std::string hs = EncodeHandshake({"job", 3, 1});
+  uint16_t len = 0;
+  auto h = DecodeHandshakePrefix(hs.data(), &len);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->from_rank, 3);
+  EXPECT_EQ(h->to_rank, 1);
+  EXPECT_EQ(len, 3);
+  hs[1] = 0;
+  EXPECT_THAT(DecodeHandshakePrefix(hs.data(), &len).status().message(),
+              HasSubstr("bad handshake magic"));
+
+  std::string reply = EncodeHandshakeReply(false, "no such job");
+  bool accepted = true;
+  uint16_t reason_len = 0;
+  ASSERT_TRUE(
+      DecodeHandshakeReplyPrefix(reply.data(), &accepted, &reason_len).ok());
+  EXPECT_FALSE(accepted);
+  EXPECT_EQ(reply.substr(kHandshakeReplyPrefixSize, reason_len), "no such job");
+}
+
+}  // namespace
+}  // namespace trainyard

@@ -1,0 +1,2 @@
+#include "core/tcp_transport.h"
+int main(){}
