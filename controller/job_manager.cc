@@ -60,9 +60,10 @@ void RestoreSource(const v1::DataSource& submitted, v1::DataSource* out) {
 v1::JobSpec WorkerSpec(const v1::JobSpec& submitted,
                        const v1::JobSpec& plan_spec) {
   v1::JobSpec spec = plan_spec;
-  RestoreSource(submitted.data().train(),
-                spec.mutable_data()->mutable_train());
-  RestoreSource(submitted.data().eval(), spec.mutable_data()->mutable_eval());
+  RestoreSource(submitted.data().train(), spec.mutable_data()->mutable_train());
+  if (spec.data().has_eval()) {
+    RestoreSource(submitted.data().eval(), spec.mutable_data()->mutable_eval());
+  }
   RestorePath(submitted.model().init().safetensors(),
               spec.mutable_model()->mutable_init()->mutable_safetensors());
   RestorePath(submitted.checkpoint().dir(),
@@ -153,12 +154,12 @@ void JobManager::LivenessLoop() {
     mu_.AwaitWithTimeout(absl::Condition(&shutting_down_), period);
     if (shutting_down_) break;
     const absl::Time now = absl::Now();
+    SettleFailuresLocked(now);
     std::vector<std::pair<std::string, absl::Duration>> lost;
     for (const auto& [id, w] : workers_) {
       absl::Duration silent = now - w.last_seen;
       if (silent > options_.heartbeat_timeout) lost.emplace_back(id, silent);
     }
-    if (lost.empty()) continue;
     for (const auto& [id, silent] : lost) {
       LoseWorkerLocked(id, absl::StrFormat("no heartbeat for %.1f s",
                                            absl::ToDoubleSeconds(silent)));
@@ -211,11 +212,14 @@ JobEventLog* JobManager::LogLocked(JobEntry& e) {
       events = std::vector<JobEvent>();
     }
     if (events->empty()) {
-      // Keep the invariant that a log starts with the job's state.
+      // Keep the invariant that a log starts with the job's state, and
+      // store it as event 0 so that the stored history always starts at 0.
       JobEvent first;
       first.set_job_id(e.job.job_id());
       first.mutable_state()->set_state(e.job.state());
       first.mutable_state()->set_reason(e.job.reason());
+      absl::Status st = store_->UpdateJob(e.job, 0, &first);
+      if (!st.ok()) LOG(ERROR) << "persisting job " << e.job.job_id() << ": " << st;
       events->push_back(std::move(first));
     }
     e.log = std::make_shared<JobEventLog>(*std::move(events));
@@ -345,11 +349,8 @@ absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request) {
   }
   absl::StatusOr<JobPlan> plan =
       PlanJob(request.spec(), ControllerPlanOptions());
-  if (!plan.ok()) {
-    return absl::Status(plan.status().code(),
-                        absl::StrCat("invalid job spec:\n",
-                                     plan.status().message()));
-  }
+  // PlanJob's message already lists every problem with its field path.
+  if (!plan.ok()) return plan.status();
   Job result;
   {
     absl::MutexLock lock(&mu_);
@@ -372,7 +373,11 @@ absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request) {
     const std::string id = e->job.job_id();
     job_by_request_[request.request_id()] = id;
     jobs_[id] = std::move(e);
-    if (created.created) queued_.insert(id);
+    if (created.created) {
+      // The history starts with the QUEUED state, stored as event 0.
+      LogLocked(*jobs_.at(id));
+      queued_.insert(id);
+    }
     ScheduleLocked();
     result = jobs_.at(id)->job;
   }
@@ -392,12 +397,12 @@ absl::StatusOr<Job> JobManager::GetJob(const std::string& job_id) {
 absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(
     const v1::ListJobsRequest& request) {
   if (request.page_size() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page_size: must be >= 0, got ", request.page_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must be >= 0, got ", request.page_size()));
   }
-  int limit = request.page_size() == 0 ? kDefaultPageSize
-                                       : std::min(request.page_size(),
-                                                  kMaxPageSize);
+  int limit = request.page_size() == 0
+                  ? kDefaultPageSize
+                  : std::min(request.page_size(), kMaxPageSize);
   int64_t before = 0;
   if (!request.page_token().empty()) {
     std::string decoded;
@@ -442,10 +447,11 @@ absl::StatusOr<Job> JobManager::CancelJob(const v1::CancelJobRequest& request) {
     }
     JobEntry& e = *it->second;
     if (IsTerminal(e.job.state())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", e.job.job_id(), " is already ",
-          v1::JobState_Name(e.job.state()), "; only QUEUED or RUNNING jobs "
-          "can be cancelled"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", e.job.job_id(), " is already ",
+                       v1::JobState_Name(e.job.state()),
+                       "; only QUEUED or RUNNING jobs "
+                       "can be cancelled"));
     }
     if (shutting_down_) {
       return absl::UnavailableError("controller shutting down");
@@ -559,11 +565,11 @@ void JobManager::LoseWorkerLocked(const std::string& worker_id,
   if (!w.job_id.empty()) {
     JobEntry& e = *jobs_.at(w.job_id);
     if (e.job.state() == v1::RUNNING) {
-      FinishJobLocked(e, v1::FAILED,
-                      absl::StrCat("worker ", WorkerLabel(w.id, w.name),
-                                   " running stage ", w.stage,
-                                   " was lost: ", why),
-                      /*cancel_workers=*/true);
+      FinishJobLocked(
+          e, v1::FAILED,
+          absl::StrCat("worker ", WorkerLabel(w.id, w.name), " running stage ",
+                       w.stage, " was lost: ", why),
+          /*cancel_workers=*/true);
     }
   }
   ScheduleLocked();
@@ -630,10 +636,17 @@ void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
     std::string error = absl::StrCat(
         "stage ", d.stage(), " on worker ", label, " failed: ",
         d.error().empty() ? std::string("no error given") : d.error());
-    if (!d.cancelled()) {
-      FinishJobLocked(*e, v1::FAILED, error, /*cancel_workers=*/true);
-      ScheduleLocked();
-      return;
+    if (!d.cancelled() && e->pending_failure.empty()) {
+      e->pending_failure = error;
+      e->failure_deadline = absl::Now() + FailureGrace();
+      // Stop the other stages now; they report back as cancelled.
+      for (auto& [id, other] : workers_) {
+        if (other.job_id != e->job.job_id() || other.id == w.id) continue;
+        v1::ControllerMessage msg;
+        msg.mutable_cancel()->set_job_id(e->job.job_id());
+        msg.mutable_cancel()->set_reason(error);
+        SendLocked(other.link, std::move(msg));
+      }
     }
     if (e->first_cancel_error.empty()) e->first_cancel_error = error;
   }
@@ -648,24 +661,45 @@ void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
   }
   if (all_done) {
     if (all_ok) {
-      FinishJobLocked(*e, v1::SUCCEEDED,
-                      absl::StrCat("all ", e->num_stages,
-                                   " stage(s) finished after step ",
-                                   e->job.steps_completed()),
-                      false);
+      FinishJobLocked(
+          *e, v1::SUCCEEDED,
+          absl::StrCat("all ", e->num_stages, " stage(s) finished after step ",
+                       e->job.steps_completed()),
+          false);
     } else {
-      FinishJobLocked(*e, v1::FAILED, e->first_cancel_error, false);
+      FinishJobLocked(*e, v1::FAILED,
+                      e->pending_failure.empty() ? e->first_cancel_error
+                                                 : e->pending_failure,
+                      false);
     }
   }
   ScheduleLocked();
+}
+
+absl::Duration JobManager::FailureGrace() const {
+  return std::min(options_.heartbeat_timeout, absl::Seconds(1));
+}
+
+void JobManager::SettleFailuresLocked(absl::Time now) {
+  bool changed = false;
+  for (auto& [id, entry] : jobs_) {
+    JobEntry& e = *entry;
+    if (e.job.state() != v1::RUNNING || e.pending_failure.empty() ||
+        now < e.failure_deadline) {
+      continue;
+    }
+    FinishJobLocked(e, v1::FAILED, e.pending_failure, /*cancel_workers=*/true);
+    changed = true;
+  }
+  if (changed) ScheduleLocked();
 }
 
 std::vector<JobManager::WorkerInfo> JobManager::ListWorkers() {
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<int64_t, WorkerInfo>> infos;
   for (const auto& [id, w] : workers_) {
-    infos.push_back({w.order, {w.id, w.name, w.caps.device(), w.job_id,
-                               w.stage}});
+    infos.push_back(
+        {w.order, {w.id, w.name, w.caps.device(), w.job_id, w.stage}});
   }
   std::sort(infos.begin(), infos.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -108,12 +108,18 @@ class JobManager {
     v1::Job job;
     int64_t order = 0;
     int num_stages = 1;
-    v1::JobSpec normalized;  // sent in StageAssignment
+    v1::JobSpec normalized;            // sent in StageAssignment
     std::shared_ptr<JobEventLog> log;  // null until first needed
     // step -> timings of the stages that reported it so far.
     std::map<int64_t, std::vector<v1::StageTiming>> pending_steps;
     std::vector<int> stage_done;  // per stage: 0 running, 1 ok, 2 failed
     std::string first_cancel_error;
+    // A stage failed; the job fails with this reason at failure_deadline
+    // (or when every stage has reported), unless a worker of the job is
+    // found lost first: a neighbour's "connection closed" is a symptom, the
+    // lost worker the cause, and the reason should name the cause.
+    std::string pending_failure;
+    absl::Time failure_deadline = absl::InfiniteFuture();
   };
   struct WorkerEntry {
     std::string id;
@@ -135,6 +141,10 @@ class JobManager {
   JobManager(const JobManagerOptions& options, std::unique_ptr<JobStore> store);
   absl::Status Load();
   void LivenessLoop();
+  // How long a stage failure waits for a lost-worker event to explain it.
+  absl::Duration FailureGrace() const;
+  // Fails the running jobs whose pending failure's grace has passed.
+  void SettleFailuresLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends everything queued in outbox_, in order; safe to re-enter.
   void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
 

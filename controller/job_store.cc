@@ -102,10 +102,10 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
   }
   std::string path = data_dir + "/controller.db";
   sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
-                               SQLITE_OPEN_FULLMUTEX,
-                           nullptr);
+  int rc = sqlite3_open_v2(
+      path.c_str(), &db,
+      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+      nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
     sqlite3_close(db);
@@ -144,28 +144,28 @@ absl::Status JobStore::Init() {
   sqlite3_busy_timeout(db_, 5000);
   RETURN_IF_ERROR(Exec("PRAGMA journal_mode=WAL"));
   RETURN_IF_ERROR(Exec("PRAGMA synchronous=NORMAL"));
-  RETURN_IF_ERROR(Exec(
-      "CREATE TABLE IF NOT EXISTS jobs ("
-      " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-      " job_id TEXT NOT NULL UNIQUE,"
-      " request_id TEXT NOT NULL UNIQUE,"
-      " spec BLOB NOT NULL,"
-      " state INTEGER NOT NULL,"
-      " reason TEXT NOT NULL DEFAULT '',"
-      " priority INTEGER NOT NULL DEFAULT 0,"
-      " create_time_ms INTEGER NOT NULL DEFAULT 0,"
-      " start_time_ms INTEGER NOT NULL DEFAULT 0,"
-      " end_time_ms INTEGER NOT NULL DEFAULT 0,"
-      " steps_completed INTEGER NOT NULL DEFAULT 0,"
-      " last_step BLOB,"
-      " last_eval BLOB,"
-      " workers TEXT NOT NULL DEFAULT '');"
-      "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, seq);"
-      "CREATE TABLE IF NOT EXISTS job_events ("
-      " job_id TEXT NOT NULL,"
-      " seq INTEGER NOT NULL,"
-      " event BLOB NOT NULL,"
-      " PRIMARY KEY (job_id, seq)) WITHOUT ROWID;"));
+  RETURN_IF_ERROR(
+      Exec("CREATE TABLE IF NOT EXISTS jobs ("
+           " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+           " job_id TEXT NOT NULL UNIQUE,"
+           " request_id TEXT NOT NULL UNIQUE,"
+           " spec BLOB NOT NULL,"
+           " state INTEGER NOT NULL,"
+           " reason TEXT NOT NULL DEFAULT '',"
+           " priority INTEGER NOT NULL DEFAULT 0,"
+           " create_time_ms INTEGER NOT NULL DEFAULT 0,"
+           " start_time_ms INTEGER NOT NULL DEFAULT 0,"
+           " end_time_ms INTEGER NOT NULL DEFAULT 0,"
+           " steps_completed INTEGER NOT NULL DEFAULT 0,"
+           " last_step BLOB,"
+           " last_eval BLOB,"
+           " workers TEXT NOT NULL DEFAULT '');"
+           "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, seq);"
+           "CREATE TABLE IF NOT EXISTS job_events ("
+           " job_id TEXT NOT NULL,"
+           " seq INTEGER NOT NULL,"
+           " event BLOB NOT NULL,"
+           " PRIMARY KEY (job_id, seq)) WITHOUT ROWID;"));
   return absl::OkStatus();
 }
 
@@ -290,8 +290,7 @@ absl::StatusOr<JobStore::Created> JobStore::CreateJob(const Job& job) {
     event.set_job_id(created.job.job_id());
     event.mutable_state()->set_state(v1::QUEUED);
     event.mutable_state()->set_reason(job.reason());
-    Stmt s(db_,
-           "INSERT INTO job_events (job_id, seq, event) VALUES (?, 0, ?)");
+    Stmt s(db_, "INSERT INTO job_events (job_id, seq, event) VALUES (?, 0, ?)");
     s.Bind(1, created.job.job_id());
     s.BindBlob(2, event.SerializeAsString());
     if (s.Step() != SQLITE_DONE) return fail("append first event");
@@ -329,14 +328,13 @@ absl::Status JobStore::UpdateJob(const Job& job, int64_t event_seq,
     }
   }
   if (event != nullptr) {
-    Stmt s(db_,
-           "INSERT INTO job_events (job_id, seq, event) VALUES (?, ?, ?)");
+    Stmt s(db_, "INSERT INTO job_events (job_id, seq, event) VALUES (?, ?, ?)");
     s.Bind(1, job.job_id());
     s.Bind(2, event_seq);
     s.BindBlob(3, event->SerializeAsString());
     if (s.Step() != SQLITE_DONE) {
-      return fail(Error(absl::StrCat("append event ", event_seq, " of job ",
-                                     job.job_id())));
+      return fail(Error(
+          absl::StrCat("append event ", event_seq, " of job ", job.job_id())));
     }
   }
   return Exec("COMMIT");
@@ -381,8 +379,8 @@ absl::StatusOr<std::vector<JobEvent>> JobStore::LoadEvents(
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) {
     if (s.Int(0) != static_cast<int64_t>(events.size())) {
-      return absl::DataLossError(absl::StrCat("job ", job_id, ": event ",
-                                              events.size(), " missing"));
+      return absl::DataLossError(
+          absl::StrCat("job ", job_id, ": event ", events.size(), " missing"));
     }
     JobEvent event;
     if (!event.ParseFromString(s.Text(1))) {

@@ -97,7 +97,8 @@ class JobStore {
   absl::Status Exec(const std::string& sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Init() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecoverRunning() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Error(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Error(const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);

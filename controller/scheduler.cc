@@ -50,19 +50,19 @@ SchedDecision Schedule(std::vector<SchedJob> queued,
     }
     const int need = std::max(job.stages, 1);
     if (registered < need) {
-      std::string needs = need == 1 ? absl::StrCat("a ", kind, " worker")
-                                    : Plural(need, kind);
-      std::string have = registered == 0 ? "none registered"
-                                         : absl::StrCat(registered,
-                                                        " registered");
+      std::string needs =
+          need == 1 ? absl::StrCat("a ", kind, " worker") : Plural(need, kind);
+      std::string have = registered == 0
+                             ? "none registered"
+                             : absl::StrCat(registered, " registered");
       decision.waiting[job.id] = absl::StrCat("needs ", needs, "; ", have);
       continue;
     }
     auto blocker = blocked_by.find(kind);
     if (blocker != blocked_by.end()) {
-      decision.waiting[job.id] = absl::StrCat(
-          "waiting behind ", blocker->second->id, " (priority ",
-          blocker->second->priority, ") for ", kind, " workers");
+      decision.waiting[job.id] =
+          absl::StrCat("waiting behind ", blocker->second->id, " (priority ",
+                       blocker->second->priority, ") for ", kind, " workers");
       continue;
     }
     if (static_cast<int>(idle.size()) < need) {

@@ -88,8 +88,9 @@ absl::StatusOr<sockaddr_in> ResolveIpv4(const std::string& address) {
   if (colon == std::string::npos ||
       !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
       port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "address \"", address, "\": expected host:port with port in [0, 65535]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("address \"", address,
+                     "\": expected host:port with port in [0, 65535]"));
   }
   const std::string host = address.substr(0, colon);
   sockaddr_in sa{};
@@ -221,13 +222,15 @@ absl::Status WriteFrame(int fd, const std::string& header,
                         const std::vector<Tensor>& tensors, absl::Time deadline,
                         int stop_fd) {
   uint32_t crc = Crc32cExtend(0, header.data(), header.size());
-  std::vector<iovec> batch = {{const_cast<char*>(header.data()), header.size()}};
+  std::vector<iovec> batch = {
+      {const_cast<char*>(header.data()), header.size()}};
   size_t batch_bytes = header.size();
   for (const Tensor& t : tensors) {
     const char* p = static_cast<const char*>(t.raw_data());
     size_t n = t.nbytes();
     while (n > 0) {
-      const size_t take = std::min(n, kChunk - std::min(batch_bytes, kChunk - 1));
+      const size_t take =
+          std::min(n, kChunk - std::min(batch_bytes, kChunk - 1));
       crc = Crc32cExtend(crc, p, take);
       batch.push_back({const_cast<char*>(p), take});
       batch_bytes += take;
@@ -259,10 +262,11 @@ absl::StatusOr<Frame> ReadFrame(int fd, absl::Duration io_timeout,
   char prefix_bytes[kFramePrefixSize];
   size_t got = 0;
   // The first byte may take as long as the peer likes.
-  absl::Status s = ReadFull(fd, prefix_bytes, 1, absl::InfiniteFuture(),
-                            stop_fd, &got);
+  absl::Status s =
+      ReadFull(fd, prefix_bytes, 1, absl::InfiniteFuture(), stop_fd, &got);
   if (!s.ok()) {
-    if (absl::IsUnavailable(s) && got == 0 && s.message() == "connection closed") {
+    if (absl::IsUnavailable(s) && got == 0 &&
+        s.message() == "connection closed") {
       return absl::UnavailableError(
           "connection closed by the peer between frames (no goodbye: the "
           "peer process died or aborted)");
@@ -270,12 +274,10 @@ absl::StatusOr<Frame> ReadFrame(int fd, absl::Duration io_timeout,
     return s;
   }
   const absl::Time deadline = absl::Now() + io_timeout;
-  auto mid_frame = [&](const absl::Status& s,
-                       uint64_t total) -> absl::Status {
-    const std::string of =
-        total == 0 ? std::string("a frame prefix of ") +
-                         std::to_string(kFramePrefixSize)
-                   : std::to_string(total);
+  auto mid_frame = [&](const absl::Status& s, uint64_t total) -> absl::Status {
+    const std::string of = total == 0 ? std::string("a frame prefix of ") +
+                                            std::to_string(kFramePrefixSize)
+                                      : std::to_string(total);
     if (absl::IsCancelled(s)) return s;
     if (absl::IsDeadlineExceeded(s)) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -287,8 +289,8 @@ absl::StatusOr<Frame> ReadFrame(int fd, absl::Duration io_timeout,
           absl::StrCat("connection closed in the middle of a frame (got ", got,
                        " of ", of, " bytes)"));
     }
-    return absl::UnavailableError(absl::StrCat(s.message(), " (got ", got,
-                                               " of ", of, " bytes)"));
+    return absl::UnavailableError(
+        absl::StrCat(s.message(), " (got ", got, " of ", of, " bytes)"));
   };
   s = ReadFull(fd, prefix_bytes + 1, kFramePrefixSize - 1, deadline, stop_fd,
                &got);
@@ -416,13 +418,12 @@ class PeerListenerImpl : public PeerListener {
       SetConnectionOptions(conn.get());
       absl::MutexLock lock(&mu_);
       const int64_t id = next_id_++;
-      handshakes_[id] = std::thread(
-          [this, id, conn = std::move(conn), peer = SockaddrToString(from)]()
-              mutable {
-            HandleHandshake(std::move(conn), peer);
-            absl::MutexLock lock(&mu_);
-            finished_.push_back(id);
-          });
+      handshakes_[id] = std::thread([this, id, conn = std::move(conn),
+                                     peer = SockaddrToString(from)]() mutable {
+        HandleHandshake(std::move(conn), peer);
+        absl::MutexLock lock(&mu_);
+        finished_.push_back(id);
+      });
     }
   }
 
@@ -486,13 +487,14 @@ class PeerListenerImpl : public PeerListener {
                            options_.unknown_job_timeout);
       if (!stopping_ && registry_.count(key) > 0) reg = registry_[key];
     }
-    const std::string who = absl::StrCat("rank ", hs->from_rank, " of job \"",
-                                         hs->job_id, "\" for rank ",
-                                         hs->to_rank);
+    const std::string who =
+        absl::StrCat("rank ", hs->from_rank, " of job \"", hs->job_id,
+                     "\" for rank ", hs->to_rank);
     if (reg == nullptr) {
       Reject(conn.get(), peer,
-             absl::StrCat(who, ": no such job/rank registered with this "
-                               "listener within ",
+             absl::StrCat(who,
+                          ": no such job/rank registered with this "
+                          "listener within ",
                           absl::FormatDuration(options_.unknown_job_timeout)));
       return;
     }
@@ -528,8 +530,8 @@ class PeerListenerImpl : public PeerListener {
   std::thread accept_thread_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<std::pair<std::string, int>, std::shared_ptr<Registration>>
-      registry_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, std::shared_ptr<Registration>> registry_
+      ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, std::thread> handshakes_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
@@ -593,14 +595,16 @@ absl::StatusOr<Fd> Dial(const std::string& address, const Handshake& hs,
       errno = err;
     }
     if (rc != 0) {
-      last = absl::UnavailableError(absl::StrCat("connect: ", ErrnoText(errno)));
+      last =
+          absl::UnavailableError(absl::StrCat("connect: ", ErrnoText(errno)));
       absl::SleepFor(absl::Milliseconds(20));
       continue;
     }
     absl::Status s = WriteString(fd.get(), hello, deadline, -1);
     char reply[kHandshakeReplyPrefixSize];
     size_t got = 0;
-    if (s.ok()) s = ReadFull(fd.get(), reply, sizeof(reply), deadline, -1, &got);
+    if (s.ok())
+      s = ReadFull(fd.get(), reply, sizeof(reply), deadline, -1, &got);
     bool accepted = false;
     uint16_t reason_len = 0;
     if (s.ok()) s = DecodeHandshakeReplyPrefix(reply, &accepted, &reason_len);
@@ -609,10 +613,11 @@ absl::StatusOr<Fd> Dial(const std::string& address, const Handshake& hs,
       s = ReadFull(fd.get(), reason.data(), reason.size(), deadline, -1, &got);
     }
     if (s.ok() && accepted) return fd;
-    last = s.ok() ? absl::UnavailableError(
-                        absl::StrCat("handshake rejected: ", reason))
-                  : absl::UnavailableError(
-                        absl::StrCat("handshake: ", s.message()));
+    last =
+        s.ok()
+            ? absl::UnavailableError(
+                  absl::StrCat("handshake rejected: ", reason))
+            : absl::UnavailableError(absl::StrCat("handshake: ", s.message()));
     absl::SleepFor(absl::Milliseconds(50));
   }
   return last;
@@ -736,9 +741,9 @@ class TcpTransport : public Transport {
     if (!fatal_.ok()) return fatal_;
     Peer* p = peers_[peer].get();
     if (p->said_goodbye) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", options_.rank, ": cannot send to ", p->name,
-          ": it closed its transport"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", options_.rank, ": cannot send to ", p->name,
+                       ": it closed its transport"));
     }
     p->outbox.push_back(std::move(out));
     return absl::OkStatus();
@@ -804,9 +809,10 @@ class TcpTransport : public Transport {
                      absl::Now() + options_.io_timeout, stop_.fd());
       if (!s.ok()) {
         if (!absl::IsCancelled(s)) {
-          Fail(p, absl::Status(s.code(),
-                               absl::StrCat("sending a ", FrameKindName(out.kind),
-                                            " frame: ", s.message())));
+          Fail(p,
+               absl::Status(s.code(),
+                            absl::StrCat("sending a ", FrameKindName(out.kind),
+                                         " frame: ", s.message())));
         }
         return;
       }
@@ -826,9 +832,10 @@ class TcpTransport : public Transport {
         return;
       }
       if (f->header.job_id != options_.job_id) {
-        Fail(p, absl::DataLossError(absl::StrCat(
-                    "received a frame for job \"", f->header.job_id,
-                    "\"; this transport serves job \"", options_.job_id, "\"")));
+        Fail(p,
+             absl::DataLossError(absl::StrCat(
+                 "received a frame for job \"", f->header.job_id,
+                 "\"; this transport serves job \"", options_.job_id, "\"")));
         return;
       }
       absl::MutexLock lock(&mu_);
@@ -867,7 +874,8 @@ class TcpTransport : public Transport {
 
 Tensor DoublesToTensor(const std::vector<double>& v) {
   Tensor t = Tensor::Empty(DType::kInt64, {static_cast<int64_t>(v.size())});
-  if (!v.empty()) std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(double));
+  if (!v.empty())
+    std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(double));
   return t;
 }
 
@@ -876,7 +884,8 @@ absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
   const absl::Time deadline = absl::Now() + timeout;
   const int64_t round = reduce_round_++;
   const int n = world_size();
-  const std::string me = absl::StrCat("rank ", options_.rank, ": all-reduce round ", round);
+  const std::string me =
+      absl::StrCat("rank ", options_.rank, ": all-reduce round ", round);
   if (options_.rank != 0) {
     RETURN_IF_ERROR(SendReduceFrame(0, FrameKind::kAllReduceContribution, round,
                                     DoublesToTensor(*values)));
@@ -891,9 +900,9 @@ absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
     if (pf.kind != FrameKind::kAllReduceResult || pf.step != round ||
         f.tensors.size() != 1 || f.tensors[0].dtype() != DType::kInt64 ||
         f.tensors[0].numel() != static_cast<int64_t>(values->size())) {
-      return absl::InternalError(absl::StrCat(
-          me, ": unexpected ", FrameKindName(pf.kind), " frame for round ",
-          pf.step, " from rank 0"));
+      return absl::InternalError(
+          absl::StrCat(me, ": unexpected ", FrameKindName(pf.kind),
+                       " frame for round ", pf.step, " from rank 0"));
     }
     std::memcpy(values->data(), f.tensors[0].raw_data(), f.tensors[0].nbytes());
     return absl::OkStatus();
@@ -916,7 +925,8 @@ absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
     parts[r] = std::move(f.tensors[0]);
   }
   if (!error.empty()) {
-    Tensor msg = Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(error.size())});
+    Tensor msg =
+        Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(error.size())});
     std::memcpy(msg.raw_data(), error.data(), error.size());
     for (int r = 1; r < n; ++r) {
       SendReduceFrame(r, FrameKind::kAllReduceError, round, msg).IgnoreError();
@@ -949,13 +959,13 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
       absl::StrCat("job \"", options.job_id, "\" rank ", options.rank);
   if (options.job_id.empty() ||
       options.job_id.size() > static_cast<size_t>(kMaxJobIdLength)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        me, ": job id must be 1..", kMaxJobIdLength, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(me, ": job id must be 1..", kMaxJobIdLength, " bytes"));
   }
   if (options.rank < 0 || options.rank >= world) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        me, ": rank not in [0, ", world, ") (peer_addresses has ", world,
-        " entries)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(me, ": rank not in [0, ", world, ") (peer_addresses has ",
+                     world, " entries)"));
   }
   auto* impl = dynamic_cast<PeerListenerImpl*>(listener);
   if (impl == nullptr) {
@@ -997,7 +1007,8 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
     if (dialed[r].ok()) {
       fds[r] = *std::move(dialed[r]);
     } else {
-      missing.push_back(absl::StrCat("rank ", r, " (", options.peer_addresses[r],
+      missing.push_back(absl::StrCat("rank ", r, " (",
+                                     options.peer_addresses[r],
                                      "): ", dialed[r].status().message()));
     }
   }
@@ -1007,17 +1018,16 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
       if (reg->accepted[r].valid()) {
         fds[r] = std::move(reg->accepted[r]);
       } else {
-        missing.push_back(absl::StrCat("rank ", r, " (",
-                                       options.peer_addresses[r],
-                                       "): never connected"));
+        missing.push_back(absl::StrCat(
+            "rank ", r, " (", options.peer_addresses[r], "): never connected"));
       }
     }
   }
   if (!missing.empty()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        me, ": peers not connected within ",
-        absl::FormatDuration(options.connect_timeout), ": ",
-        absl::StrJoin(missing, "; ")));
+    return absl::DeadlineExceededError(
+        absl::StrCat(me, ": peers not connected within ",
+                     absl::FormatDuration(options.connect_timeout), ": ",
+                     absl::StrJoin(missing, "; ")));
   }
   return std::unique_ptr<Transport>(new TcpTransport(options, std::move(fds)));
 }

@@ -1,2 +1,541 @@
 #include "core/tcp_transport.h"
-int main(){}
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/frame.h"
+#include "core/in_process_transport.h"
+#include "core/random.h"
+#include "glog/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::unique_ptr<PeerListener> MustListen(
+    const PeerListenerOptions& options = PeerListenerOptions()) {
+  auto l = PeerListener::Listen("127.0.0.1:0", options);
+  CHECK(l.ok()) << l.status();
+  return *std::move(l);
+}
+
+// N ranks as threads of this process, each with its own listener.
+struct Cluster {
+  std::vector<std::unique_ptr<PeerListener>> listeners;
+  std::vector<std::unique_ptr<Transport>> ranks;
+  std::vector<std::string> addresses;
+};
+
+Cluster Connect(int n, const std::string& job) {
+  Cluster c;
+  for (int r = 0; r < n; ++r) {
+    c.listeners.push_back(MustListen());
+    c.addresses.push_back(c.listeners.back()->address());
+  }
+  std::vector<absl::StatusOr<std::unique_ptr<Transport>>> results(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      TcpTransportOptions o;
+      o.job_id = job;
+      o.rank = r;
+      o.peer_addresses = c.addresses;
+      o.connect_timeout = absl::Seconds(5);
+      o.io_timeout = absl::Seconds(5);
+      results[r] = ConnectTcpTransport(c.listeners[r].get(), o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    CHECK(results[r].ok()) << results[r].status();
+    c.ranks.push_back(*std::move(results[r]));
+  }
+  return c;
+}
+
+Tensor RandomFloats(Shape shape, uint64_t seed) {
+  Tensor t = Tensor::Empty(DType::kFloat32, shape);
+  Rng rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    t.data<float>()[i] = static_cast<float>(rng.Normal());
+  }
+  return t;
+}
+
+bool BitwiseEqual(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.nbytes() == 0 ||
+          std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+TEST(TcpTransportTest, RoundTripsOddShapesBitwiseBothWays) {
+  Cluster c = Connect(2, "roundtrip");
+  Tensor x = RandomFloats({3, 7, 5}, 1);
+  Tensor ids = Tensor::Empty(DType::kInt64, {13});
+  for (int i = 0; i < 13; ++i)
+    ids.data<int64_t>()[i] = (int64_t{1} << 40) * i - 7;
+  Tensor empty = Tensor::Zeros(DType::kFloat32, {0, 3});
+  Tensor big = RandomFloats({257, 1031}, 2);  // > one 256 KiB chunk, odd
+  for (int from : {0, 1}) {
+    const int to = 1 - from;
+    Message m;
+    m.kind = from == 0 ? MessageKind::kActivation : MessageKind::kGradient;
+    m.step = 123456789012 + from;
+    m.microbatch = 7;
+    m.tensors = {{"x", x}, {"ids", ids}, {"empty", empty}, {"big", big}};
+    ASSERT_TRUE(c.ranks[from]->Send(to, m).ok());
+    auto got = c.ranks[to]->Recv(from, absl::Seconds(5));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->kind, m.kind);
+    EXPECT_EQ(got->step, m.step);
+    EXPECT_EQ(got->microbatch, 7);
+    ASSERT_EQ(got->tensors.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(got->tensors[i].first, m.tensors[i].first);
+      EXPECT_TRUE(BitwiseEqual(got->tensors[i].second, m.tensors[i].second))
+          << m.tensors[i].first;
+    }
+  }
+}
+
+TEST(TcpTransportTest, ManyMessagesOfMixedKindsArriveInSendOrder) {
+  Cluster c = Connect(2, "order");
+  const int n = 400;
+  for (int i = 0; i < n; ++i) {
+    Message m;
+    m.kind = static_cast<MessageKind>(i % 3);
+    m.step = i / 4;
+    m.microbatch = i;
+    m.tensors = {{"x", Tensor::FromVector({float(i)}, {1})}};
+    ASSERT_TRUE(c.ranks[0]->Send(1, std::move(m)).ok());
+  }
+  for (int i = 0; i < n; ++i) {
+    auto m = c.ranks[1]->Recv(0, absl::Seconds(5));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->microbatch, i);
+    EXPECT_EQ(m->kind, static_cast<MessageKind>(i % 3));
+    EXPECT_EQ(m->tensors[0].second.data<float>()[0], float(i));
+  }
+}
+
+TEST(TcpTransportTest, AllReduceEqualsInProcessBitwiseOverManyRounds) {
+  const int n = 4, rounds = 60, len = 37;
+  // Values of very different magnitudes so that summation order matters.
+  auto input = [&](int rank, int round) {
+    Rng rng(rank * 1000 + round);
+    std::vector<double> v(len);
+    for (double& x : v) x = rng.Normal() * std::pow(10.0, rng.Below(30) - 15.0);
+    return v;
+  };
+  std::vector<std::vector<std::vector<double>>> want(n), got(n);
+  auto run = [&](std::vector<Transport*> ranks,
+                 std::vector<std::vector<std::vector<double>>>* out) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        for (int k = 0; k < rounds; ++k) {
+          std::vector<double> v = input(r, k);
+          absl::Status s = ranks[r]->AllReduceSum(&v, absl::Seconds(5));
+          ASSERT_TRUE(s.ok()) << s;
+          (*out)[r].push_back(v);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  };
+  InProcessHub hub(n);
+  run({hub.rank(0), hub.rank(1), hub.rank(2), hub.rank(3)}, &want);
+  Cluster c = Connect(n, "allreduce");
+  run({c.ranks[0].get(), c.ranks[1].get(), c.ranks[2].get(), c.ranks[3].get()},
+      &got);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(got[r].size(), static_cast<size_t>(rounds));
+    for (int k = 0; k < rounds; ++k) {
+      ASSERT_EQ(std::memcmp(got[r][k].data(), want[0][k].data(),
+                            len * sizeof(double)),
+                0)
+          << "rank " << r << " round " << k;
+    }
+  }
+}
+
+TEST(TcpTransportTest, AllReduceLengthMismatchFailsEveryRank) {
+  Cluster c = Connect(3, "mismatch");
+  std::vector<absl::Status> status(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<double> v(r == 2 ? 5 : 4, 1.0);
+      status[r] = c.ranks[r]->AllReduceSum(&v, absl::Seconds(5));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kInvalidArgument) << r;
+    EXPECT_THAT(status[r].message(),
+                HasSubstr("rank 2 sent 5 values, rank 0 sent 4"));
+  }
+}
+
+TEST(TcpTransportTest, RecvTimesOutNamingThePeer) {
+  Cluster c = Connect(2, "timeout");
+  const absl::Time start = absl::Now();
+  auto m = c.ranks[1]->Recv(0, absl::Milliseconds(150));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(m.status().message(),
+              HasSubstr("no message from rank 0 (" + c.addresses[0] + ")"));
+  EXPECT_GE(took, absl::Milliseconds(150));
+  EXPECT_LT(took, absl::Seconds(2));
+  EXPECT_EQ(c.ranks[1]->Send(1, Message()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TcpTransportTest, AbortedRankFailsItsOwnCallsAndThePeersNamingIt) {
+  Cluster c = Connect(3, "abort");
+  absl::Status recv0, reduce2;
+  absl::Time failed0, failed2;
+  std::thread t0([&] {
+    recv0 = c.ranks[0]->Recv(1, absl::Seconds(30)).status();
+    failed0 = absl::Now();
+  });
+  std::thread t2([&] {
+    std::vector<double> v = {1.0};
+    reduce2 = c.ranks[2]->AllReduceSum(&v, absl::Seconds(30));
+    failed2 = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time aborted = absl::Now();
+  c.ranks[1]->Abort(absl::InternalError("stage 1 failed: disk full"));
+  auto own = c.ranks[1]->Recv(0, absl::Seconds(1));
+  EXPECT_EQ(own.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(own.status().message(), HasSubstr("stage 1 failed: disk full"));
+  EXPECT_EQ(c.ranks[1]->Send(0, Message()).code(), absl::StatusCode::kAborted);
+  t0.join();
+  t2.join();
+  const std::string rank1 = "rank 1 (" + c.addresses[1] + ")";
+  EXPECT_THAT(recv0.message(),
+              AllOf(HasSubstr(rank1), HasSubstr("connection closed")));
+  EXPECT_EQ(recv0.code(), absl::StatusCode::kUnavailable);
+  // Rank 2 waits for rank 0's result; it sees rank 1's close on its own
+  // connection.
+  EXPECT_THAT(reduce2.message(), HasSubstr(rank1));
+  EXPECT_LT(failed0 - aborted, absl::Seconds(2));
+  EXPECT_LT(failed2 - aborted, absl::Seconds(2));
+}
+
+TEST(TcpTransportTest, DestroyedRankFlushesThenPeersFailNamingIt) {
+  Cluster c = Connect(2, "destroy");
+  for (int i = 0; i < 3; ++i) {
+    Message m;
+    m.microbatch = i;
+    m.tensors = {{"x", RandomFloats({512, 512}, i)}};
+    ASSERT_TRUE(c.ranks[1]->Send(0, m).ok());
+  }
+  c.ranks[1].reset();
+  for (int i = 0; i < 3; ++i) {
+    auto m = c.ranks[0]->Recv(1, absl::Seconds(5));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->microbatch, i);
+  }
+  const absl::Time start = absl::Now();
+  auto m = c.ranks[0]->Recv(1, absl::Seconds(30));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(m.status().message(), HasSubstr("rank 1 (" + c.addresses[1] +
+                                              ") closed its transport"));
+}
+
+TEST(TcpTransportTest, ConnectionArrivingBeforeRegistrationWaits) {
+  auto l0 = MustListen();
+  auto l1 = MustListen();
+  std::vector<std::string> addrs = {l0->address(), l1->address()};
+  TcpTransportOptions o;
+  o.job_id = "late";
+  o.peer_addresses = addrs;
+  o.connect_timeout = absl::Seconds(5);
+  absl::StatusOr<std::unique_ptr<Transport>> t1;
+  std::thread dialer([&] {
+    TcpTransportOptions o1 = o;
+    o1.rank = 1;
+    t1 = ConnectTcpTransport(l1.get(), o1);
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // rank 1's handshake is waiting
+  auto t0 = ConnectTcpTransport(l0.get(), o);
+  dialer.join();
+  ASSERT_TRUE(t0.ok()) << t0.status();
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  ASSERT_TRUE((*t1)->Send(0, Message()).ok());
+  EXPECT_TRUE((*t0)->Recv(1, absl::Seconds(5)).ok());
+}
+
+TEST(TcpTransportTest, ConnectTimeoutNamesTheMissingRanks) {
+  auto l0 = MustListen();
+  auto l1 = MustListen();
+  // Rank 2's listener never existed: take a port and close it again.
+  std::string missing;
+  {
+    auto l2 = MustListen();
+    missing = l2->address();
+  }
+  std::vector<std::string> addrs = {l0->address(), l1->address(), missing};
+  absl::StatusOr<std::unique_ptr<Transport>> t1;
+  std::thread other([&] {
+    TcpTransportOptions o;
+    o.job_id = "missing";
+    o.rank = 1;
+    o.peer_addresses = addrs;
+    o.connect_timeout = absl::Milliseconds(500);
+    t1 = ConnectTcpTransport(l1.get(), o);
+  });
+  TcpTransportOptions o;
+  o.job_id = "missing";
+  o.rank = 0;
+  o.peer_addresses = addrs;
+  o.connect_timeout = absl::Milliseconds(500);
+  const absl::Time start = absl::Now();
+  auto t0 = ConnectTcpTransport(l0.get(), o);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  other.join();
+  EXPECT_EQ(t0.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(t0.status().message(),
+              HasSubstr("rank 2 (" + missing + "): never connected"));
+  EXPECT_THAT(t0.status().message(), Not(HasSubstr("rank 1 (")));
+  // Rank 2 is the higher rank for both; rank 1 reached rank 0.
+  EXPECT_THAT(t1.status().message(), HasSubstr("rank 2 (" + missing + ")"));
+
+  // A dialer whose target is not listening says so.
+  TcpTransportOptions o2;
+  o2.job_id = "refused";
+  o2.rank = 1;
+  o2.peer_addresses = {missing, l1->address()};
+  o2.connect_timeout = absl::Milliseconds(300);
+  auto t = ConnectTcpTransport(l1.get(), o2);
+  EXPECT_THAT(t.status().message(), AllOf(HasSubstr("rank 0 (" + missing + ")"),
+                                          HasSubstr("Connection refused")));
+}
+
+// A raw socket to the listener, for fault injection.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& address) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    const size_t colon = address.rfind(':');
+    int port = 0;
+    CHECK(absl::SimpleAtoi(address.substr(colon + 1), &port));
+    sa.sin_port = htons(port);
+    ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    CHECK_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  }
+  ~RawPeer() { Close(); }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  void Write(const std::string& s) {
+    ASSERT_EQ(::send(fd_, s.data(), s.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(s.size()));
+  }
+  // Reads the handshake reply: "" when accepted, else the reason.
+  std::string ReadReply() {
+    char prefix[kHandshakeReplyPrefixSize];
+    if (::recv(fd_, prefix, sizeof(prefix), MSG_WAITALL) !=
+        static_cast<ssize_t>(sizeof(prefix))) {
+      return "<no reply>";
+    }
+    bool accepted = false;
+    uint16_t len = 0;
+    absl::Status s = DecodeHandshakeReplyPrefix(prefix, &accepted, &len);
+    if (!s.ok()) return std::string(s.message());
+    std::string reason(len, '\0');
+    if (len > 0) ::recv(fd_, reason.data(), len, MSG_WAITALL);
+    return accepted ? "" : reason;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Rank 0 of a 2-rank job whose rank 1 is a raw socket in the test.
+struct Impersonation {
+  std::unique_ptr<Transport> rank0;
+  std::unique_ptr<RawPeer> rank1;
+};
+
+Impersonation Impersonate(PeerListener* listener, const std::string& job,
+                          absl::Duration io_timeout = absl::Seconds(5)) {
+  Impersonation imp;
+  absl::StatusOr<std::unique_ptr<Transport>> t;
+  std::thread connect([&] {
+    TcpTransportOptions o;
+    o.job_id = job;
+    o.rank = 0;
+    o.peer_addresses = {listener->address(), "127.0.0.1:1"};
+    o.connect_timeout = absl::Seconds(5);
+    o.io_timeout = io_timeout;
+    t = ConnectTcpTransport(listener, o);
+  });
+  imp.rank1 = std::make_unique<RawPeer>(listener->address());
+  imp.rank1->Write(EncodeHandshake({job, 1, 0}));
+  const std::string reply = imp.rank1->ReadReply();
+  connect.join();
+  CHECK_EQ(reply, "");
+  CHECK(t.ok()) << t.status();
+  imp.rank0 = *std::move(t);
+  return imp;
+}
+
+std::string FrameBytes(const std::string& job, const Tensor& t,
+                       bool corrupt_crc) {
+  std::string h =
+      *EncodeFrameHeader(FrameKind::kActivation, job, 1, 0, {{"x", t}});
+  std::string payload(static_cast<const char*>(t.raw_data()), t.nbytes());
+  uint32_t crc = Crc32cExtend(Crc32cExtend(0, h.data(), h.size()),
+                              payload.data(), payload.size());
+  if (corrupt_crc) crc ^= 1;
+  std::string trailer(4, '\0');
+  std::memcpy(trailer.data(), &crc, 4);
+  return h + payload + trailer;
+}
+
+absl::Status RecvError(Transport* t) {
+  const absl::Time start = absl::Now();
+  absl::Status s = t->Recv(1, absl::Seconds(10)).status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << s;
+  return s;
+}
+
+class FaultInjectionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    PeerListenerOptions o;
+    o.handshake_timeout = absl::Milliseconds(500);
+    o.unknown_job_timeout = absl::Milliseconds(200);
+    listener_ = MustListen(o);
+  }
+  void TearDown() override {
+    // The listener still serves a real job after every fault.
+    auto imp = Impersonate(listener_.get(), "after-fault");
+    imp.rank1->Write(FrameBytes("after-fault", RandomFloats({2, 3}, 9), false));
+    auto m = imp.rank0->Recv(1, absl::Seconds(5));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_TRUE(BitwiseEqual(m->tensors[0].second, RandomFloats({2, 3}, 9)));
+  }
+  std::unique_ptr<PeerListener> listener_;
+};
+
+TEST_F(FaultInjectionTest, GarbageHandshakeIsRejectedWithReason) {
+  RawPeer raw(listener_->address());
+  raw.Write("GET / HTTP/1.1\r\n\r\n");
+  EXPECT_THAT(raw.ReadReply(), HasSubstr("bad handshake magic 0x20544547"));
+}
+
+TEST_F(FaultInjectionTest, SilentConnectionTimesOutInHandshake) {
+  RawPeer raw(listener_->address());
+  raw.Write("TY");
+  EXPECT_THAT(raw.ReadReply(), HasSubstr("handshake: timed out after 2 of 16"));
+}
+
+TEST_F(FaultInjectionTest, HandshakeForUnknownJobIsRejectedAfterTimeout) {
+  RawPeer raw(listener_->address());
+  const absl::Time start = absl::Now();
+  raw.Write(EncodeHandshake({"no-such-job", 1, 0}));
+  EXPECT_THAT(raw.ReadReply(),
+              AllOf(HasSubstr("job \"no-such-job\" for rank 0"),
+                    HasSubstr("no such job/rank registered")));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+}
+
+TEST_F(FaultInjectionTest, GarbageFrameMagic) {
+  auto imp = Impersonate(listener_.get(), "magic");
+  imp.rank1->Write(std::string(64, 'Z'));
+  absl::Status s = RecvError(imp.rank0.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("rank 1 (127.0.0.1:1)"),
+                                 HasSubstr("bad frame magic")));
+  // Later calls fail the same way.
+  EXPECT_THAT(imp.rank0->Send(1, Message()).message(),
+              HasSubstr("bad frame magic"));
+}
+
+TEST_F(FaultInjectionTest, HeaderPromisingMoreBytesThenClose) {
+  auto imp = Impersonate(listener_.get(), "truncated");
+  std::string frame =
+      FrameBytes("truncated", RandomFloats({1024, 1024}, 3), false);
+  const std::string header_and_1k =
+      frame.substr(0, frame.size() - 4 - (4 << 20) + 1024);
+  imp.rank1->Write(header_and_1k);
+  imp.rank1->Close();
+  absl::Status s = RecvError(imp.rank0.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(),
+              HasSubstr(absl::StrCat(
+                  "rank 1 (127.0.0.1:1): connection closed in the middle of "
+                  "a frame (got ",
+                  header_and_1k.size(), " of ", frame.size(), " bytes)")));
+}
+
+TEST_F(FaultInjectionTest, CorruptedChecksum) {
+  auto imp = Impersonate(listener_.get(), "crc");
+  imp.rank1->Write(FrameBytes("crc", RandomFloats({5, 3}, 4), true));
+  absl::Status s = RecvError(imp.rank0.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("rank 1 (127.0.0.1:1)"),
+                                 HasSubstr("checksum mismatch")));
+}
+
+TEST_F(FaultInjectionTest, OversizedFrameClaimIsRejectedBeforeReading) {
+  auto imp = Impersonate(listener_.get(), "huge");
+  std::string frame = FrameBytes("huge", RandomFloats({2}, 5), false);
+  const uint64_t claim = uint64_t{3} << 30;
+  std::memcpy(&frame[32], &claim, 8);
+  imp.rank1->Write(frame.substr(0, kFramePrefixSize));
+  absl::Status s = RecvError(imp.rank0.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(),
+              HasSubstr("rank 1 (127.0.0.1:1): frame claims a payload of "
+                        "3221225472 bytes, limit 2147483648"));
+}
+
+TEST_F(FaultInjectionTest, FrameForAnotherJob) {
+  auto imp = Impersonate(listener_.get(), "mine");
+  imp.rank1->Write(FrameBytes("theirs", RandomFloats({2}, 6), false));
+  absl::Status s = RecvError(imp.rank0.get());
+  EXPECT_THAT(s.message(),
+              HasSubstr("rank 1 (127.0.0.1:1): received a frame for job "
+                        "\"theirs\"; this transport serves job \"mine\""));
+}
+
+TEST_F(FaultInjectionTest, StalledFrameTimesOut) {
+  auto imp = Impersonate(listener_.get(), "stall", absl::Seconds(1));
+  // A partial prefix, then silence.
+  std::string frame = FrameBytes("stall", RandomFloats({2}, 7), false);
+  imp.rank1->Write(frame.substr(0, 10));
+  const absl::Time start = absl::Now();
+  absl::Status s = imp.rank0->Recv(1, absl::Seconds(10)).status();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(900));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s.message(),
+              HasSubstr("rank 1 (127.0.0.1:1): frame not complete "
+                        "within 1s (got 10 of a frame prefix of 40 bytes)"));
+}
+
+}  // namespace
+}  // namespace trainyard

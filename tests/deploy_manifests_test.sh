@@ -9,7 +9,11 @@ out="${TEST_TMPDIR:-$(mktemp -d)}/rendered.yaml"
 if ! command -v kubectl >/dev/null; then
   echo "SKIPPED: kubectl not installed"; exit 0
 fi
-kubectl kustomize "$dir" >"$out"
+# Bazel's runfiles are symlinks, which kustomize does not follow: copy.
+copy="${TEST_TMPDIR:-$(mktemp -d)}/manifests"
+mkdir -p "$copy"
+cp -L "$dir"/*.yaml "$copy/"
+kubectl kustomize "$copy" >"$out"
 echo "rendered $(grep -c '^kind:' "$out") objects: $(grep '^kind:' "$out" | awk '{print $2}' | tr '\n' ' ')"
 if /usr/bin/python3 -c 'import kubernetes_validate' 2>/dev/null; then
   /usr/bin/python3 -m kubernetes_validate --strict -k 1.29.0 "$out"

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -37,9 +39,8 @@ using ::trainyard::v1::ControllerMessage;
 using ::trainyard::v1::StageAssignment;
 using ::trainyard::v1::WorkerMessage;
 using ::trainyard::v1::WorkerService;
-using Stream =
-    grpc::ClientReaderWriter<trainyard::v1::WorkerMessage,
-                             trainyard::v1::ControllerMessage>;
+using Stream = grpc::ClientReaderWriter<trainyard::v1::WorkerMessage,
+                                        trainyard::v1::ControllerMessage>;
 
 std::string Hostname() {
   char buf[256];
@@ -200,16 +201,16 @@ absl::StatusOr<WorkerOptions> ValidateWorkerOptions(WorkerOptions options) {
           "\": this build of trainyard-worker has no CUDA support; use "
           "--device cpu"));
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device: must be \"cpu\" or \"cuda:N\", got \"", options.device,
-        "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: must be \"cpu\" or \"cuda:N\", got \"",
+                     options.device, "\""));
   }
   if (options.plugin_dir.empty()) {
     return absl::InvalidArgumentError("--plugin_dir: required");
   }
   if (!IsDirectory(options.plugin_dir)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--plugin_dir ", options.plugin_dir, ": not a directory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--plugin_dir ", options.plugin_dir, ": not a directory"));
   }
   if (!options.data_dir.empty() && !IsDirectory(options.data_dir)) {
     return absl::InvalidArgumentError(
@@ -270,8 +271,7 @@ class Worker::Impl {
   void RunJob(Session* session, StageAssignment assignment,
               std::shared_ptr<ActiveJob> job);
   absl::Status RunAssignment(Session* session,
-                             const StageAssignment& assignment,
-                             ActiveJob* job);
+                             const StageAssignment& assignment, ActiveJob* job);
   // Aborts the running stage (if any) and joins its thread.
   void StopJob(const absl::Status& reason);
 
@@ -294,8 +294,6 @@ class Worker::Impl {
   std::shared_ptr<ActiveJob> job_ ABSL_GUARDED_BY(mu_);
   bool job_finished_ ABSL_GUARDED_BY(mu_) = true;
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
-
-  friend class Worker;
 };
 
 absl::Status Worker::Impl::Init() {
@@ -308,7 +306,9 @@ absl::Status Worker::Impl::Init() {
         PeerListener::Listen(options_.listen);
     if (!listener.ok()) return Prefixed(listener.status(), "--listen: ");
     listener_ = std::move(*listener);
-    peer_address_ = listener_->address();
+    peer_address_ = options_.advertise_address.empty()
+                        ? listener_->address()
+                        : options_.advertise_address;
     PeerListener* raw = listener_.get();
     const absl::Duration connect_timeout = options_.peer_connect_timeout;
     connect_transport_ = [raw, connect_timeout](
@@ -378,8 +378,8 @@ void Worker::Impl::ConnectionLoop() {
       backoff = options_.min_backoff;
       attempt = 0;
     }
-    LOG(WARNING) << "trainyard-worker " << options_.name
-                 << ": reconnecting to " << options_.controller << " in "
+    LOG(WARNING) << "trainyard-worker " << options_.name << ": reconnecting to "
+                 << options_.controller << " in "
                  << absl::FormatDuration(backoff);
     shutdown_.WaitForNotificationWithTimeout(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
@@ -410,9 +410,10 @@ bool Worker::Impl::RunSession(int attempt) {
   caps->set_device(options_.device);
   caps->set_memory_bytes(options_.memory_bytes);
   caps->set_peer_address(peer_address_);
-  caps->set_threads(options_.threads > 0
-                        ? options_.threads
-                        : static_cast<int>(std::thread::hardware_concurrency()));
+  caps->set_threads(
+      options_.threads > 0
+          ? options_.threads
+          : static_cast<int>(std::thread::hardware_concurrency()));
   caps->set_hostname(Hostname());
   session->Write(hello);  // a failure shows up as the end of the stream
 
@@ -474,7 +475,8 @@ void Worker::Impl::HeartbeatLoop(Session* session) {
     if (!session->registered) {
       LOG(WARNING) << "trainyard-worker " << options_.name
                    << ": no WorkerRegistered from " << options_.controller
-                   << " within " << absl::FormatDuration(options_.register_timeout);
+                   << " within "
+                   << absl::FormatDuration(options_.register_timeout);
       session->context.TryCancel();
       return;
     }
@@ -524,6 +526,15 @@ void Worker::Impl::OnAssign(Session* session,
   std::string busy_with;
   {
     absl::MutexLock lock(&mu_);
+    // The controller frees a worker as soon as it cancels or fails its job,
+    // so the next assignment may arrive while the aborted stage is still
+    // winding down (normally milliseconds). Wait for it, boundedly.
+    if (job_ != nullptr && !job_finished_ && !job_->abort_reason().first.ok()) {
+      auto finished_cond = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return job_finished_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&finished_cond), absl::Seconds(15));
+    }
     if (job_ != nullptr && !job_finished_) {
       busy_with = job_->job_id();
     } else {
@@ -569,9 +580,8 @@ void Worker::Impl::StopJob(const absl::Status& reason) {
   {
     absl::MutexLock lock(&mu_);
     if (job_ != nullptr && !job_finished_) {
-      LOG(WARNING) << "trainyard-worker " << options_.name
-                   << ": aborting job " << job_->job_id() << ": "
-                   << reason.message();
+      LOG(WARNING) << "trainyard-worker " << options_.name << ": aborting job "
+                   << job_->job_id() << ": " << reason.message();
       job_->Abort(reason, /*cancelled=*/false);
     }
     thread = std::move(job_thread_);
@@ -592,9 +602,9 @@ void Worker::Impl::RunJob(Session* session, StageAssignment assignment,
       was_cancelled = true;
       error = std::string(reason.message());
     } else {
-      error = absl::StrCat("job ", job->job_id(), " stage ", job->stage(),
-                           " on worker ", options_.name, ": ",
-                           status.message());
+      error =
+          absl::StrCat("job ", job->job_id(), " stage ", job->stage(),
+                       " on worker ", options_.name, ": ", status.message());
     }
     LOG(WARNING) << "trainyard-worker " << options_.name << ": job "
                  << job->job_id() << " stage " << job->stage()
@@ -684,8 +694,9 @@ absl::Status Worker::Impl::RunAssignment(Session* session,
     return RunStage(*stage, transport.get(), *plan, run);
   }();
   if (!status.ok() && transport != nullptr) {
-    transport->Abort(absl::Status(
-        status.code(), absl::StrCat("stage ", s, " failed: ", status.message())));
+    transport->Abort(
+        absl::Status(status.code(),
+                     absl::StrCat("stage ", s, " failed: ", status.message())));
   }
   job->SetTransport(nullptr);
   return status;

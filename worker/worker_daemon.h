@@ -81,6 +81,10 @@ struct WorkerOptions {
   TransportFactory connect_transport;
   // The address reported to the controller when connect_transport is set.
   std::string peer_address;
+  // The host:port peers should dial when it differs from the bound address
+  // (e.g. --listen=0.0.0.0:7100 in a pod, advertised as $(POD_IP):7100).
+  // Empty = the bound address.
+  std::string advertise_address;
 };
 
 // Checks the options a user can get wrong (controller, device, plugin_dir)

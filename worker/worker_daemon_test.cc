@@ -3,11 +3,16 @@
 // assignments, cancellation, reconnection and the health service.
 #include "worker/worker_daemon.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "core/job_plan.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -184,9 +190,14 @@ class FakeController final : public trainyard::v1::WorkerService::Service {
     absl::MutexLock lock(&mu_);
     return heard_;
   }
+  // In registration order, matching worker_ids().
   std::vector<trainyard::v1::RegisterWorker> registered() {
     absl::MutexLock lock(&mu_);
     return registered_;
+  }
+  std::vector<std::string> worker_ids() {
+    absl::MutexLock lock(&mu_);
+    return worker_ids_;
   }
 
  private:
@@ -372,6 +383,22 @@ TEST_F(WorkerDaemonTest, RunsOneStageJobMatchingTheLocalRunner) {
   EXPECT_FALSE(worker->busy());
 }
 
+// The controller assigns the spec as its own PlanJob normalized it; the
+// worker plans it again against its data_dir.
+TEST_F(WorkerDaemonTest, AcceptsAnAlreadyNormalizedSpec) {
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  PlanOptions plan_options;
+  plan_options.base_dir = TempDir();
+  absl::StatusOr<JobPlan> plan = PlanJob(SmallSpec(2), plan_options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(controller_->Send(id, Assign("normalized", plan->spec)));
+  auto done = controller_->WaitForDone("normalized");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->ok()) << done->error();
+}
+
 TEST_F(WorkerDaemonTest, BadSpecIsReportedAndWorkerStaysUsable) {
   auto worker = StartWorker(TestOptions(controller_->address()));
   ASSERT_NE(worker, nullptr);
@@ -423,8 +450,7 @@ TEST_F(WorkerDaemonTest, MissingDataFileIsNamedAndRelativeToDataDir) {
   auto done = controller_->WaitForDone("j");
   ASSERT_TRUE(done.has_value());
   EXPECT_FALSE(done->ok());
-  EXPECT_THAT(done->error(),
-              HasSubstr(TempDir() + "/missing_features.npy"));
+  EXPECT_THAT(done->error(), HasSubstr(TempDir() + "/missing_features.npy"));
 }
 
 TEST_F(WorkerDaemonTest, MultiStageJobWithoutPeersFailsCleanly) {
@@ -510,9 +536,9 @@ TEST_F(WorkerDaemonTest, NoRegistrationReplyTimesOutAndRetries) {
   // A server that accepts the stream but never answers.
   class Silent final : public trainyard::v1::WorkerService::Service {
    public:
-    grpc::Status Connect(grpc::ServerContext* context,
-                         grpc::ServerReaderWriter<ControllerMessage,
-                                                  WorkerMessage>* stream)
+    grpc::Status Connect(
+        grpc::ServerContext* context,
+        grpc::ServerReaderWriter<ControllerMessage, WorkerMessage>* stream)
         override {
       connects.fetch_add(1);
       WorkerMessage m;
@@ -540,6 +566,109 @@ TEST_F(WorkerDaemonTest, NoRegistrationReplyTimesOutAndRetries) {
   EXPECT_EQ(worker->registrations(), 0);
   worker->Shutdown();
   server->Shutdown(std::chrono::system_clock::now());
+}
+
+// Two worker daemons with the real TCP transport, one stage each.
+class TwoStageTest : public WorkerDaemonTest {
+ protected:
+  void StartWorkers() {
+    for (const char* name : {"stage-a", "stage-b"}) {
+      WorkerOptions options = TestOptions(controller_->address());
+      options.name = name;
+      options.connect_transport = nullptr;  // TCP over a PeerListener
+      options.peer_address = "";
+      options.listen = "127.0.0.1:0";
+      options.peer_connect_timeout = absl::Seconds(10);
+      workers_.push_back(StartWorker(options));
+      ASSERT_NE(workers_.back(), nullptr);
+      ASSERT_THAT(workers_.back()->peer_address(),
+                  ::testing::StartsWith("127.0.0.1:"));
+    }
+    ASSERT_FALSE(controller_->WaitForRegistration(2).empty());
+    // Stage s runs on the s-th registered worker.
+    for (const auto& reg : controller_->registered()) {
+      peers_.push_back(reg.capabilities().peer_address());
+    }
+    ids_ = controller_->worker_ids();
+  }
+
+  void AssignBoth(const std::string& job_id, const JobSpec& spec) {
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE(controller_->Send(ids_[s], Assign(job_id, spec, s, peers_)));
+    }
+  }
+
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::string> ids_;
+  std::vector<std::string> peers_;
+};
+
+TEST_F(TwoStageTest, LossesEqualTheLocalRunnerBitwise) {
+  StartWorkers();
+  JobSpec spec = SmallSpec(6);
+  spec.mutable_parallelism()->set_stages(2);
+  spec.mutable_parallelism()->set_microbatches(4);
+  AssignBoth("pipe", spec);
+  ASSERT_TRUE(controller_->WaitForDone("pipe").has_value());
+  int done = 0;
+  for (int i = 0; i < 500 && done < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+    done = 0;
+    for (const Heard& h : controller_->heard()) done += h.message.has_done();
+  }
+  ASSERT_EQ(done, 2);
+  std::map<int, std::vector<double>> losses;  // by stage
+  std::vector<int64_t> eval_steps;
+  for (const Heard& h : controller_->heard()) {
+    if (h.message.has_step()) {
+      const auto& r = h.message.step();
+      ASSERT_EQ(r.step().stages_size(), 1);
+      EXPECT_EQ(r.step().stages(0).stage(), r.stage());
+      // Plugin metrics come from the last stage only.
+      EXPECT_EQ(r.step().metrics().count("accuracy"), r.stage() == 1 ? 1u : 0u);
+      EXPECT_EQ(r.step().step(),
+                static_cast<int64_t>(losses[r.stage()].size()) + 1);
+      losses[r.stage()].push_back(r.step().loss());
+    } else if (h.message.has_eval()) {
+      EXPECT_EQ(h.message.eval().stage(), 1);
+      eval_steps.push_back(h.message.eval().eval().step());
+    } else if (h.message.has_done()) {
+      EXPECT_TRUE(h.message.done().ok()) << h.message.done().error();
+    }
+  }
+  EXPECT_THAT(eval_steps, ::testing::ElementsAre(3, 6));
+  const std::vector<double> local = LocalLosses(spec);
+  ASSERT_EQ(local.size(), 6u);
+  EXPECT_EQ(losses[0], local);
+  EXPECT_EQ(losses[1], local);
+}
+
+TEST_F(TwoStageTest, CancellingOneStageStopsTheOther) {
+  StartWorkers();
+  JobSpec spec = SmallSpec(1000000);
+  spec.mutable_parallelism()->set_stages(2);
+  AssignBoth("pipe", spec);
+  ASSERT_TRUE(controller_->WaitForSteps("pipe", 4));
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(controller_->Send(ids_[0], Cancel("pipe", "stop stage 0")));
+  std::map<std::string, trainyard::v1::StageDone> done;  // by worker id
+  for (int i = 0; i < 250 && done.size() < 2; ++i) {
+    for (const Heard& h : controller_->heard()) {
+      if (h.message.has_done()) done[h.worker_id] = h.message.done();
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_TRUE(done[ids_[0]].cancelled());
+  EXPECT_EQ(done[ids_[0]].error(), "stop stage 0");
+  EXPECT_FALSE(done[ids_[1]].ok());
+  EXPECT_FALSE(done[ids_[1]].cancelled());
+  // The TCP transport does not carry the abort reason across processes:
+  // the neighbour sees rank 0 close its sockets.
+  EXPECT_THAT(done[ids_[1]].error(), HasSubstr("rank 0"));
+  EXPECT_FALSE(workers_[0]->busy());
+  EXPECT_FALSE(workers_[1]->busy());
 }
 
 TEST(WorkerOptionsTest, RejectsCudaDeviceAndMissingFlags) {
@@ -579,9 +708,9 @@ TEST(WorkerHealthTest, ServesHealthCheck) {
   absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(options);
   ASSERT_TRUE(worker.ok()) << worker.status();
   ASSERT_GT((*worker)->health_port(), 0);
-  auto channel = grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", (*worker)->health_port()),
-      grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*worker)->health_port()),
+                          grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
@@ -605,6 +734,64 @@ TEST(WorkerHealthTest, ServesHealthCheck) {
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+}
+
+std::string Bytes(grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return bytes;
+}
+
+// ServerReflectionInfo with list_services (field 7, empty string) lists the
+// health service and reflection itself.
+TEST(WorkerHealthTest, ServesReflection) {
+  WorkerOptions options = TestOptions("127.0.0.1:1");
+  options.health_listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(options);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*worker)->health_port()),
+                          grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(
+      &context,
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](intptr_t want) {
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(reinterpret_cast<intptr_t>(tag), want);
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(step(1));
+  grpc::Slice request_slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&request_slice, 1);
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(step(2));
+  grpc::ByteBuffer response;
+  call->Read(&response, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(step(3));
+  const std::string bytes = Bytes(response);
+  EXPECT_THAT(bytes, HasSubstr("grpc.health.v1.Health"));
+  EXPECT_THAT(bytes, HasSubstr("grpc.reflection.v1alpha.ServerReflection"));
+  call->WritesDone(reinterpret_cast<void*>(4));
+  step(4);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  step(5);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 }  // namespace

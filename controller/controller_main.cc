@@ -1,0 +1,112 @@
+// trainyard-controller: the Trainyard control plane daemon. Serves
+// JobService (users) and WorkerService (worker daemons) on --listen, keeps
+// its state in an SQLite database under --data_dir, and stops cleanly on
+// SIGTERM / SIGINT. docs/CONTROLLER.md describes states, scheduling and
+// persistence.
+#include <signal.h>
+#include <stdio.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "controller/controller_service.h"
+#include "glog/logging.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "host:port to serve on; port 0 picks a free port (see --port_file)");
+ABSL_FLAG(std::string, data_dir, "",
+          "Folder holding the controller's database (controller.db). "
+          "Required.");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
+          "How often workers are told to send a heartbeat.");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000,
+          "A worker silent for this long is declared lost and its job "
+          "fails.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the bound port is written here (atomically) once the "
+          "server is serving.");
+
+namespace trainyard {
+namespace {
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+// Serves until SIGTERM or SIGINT. The signals must already be blocked in
+// every thread (main does it before any thread starts).
+absl::Status RunServer(const ControllerOptions& options,
+                       const std::string& port_file) {
+  absl::StatusOr<std::unique_ptr<ControllerServer>> server =
+      ControllerServer::Start(options);
+  if (!server.ok()) return server.status();
+  if (!port_file.empty()) {
+    absl::Status st = WritePortFile(port_file, (*server)->port());
+    if (!st.ok()) return st;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  (*server)->Shutdown();
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace trainyard
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "trainyard-controller --data_dir=DIR [--listen=HOST:PORT]");
+  absl::ParseCommandLine(argc, argv);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  // Block the stop signals before gRPC starts its threads, so only
+  // RunServer's sigwait sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  trainyard::ControllerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.heartbeat_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  options.heartbeat_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  if (options.data_dir.empty()) {
+    fprintf(stderr, "trainyard-controller: --data_dir is required\n");
+    return 2;
+  }
+  absl::Status st =
+      trainyard::RunServer(options, absl::GetFlag(FLAGS_port_file));
+  if (!st.ok()) {
+    fprintf(stderr, "trainyard-controller: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,393 @@
+#include "controller/controller_service.h"
+
+#include <chrono>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "glog/logging.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace trainyard {
+namespace {
+
+using v1::ControllerMessage;
+using v1::JobEvent;
+using v1::WorkerMessage;
+
+// WatchJob: the current state, then the job's steps/evals from from_step on
+// (replayed from the event log), then live events; ends after the terminal
+// state. Reads the shared JobEventLog with its own cursor; at most one write
+// is in flight, so a slow client only holds back its own cursor.
+//
+// Lifetime: owned by itself through self_ from creation to OnDone; the log
+// holds only a weak_ptr, so a notification racing with OnDone finds either
+// a live object (and `finished_`) or none.
+class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
+                           public JobEventLog::Listener,
+                           public std::enable_shared_from_this<WatchReactor> {
+ public:
+  static WatchReactor* Create(std::shared_ptr<JobEventLog> log,
+                              const std::string& job_id, int64_t from_step) {
+    std::shared_ptr<WatchReactor> r(
+        new WatchReactor(std::move(log), job_id, from_step));
+    r->self_ = r;
+    JobEventLog::Snapshot snap = r->log_->Subscribe(r);
+    {
+      absl::MutexLock lock(&r->mu_);
+      r->first_.set_job_id(job_id);
+      *r->first_.mutable_state() = snap.state;
+      r->boundary_ = snap.size;
+    }
+    r->Pump();
+    return r.get();
+  }
+
+  void OnJobEvents() override { Pump(); }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) cancelled_ = true;
+    }
+    Pump();
+  }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    Pump();
+  }
+
+  void OnDone() override {
+    std::shared_ptr<WatchReactor> keep = std::move(self_);
+  }
+
+ private:
+  WatchReactor(std::shared_ptr<JobEventLog> log, std::string job_id,
+               int64_t from_step)
+      : log_(std::move(log)),
+        job_id_(std::move(job_id)),
+        from_step_(from_step) {}
+
+  // Picks the next event to send, if any, into buf_.
+  bool NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // The current state goes first, so a watcher knows where the job
+    // stands; for a finished job it goes last instead, after the replayed
+    // history, so "stop at the terminal state" never skips the history.
+    const bool finished_job = IsTerminal(first_.state().state());
+    if (!sent_first_ && !finished_job) {
+      sent_first_ = true;
+      buf_ = first_;
+      return true;
+    }
+    JobEvent ev;
+    while (log_->Read(cursor_, &ev)) {
+      const int64_t index = cursor_++;
+      if (ev.has_state()) {
+        // States before the snapshot are summed up by first_.
+        if (index < boundary_) continue;
+        if (IsTerminal(ev.state().state())) terminal_ = true;
+      } else if (ev.has_step()) {
+        if (ev.step().step() < from_step_) continue;
+      } else if (ev.has_eval()) {
+        if (ev.eval().step() < from_step_) continue;
+      } else {
+        continue;
+      }
+      buf_ = std::move(ev);
+      buf_.set_job_id(job_id_);
+      return true;
+    }
+    if (!sent_first_ && finished_job) {
+      sent_first_ = true;
+      terminal_ = true;
+      buf_ = first_;
+      return true;
+    }
+    return false;
+  }
+
+  void Pump() {
+    absl::MutexLock lock(&mu_);
+    if (writing_ || finished_) return;
+    if (cancelled_) {
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+      return;
+    }
+    if (NextLocked()) {
+      writing_ = true;
+      StartWrite(&buf_);
+      return;
+    }
+    if (terminal_) {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  const std::shared_ptr<JobEventLog> log_;
+  const std::string job_id_;
+  const int64_t from_step_;
+  std::shared_ptr<WatchReactor> self_;
+
+  absl::Mutex mu_;
+  JobEvent first_ ABSL_GUARDED_BY(mu_);
+  int64_t boundary_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cursor_ ABSL_GUARDED_BY(mu_) = 0;
+  bool sent_first_ ABSL_GUARDED_BY(mu_) = false;
+  bool terminal_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  JobEvent buf_ ABSL_GUARDED_BY(mu_);  // the message being written
+};
+
+// A write reactor that only reports an error.
+class FailedWatch final : public grpc::ServerWriteReactor<JobEvent> {
+ public:
+  explicit FailedWatch(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+// WorkerService.Connect: the controller's end of one worker's stream.
+// Reads drive the JobManager; writes come from the manager (WorkerLink) and
+// are queued, one in flight at a time.
+class WorkerStream final
+    : public grpc::ServerBidiReactor<WorkerMessage, ControllerMessage>,
+      public WorkerLink,
+      public std::enable_shared_from_this<WorkerStream> {
+ public:
+  static WorkerStream* Create(JobManager* manager,
+                              grpc::CallbackServerContext* context) {
+    std::shared_ptr<WorkerStream> s(new WorkerStream(manager, context));
+    s->self_ = s;
+    absl::MutexLock lock(&s->mu_);
+    s->StartRead(&s->in_);
+    return s.get();
+  }
+
+  void OnReadDone(bool ok) override {
+    std::shared_ptr<WorkerStream> hold = shared_from_this();
+    if (!ok) {
+      if (!id_.empty()) {
+        manager_->OnWorkerStreamEnded(id_,
+                                      "its stream to the controller "
+                                      "closed");
+      }
+      Close(absl::OkStatus());
+      return;
+    }
+    if (id_.empty()) {
+      if (in_.msg_case() != WorkerMessage::kRegister) {
+        Close(absl::InvalidArgumentError(
+            absl::StrCat("WorkerService.Connect from ", peer_,
+                         ": the first message must be RegisterWorker, got ",
+                         in_.msg_case() == WorkerMessage::MSG_NOT_SET
+                             ? std::string("an empty message")
+                             : in_.GetDescriptor()
+                                   ->FindFieldByNumber(in_.msg_case())
+                                   ->name())));
+        return;
+      }
+      absl::StatusOr<std::string> id =
+          manager_->RegisterWorker(in_.register_(), hold);
+      if (!id.ok()) {
+        Close(id.status());
+        return;
+      }
+      id_ = *id;  // only this (serialized) read path touches id_
+    } else {
+      manager_->OnWorkerMessage(id_, in_);
+    }
+    absl::MutexLock lock(&mu_);
+    if (!finish_called_) StartRead(&in_);
+  }
+
+  void Send(const ControllerMessage& msg) override {
+    absl::MutexLock lock(&mu_);
+    if (finish_called_ || close_pending_) return;
+    out_.push_back(msg);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  void Close(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    if (finish_called_ || close_pending_) return;
+    close_pending_ = true;
+    close_status_ = ToGrpcStatus(status);
+    if (!writing_) {
+      finish_called_ = true;
+      Finish(close_status_);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    out_.pop_front();
+    if (!ok) out_.clear();  // the stream is broken; reads will report it
+    if (!out_.empty()) {
+      StartWrite(&out_.front());
+      return;
+    }
+    writing_ = false;
+    if (close_pending_ && !finish_called_) {
+      finish_called_ = true;
+      Finish(close_status_);
+    }
+  }
+
+  void OnDone() override {
+    std::shared_ptr<WorkerStream> keep = std::move(self_);
+  }
+
+ private:
+  WorkerStream(JobManager* manager, grpc::CallbackServerContext* context)
+      : manager_(manager), peer_(context->peer()) {}
+
+  JobManager* const manager_;
+  const std::string peer_;
+  std::shared_ptr<WorkerStream> self_;
+  WorkerMessage in_;  // used only by the read path
+  std::string id_;    // set once registered; read path only
+
+  absl::Mutex mu_;
+  std::deque<ControllerMessage> out_ ABSL_GUARDED_BY(mu_);  // front in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool close_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_called_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status close_status_ ABSL_GUARDED_BY(mu_);
+};
+
+template <typename T>
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
+                                absl::StatusOr<T> result, T* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (result.ok()) *response = *std::move(result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(
+    grpc::CallbackServerContext* context, const v1::SubmitJobRequest* request,
+    v1::Job* response) {
+  return Reply(context, manager_->SubmitJob(*request), response);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
+    grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
+    v1::Job* response) {
+  return Reply(context, manager_->GetJob(request->job_id()), response);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(
+    grpc::CallbackServerContext* context, const v1::ListJobsRequest* request,
+    v1::ListJobsResponse* response) {
+  return Reply(context, manager_->ListJobs(*request), response);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
+    grpc::CallbackServerContext* context, const v1::CancelJobRequest* request,
+    v1::Job* response) {
+  return Reply(context, manager_->CancelJob(*request), response);
+}
+
+grpc::ServerWriteReactor<JobEvent>* JobServiceImpl::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  absl::StatusOr<std::shared_ptr<JobEventLog>> log =
+      manager_->WatchJob(request->job_id());
+  if (!log.ok()) return new FailedWatch(ToGrpcStatus(log.status()));
+  if (request->from_step() < 0) {
+    return new FailedWatch(ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("from_step: must be >= 0, got ", request->from_step()))));
+  }
+  return WatchReactor::Create(*std::move(log), request->job_id(),
+                              request->from_step());
+}
+
+grpc::ServerBidiReactor<WorkerMessage, ControllerMessage>*
+WorkerServiceImpl::Connect(grpc::CallbackServerContext* context) {
+  return WorkerStream::Create(manager_, context);
+}
+
+absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
+    const ControllerOptions& options) {
+  JobManagerOptions mopts;
+  mopts.data_dir = options.data_dir;
+  mopts.heartbeat_interval = options.heartbeat_interval;
+  mopts.heartbeat_timeout = options.heartbeat_timeout;
+  absl::StatusOr<std::unique_ptr<JobManager>> manager =
+      JobManager::Create(mopts);
+  if (!manager.ok()) return manager.status();
+
+  std::unique_ptr<ControllerServer> server(new ControllerServer());
+  server->manager_ = *std::move(manager);
+  server->job_service_ =
+      std::make_unique<JobServiceImpl>(server->manager_.get());
+  server->worker_service_ =
+      std::make_unique<WorkerServiceImpl>(server->manager_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(server->job_service_.get());
+  builder.RegisterService(server->worker_service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || port == 0) {
+    server->manager_->Shutdown();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen, " (address in use or invalid?)"));
+  }
+  server->port_ = port;
+  std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  server->address_ = absl::StrCat(host, ":", port);
+  LOG(INFO) << "trainyard-controller serving on " << server->address_
+            << ", data in " << options.data_dir;
+  return server;
+}
+
+void ControllerServer::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  manager_->Shutdown();
+  // Open streams (watchers, workers that do not hang up) are cancelled
+  // after a short grace period.
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(200));
+  server_->Wait();
+}
+
+void ControllerServer::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&shut_down_));
+}
+
+ControllerServer::~ControllerServer() {
+  if (server_ != nullptr) Shutdown();
+}
+
+}  // namespace trainyard

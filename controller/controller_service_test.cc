@@ -1,0 +1,746 @@
+// In-process tests of the controller over real gRPC on 127.0.0.1: JobService
+// stubs as users, WorkerService streams as fake workers.
+#include "controller/controller_service.h"
+
+#include <stdlib.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "core/job_plan.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
+#include "gtest/gtest.h"
+
+namespace trainyard {
+namespace {
+
+using v1::ControllerMessage;
+using v1::Job;
+using v1::JobEvent;
+using v1::WorkerMessage;
+
+std::string TempDir() {
+  std::string tmpl =
+      std::string(getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp") +
+      "/controller_XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+// A valid spec with `stages` pipeline stages on `device`.
+v1::JobSpec Spec(int stages, int steps = 20, const std::string& device = "") {
+  std::string blocks;
+  for (int i = 0; i < stages; ++i) {
+    absl::StrAppend(&blocks, i ? "," : "",
+                    R"({"outFeatures": 8, "ffnHiddenSize": 16})");
+  }
+  std::string json = absl::StrFormat(
+      R"({"name": "t", "steps": %d, "model": {"blocks": [%s]},
+          "parallelism": {"stages": %d},
+          "optimizer": {"lr": 0.01},
+          "task": {"plugin": "cross_entropy"},
+          "data": {"train": {"synthetic": {"kind": "gaussian_blobs",
+              "numSamples": 64, "numFeatures": 8, "numOutputs": 8}},
+              "batchSize": 8}%s})",
+      steps, blocks, stages,
+      device.empty() ? "" : absl::StrCat(R"(, "device": ")", device, "\""));
+  auto spec = ParseJobSpecJson(json, "test spec");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+// A worker daemon stand-in: one Connect stream, a reader thread queueing
+// everything the controller sends, optional heartbeats.
+class FakeWorker {
+ public:
+  FakeWorker(const std::shared_ptr<grpc::Channel>& channel, std::string name,
+             std::string device = "cpu")
+      : name_(std::move(name)),
+        peer_(absl::StrCat(name_, ".peer:9000")),
+        stub_(v1::WorkerService::NewStub(channel)) {
+    stream_ = stub_->Connect(&ctx_);
+    reader_ = std::thread([this] {
+      ControllerMessage msg;
+      while (stream_->Read(&msg)) {
+        std::lock_guard<std::mutex> l(mu_);
+        inbox_.push_back(msg);
+        cv_.notify_all();
+      }
+      std::lock_guard<std::mutex> l(mu_);
+      ended_ = true;
+      cv_.notify_all();
+    });
+    WorkerMessage reg;
+    reg.mutable_register_()->set_name(name_);
+    reg.mutable_register_()->mutable_capabilities()->set_device(device);
+    reg.mutable_register_()->mutable_capabilities()->set_peer_address(peer_);
+    Send(reg);
+    std::optional<ControllerMessage> m = Next();
+    EXPECT_TRUE(m && m->has_registered());
+    if (m) id_ = m->registered().worker_id();
+    heartbeat_ = std::thread([this] {
+      std::unique_lock<std::mutex> l(mu_);
+      while (!stop_) {
+        if (beating_) {
+          l.unlock();
+          WorkerMessage hb;
+          hb.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(absl::Now()));
+          Send(hb);
+          l.lock();
+        }
+        cv_.wait_for(l, std::chrono::milliseconds(100));
+      }
+    });
+  }
+  ~FakeWorker() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    heartbeat_.join();
+    ctx_.TryCancel();
+    reader_.join();
+    stream_->Finish().IgnoreError();
+  }
+
+  const std::string& id() const { return id_; }
+  const std::string& name() const { return name_; }
+  const std::string& peer() const { return peer_; }
+
+  void Send(const WorkerMessage& msg) {
+    std::lock_guard<std::mutex> l(write_mu_);
+    if (!closed_) stream_->Write(msg);
+  }
+  void StopHeartbeats() {
+    std::lock_guard<std::mutex> l(mu_);
+    beating_ = false;
+  }
+  // The worker process "dies": its stream is cancelled.
+  void Crash() {
+    StopHeartbeats();
+    {
+      std::lock_guard<std::mutex> l(write_mu_);
+      closed_ = true;
+    }
+    ctx_.TryCancel();
+  }
+
+  // The next message from the controller, or nullopt after `timeout`.
+  std::optional<ControllerMessage> Next(
+      absl::Duration timeout = absl::Seconds(5)) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, absl::ToChronoMilliseconds(timeout),
+                 [&] { return !inbox_.empty() || ended_; });
+    if (inbox_.empty()) return std::nullopt;
+    ControllerMessage m = inbox_.front();
+    inbox_.pop_front();
+    return m;
+  }
+  bool StreamEnded(absl::Duration timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, absl::ToChronoMilliseconds(timeout),
+                        [&] { return ended_; });
+  }
+
+  void Step(const std::string& job, int stage, int64_t step, double loss,
+            int num_metrics = 0) {
+    WorkerMessage m;
+    m.mutable_step()->set_job_id(job);
+    m.mutable_step()->set_stage(stage);
+    v1::StepMetrics* s = m.mutable_step()->mutable_step();
+    s->set_step(step);
+    s->set_loss(loss);
+    v1::StageTiming* t = s->add_stages();
+    t->set_stage(stage);
+    t->set_forward_s(0.001 * (stage + 1));
+    for (int i = 0; i < num_metrics; ++i) {
+      (*s->mutable_metrics())[absl::StrCat("a_rather_long_metric_name_", i)] =
+          i;
+    }
+    Send(m);
+  }
+  void Done(const std::string& job, int stage, bool ok = true,
+            const std::string& error = "", bool cancelled = false) {
+    WorkerMessage m;
+    m.mutable_done()->set_job_id(job);
+    m.mutable_done()->set_stage(stage);
+    m.mutable_done()->set_ok(ok);
+    m.mutable_done()->set_error(error);
+    m.mutable_done()->set_cancelled(cancelled);
+    Send(m);
+  }
+
+ private:
+  const std::string name_;
+  const std::string peer_;
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<WorkerMessage, ControllerMessage>>
+      stream_;
+  std::string id_;
+  std::mutex write_mu_;
+  bool closed_ = false;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<ControllerMessage> inbox_;
+  bool ended_ = false;
+  bool stop_ = false;
+  bool beating_ = true;
+  std::thread reader_;
+  std::thread heartbeat_;
+};
+
+// Reads a whole WatchJob stream on its own thread.
+class Watcher {
+ public:
+  Watcher(v1::JobService::Stub* stub, const std::string& job_id,
+          int64_t from_step = 0, bool read = true) {
+    v1::WatchJobRequest req;
+    req.set_job_id(job_id);
+    req.set_from_step(from_step);
+    reader_ = stub->WatchJob(&ctx_, req);
+    if (read) Start();
+  }
+  ~Watcher() {
+    ctx_.TryCancel();
+    if (thread_.joinable()) thread_.join();
+  }
+  void Start() {
+    thread_ = std::thread([this] {
+      JobEvent ev;
+      while (reader_->Read(&ev)) {
+        std::lock_guard<std::mutex> l(mu_);
+        events_.push_back(ev);
+        cv_.notify_all();
+      }
+      grpc::Status st = reader_->Finish();
+      std::lock_guard<std::mutex> l(mu_);
+      status_ = st;
+      done_ = true;
+      cv_.notify_all();
+    });
+  }
+  // Waits for the stream to end; returns its status.
+  grpc::Status Wait(absl::Duration timeout = absl::Seconds(10)) {
+    std::unique_lock<std::mutex> l(mu_);
+    EXPECT_TRUE(cv_.wait_for(l, absl::ToChronoMilliseconds(timeout), [&] {
+      return done_;
+    })) << "watch stream did not end";
+    return status_;
+  }
+  bool WaitForSteps(int64_t last_step, absl::Duration timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, absl::ToChronoMilliseconds(timeout), [&] {
+      return !events_.empty() && events_.back().has_step() &&
+             events_.back().step().step() >= last_step;
+    });
+  }
+  std::vector<JobEvent> events() {
+    std::lock_guard<std::mutex> l(mu_);
+    return events_;
+  }
+  std::vector<int64_t> steps() {
+    std::vector<int64_t> out;
+    for (const JobEvent& e : events()) {
+      if (e.has_step()) out.push_back(e.step().step());
+    }
+    return out;
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<JobEvent>> reader_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<JobEvent> events_;
+  bool done_ = false;
+  grpc::Status status_;
+};
+
+std::vector<int64_t> Range(int64_t from, int64_t to) {
+  std::vector<int64_t> v;
+  for (int64_t i = from; i <= to; ++i) v.push_back(i);
+  return v;
+}
+
+class ControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDir();
+    StartServer();
+  }
+  void TearDown() override { server_.reset(); }
+
+  void StartServer() {
+    ControllerOptions opts;
+    opts.data_dir = dir_;
+    opts.heartbeat_interval = absl::Milliseconds(100);
+    opts.heartbeat_timeout = absl::Milliseconds(800);
+    auto server = ControllerServer::Start(opts);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = grpc::CreateChannel(server_->address(),
+                                   grpc::InsecureChannelCredentials());
+    jobs_ = v1::JobService::NewStub(channel_);
+  }
+
+  grpc::Status TrySubmit(const std::string& request_id, const v1::JobSpec& spec,
+                         Job* job, int priority = 0) {
+    v1::SubmitJobRequest req;
+    req.set_request_id(request_id);
+    *req.mutable_spec() = spec;
+    req.set_priority(priority);
+    grpc::ClientContext ctx;
+    return jobs_->SubmitJob(&ctx, req, job);
+  }
+  Job Submit(const std::string& request_id, const v1::JobSpec& spec,
+             int priority = 0) {
+    Job job;
+    grpc::Status st = TrySubmit(request_id, spec, &job, priority);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return job;
+  }
+  Job Get(const std::string& job_id) {
+    v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    grpc::ClientContext ctx;
+    Job job;
+    grpc::Status st = jobs_->GetJob(&ctx, req, &job);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return job;
+  }
+  grpc::Status Cancel(const std::string& job_id, Job* job,
+                      const std::string& reason = "") {
+    v1::CancelJobRequest req;
+    req.set_job_id(job_id);
+    req.set_reason(reason);
+    grpc::ClientContext ctx;
+    return jobs_->CancelJob(&ctx, req, job);
+  }
+  // Polls GetJob until `pred` holds; returns the last job seen.
+  Job WaitJob(const std::string& job_id, std::function<bool(const Job&)> pred,
+              absl::Duration timeout = absl::Seconds(5)) {
+    absl::Time deadline = absl::Now() + timeout;
+    Job job = Get(job_id);
+    while (!pred(job) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+      job = Get(job_id);
+    }
+    EXPECT_TRUE(pred(job)) << job.DebugString();
+    return job;
+  }
+  Job WaitState(const std::string& job_id, v1::JobState state) {
+    return WaitJob(job_id, [&](const Job& j) { return j.state() == state; });
+  }
+  std::unique_ptr<FakeWorker> NewWorker(const std::string& name,
+                                        const std::string& device = "cpu") {
+    return std::make_unique<FakeWorker>(channel_, name, device);
+  }
+
+  std::string dir_;
+  std::unique_ptr<ControllerServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+};
+
+TEST_F(ControllerTest, SubmitWithSameRequestIdReturnsSameJob) {
+  Job a = Submit("req-1", Spec(1));
+  Job b = Submit("req-1", Spec(1));
+  Job c = Submit("req-2", Spec(1));
+  EXPECT_FALSE(a.job_id().empty());
+  EXPECT_EQ(a.job_id(), b.job_id());
+  EXPECT_NE(a.job_id(), c.job_id());
+  EXPECT_EQ(a.state(), v1::QUEUED);
+  v1::ListJobsRequest req;
+  v1::ListJobsResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(jobs_->ListJobs(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.jobs_size(), 2);
+}
+
+TEST_F(ControllerTest, MissingRequestIdIsInvalidArgument) {
+  Job job;
+  grpc::Status st = TrySubmit("", Spec(1), &job);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("request_id"), std::string::npos);
+}
+
+TEST_F(ControllerTest, InvalidSpecListsEveryFieldPath) {
+  v1::JobSpec spec = Spec(1);
+  spec.set_steps(0);
+  spec.mutable_model()->mutable_blocks(0)->set_ffn_hidden_size(-4);
+  spec.mutable_parallelism()->set_schedule("zb");
+  Job job;
+  grpc::Status st = TrySubmit("bad", spec, &job);
+  ASSERT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  for (const char* path :
+       {"steps", "model.blocks[0].ffn_hidden_size", "parallelism.schedule"}) {
+    EXPECT_NE(st.error_message().find(path), std::string::npos)
+        << path << " missing from: " << st.error_message();
+  }
+  // Nothing was stored.
+  v1::ListJobsResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(jobs_->ListJobs(&ctx, v1::ListJobsRequest(), &resp).ok());
+  EXPECT_EQ(resp.jobs_size(), 0);
+}
+
+TEST_F(ControllerTest, ListJobsFiltersAndPagesNewestFirst) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back(Submit(absl::StrCat("r", i), Spec(1)).job_id());
+  }
+  Job j;
+  ASSERT_TRUE(Cancel(ids[1], &j).ok());
+  ASSERT_TRUE(Cancel(ids[3], &j).ok());
+
+  v1::ListJobsRequest req;
+  req.add_states(v1::CANCELLED);
+  v1::ListJobsResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(jobs_->ListJobs(&ctx, req, &resp).ok());
+  }
+  ASSERT_EQ(resp.jobs_size(), 2);
+  EXPECT_EQ(resp.jobs(0).job_id(), ids[3]);
+  EXPECT_EQ(resp.jobs(1).job_id(), ids[1]);
+  EXPECT_TRUE(resp.next_page_token().empty());
+
+  std::vector<std::string> seen;
+  req.Clear();
+  req.set_page_size(2);
+  do {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(jobs_->ListJobs(&ctx, req, &resp).ok());
+    EXPECT_LE(resp.jobs_size(), 2);
+    for (const Job& job : resp.jobs()) seen.push_back(job.job_id());
+    req.set_page_token(resp.next_page_token());
+  } while (!resp.next_page_token().empty());
+  EXPECT_EQ(seen,
+            (std::vector<std::string>{ids[4], ids[3], ids[2], ids[1], ids[0]}));
+
+  req.set_page_token("garbage");
+  grpc::ClientContext ctx;
+  grpc::Status st = jobs_->ListJobs(&ctx, req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("page_token"), std::string::npos);
+}
+
+TEST_F(ControllerTest, GangWaitsForAllStagesThenAssignsWithPeers) {
+  Job job = Submit("gang", Spec(3));
+  EXPECT_EQ(job.reason(), "needs 3 idle cpu workers; none registered");
+  auto w1 = NewWorker("alpha");
+  auto w2 = NewWorker("beta");
+  WaitJob(job.job_id(), [](const Job& j) {
+    return j.reason() == "needs 3 idle cpu workers; 2 registered";
+  });
+  EXPECT_FALSE(w1->Next(absl::Milliseconds(200)).has_value());
+  auto w3 = NewWorker("gamma");
+  std::vector<FakeWorker*> workers = {w1.get(), w2.get(), w3.get()};
+  for (int k = 0; k < 3; ++k) {
+    auto m = workers[k]->Next();
+    ASSERT_TRUE(m && m->has_assign()) << workers[k]->name();
+    EXPECT_EQ(m->assign().job_id(), job.job_id());
+    EXPECT_EQ(m->assign().stage(), k);
+    EXPECT_EQ(m->assign().spec().parallelism().stages(), 3);
+    EXPECT_EQ(m->assign().spec().device(), "cpu");  // normalized
+    ASSERT_EQ(m->assign().peer_addresses_size(), 3);
+    for (int p = 0; p < 3; ++p) {
+      EXPECT_EQ(m->assign().peer_addresses(p), workers[p]->peer());
+    }
+  }
+  Job running = WaitState(job.job_id(), v1::RUNNING);
+  EXPECT_EQ(running.workers_size(), 3);
+  EXPECT_EQ(running.workers(2), w3->id());
+  EXPECT_GT(running.start_time_ms(), 0);
+}
+
+TEST_F(ControllerTest, ImpossibleJobsSayWhy) {
+  Job gpu = Submit("gpu", Spec(1, 5, "cuda"));
+  EXPECT_EQ(gpu.state(), v1::QUEUED);
+  EXPECT_EQ(gpu.reason(), "needs a cuda worker; none registered");
+  auto w = NewWorker("cpu-only");
+  Job big = Submit("big", Spec(4));
+  EXPECT_EQ(big.reason(), "needs 4 idle cpu workers; 1 registered");
+  EXPECT_EQ(Get(gpu.job_id()).reason(), "needs a cuda worker; none registered");
+  EXPECT_FALSE(w->Next(absl::Milliseconds(100)).has_value());
+}
+
+TEST_F(ControllerTest, WatchersSeeEveryStepExactlyOnceInOrder) {
+  auto w0 = NewWorker("s0");
+  auto w1 = NewWorker("s1");
+  Job job = Submit("watched", Spec(2));
+  ASSERT_TRUE(w0->Next()->has_assign());
+  ASSERT_TRUE(w1->Next()->has_assign());
+  Watcher a(jobs_.get(), job.job_id());
+  Watcher b(jobs_.get(), job.job_id());
+  constexpr int kSteps = 40;
+  std::unique_ptr<Watcher> late;
+  for (int step = 1; step <= kSteps; ++step) {
+    w0->Step(job.job_id(), 0, step, 1.0 / step);
+    w1->Step(job.job_id(), 1, step, 1.0 / step, /*num_metrics=*/1);
+    if (step == kSteps / 2) {
+      ASSERT_TRUE(a.WaitForSteps(step, absl::Seconds(5)));
+      late = std::make_unique<Watcher>(jobs_.get(), job.job_id(), 0);
+    }
+  }
+  w0->Done(job.job_id(), 0);
+  w1->Done(job.job_id(), 1);
+  Job done = WaitState(job.job_id(), v1::SUCCEEDED);
+  EXPECT_EQ(done.steps_completed(), kSteps);
+  EXPECT_FALSE(done.reason().empty());
+  for (Watcher* w : {&a, &b, late.get()}) {
+    EXPECT_TRUE(w->Wait().ok());
+    std::vector<JobEvent> events = w->events();
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_TRUE(events.front().has_state());
+    EXPECT_EQ(events.back().state().state(), v1::SUCCEEDED);
+    EXPECT_EQ(w->steps(), Range(1, kSteps));
+    for (const JobEvent& e : events) {
+      if (!e.has_step()) continue;
+      // Published when the last stage reports; stage 0's report of the
+      // same step travels on another stream and may come later.
+      ASSERT_GE(e.step().stages_size(), 1);
+      ASSERT_LE(e.step().stages_size(), 2);
+      EXPECT_EQ(e.step().stages(e.step().stages_size() - 1).stage(), 1);
+      if (e.step().stages_size() == 2) {
+        EXPECT_EQ(e.step().stages(0).stage(), 0);
+        EXPECT_DOUBLE_EQ(e.step().stages(0).forward_s(), 0.001);
+      }
+      EXPECT_EQ(e.step().metrics().size(), 1u);
+      EXPECT_DOUBLE_EQ(e.step().loss(), 1.0 / e.step().step());
+    }
+  }
+  // The late watcher started while RUNNING; a and b saw QUEUED or RUNNING
+  // first, then RUNNING, then SUCCEEDED.
+  EXPECT_EQ(late->events().front().state().state(), v1::RUNNING);
+}
+
+TEST_F(ControllerTest, ReconnectFromStepMissesNothing) {
+  auto w = NewWorker("solo");
+  Job job = Submit("reconnect", Spec(1));
+  ASSERT_TRUE(w->Next()->has_assign());
+  for (int step = 1; step <= 10; ++step) w->Step(job.job_id(), 0, step, 1);
+  int64_t last_seen = 0;
+  {
+    Watcher first(jobs_.get(), job.job_id());
+    ASSERT_TRUE(first.WaitForSteps(7, absl::Seconds(5)));
+    last_seen = first.steps().back();  // the client "disconnects" here
+  }
+  for (int step = 11; step <= 15; ++step) w->Step(job.job_id(), 0, step, 1);
+  Watcher again(jobs_.get(), job.job_id(), last_seen + 1);
+  ASSERT_TRUE(again.WaitForSteps(15, absl::Seconds(5)));
+  w->Done(job.job_id(), 0);
+  EXPECT_TRUE(again.Wait().ok());
+  EXPECT_EQ(again.steps(), Range(last_seen + 1, 15));
+  // A watch of a finished job replays and ends.
+  Watcher replay(jobs_.get(), job.job_id(), 14);
+  EXPECT_TRUE(replay.Wait().ok());
+  EXPECT_EQ(replay.steps(), Range(14, 15));
+  // For a finished job the terminal state comes last, after the replay.
+  EXPECT_EQ(replay.events().back().state().state(), v1::SUCCEEDED);
+}
+
+TEST_F(ControllerTest, SlowWatcherDoesNotBlockOthers) {
+  auto w = NewWorker("solo");
+  Job job = Submit("slow", Spec(1, 400));
+  ASSERT_TRUE(w->Next()->has_assign());
+  Watcher slow(jobs_.get(), job.job_id(), 0, /*read=*/false);
+  Watcher fast(jobs_.get(), job.job_id());
+  // ~3 KB per step: 400 steps are far more than the HTTP/2 flow-control
+  // window the never-reading watcher can absorb.
+  constexpr int kSteps = 400;
+  for (int step = 1; step <= kSteps; ++step) {
+    w->Step(job.job_id(), 0, step, 1, /*num_metrics=*/60);
+  }
+  w->Done(job.job_id(), 0);
+  EXPECT_TRUE(fast.Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(fast.steps(), Range(1, kSteps));
+  EXPECT_EQ(Get(job.job_id()).state(), v1::SUCCEEDED);
+  // The slow watcher lost nothing: once it reads, it gets every step.
+  slow.Start();
+  EXPECT_TRUE(slow.Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(slow.steps(), Range(1, kSteps));
+}
+
+TEST_F(ControllerTest, CancelQueuedJob) {
+  Job job = Submit("q", Spec(2));
+  Job cancelled;
+  ASSERT_TRUE(Cancel(job.job_id(), &cancelled, "not needed").ok());
+  EXPECT_EQ(cancelled.state(), v1::CANCELLED);
+  EXPECT_NE(cancelled.reason().find("not needed"), std::string::npos);
+  Job again;
+  grpc::Status st = Cancel(job.job_id(), &again);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("CANCELLED"), std::string::npos);
+  st = Cancel("job-404", &again);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ControllerTest, CancelRunningJobCancelsStagesAndFreesWorkers) {
+  auto w0 = NewWorker("a");
+  auto w1 = NewWorker("b");
+  Job job = Submit("run", Spec(2));
+  ASSERT_TRUE(w0->Next()->has_assign());
+  ASSERT_TRUE(w1->Next()->has_assign());
+  Watcher watch(jobs_.get(), job.job_id());
+  Job cancelled;
+  ASSERT_TRUE(Cancel(job.job_id(), &cancelled, "user asked").ok());
+  EXPECT_EQ(cancelled.state(), v1::CANCELLED);
+  for (FakeWorker* w : {w0.get(), w1.get()}) {
+    auto m = w->Next();
+    ASSERT_TRUE(m && m->has_cancel());
+    EXPECT_EQ(m->cancel().job_id(), job.job_id());
+  }
+  EXPECT_TRUE(watch.Wait().ok());
+  EXPECT_EQ(watch.events().back().state().state(), v1::CANCELLED);
+  Job next = Submit("next", Spec(2));
+  auto m = w0->Next();
+  ASSERT_TRUE(m && m->has_assign());
+  EXPECT_EQ(m->assign().job_id(), next.job_id());
+}
+
+TEST_F(ControllerTest, WorkerLostMidJobFailsJobAndFreesSurvivors) {
+  auto w0 = NewWorker("pod-0");
+  auto w1 = NewWorker("pod-1");
+  auto w2 = NewWorker("pod-2");
+  Job job = Submit("doomed", Spec(3));
+  Job next = Submit("next", Spec(2));
+  for (FakeWorker* w : {w0.get(), w1.get(), w2.get()}) {
+    ASSERT_TRUE(w->Next()->has_assign());
+  }
+  w0->Step(job.job_id(), 0, 1, 1);
+  w1->Crash();
+  Job failed = WaitState(job.job_id(), v1::FAILED);
+  EXPECT_NE(failed.reason().find(absl::StrCat("worker ", w1->id(),
+                                              " (pod-1) running stage 1 "
+                                              "was lost")),
+            std::string::npos)
+      << failed.reason();
+  for (FakeWorker* w : {w0.get(), w2.get()}) {
+    auto cancel = w->Next();
+    ASSERT_TRUE(cancel && cancel->has_cancel());
+    EXPECT_EQ(cancel->cancel().job_id(), job.job_id());
+    auto assign = w->Next();
+    ASSERT_TRUE(assign && assign->has_assign());
+    EXPECT_EQ(assign->assign().job_id(), next.job_id());
+  }
+  EXPECT_EQ(WaitState(next.job_id(), v1::RUNNING).workers(0), w0->id());
+}
+
+TEST_F(ControllerTest, SilentWorkerIsLostAfterHeartbeatTimeout) {
+  auto w = NewWorker("quiet");
+  Job job = Submit("hb", Spec(1));
+  ASSERT_TRUE(w->Next()->has_assign());
+  absl::Time t0 = absl::Now();
+  w->StopHeartbeats();
+  Job failed = WaitState(job.job_id(), v1::FAILED);
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(700));
+  EXPECT_NE(failed.reason().find(absl::StrCat("worker ", w->id(),
+                                              " (quiet) running stage 0 was "
+                                              "lost: no heartbeat for")),
+            std::string::npos)
+      << failed.reason();
+  EXPECT_TRUE(w->StreamEnded(absl::Seconds(5)));
+}
+
+TEST_F(ControllerTest, StageFailureFailsJobWithItsError) {
+  auto w0 = NewWorker("a");
+  auto w1 = NewWorker("b");
+  Job job = Submit("fails", Spec(2));
+  ASSERT_TRUE(w0->Next()->has_assign());
+  ASSERT_TRUE(w1->Next()->has_assign());
+  w1->Done(job.job_id(), 1, false, "plugin \"xent\" not found");
+  Job failed = WaitState(job.job_id(), v1::FAILED);
+  EXPECT_NE(failed.reason().find("plugin \"xent\" not found"),
+            std::string::npos);
+  EXPECT_NE(failed.reason().find("stage 1"), std::string::npos);
+  auto m = w0->Next();
+  ASSERT_TRUE(m && m->has_cancel());
+}
+
+TEST_F(ControllerTest, FirstMessageMustBeRegister) {
+  auto stub = v1::WorkerService::NewStub(channel_);
+  grpc::ClientContext ctx;
+  auto stream = stub->Connect(&ctx);
+  WorkerMessage hb;
+  hb.mutable_heartbeat()->set_time_ms(1);
+  stream->Write(hb);
+  ControllerMessage m;
+  EXPECT_FALSE(stream->Read(&m));
+  grpc::Status st = stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("RegisterWorker"), std::string::npos);
+}
+
+TEST_F(ControllerTest, HealthServiceReportsServing) {
+  // grpc.health.v1.Health/Check with an empty HealthCheckRequest; the
+  // response HealthCheckResponse{status: SERVING (1)} encodes as 08 01.
+  grpc::Slice empty(std::string{});
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  grpc::Status st =
+      grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+          channel_.get(),
+          grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
+                                    grpc::internal::RpcMethod::NORMAL_RPC),
+          &ctx, request, &response);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+}
+
+TEST_F(ControllerTest, RestartKeepsJobsAndHistories) {
+  std::string finished, queued, running;
+  {
+    auto w0 = NewWorker("a");
+    finished = Submit("finished", Spec(1)).job_id();
+    ASSERT_TRUE(w0->Next()->has_assign());
+    for (int step = 1; step <= 5; ++step) w0->Step(finished, 0, step, step);
+    w0->Done(finished, 0);
+    WaitState(finished, v1::SUCCEEDED);
+    queued = Submit("queued", Spec(3)).job_id();
+    running = Submit("running", Spec(1)).job_id();
+    ASSERT_TRUE(w0->Next()->has_assign());
+    WaitState(running, v1::RUNNING);
+    server_.reset();  // workers still connected: the streams are cut
+  }
+  StartServer();
+  Job f = Get(finished);
+  EXPECT_EQ(f.state(), v1::SUCCEEDED);
+  EXPECT_EQ(f.steps_completed(), 5);
+  EXPECT_EQ(Get(queued).state(), v1::QUEUED);
+  Job r = Get(running);
+  EXPECT_EQ(r.state(), v1::FAILED);
+  EXPECT_EQ(r.reason(), kRestartedReason);
+  Watcher replay(jobs_.get(), finished);
+  EXPECT_TRUE(replay.Wait().ok());
+  EXPECT_EQ(replay.steps(), Range(1, 5));
+  EXPECT_EQ(Submit("finished", Spec(1)).job_id(), finished);
+  EXPECT_EQ(Submit("queued", Spec(3)).job_id(), queued);
+  // The queued job still runs once its gang is there.
+  auto a = NewWorker("x");
+  auto b = NewWorker("y");
+  auto c = NewWorker("z");
+  ASSERT_TRUE(c->Next()->has_assign());
+  WaitState(queued, v1::RUNNING);
+}
+
+}  // namespace
+}  // namespace trainyard

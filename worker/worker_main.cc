@@ -1,0 +1,150 @@
+// trainyard-worker: the worker daemon. Dials the controller, registers, and
+// runs the pipeline stages it is assigned until SIGTERM or SIGINT.
+//
+// Exit status: 0 after a signal, 2 bad flags, 1 the worker could not start
+// (e.g. an address that cannot be bound).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "core/file_util.h"
+#include "glog/logging.h"
+#include "worker/worker_daemon.h"
+
+ABSL_FLAG(std::string, controller, "",
+          "Controller address host:port (required).");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "host:port where other stages connect to this worker; port 0 picks "
+          "a free port (reported to the controller). Use 0.0.0.0:PORT in "
+          "pods.");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port other workers dial for peer traffic, when it differs "
+          "from --listen (e.g. $(POD_IP):7100 behind --listen=0.0.0.0:7100).");
+ABSL_FLAG(std::string, device, "cpu",
+          "\"cpu\" (\"cuda:N\" needs a build with the GPU path).");
+ABSL_FLAG(std::string, plugin_dir, "",
+          "Folder holding lib<plugin>.so task plugins (default: the "
+          "task_plugins folder next to this binary's folder).");
+ABSL_FLAG(std::string, data_dir, "",
+          "Relative paths in assigned job specs resolve here (default: the "
+          "current directory).");
+ABSL_FLAG(int, threads, 0, "Compute (BLAS) threads; 0 = one per core.");
+ABSL_FLAG(std::string, name, "",
+          "Worker name reported to the controller (default: hostname-pid).");
+ABSL_FLAG(uint64_t, memory_bytes, 0,
+          "Memory jobs may use on this worker; 0 = physical memory.");
+ABSL_FLAG(std::string, health_listen, "127.0.0.1:0",
+          "host:port of the grpc.health.v1 + reflection server; empty = "
+          "none.");
+ABSL_FLAG(std::string, port_file, "",
+          "Write the health server's port here once it listens.");
+
+namespace trainyard {
+namespace {
+
+// <dir of binary>/../task_plugins: bazel-bin/worker/trainyard-worker ->
+// bazel-bin/task_plugins, like the `trainyard` CLI.
+std::string DefaultPluginDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "task_plugins";
+  buf[n] = '\0';
+  return Dirname(Dirname(buf)) + "/task_plugins";
+}
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace trainyard
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "trainyard-worker --controller=HOST:PORT [--listen=HOST:PORT] "
+      "[--plugin_dir=DIR] [--data_dir=DIR] [--threads=N]");
+  absl::ParseCommandLine(argc, argv);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  // Block the stop signals before any thread starts, so only the waiter
+  // below sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  trainyard::WorkerOptions options;
+  options.controller = absl::GetFlag(FLAGS_controller);
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
+  if (options.plugin_dir.empty()) {
+    options.plugin_dir = trainyard::DefaultPluginDir();
+  }
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  if (options.threads == 0) {
+    options.threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  }
+  options.name = absl::GetFlag(FLAGS_name);
+  options.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
+
+  absl::StatusOr<trainyard::WorkerOptions> valid =
+      trainyard::ValidateWorkerOptions(options);
+  if (!valid.ok()) {
+    fprintf(stderr, "trainyard-worker: %s\n",
+            std::string(valid.status().message()).c_str());
+    return 2;
+  }
+
+  absl::Notification stop;
+  std::thread waiter([&signals, &stop] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    LOG(INFO) << "trainyard-worker: signal " << sig << ": shutting down";
+    stop.Notify();
+  });
+  waiter.detach();  // lives until the process exits
+
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  absl::Status port_status;
+  absl::Status st =
+      trainyard::RunWorker(*valid, &stop, [&](const trainyard::Worker& worker) {
+        if (!port_file.empty()) {
+          port_status =
+              trainyard::WritePortFile(port_file, worker.health_port());
+          // Through the signal waiter, so `stop` is notified exactly once.
+          if (!port_status.ok()) kill(getpid(), SIGTERM);
+        }
+      });
+  if (st.ok()) st = port_status;
+  if (!st.ok()) {
+    fprintf(stderr, "trainyard-worker: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
