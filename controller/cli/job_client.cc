@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/npy.h"
 #include "grpcpp/grpcpp.h"
 
 namespace trainyard {
@@ -196,6 +197,18 @@ void ResolveSpecPaths(const std::string& base_dir,
   if (spec->has_checkpoint()) {
     MakeAbsolute(base_dir, spec->mutable_checkpoint()->mutable_dir());
   }
+}
+
+void FillInputWidthFromLocalData(trainyard::v1::JobSpec* spec) {
+  if (spec->model().blocks_size() == 0 ||
+      spec->model().blocks(0).in_features() != 0 ||
+      !spec->data().train().has_npy()) {
+    return;
+  }
+  absl::StatusOr<NpyHeader> header =
+      ReadNpyHeader(spec->data().train().npy().features());
+  if (!header.ok() || header->shape.size() != 2) return;  // the workers will say
+  spec->mutable_model()->mutable_blocks(0)->set_in_features(header->shape[1]);
 }
 
 const char* JobStateName(JobState state) {

@@ -63,6 +63,12 @@ std::string NewRequestId();
 // job submitted from any folder means the same files.
 void ResolveSpecPaths(const std::string& base_dir, trainyard::v1::JobSpec* spec);
 
+// When block 0's in_features is unset and the train features are a .npy
+// file this machine can read, sets it from the file's header. The
+// controller validates without the data files (they may live only on the
+// workers), so it cannot infer that width itself.
+void FillInputWidthFromLocalData(trainyard::v1::JobSpec* spec);
+
 const char* JobStateName(trainyard::v1::JobState state);
 bool IsTerminal(trainyard::v1::JobState state);
 

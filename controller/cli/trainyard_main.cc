@@ -319,6 +319,7 @@ absl::StatusOr<std::pair<trainyard::v1::JobSpec, std::string>> ReadSpecForSubmit
     if (getcwd(cwd, sizeof(cwd)) != nullptr) base = std::string(cwd) + "/" + base;
   }
   ResolveSpecPaths(base, &*spec);
+  FillInputWidthFromLocalData(&*spec);
   return std::make_pair(*spec, base);
 }
 
