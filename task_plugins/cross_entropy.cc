@@ -83,18 +83,10 @@ class CrossEntropyTask : public PluginTask {
     float* g =
         args.is_eval ? nullptr : static_cast<float*>(args.grad_output->data);
     // Validate every label before touching anything.
-    int64_t n = 0;
-    for (int64_t i = 0; i < b; ++i) {
-      const int64_t y = LabelAt(labels, i);
-      if (y == ignore_index_) continue;
-      if (y < 0 || y >= c) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "microbatch ", args.microbatch, " of ", args.num_microbatches,
-            ", row ", i, ": label ", y, " outside [0, ", c,
-            ") and not ignore_index ", ignore_index_));
-      }
-      ++n;
-    }
+    absl::StatusOr<int64_t> valid =
+        CountValidLabels(labels, b, c, ignore_index_, args);
+    if (!valid.ok()) return valid.status();
+    const int64_t n = *valid;
     result->loss = 0;
     result->loss_weight = static_cast<double>(n);
     if (n == 0) return absl::OkStatus();

@@ -198,18 +198,10 @@ class LogitDistillationTask : public PluginTask {
           "microbatch ", args.microbatch, ": \"labels\" must be int [", b,
           "], got ", DTypeString(labels.dtype), " ", ShapeString(labels)));
     }
-    int64_t n = 0;
-    for (int64_t i = 0; i < b; ++i) {
-      const int64_t y = LabelAt(labels, i);
-      if (y == ignore_index_) continue;
-      if (y < 0 || y >= c) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "microbatch ", args.microbatch, " of ", args.num_microbatches,
-            ", row ", i, ": label ", y, " outside [0, ", c,
-            ") and not ignore_index ", ignore_index_));
-      }
-      ++n;
-    }
+    absl::StatusOr<int64_t> valid =
+        CountValidLabels(labels, b, c, ignore_index_, args);
+    if (!valid.ok()) return valid.status();
+    const int64_t n = *valid;
     result->loss = 0;
     result->loss_weight = static_cast<double>(n);
     if (n == 0) return absl::OkStatus();

@@ -125,6 +125,25 @@ int64_t LabelAt(const TrainyardTensor& t, int64_t i) {
   return static_cast<const int64_t*>(t.data)[i];
 }
 
+absl::StatusOr<int64_t> CountValidLabels(const TrainyardTensor& labels,
+                                         int64_t rows, int64_t classes,
+                                         int64_t ignore_index,
+                                         const TrainyardLossArgs& args) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t y = LabelAt(labels, i);
+    if (y == ignore_index) continue;
+    if (y < 0 || y >= classes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "microbatch ", args.microbatch, " of ", args.num_microbatches,
+          ", row ", i, ": label ", y, " outside [0, ", classes,
+          ") and not ignore_index ", ignore_index));
+    }
+    ++n;
+  }
+  return n;
+}
+
 absl::StatusOr<void*> AddTensor(TrainyardSink* sink, const std::string& name,
                                 int32_t dtype,
                                 const std::vector<int64_t>& shape) {

@@ -80,6 +80,14 @@ absl::StatusOr<const TrainyardTensor*> FindTensor(
 bool IsLabelTensor(const TrainyardTensor& t);
 int64_t LabelAt(const TrainyardTensor& t, int64_t i);
 
+// Checks every label of a microbatch of `rows` rows before any is used:
+// each must be in [0, classes) or equal ignore_index. Returns how many are
+// not ignored, or InvalidArgument naming the microbatch, row and value.
+absl::StatusOr<int64_t> CountValidLabels(const TrainyardTensor& labels,
+                                         int64_t rows, int64_t classes,
+                                         int64_t ignore_index,
+                                         const TrainyardLossArgs& args);
+
 // The batch's "features" (float32 [B, D]) copied to "inputs"; returns it.
 absl::StatusOr<const TrainyardTensor*> CopyFeaturesToInputs(
     const TrainyardBatch& batch, TrainyardSink* out);
