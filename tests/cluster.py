@@ -57,12 +57,12 @@ class Cluster:
         self._logs.append(log)
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
-    def start_controller(self):
+    def start_controller(self, port=0):
         port_file = os.path.join(self.dir, "controller.port")
         if os.path.exists(port_file):
             os.unlink(port_file)
         self.controller = self._spawn("controller", [
-            CONTROLLER_BIN, "--listen=127.0.0.1:0",
+            CONTROLLER_BIN, f"--listen=127.0.0.1:{port}",
             f"--data_dir={self.dir}/controller", f"--port_file={port_file}",
             "--heartbeat_interval_ms=200",
             f"--heartbeat_timeout_ms={self.heartbeat_timeout_ms}"])
