@@ -219,7 +219,8 @@ JobEventLog* JobManager::LogLocked(JobEntry& e) {
       first.mutable_state()->set_state(e.job.state());
       first.mutable_state()->set_reason(e.job.reason());
       absl::Status st = store_->UpdateJob(e.job, 0, &first);
-      if (!st.ok()) LOG(ERROR) << "persisting job " << e.job.job_id() << ": " << st;
+      if (!st.ok())
+        LOG(ERROR) << "persisting job " << e.job.job_id() << ": " << st;
       events->push_back(std::move(first));
     }
     e.log = std::make_shared<JobEventLog>(*std::move(events));

@@ -39,9 +39,8 @@ Transport* InProcessHub::rank(int r) { return ranks_[r].get(); }
 
 absl::Status InProcessHub::Send(int from, int to, Message message) {
   if (to < 0 || to >= world_size() || to == from) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", from, ": cannot send to rank ", to, " of ",
-                     world_size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", from, ": cannot send to rank ", to, " of ", world_size()));
   }
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return absl::AbortedError(aborted_.message());

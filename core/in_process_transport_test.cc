@@ -38,9 +38,8 @@ TEST(InProcessTransportTest, RecvTimesOut) {
 TEST(InProcessTransportTest, AbortWakesWaiters) {
   InProcessHub hub(3);
   absl::Status recv_status, reduce_status;
-  std::thread waiter([&] {
-    recv_status = hub.rank(1)->Recv(0, absl::Seconds(30)).status();
-  });
+  std::thread waiter(
+      [&] { recv_status = hub.rank(1)->Recv(0, absl::Seconds(30)).status(); });
   std::thread reducer([&] {
     std::vector<double> v = {1.0};
     reduce_status = hub.rank(2)->AllReduceSum(&v, absl::Seconds(30));

@@ -715,14 +715,15 @@ TEST(PlanJobTest, AllProblemsComeBackInOneStatus) {
   absl::StatusOr<JobPlan> plan = PlanJob(*spec, Options(dir));
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(std::string(plan.status().message()),
-            "invalid job spec (5 problems):\n"
-            "steps: must be > 0, got 0\n"
-            "device: cuda is not available in this build\n"
-            "model.blocks[0].ffn_hidden_size: must be > 0, got -4\n"
-            "parallelism.schedule: must be one of \"gpipe\", \"1f1b\", \"zbh1\", got "
-            "\"zb\"\n"
-            "optimizer.beta1: only for adamw");
+  EXPECT_EQ(
+      std::string(plan.status().message()),
+      "invalid job spec (5 problems):\n"
+      "steps: must be > 0, got 0\n"
+      "device: cuda is not available in this build\n"
+      "model.blocks[0].ffn_hidden_size: must be > 0, got -4\n"
+      "parallelism.schedule: must be one of \"gpipe\", \"1f1b\", \"zbh1\", got "
+      "\"zb\"\n"
+      "optimizer.beta1: only for adamw");
 }
 
 TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {

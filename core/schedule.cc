@@ -135,7 +135,8 @@ Schedule MakeZeroBubbleH1Schedule(int S, int M) {
       if (s < S - 1) acts.push_back({ActionKind::kRecvGradient, mb});
       acts.push_back({ActionKind::kBackwardInput, mb});
       if (s > 0) acts.push_back({ActionKind::kSendGradient, mb});
-      if (mb < first_deferred) acts.push_back({ActionKind::kBackwardWeight, mb});
+      if (mb < first_deferred)
+        acts.push_back({ActionKind::kBackwardWeight, mb});
     };
     for (int mb = 0; mb < warmup; ++mb) AddForward(s, S, mb, &acts);
     int next_backward = 0;
@@ -182,10 +183,9 @@ absl::Status ValidateSchedule(const Schedule& sched) {
         absl::StrCat("schedule ", sched.name, ": stage ", s, ": ", why));
   };
   if (S < 1 || M < 1 || static_cast<int>(sched.stages.size()) != S) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("schedule ", sched.name, ": has ", sched.stages.size(),
-                     " stage lists for ", S, " stages and ", M,
-                     " microbatches"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "schedule ", sched.name, ": has ", sched.stages.size(),
+        " stage lists for ", S, " stages and ", M, " microbatches"));
   }
   // Per-stage ordering rules.
   for (int s = 0; s < S; ++s) {
@@ -202,8 +202,8 @@ absl::Status ValidateSchedule(const Schedule& sched) {
         continue;
       }
       if (a.microbatch < 0 || a.microbatch >= M) {
-        return fail(s, absl::StrCat(what, ": microbatch out of range [0, ",
-                                    M, ")"));
+        return fail(
+            s, absl::StrCat(what, ": microbatch out of range [0, ", M, ")"));
       }
       const int mb = a.microbatch;
       switch (a.kind) {
@@ -283,8 +283,10 @@ absl::Status ValidateSchedule(const Schedule& sched) {
           }
           in->pop_front();
         }
-        if (a.kind == ActionKind::kSendActivation) act[s].push_back(a.microbatch);
-        if (a.kind == ActionKind::kSendGradient) grad[s - 1].push_back(a.microbatch);
+        if (a.kind == ActionKind::kSendActivation)
+          act[s].push_back(a.microbatch);
+        if (a.kind == ActionKind::kSendGradient)
+          grad[s - 1].push_back(a.microbatch);
         ++pc[s];
         progressed = true;
       }
@@ -299,9 +301,9 @@ absl::Status ValidateSchedule(const Schedule& sched) {
               "stage ", s, " at ", ActionToString(sched.stages[s][pc[s]])));
         }
       }
-      return absl::FailedPreconditionError(
-          absl::StrCat("schedule ", sched.name, ": deadlock: ",
-                       absl::StrJoin(waiting, ", "), " wait forever"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "schedule ", sched.name, ": deadlock: ", absl::StrJoin(waiting, ", "),
+          " wait forever"));
     }
   }
   for (int s = 0; s < S; ++s) {

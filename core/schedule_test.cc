@@ -19,8 +19,10 @@ std::string Stage(const Schedule& s, int stage) {
 
 TEST(ScheduleTest, OneFOneBShape) {
   Schedule s = MakeOneFOneBSchedule(2, 3);
-  EXPECT_EQ(Stage(s, 0), "F0 >A0 F1 >A1 <G0 B0 W0 F2 >A2 <G1 B1 W1 <G2 B2 W2 OPT");
-  EXPECT_EQ(Stage(s, 1), "<A0 F0 B0 >G0 W0 <A1 F1 B1 >G1 W1 <A2 F2 B2 >G2 W2 OPT");
+  EXPECT_EQ(Stage(s, 0),
+            "F0 >A0 F1 >A1 <G0 B0 W0 F2 >A2 <G1 B1 W1 <G2 B2 W2 OPT");
+  EXPECT_EQ(Stage(s, 1),
+            "<A0 F0 B0 >G0 W0 <A1 F1 B1 >G1 W1 <A2 F2 B2 >G2 W2 OPT");
 }
 
 TEST(ScheduleTest, GPipeShape) {
@@ -61,24 +63,25 @@ TEST(ScheduleTest, BackwardRunsInAscendingOrderUnderBothSchedules) {
 TEST(ScheduleTest, ZeroBubbleH1DefersWeightGradients) {
   Schedule s = MakeZeroBubbleH1Schedule(2, 3);
   // Stage 0 defers W2 (its last S-1 = 1 microbatch) to the end.
-  EXPECT_EQ(Stage(s, 0), "F0 >A0 F1 >A1 <G0 B0 W0 F2 >A2 <G1 B1 W1 <G2 B2 W2 OPT");
+  EXPECT_EQ(Stage(s, 0),
+            "F0 >A0 F1 >A1 <G0 B0 W0 F2 >A2 <G1 B1 W1 <G2 B2 W2 OPT");
   Schedule s3 = MakeZeroBubbleH1Schedule(3, 4);
   EXPECT_EQ(Stage(s3, 0),
-            "F0 >A0 F1 >A1 F2 >A2 <G0 B0 W0 F3 >A3 <G1 B1 W1 <G2 B2 <G3 B3 W2 W3 OPT");
+            "F0 >A0 F1 >A1 F2 >A2 <G0 B0 W0 F3 >A3 <G1 B1 W1 <G2 B2 <G3 B3 W2 "
+            "W3 OPT");
   EXPECT_EQ(Stage(s3, 2),
-            "<A0 F0 B0 >G0 W0 <A1 F1 B1 >G1 W1 <A2 F2 B2 >G2 W2 <A3 F3 B3 >G3 W3 OPT");
+            "<A0 F0 B0 >G0 W0 <A1 F1 B1 >G1 W1 <A2 F2 B2 >G2 W2 <A3 F3 B3 >G3 "
+            "W3 OPT");
 }
 
 TEST(ScheduleTest, DetectsDeadlock) {
   // Stage 0 waits for a gradient before sending the activation stage 1
   // needs to produce it.
   Schedule s = MakeGPipeSchedule(2, 1);
-  s.stages[0] = {{ActionKind::kForward, 0},
-                 {ActionKind::kRecvGradient, 0},
-                 {ActionKind::kSendActivation, 0},
-                 {ActionKind::kBackwardInput, 0},
-                 {ActionKind::kBackwardWeight, 0},
-                 {ActionKind::kOptimizerStep, -1}};
+  s.stages[0] = {
+      {ActionKind::kForward, 0},        {ActionKind::kRecvGradient, 0},
+      {ActionKind::kSendActivation, 0}, {ActionKind::kBackwardInput, 0},
+      {ActionKind::kBackwardWeight, 0}, {ActionKind::kOptimizerStep, -1}};
   absl::Status st = ValidateSchedule(s);
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(st.message(), HasSubstr("deadlock"));
@@ -98,15 +101,17 @@ TEST(ScheduleTest, DetectsUnmatchedSend) {
 TEST(ScheduleTest, DetectsOutOfOrderReceive) {
   Schedule s = MakeGPipeSchedule(2, 2);
   // Stage 1 receives microbatch 1 first; the channel delivers 0 first.
-  s.stages[1] = {{ActionKind::kRecvActivation, 1}, {ActionKind::kForward, 1},
-                 {ActionKind::kRecvActivation, 0}, {ActionKind::kForward, 0},
-                 {ActionKind::kBackwardInput, 0},  {ActionKind::kSendGradient, 0},
-                 {ActionKind::kBackwardWeight, 0}, {ActionKind::kBackwardInput, 1},
-                 {ActionKind::kSendGradient, 1},   {ActionKind::kBackwardWeight, 1},
-                 {ActionKind::kOptimizerStep, -1}};
+  s.stages[1] = {
+      {ActionKind::kRecvActivation, 1}, {ActionKind::kForward, 1},
+      {ActionKind::kRecvActivation, 0}, {ActionKind::kForward, 0},
+      {ActionKind::kBackwardInput, 0},  {ActionKind::kSendGradient, 0},
+      {ActionKind::kBackwardWeight, 0}, {ActionKind::kBackwardInput, 1},
+      {ActionKind::kSendGradient, 1},   {ActionKind::kBackwardWeight, 1},
+      {ActionKind::kOptimizerStep, -1}};
   absl::Status st = ValidateSchedule(s);
   EXPECT_FALSE(st.ok());
-  EXPECT_THAT(st.message(), HasSubstr("next message on its channel is for microbatch 0"));
+  EXPECT_THAT(st.message(),
+              HasSubstr("next message on its channel is for microbatch 0"));
 }
 
 TEST(ScheduleTest, DetectsWeightGradientBeforeInputGradient) {

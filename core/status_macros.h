@@ -10,10 +10,10 @@
 #define TY_CONCAT_(a, b) TY_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` is not OK.
-#define RETURN_IF_ERROR(expr)                          \
-  do {                                                 \
-    ::absl::Status _ty_status = (expr);                \
-    if (!_ty_status.ok()) return _ty_status;           \
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    ::absl::Status _ty_status = (expr);      \
+    if (!_ty_status.ok()) return _ty_status; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, MakeX());` evaluates a StatusOr and either binds

@@ -14,8 +14,8 @@ struct Tensor::Storage {
     // aligned_alloc needs a size that is a multiple of the alignment.
     size_t rounded = (n + 63) / 64 * 64;
     ptr = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
-    CHECK(rounded == 0 || ptr != nullptr) << "out of memory allocating " << n
-                                          << " bytes";
+    CHECK(rounded == 0 || ptr != nullptr)
+        << "out of memory allocating " << n << " bytes";
   }
   ~Storage() { std::free(ptr); }
   Storage(const Storage&) = delete;
@@ -164,8 +164,7 @@ void* Tensor::raw_data() {
 }
 
 const void* Tensor::raw_data() const {
-  return storage_ ? static_cast<const char*>(storage_->ptr) + offset_
-                  : nullptr;
+  return storage_ ? static_cast<const char*>(storage_->ptr) + offset_ : nullptr;
 }
 
 Tensor Tensor::Rows(int64_t begin, int64_t end) const {

@@ -73,7 +73,9 @@ class Tensor {
   int64_t dim(int i) const { return shape_[i]; }
   int ndim() const { return static_cast<int>(shape_.size()); }
   int64_t numel() const { return NumElements(shape_); }
-  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype_); }
+  size_t nbytes() const {
+    return static_cast<size_t>(numel()) * DTypeSize(dtype_);
+  }
   bool defined() const { return storage_ != nullptr; }
 
   // Typed access; CHECK-fails if T does not match dtype() (a bug).

@@ -1,7 +1,5 @@
 #include "kernels/blas.h"
 
-#include "kernels/parallel.h"
-
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -16,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/parallel.h"
 
 namespace trainyard {
 namespace {
@@ -65,7 +64,6 @@ Tiling TileGemm(int64_t m, int64_t n, int64_t k) {
   const int64_t tile = ((dim + tiles - 1) / tiles + 15) / 16 * 16;
   return {split_n, tile, static_cast<int>((dim + tile - 1) / tile)};
 }
-
 
 // The OPENBLAS_CORETYPE value this CPU's features call for, or null.
 const char* CoreTypeFromCpuid() {

@@ -98,7 +98,6 @@ class Pool {
   std::atomic<int> next_{0};
 };
 
-
 Pool& GetPool() {
   static Pool* const pool = [] {
     Pool* p = new Pool();

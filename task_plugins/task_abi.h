@@ -172,8 +172,7 @@ typedef struct TrainyardTaskV1 {
                          TrainyardError* err);
 
   /* Optional event hook (NULL = not interested). */
-  int (*on_event)(void* task, const TrainyardEvent* event,
-                  TrainyardError* err);
+  int (*on_event)(void* task, const TrainyardEvent* event, TrainyardError* err);
 
   /* Optional inference lifecycle: called instead of compute_loss for
    * forward-only runs; may add named outputs to `out`. */

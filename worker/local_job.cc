@@ -22,8 +22,8 @@ std::string Num(double v) { return absl::StrFormat("%.17g", v); }
 std::string MetricsJson(
     const std::vector<std::pair<std::string, double>>& metrics,
     const std::string& prefix) {
-  static const char* const kReserved[] = {"step", "loss", "lr", "grad_norm",
-                                          "samples_per_sec", "samples"};
+  static const char* const kReserved[] = {
+      "step", "loss", "lr", "grad_norm", "samples_per_sec", "samples"};
   std::string out;
   for (const auto& [name, value] : metrics) {
     std::string key = name;

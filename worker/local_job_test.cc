@@ -164,8 +164,8 @@ TEST(LocalJobTest, MicrobatchCountChangesLossOnlyByRounding) {
     ASSERT_EQ(r.losses.size(), m1.losses.size());
     double worst = 0;
     for (size_t i = 0; i < r.losses.size(); ++i) {
-      worst = std::max(worst, std::abs(r.losses[i] - m1.losses[i]) /
-                                  std::abs(m1.losses[i]));
+      worst = std::max(
+          worst, std::abs(r.losses[i] - m1.losses[i]) / std::abs(m1.losses[i]));
     }
     std::cout << "M=" << m << " vs M=1: max relative loss difference over "
               << r.losses.size() << " steps: " << worst << "\n";
@@ -259,8 +259,8 @@ trainyard::v1::JobSpec MisbehavingSpec(const std::string& mode, int fail_at) {
 }
 
 TEST(LocalJobTest, NonFiniteGradientRefusesTheStepNamingStageAndParameter) {
-  RunResult r = RunJob(MisbehavingSpec("huge_grad", -1), 0,
-                       PluginDir() + "/testdata");
+  RunResult r =
+      RunJob(MisbehavingSpec("huge_grad", -1), 0, PluginDir() + "/testdata");
   EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status.message(),
               HasSubstr("step 1: stage 0 parameter blocks.0.norm.weight has a "

@@ -31,9 +31,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void AdamWKernel(
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void SgdKernel(
     int64_t n, float* __restrict p, const float* __restrict g_raw,
-    float* __restrict buf, float grad_scale, float weight_decay,
-    float momentum, float one_minus_dampening, bool first, bool nesterov,
-    float neg_lr) {
+    float* __restrict buf, float grad_scale, float weight_decay, float momentum,
+    float one_minus_dampening, bool first, bool nesterov, float neg_lr) {
   for (int64_t i = 0; i < n; ++i) {
     float g = g_raw[i] * grad_scale;
     if (weight_decay != 0.0f) g = g + weight_decay * p[i];
@@ -89,8 +88,8 @@ absl::StatusOr<StageOptimizer> StageOptimizer::Create(
   int64_t expect = 0;
   for (const ParamSegment& s : segments) {
     if (s.offset != expect) {
-      return absl::InternalError(absl::StrCat("parameter ", s.name,
-                                              " is not contiguous"));
+      return absl::InternalError(
+          absl::StrCat("parameter ", s.name, " is not contiguous"));
     }
     expect += s.size();
   }
@@ -129,7 +128,8 @@ void StageOptimizer::Step(float* params, const float* grads, double lr,
     float* v = state2_.data<float>();
     ParallelFor(static_cast<int>(chunks_.size()), [&](int c) {
       const Chunk& ch = chunks_[c];
-      const double wd = segments_[ch.segment].decay ? spec_.weight_decay() : 0.0;
+      const double wd =
+          segments_[ch.segment].decay ? spec_.weight_decay() : 0.0;
       AdamWKernel(ch.end - ch.begin, params + ch.begin, grads + ch.begin,
                   m + ch.begin, v + ch.begin, scale,
                   static_cast<float>(1.0 - lr * wd), static_cast<float>(beta1),
@@ -151,14 +151,16 @@ void StageOptimizer::Step(float* params, const float* grads, double lr,
   });
 }
 
-std::vector<double> StageOptimizer::GradSumsOfSquares(const float* grads) const {
+std::vector<double> StageOptimizer::GradSumsOfSquares(
+    const float* grads) const {
   std::vector<double> partial(chunks_.size());
   ParallelFor(static_cast<int>(chunks_.size()), [&](int c) {
     partial[c] = SumOfSquares(grads + chunks_[c].begin,
                               chunks_[c].end - chunks_[c].begin);
   });
   std::vector<double> out(segments_.size(), 0.0);
-  for (size_t c = 0; c < chunks_.size(); ++c) out[chunks_[c].segment] += partial[c];
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    out[chunks_[c].segment] += partial[c];
   return out;
 }
 
@@ -173,7 +175,8 @@ std::vector<std::pair<std::string, Tensor>> StageOptimizer::StateTensors()
       out.push_back({"optimizer." + s.name + ".exp_avg", slice(state1_)});
       out.push_back({"optimizer." + s.name + ".exp_avg_sq", slice(state2_)});
     } else if (state1_.defined()) {
-      out.push_back({"optimizer." + s.name + ".momentum_buffer", slice(state1_)});
+      out.push_back(
+          {"optimizer." + s.name + ".momentum_buffer", slice(state1_)});
     }
   }
   return out;

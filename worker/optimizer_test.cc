@@ -53,7 +53,8 @@ TEST(StageOptimizerTest, AdamWMatchesTorchFormula) {
       m[i] = b1 * m[i] + (1 - b1) * gi;
       v[i] = b2 * v[i] + (1 - b2) * gi * gi;
       const double mhat = m[i] / (1 - std::pow(b1, t));
-      const double denom = std::sqrt(v[i]) / std::sqrt(1 - std::pow(b2, t)) + eps;
+      const double denom =
+          std::sqrt(v[i]) / std::sqrt(1 - std::pow(b2, t)) + eps;
       ref_p[i] -= lr * mhat / denom;
     }
   }
@@ -103,7 +104,8 @@ TEST(StageOptimizerTest, StateRoundTripContinuesBitwise) {
   auto a = StageOptimizer::Create(AdamW(1e-3, 0.01), TwoSegments(), 18);
   ASSERT_TRUE(a.ok());
   std::vector<float> pa = Random(18, 3);
-  for (int t = 0; t < 3; ++t) a->Step(pa.data(), Random(18, 300 + t).data(), 1e-3, 1.0);
+  for (int t = 0; t < 3; ++t)
+    a->Step(pa.data(), Random(18, 300 + t).data(), 1e-3, 1.0);
   // Save into a map the way a checkpoint would, restore into a fresh one.
   std::map<std::string, Tensor> saved;
   for (auto& [name, t] : a->StateTensors()) saved[name] = t.Clone();

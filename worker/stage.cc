@@ -19,12 +19,12 @@ namespace trainyard {
 // One microbatch in flight on this stage.
 struct Stage::Microbatch {
   int index = 0;
-  Tensor input;                            // [b, in] this stage's input
+  Tensor input;  // [b, in] this stage's input
   std::vector<std::pair<std::string, Tensor>> state;  // task state, travels
-  Tensor output;                           // [b, out] this stage's output
-  Tensor grad_output;                      // [b, out] dLoss/dOutput (scaled)
-  Tensor grad_input;                       // [b, in]  to send back
-  std::vector<MlpBlockSaved> saved;        // per local block
+  Tensor output;                     // [b, out] this stage's output
+  Tensor grad_output;                // [b, out] dLoss/dOutput (scaled)
+  Tensor grad_input;                 // [b, in]  to send back
+  std::vector<MlpBlockSaved> saved;  // per local block
 };
 
 namespace {
@@ -75,9 +75,8 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   }
   if (st->num_stages_ > 1 &&
       (transport == nullptr || transport->world_size() != st->num_stages_)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(st->Where(), ": needs a transport with ",
-                     st->num_stages_, " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        st->Where(), ": needs a transport with ", st->num_stages_, " ranks"));
   }
   const auto& spec = plan.spec;
   st->first_block_ = plan.stage_begin[index];
@@ -119,26 +118,27 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     st->block_grads_.push_back(grads);
   }
   if (seg != st->segments_.size()) {
-    return absl::InternalError(absl::StrCat(
-        st->Where(), ": plan has ", st->segments_.size(),
-        " parameters, blocks use ", seg));
+    return absl::InternalError(absl::StrCat(st->Where(), ": plan has ",
+                                            st->segments_.size(),
+                                            " parameters, blocks use ", seg));
   }
   st->grads_written_.assign(st->blocks_.size(), false);
 
-  ASSIGN_OR_RETURN(StageOptimizer opt,
-                   StageOptimizer::Create(spec.optimizer(), st->segments_,
-                                          total));
+  ASSIGN_OR_RETURN(
+      StageOptimizer opt,
+      StageOptimizer::Create(spec.optimizer(), st->segments_, total));
   st->optimizer_.emplace(std::move(opt));
 
-  ASSIGN_OR_RETURN(st->train_schedule_,
-                   MakeTrainingSchedule(spec.parallelism().schedule(),
-                                        st->num_stages_,
-                                        spec.parallelism().microbatches()));
+  ASSIGN_OR_RETURN(
+      st->train_schedule_,
+      MakeTrainingSchedule(spec.parallelism().schedule(), st->num_stages_,
+                           spec.parallelism().microbatches()));
   RETURN_IF_ERROR(ValidateSchedule(st->train_schedule_));
 
   if (st->is_first() || st->is_last()) {
-    ASSIGN_OR_RETURN(std::shared_ptr<const TaskPlugin> plugin,
-                     TaskPlugin::Load(options.plugin_dir, spec.task().plugin()));
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<const TaskPlugin> plugin,
+        TaskPlugin::Load(options.plugin_dir, spec.task().plugin()));
     std::string config = "{}";
     if (spec.task().has_config()) {
       config.clear();  // MessageToJsonString appends
@@ -179,9 +179,9 @@ absl::Status Stage::InitParameters() {
     for (auto& [name, dst] : named) {
       auto src = file.Get(name);
       if (!src.ok()) {
-        return absl::NotFoundError(absl::StrCat(
-            "model.init.safetensors: ", init.safetensors(), ": tensor ", name,
-            " is missing"));
+        return absl::NotFoundError(
+            absl::StrCat("model.init.safetensors: ", init.safetensors(),
+                         ": tensor ", name, " is missing"));
       }
       if (src->dtype() != DType::kFloat32 || src->shape() != dst.shape()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -201,8 +201,8 @@ absl::Status Stage::InitParameters() {
     const int64_t n = t.numel();
     const bool is_norm = ps.name.find(".norm.") != std::string::npos;
     if (is_norm) {
-      const float v = ps.name.size() >= 7 &&
-                              ps.name.compare(ps.name.size() - 7, 7, ".weight") == 0
+      const float v = ps.name.size() >= 7 && ps.name.compare(ps.name.size() - 7,
+                                                             7, ".weight") == 0
                           ? 1.0f
                           : 0.0f;
       for (int64_t k = 0; k < n; ++k) p[k] = v;
@@ -219,20 +219,19 @@ absl::Status Stage::InitParameters() {
   return absl::OkStatus();
 }
 
-absl::Status Stage::PrepareBatch(const Dataset& data,
-                                 std::vector<int64_t> rows, int64_t step,
-                                 bool is_eval, int num_microbatches) {
+absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
+                                 int64_t step, bool is_eval,
+                                 int num_microbatches) {
   Dataset batch = Gather(data, rows);
-  NamedTensors raw = {{"features", batch.features},
-                      {"targets", batch.targets}};
+  NamedTensors raw = {{"features", batch.features}, {"targets", batch.targets}};
   ASSIGN_OR_RETURN(ForwardInputs in,
                    task_->BuildForwardInputs(raw, step, is_eval));
   if (in.inputs.ndim() != 2 || in.inputs.dim(1) != plan_.feature_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "task plugin \"", plan_.spec.task().plugin(),
-        "\": build_forward_inputs returned inputs ",
-        ShapeToString(in.inputs.shape()), ", block 0 takes [B, ",
-        plan_.feature_dim, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("task plugin \"", plan_.spec.task().plugin(),
+                     "\": build_forward_inputs returned inputs ",
+                     ShapeToString(in.inputs.shape()), ", block 0 takes [B, ",
+                     plan_.feature_dim, "]"));
   }
   auto ranges = SplitRows(static_cast<int64_t>(rows.size()), num_microbatches);
   for (int m = 0; m < num_microbatches; ++m) {
@@ -270,9 +269,8 @@ absl::Status Stage::BackwardInput(Microbatch* mb) {
   for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
     Tensor dx;
     const bool need_dx = !(b == 0 && is_first());
-    absl::Status st = blocks_[b].BackwardInput(block_params_[b], d,
-                                               &mb->saved[b],
-                                               need_dx ? &dx : nullptr);
+    absl::Status st = blocks_[b].BackwardInput(
+        block_params_[b], d, &mb->saved[b], need_dx ? &dx : nullptr);
     if (!st.ok()) {
       return absl::Status(st.code(),
                           absl::StrCat(Where(), " block ", first_block_ + b,
@@ -314,9 +312,8 @@ absl::Status Stage::ReceiveActivation(Microbatch* mb, MessageKind kind,
                                      MessageKindName(kind), " of microbatch ",
                                      mb->index, ": ", msg.status().message()));
   }
-  if (msg->kind != kind || msg->step != step ||
-      msg->microbatch != mb->index || msg->tensors.empty() ||
-      msg->tensors[0].first != "x") {
+  if (msg->kind != kind || msg->step != step || msg->microbatch != mb->index ||
+      msg->tensors.empty() || msg->tensors[0].first != "x") {
     return absl::InternalError(absl::StrCat(
         Where(), ": expected ", MessageKindName(kind), " of step ", step,
         " microbatch ", mb->index, ", got ", MessageKindName(msg->kind),
@@ -446,24 +443,24 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
     Timer t(&report->times.comm);
     absl::Status st = transport_->AllReduceSum(&reduce, options_.timeout);
     if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrCat(Where(), ": all-reduce: ",
-                                                  st.message()));
+      return absl::Status(
+          st.code(), absl::StrCat(Where(), ": all-reduce: ", st.message()));
     }
   }
   Timer t(&report->times.optimizer);
   const double weight = reduce[num_params];
   if (!(weight > 0) || !std::isfinite(weight)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step + 1, ": total loss weight is ", weight,
-        " (every sample was ignored by the task); step refused"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step + 1, ": total loss weight is ", weight,
+                     " (every sample was ignored by the task); step refused"));
   }
   double sumsq = 0;
   for (int p = 0; p < num_params; ++p) {
     if (!std::isfinite(reduce[p])) {
       const auto& ps = plan_.params[p];
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step ", step + 1, ": stage ", ps.stage, " parameter ", ps.name,
-          " has a non-finite gradient; step refused"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("step ", step + 1, ": stage ", ps.stage, " parameter ",
+                       ps.name, " has a non-finite gradient; step refused"));
     }
     sumsq += reduce[p];
   }
@@ -502,9 +499,8 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   RETURN_IF_ERROR(RunSchedule(train_schedule_, step, false, M, &report.times));
   for (size_t b = 0; b < blocks_.size(); ++b) {
     if (!grads_written_[b]) {
-      return absl::InternalError(absl::StrCat(Where(), ": block ",
-                                              first_block_ + b,
-                                              " got no weight gradient"));
+      return absl::InternalError(absl::StrCat(
+          Where(), ": block ", first_block_ + b, " got no weight gradient"));
     }
   }
   RETURN_IF_ERROR(OptimizerStep(step, &report));
@@ -536,8 +532,8 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     if (is_first()) {
       std::vector<int64_t> idx(n);
       for (int64_t i = 0; i < n; ++i) idx[i] = begin + i;
-      RETURN_IF_ERROR(PrepareBatch(*data_.eval, idx, completed_steps_, true,
-                                   parts));
+      RETURN_IF_ERROR(
+          PrepareBatch(*data_.eval, idx, completed_steps_, true, parts));
     }
     // Eval batches are numbered in the message's step field so that a
     // stray training message can never be mistaken for one.
@@ -559,9 +555,10 @@ absl::StatusOr<std::string> Stage::WriteCheckpointFile(const std::string& dir) {
   for (auto& t : optimizer_->StateTensors()) file.tensors.push_back(t);
   if (task_ != nullptr) {
     ASSIGN_OR_RETURN(std::string state, task_->StateDict());
-    Tensor bytes = Tensor::Empty(DType::kUInt8,
-                                 {static_cast<int64_t>(state.size())});
-    if (!state.empty()) std::memcpy(bytes.raw_data(), state.data(), state.size());
+    Tensor bytes =
+        Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(state.size())});
+    if (!state.empty())
+      std::memcpy(bytes.raw_data(), state.data(), state.size());
     file.tensors.push_back({is_first() && !is_last()
                                 ? std::string("task.first_stage.state")
                                 : std::string("task.last_stage.state"),

@@ -70,9 +70,9 @@ struct StageTimes {
 };
 
 struct StepReport {
-  int64_t step = 0;   // 1-based number of the step just completed
-  double loss = 0;    // sum(w L) / sum(w); known on every stage
-  double lr = 0;      // learning rate used for this step
+  int64_t step = 0;      // 1-based number of the step just completed
+  double loss = 0;       // sum(w L) / sum(w); known on every stage
+  double lr = 0;         // learning rate used for this step
   double grad_norm = 0;  // global L2 norm before clipping
   int64_t samples = 0;   // rows in the batch
   // The task plugin's metrics (last stage only).
@@ -133,9 +133,8 @@ class Stage {
   Stage() = default;
   struct Microbatch;
 
-  absl::Status RunSchedule(const Schedule& schedule, int64_t step,
-                           bool is_eval, int num_microbatches,
-                           StageTimes* times);
+  absl::Status RunSchedule(const Schedule& schedule, int64_t step, bool is_eval,
+                           int num_microbatches, StageTimes* times);
   absl::Status Forward(Microbatch* mb, bool save_for_backward);
   absl::Status BackwardInput(Microbatch* mb);
   absl::Status BackwardWeight(Microbatch* mb);
@@ -164,7 +163,7 @@ class Stage {
   std::vector<bool> grads_written_;  // per local block, this step
   std::optional<StageOptimizer> optimizer_;
 
-  std::unique_ptr<Task> task_;  // first and/or last stage
+  std::unique_ptr<Task> task_;             // first and/or last stage
   std::unique_ptr<BatchSampler> sampler_;  // first stage
   Schedule train_schedule_;
 

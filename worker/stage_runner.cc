@@ -23,13 +23,15 @@ bool Due(int64_t step, int64_t every, int64_t last_step) {
 absl::StatusOr<int64_t> EvalRows(const JobPlan& plan) {
   const auto& data = plan.spec.data();
   if (data.has_eval()) {
-    if (data.eval().has_synthetic()) return data.eval().synthetic().num_samples();
-    ASSIGN_OR_RETURN(NpyHeader header, ReadNpyHeader(data.eval().npy().features()));
+    if (data.eval().has_synthetic())
+      return data.eval().synthetic().num_samples();
+    ASSIGN_OR_RETURN(NpyHeader header,
+                     ReadNpyHeader(data.eval().npy().features()));
     return header.shape.empty() ? 0 : header.shape[0];
   }
   if (data.eval_fraction() > 0) {
-    return static_cast<int64_t>(
-        std::floor(static_cast<double>(plan.train_rows) * data.eval_fraction()));
+    return static_cast<int64_t>(std::floor(
+        static_cast<double>(plan.train_rows) * data.eval_fraction()));
   }
   return 0;
 }
@@ -58,9 +60,9 @@ absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage) {
     out.train = std::make_shared<Dataset>(std::move(*train));
   }
   if (out.eval != nullptr && out.eval->num_rows() != out.eval_rows) {
-    return absl::InternalError(absl::StrCat("eval set has ", out.eval->num_rows(),
-                                            " rows, the plan says ",
-                                            out.eval_rows));
+    return absl::InternalError(
+        absl::StrCat("eval set has ", out.eval->num_rows(),
+                     " rows, the plan says ", out.eval_rows));
   }
   return out;
 }
@@ -105,9 +107,9 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
   absl::Time step_start = absl::Now();
   while (stage.completed_steps() < stop) {
     if (options.cancel != nullptr && options.cancel->load()) {
-      return absl::CancelledError(absl::StrCat(
-          "stage ", stage.index(), " cancelled after step ",
-          stage.completed_steps()));
+      return absl::CancelledError(absl::StrCat("stage ", stage.index(),
+                                               " cancelled after step ",
+                                               stage.completed_steps()));
     }
     ASSIGN_OR_RETURN(StepReport report, stage.RunStep());
     const int64_t step = report.step;
@@ -136,8 +138,8 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
     }
     step_start = absl::Now();
   }
-  RETURN_IF_ERROR(stage.NotifyTask(TRAINYARD_EVENT_JOB_END,
-                                   stop == last_step ? "completed" : "stopped"));
+  RETURN_IF_ERROR(stage.NotifyTask(
+      TRAINYARD_EVENT_JOB_END, stop == last_step ? "completed" : "stopped"));
   return stage.Finalize();
 }
 

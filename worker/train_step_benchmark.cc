@@ -24,10 +24,10 @@
 namespace trainyard {
 namespace {
 
-#define CHECK_OK(expr)                        \
-  do {                                        \
-    const absl::Status _st = (expr);          \
-    CHECK(_st.ok()) << _st;                   \
+#define CHECK_OK(expr)               \
+  do {                               \
+    const absl::Status _st = (expr); \
+    CHECK(_st.ok()) << _st;          \
   } while (0)
 
 constexpr int64_t kHidden = 1024, kFfn = 4096, kBatch = 256, kBlocks = 4;
@@ -104,8 +104,9 @@ void BM_TrainStep(benchmark::State& state, const char* optimizer,
     total.optimizer += report->times.optimizer;
   }
   const double iters = static_cast<double>(state.iterations());
-  state.counters["samples/s"] = benchmark::Counter(
-      static_cast<double>(kBatch), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["samples/s"] =
+      benchmark::Counter(static_cast<double>(kBatch),
+                         benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] = benchmark::Counter(
       kStepFlops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["fwd_ms"] = 1e3 * total.forward / iters;
@@ -113,13 +114,24 @@ void BM_TrainStep(benchmark::State& state, const char* optimizer,
   state.counters["opt_ms"] = 1e3 * total.optimizer / iters;
 }
 
-BENCHMARK(BM_SgemmCeiling)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_SgemmCeiling)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_TrainStep, adamw, "adamw", 1)
-    ->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_TrainStep, sgd, "sgd", 1)
-    ->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(BM_TrainStep, adamw_4_microbatches, "adamw", 4)
-    ->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace trainyard

@@ -158,11 +158,13 @@ absl::StatusOr<JobStateChange> JobClient::Watch(
       return FromGrpcStatus(status);
     }
     // The stream ended without a terminal state: reconnect.
-    if (give_up == absl::InfiniteFuture()) give_up = absl::Now() + reconnect_for;
+    if (give_up == absl::InfiniteFuture())
+      give_up = absl::Now() + reconnect_for;
     if (absl::Now() > give_up) {
       return absl::UnavailableError(absl::StrCat(
-          "lost the watch stream to ", address_, " and could not reconnect for ",
-          absl::FormatDuration(reconnect_for), ": ", status.error_message()));
+          "lost the watch stream to ", address_,
+          " and could not reconnect for ", absl::FormatDuration(reconnect_for),
+          ": ", status.error_message()));
     }
     absl::SleepFor(absl::Milliseconds(250));
   }
@@ -207,7 +209,8 @@ void FillInputWidthFromLocalData(trainyard::v1::JobSpec* spec) {
   }
   absl::StatusOr<NpyHeader> header =
       ReadNpyHeader(spec->data().train().npy().features());
-  if (!header.ok() || header->shape.size() != 2) return;  // the workers will say
+  if (!header.ok() || header->shape.size() != 2)
+    return;  // the workers will say
   spec->mutable_model()->mutable_blocks(0)->set_in_features(header->shape[1]);
 }
 

@@ -61,7 +61,8 @@ std::string NewRequestId();
 // Makes the relative paths in a spec (data files, init weights, checkpoint
 // dir) absolute against `base_dir`, as `trainyard train` resolves them, so a
 // job submitted from any folder means the same files.
-void ResolveSpecPaths(const std::string& base_dir, trainyard::v1::JobSpec* spec);
+void ResolveSpecPaths(const std::string& base_dir,
+                      trainyard::v1::JobSpec* spec);
 
 // When block 0's in_features is unset and the train features are a .npy
 // file this machine can read, sets it from the file's header. The

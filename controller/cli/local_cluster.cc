@@ -47,13 +47,13 @@ LocalCluster::LocalCluster(LocalClusterOptions options)
 
 LocalCluster::~LocalCluster() { Stop(); }
 
-absl::StatusOr<pid_t> LocalCluster::Spawn(const std::string& name,
-                                          const std::vector<std::string>& argv) {
-  const std::string log = absl::StrCat(options_.data_dir, "/logs/", name, ".log");
+absl::StatusOr<pid_t> LocalCluster::Spawn(
+    const std::string& name, const std::vector<std::string>& argv) {
+  const std::string log =
+      absl::StrCat(options_.data_dir, "/logs/", name, ".log");
   if (access(argv[0].c_str(), X_OK) != 0) {
-    return absl::NotFoundError(
-        absl::StrCat(name, ": cannot execute ", argv[0], ": ",
-                     std::strerror(errno)));
+    return absl::NotFoundError(absl::StrCat(name, ": cannot execute ", argv[0],
+                                            ": ", std::strerror(errno)));
   }
   pid_t pid = fork();
   if (pid < 0) {
@@ -70,7 +70,8 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::string& name,
     // children in order, instead of killing everything at once.
     setpgid(0, 0);
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execv(args[0], args.data());
     std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
@@ -82,13 +83,14 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::string& name,
 
 absl::Status LocalCluster::Start() {
   if (auto st = MakeDirs(options_.data_dir + "/logs"); !st.ok()) return st;
-  if (auto st = MakeDirs(options_.data_dir + "/controller"); !st.ok()) return st;
+  if (auto st = MakeDirs(options_.data_dir + "/controller"); !st.ok())
+    return st;
   const std::string port_file = options_.data_dir + "/controller.port";
   unlink(port_file.c_str());
-  auto pid = Spawn("controller",
-                   {options_.controller_bin, "--listen=127.0.0.1:0",
-                    "--data_dir=" + options_.data_dir + "/controller",
-                    "--port_file=" + port_file});
+  auto pid =
+      Spawn("controller", {options_.controller_bin, "--listen=127.0.0.1:0",
+                           "--data_dir=" + options_.data_dir + "/controller",
+                           "--port_file=" + port_file});
   if (!pid.ok()) return pid.status();
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   int port = 0;
@@ -98,18 +100,18 @@ absl::Status LocalCluster::Start() {
     port = 0;
     if (auto st = CheckChildren(); !st.ok()) return st;
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "controller did not report its port within ",
-          absl::FormatDuration(options_.start_timeout), "; see ",
-          children_[0].log));
+      return absl::DeadlineExceededError(
+          absl::StrCat("controller did not report its port within ",
+                       absl::FormatDuration(options_.start_timeout), "; see ",
+                       children_[0].log));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
   address_ = absl::StrCat("127.0.0.1:", port);
   for (int i = 0; i < options_.workers; ++i) {
     std::vector<std::string> argv = {
-        options_.worker_bin, "--controller=" + address_,
-        "--listen=127.0.0.1:0", absl::StrCat("--name=worker-", i),
+        options_.worker_bin, "--controller=" + address_, "--listen=127.0.0.1:0",
+        absl::StrCat("--name=worker-", i),
         absl::StrCat("--threads=", options_.threads_per_worker)};
     if (!options_.plugin_dir.empty()) {
       argv.push_back("--plugin_dir=" + options_.plugin_dir);

@@ -8,14 +8,14 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <fstream>
 #include <functional>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -177,7 +177,6 @@ int Train() {
   return 0;
 }
 
-
 std::string ControllerAddress() {
   std::string a = absl::GetFlag(FLAGS_controller);
   if (!a.empty()) return a;
@@ -213,7 +212,8 @@ std::string FormatMetrics(const google::protobuf::Map<std::string, double>& m,
   std::sort(keys.begin(), keys.end());
   std::string out;
   for (const auto& k : keys) {
-    absl::StrAppend(&out, " ", prefix, k, "=", absl::StrFormat("%.6g", m.at(k)));
+    absl::StrAppend(&out, " ", prefix, k, "=",
+                    absl::StrFormat("%.6g", m.at(k)));
   }
   return out;
 }
@@ -237,7 +237,8 @@ class WatchPrinter {
   void operator()(const trainyard::v1::JobEvent& e) {
     if (e.has_state()) {
       EndBar();
-      std::cout << "job " << e.job_id() << ": " << JobStateName(e.state().state());
+      std::cout << "job " << e.job_id() << ": "
+                << JobStateName(e.state().state());
       if (!e.state().reason().empty()) std::cout << ": " << e.state().reason();
       std::cout << std::endl;
     } else if (e.has_step()) {
@@ -301,22 +302,23 @@ int WatchToEnd(JobClient& client, const std::string& job_id, int64_t from_step,
   auto job = client.Get(job_id);
   if (!job.ok()) return ReportRpcError("watch", client, job.status());
   WatchPrinter printer(job->spec().steps(), job->spec().data().batch_size());
-  auto end = client.Watch(job_id, from_step,
-                          [&](const trainyard::v1::JobEvent& e) { printer(e); });
+  auto end = client.Watch(
+      job_id, from_step, [&](const trainyard::v1::JobEvent& e) { printer(e); });
   printer.EndBar();
   if (done) done(printer);
   if (!end.ok()) return ReportRpcError("watch", client, end.status());
   return end->state() == trainyard::v1::SUCCEEDED ? 0 : 1;
 }
 
-absl::StatusOr<std::pair<trainyard::v1::JobSpec, std::string>> ReadSpecForSubmit(
-    const std::string& path) {
+absl::StatusOr<std::pair<trainyard::v1::JobSpec, std::string>>
+ReadSpecForSubmit(const std::string& path) {
   absl::StatusOr<trainyard::v1::JobSpec> spec = LoadJobSpecFile(path);
   if (!spec.ok()) return spec.status();
   std::string base = Dirname(path);
   if (!base.empty() && base[0] != '/') {
     char cwd[4096];
-    if (getcwd(cwd, sizeof(cwd)) != nullptr) base = std::string(cwd) + "/" + base;
+    if (getcwd(cwd, sizeof(cwd)) != nullptr)
+      base = std::string(cwd) + "/" + base;
   }
   ResolveSpecPaths(base, &*spec);
   FillInputWidthFromLocalData(&*spec);
@@ -337,7 +339,8 @@ int Submit() {
   JobClient client(ControllerAddress());
   std::string request_id = absl::GetFlag(FLAGS_request_id);
   if (request_id.empty()) request_id = NewRequestId();
-  auto job = client.Submit(spec->first, request_id, absl::GetFlag(FLAGS_priority));
+  auto job =
+      client.Submit(spec->first, request_id, absl::GetFlag(FLAGS_priority));
   if (!job.ok()) return ReportRpcError("submit", client, job.status());
   std::cout << job->job_id() << std::endl;
   std::cerr << "trainyard submit: job " << job->job_id() << " "
@@ -422,7 +425,8 @@ int Up() {
     opts.controller_bin = bazel_bin + "/controller/trainyard-controller";
   }
   opts.worker_bin = absl::GetFlag(FLAGS_worker_bin);
-  if (opts.worker_bin.empty()) opts.worker_bin = bazel_bin + "/worker/trainyard-worker";
+  if (opts.worker_bin.empty())
+    opts.worker_bin = bazel_bin + "/worker/trainyard-worker";
   opts.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
   if (opts.plugin_dir.empty()) opts.plugin_dir = DefaultPluginDir();
   opts.workers = absl::GetFlag(FLAGS_workers);
@@ -431,7 +435,8 @@ int Up() {
     return 2;
   }
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  opts.threads_per_worker = std::max<int>(1, static_cast<int>(cores) / opts.workers);
+  opts.threads_per_worker =
+      std::max<int>(1, static_cast<int>(cores) / opts.workers);
   opts.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (opts.data_dir.empty()) {
     char tmpl[] = "/tmp/trainyard-up-XXXXXX";
