@@ -1,0 +1,113 @@
+#include "core/transport_select.h"
+
+#include <cstdint>
+#include <map>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace trainyard {
+namespace {
+
+// -1 for "cpu", N for "cuda:N".
+absl::StatusOr<int> ParseDevice(int stage, const std::string& device) {
+  if (device == "cpu") return -1;
+  int index = 0;
+  if (absl::StartsWith(device, "cuda:") &&
+      absl::SimpleAtoi(device.substr(5), &index) && index >= 0 &&
+      device.substr(5).find_first_not_of("0123456789") == std::string::npos) {
+    return index;
+  }
+  std::string why = "expected \"cpu\" or \"cuda:N\"";
+  if (device == "cuda")
+    why = "name the GPU index (\"cuda:N\") to choose a transport";
+  return absl::InvalidArgumentError(absl::StrCat(
+      "transport choice: stage ", stage, " device \"", device, "\": ", why));
+}
+
+}  // namespace
+
+const char* TransportKindName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kNone:
+      return "none";
+    case TransportKind::kTcp:
+      return "tcp";
+    case TransportKind::kNccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+absl::StatusOr<TransportChoice> ChooseTransport(
+    const std::vector<StagePlacement>& stages, bool nccl_built) {
+  if (stages.empty()) {
+    return absl::InvalidArgumentError(
+        "transport choice: the job has no stages");
+  }
+  std::vector<int> gpu(stages.size());
+  for (size_t s = 0; s < stages.size(); ++s) {
+    if (stages[s].host.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transport choice: stage ", s, " has an empty host"));
+    }
+    absl::StatusOr<int> index =
+        ParseDevice(static_cast<int>(s), stages[s].device);
+    if (!index.ok()) return index.status();
+    gpu[s] = *index;
+  }
+
+  TransportChoice choice;
+  if (stages.size() == 1) {
+    choice.kind = TransportKind::kNone;
+    choice.reason = absl::StrCat("one stage on ", stages[0].device, " on host ",
+                                 stages[0].host, ": no transport needed");
+    return choice;
+  }
+
+  std::vector<size_t> cpu_stages;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    if (gpu[s] < 0) cpu_stages.push_back(s);
+  }
+  choice.kind = TransportKind::kTcp;
+  if (cpu_stages.size() == stages.size()) {
+    choice.reason = "every stage is on cpu: using TCP";
+    return choice;
+  }
+  choice.host_staging = true;
+  const std::string tcp = "using TCP with host staging";
+  if (!cpu_stages.empty()) {
+    choice.reason =
+        absl::StrCat(cpu_stages.size() == 1 ? "stage " : "stages ",
+                     absl::StrJoin(cpu_stages, ", "),
+                     cpu_stages.size() == 1 ? " is" : " are", " on cpu: ", tcp);
+    return choice;
+  }
+  // Every stage is on a GPU: the first pair sharing one rules NCCL out.
+  std::map<std::pair<std::string, int>, size_t> first_user;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    auto [it, inserted] =
+        first_user.emplace(std::make_pair(stages[s].host, gpu[s]), s);
+    if (!inserted) {
+      choice.reason = absl::StrCat("stages ", it->second, " and ", s, " share ",
+                                   stages[s].device, " on host ",
+                                   stages[s].host, ": ", tcp);
+      return choice;
+    }
+  }
+  if (!nccl_built) {
+    choice.reason = absl::StrCat(
+        "every stage is on a distinct GPU but this build has no NCCL: ", tcp);
+    return choice;
+  }
+  choice.kind = TransportKind::kNccl;
+  choice.host_staging = false;
+  choice.reason = absl::StrCat("all ", stages.size(),
+                               " stages are on distinct GPUs: using NCCL");
+  return choice;
+}
+
+}  // namespace trainyard
