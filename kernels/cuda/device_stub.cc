@@ -1,0 +1,34 @@
+// device.h without a CUDA toolkit: every call fails cleanly.
+#include "kernels/cuda/device.h"
+
+namespace trainyard {
+namespace gpu {
+namespace {
+absl::Status NoCuda(const char* what) {
+  return absl::UnimplementedError(std::string(what) +
+                                  ": Trainyard was built without CUDA");
+}
+}  // namespace
+
+const char* DataTypeName(DataType t) {
+  return t == DataType::kFloat32 ? "float32" : "bfloat16";
+}
+absl::StatusOr<int> DeviceCount() { return NoCuda("DeviceCount"); }
+absl::Status CheckDevice(int) { return NoCuda("CheckDevice"); }
+absl::Status SetDevice(int) { return NoCuda("SetDevice"); }
+absl::Status StreamSynchronize(Stream) { return NoCuda("StreamSynchronize"); }
+absl::Status CopyHostToDevice(void*, const void*, size_t, Stream) {
+  return NoCuda("CopyHostToDevice");
+}
+absl::Status CopyDeviceToHost(void*, const void*, size_t, Stream) {
+  return NoCuda("CopyDeviceToHost");
+}
+absl::Status CopyDeviceToDevice(void*, const void*, size_t, Stream) {
+  return NoCuda("CopyDeviceToDevice");
+}
+absl::Status MemsetAsync(void*, int, size_t, Stream) {
+  return NoCuda("MemsetAsync");
+}
+
+}  // namespace gpu
+}  // namespace trainyard

@@ -1,0 +1,340 @@
+// Kernels first, then the launchers of elementwise_kernels.h.
+#include "kernels/cuda/cuda_math.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/elementwise_kernels.h"
+
+namespace trainyard {
+namespace gpu {
+namespace {
+
+using internal::GridFor;
+using internal::Load;
+using internal::Store;
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 256;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+template <ActKind A>
+__device__ __forceinline__ float Act(float x) {
+  if (A == ActKind::kRelu) return x > 0.0f ? x : 0.0f;
+  if (A == ActKind::kGelu) return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+  const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+template <ActKind A>
+__device__ __forceinline__ float ActGrad(float x) {
+  if (A == ActKind::kRelu) return x > 0.0f ? 1.0f : 0.0f;
+  if (A == ActKind::kGelu) {
+    return 0.5f * (1.0f + erff(x * kInvSqrt2)) +
+           x * kInvSqrt2Pi * expf(-0.5f * x * x);
+  }
+  const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+  const float t = tanhf(u);
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+__device__ __forceinline__ float Sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+template <ActKind A, typename T>
+__global__ void BiasActForwardKernel(int64_t rows, int64_t cols,
+                                     const float* __restrict__ bias,
+                                     T* __restrict__ pre, T* __restrict__ out) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float x = Load(pre, i);
+    if (bias != nullptr) {
+      x += bias[i % cols];
+      Store(pre, i, x);
+      x = Load(pre, i);  // the stored (rounded) value, as backward sees it
+    }
+    Store(out, i, Act<A>(x));
+  }
+}
+
+template <ActKind A, typename T>
+__global__ void ActBackwardKernel(int64_t n, const T* __restrict__ pre,
+                                  const T* d_out, T* d_pre) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    Store(d_pre, i, Load(d_out, i) * ActGrad<A>(Load(pre, i)));
+  }
+}
+
+template <typename T>
+__global__ void BiasSwigluForwardKernel(int64_t rows, int64_t ffn,
+                                        const float* __restrict__ bias,
+                                        T* __restrict__ pre,
+                                        T* __restrict__ out) {
+  const int64_t n = rows * ffn;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / ffn, c = i % ffn;
+    const int64_t ia = r * 2 * ffn + c, ib = ia + ffn;
+    float a = Load(pre, ia), b = Load(pre, ib);
+    if (bias != nullptr) {
+      Store(pre, ia, a + bias[c]);
+      Store(pre, ib, b + bias[c + ffn]);
+      a = Load(pre, ia);
+      b = Load(pre, ib);
+    }
+    Store(out, i, a * Sigmoid(a) * b);
+  }
+}
+
+template <typename T>
+__global__ void SwigluBackwardKernel(int64_t rows, int64_t ffn,
+                                     const T* __restrict__ pre,
+                                     const T* __restrict__ d_out,
+                                     T* __restrict__ d_pre) {
+  const int64_t n = rows * ffn;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / ffn, c = i % ffn;
+    const int64_t ia = r * 2 * ffn + c, ib = ia + ffn;
+    const float a = Load(pre, ia), b = Load(pre, ib), g = Load(d_out, i);
+    const float s = Sigmoid(a);
+    const float silu = a * s;
+    Store(d_pre, ia, g * b * (s * (1.0f + a * (1.0f - s))));
+    Store(d_pre, ib, g * silu);
+  }
+}
+
+template <typename T>
+__global__ void AddBiasResidualKernel(int64_t rows, int64_t cols,
+                                      const float* __restrict__ bias,
+                                      const T* __restrict__ residual,
+                                      T* __restrict__ y) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float v = Load(y, i);
+    if (bias != nullptr) v += bias[i % cols];
+    if (residual != nullptr) v += Load(residual, i);
+    Store(y, i, v);
+  }
+}
+
+template <typename T>
+__global__ void ColumnSumsKernel(int64_t rows, int64_t cols,
+                                 const T* __restrict__ x, bool accumulate,
+                                 float* __restrict__ out) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  double s = 0.0;
+  for (int64_t r = 0; r < rows; ++r) s += Load(x, r * cols + c);
+  out[c] = accumulate ? static_cast<float>(out[c] + s) : static_cast<float>(s);
+}
+
+__global__ void CastToBf16Kernel(int64_t n, const float* __restrict__ src,
+                                 bf16* __restrict__ dst) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] = __float2bfloat16_rn(src[i]);
+  }
+}
+
+__global__ void CastToFloatKernel(int64_t n, const bf16* __restrict__ src,
+                                  float* __restrict__ dst) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] = __bfloat162float(src[i]);
+  }
+}
+
+template <ActKind A>
+absl::Status LaunchBiasAct(DataType dtype, int64_t rows, int64_t cols,
+                           const float* bias, void* pre, void* out,
+                           Stream stream) {
+  const unsigned grid = GridFor(rows * cols, kThreads);
+  if (dtype == DataType::kFloat32) {
+    BiasActForwardKernel<A, float><<<grid, kThreads, 0, stream>>>(
+        rows, cols, bias, static_cast<float*>(pre), static_cast<float*>(out));
+  } else {
+    BiasActForwardKernel<A, bf16><<<grid, kThreads, 0, stream>>>(
+        rows, cols, bias, static_cast<bf16*>(pre), static_cast<bf16*>(out));
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR("BiasActForwardKernel");
+  return absl::OkStatus();
+}
+
+template <ActKind A>
+absl::Status LaunchActBackward(DataType dtype, int64_t n, const void* pre,
+                               const void* d_out, void* d_pre, Stream stream) {
+  const unsigned grid = GridFor(n, kThreads);
+  if (dtype == DataType::kFloat32) {
+    ActBackwardKernel<A, float><<<grid, kThreads, 0, stream>>>(
+        n, static_cast<const float*>(pre), static_cast<const float*>(d_out),
+        static_cast<float*>(d_pre));
+  } else {
+    ActBackwardKernel<A, bf16><<<grid, kThreads, 0, stream>>>(
+        n, static_cast<const bf16*>(pre), static_cast<const bf16*>(d_out),
+        static_cast<bf16*>(d_pre));
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR("ActBackwardKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+using internal::CheckPtr;
+using internal::CheckSizes;
+
+absl::Status BiasActivationForward(ActKind act, DataType dtype, int64_t rows,
+                                   int64_t cols, const float* bias, void* pre,
+                                   void* out, Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("BiasActivationForward", rows, cols));
+  if (rows * cols == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(CheckPtr("BiasActivationForward", "pre", pre));
+  TY_RETURN_IF_ERROR(CheckPtr("BiasActivationForward", "out", out));
+  switch (act) {
+    case ActKind::kRelu:
+      return LaunchBiasAct<ActKind::kRelu>(dtype, rows, cols, bias, pre, out,
+                                           stream);
+    case ActKind::kGelu:
+      return LaunchBiasAct<ActKind::kGelu>(dtype, rows, cols, bias, pre, out,
+                                           stream);
+    case ActKind::kGeluTanh:
+      return LaunchBiasAct<ActKind::kGeluTanh>(dtype, rows, cols, bias, pre,
+                                               out, stream);
+  }
+  return absl::InvalidArgumentError("BiasActivationForward: unknown act");
+}
+
+absl::Status ActivationBackward(ActKind act, DataType dtype, int64_t n,
+                                const void* pre, const void* d_out, void* d_pre,
+                                Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("ActivationBackward", n, 0));
+  if (n == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(CheckPtr("ActivationBackward", "pre", pre));
+  TY_RETURN_IF_ERROR(CheckPtr("ActivationBackward", "d_out", d_out));
+  TY_RETURN_IF_ERROR(CheckPtr("ActivationBackward", "d_pre", d_pre));
+  switch (act) {
+    case ActKind::kRelu:
+      return LaunchActBackward<ActKind::kRelu>(dtype, n, pre, d_out, d_pre,
+                                               stream);
+    case ActKind::kGelu:
+      return LaunchActBackward<ActKind::kGelu>(dtype, n, pre, d_out, d_pre,
+                                               stream);
+    case ActKind::kGeluTanh:
+      return LaunchActBackward<ActKind::kGeluTanh>(dtype, n, pre, d_out, d_pre,
+                                                   stream);
+  }
+  return absl::InvalidArgumentError("ActivationBackward: unknown act");
+}
+
+absl::Status BiasSwigluForward(DataType dtype, int64_t rows, int64_t ffn,
+                               const float* bias, void* pre, void* out,
+                               Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("BiasSwigluForward", rows, ffn));
+  if (rows * ffn == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(CheckPtr("BiasSwigluForward", "pre", pre));
+  TY_RETURN_IF_ERROR(CheckPtr("BiasSwigluForward", "out", out));
+  const unsigned grid = GridFor(rows * ffn, kThreads);
+  if (dtype == DataType::kFloat32) {
+    BiasSwigluForwardKernel<float><<<grid, kThreads, 0, stream>>>(
+        rows, ffn, bias, static_cast<float*>(pre), static_cast<float*>(out));
+  } else {
+    BiasSwigluForwardKernel<bf16><<<grid, kThreads, 0, stream>>>(
+        rows, ffn, bias, static_cast<bf16*>(pre), static_cast<bf16*>(out));
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR("BiasSwigluForwardKernel");
+  return absl::OkStatus();
+}
+
+absl::Status SwigluBackward(DataType dtype, int64_t rows, int64_t ffn,
+                            const void* pre, const void* d_out, void* d_pre,
+                            Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("SwigluBackward", rows, ffn));
+  if (rows * ffn == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(CheckPtr("SwigluBackward", "pre", pre));
+  TY_RETURN_IF_ERROR(CheckPtr("SwigluBackward", "d_out", d_out));
+  TY_RETURN_IF_ERROR(CheckPtr("SwigluBackward", "d_pre", d_pre));
+  const unsigned grid = GridFor(rows * ffn, kThreads);
+  if (dtype == DataType::kFloat32) {
+    SwigluBackwardKernel<float><<<grid, kThreads, 0, stream>>>(
+        rows, ffn, static_cast<const float*>(pre),
+        static_cast<const float*>(d_out), static_cast<float*>(d_pre));
+  } else {
+    SwigluBackwardKernel<bf16><<<grid, kThreads, 0, stream>>>(
+        rows, ffn, static_cast<const bf16*>(pre),
+        static_cast<const bf16*>(d_out), static_cast<bf16*>(d_pre));
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR("SwigluBackwardKernel");
+  return absl::OkStatus();
+}
+
+absl::Status AddBiasResidual(DataType dtype, int64_t rows, int64_t cols,
+                             const float* bias, const void* residual, void* y,
+                             Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("AddBiasResidual", rows, cols));
+  if (rows * cols == 0 || (bias == nullptr && residual == nullptr)) {
+    return absl::OkStatus();
+  }
+  TY_RETURN_IF_ERROR(CheckPtr("AddBiasResidual", "y", y));
+  const unsigned grid = GridFor(rows * cols, kThreads);
+  if (dtype == DataType::kFloat32) {
+    AddBiasResidualKernel<float><<<grid, kThreads, 0, stream>>>(
+        rows, cols, bias, static_cast<const float*>(residual),
+        static_cast<float*>(y));
+  } else {
+    AddBiasResidualKernel<bf16><<<grid, kThreads, 0, stream>>>(
+        rows, cols, bias, static_cast<const bf16*>(residual),
+        static_cast<bf16*>(y));
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR("AddBiasResidualKernel");
+  return absl::OkStatus();
+}
+
+absl::Status ColumnSums(DataType dtype, int64_t rows, int64_t cols,
+                        const void* x, bool accumulate, float* out,
+                        Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("ColumnSums", rows, cols));
+  if (cols == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(CheckPtr("ColumnSums", "out", out));
+  if (rows > 0) TY_RETURN_IF_ERROR(CheckPtr("ColumnSums", "x", x));
+  const unsigned grid = static_cast<unsigned>((cols + kThreads - 1) / kThreads);
+  if (dtype == DataType::kFloat32) {
+    ColumnSumsKernel<float><<<grid, kThreads, 0, stream>>>(
+        rows, cols, static_cast<const float*>(x), accumulate, out);
+  } else {
+    ColumnSumsKernel<bf16><<<grid, kThreads, 0, stream>>>(
+        rows, cols, static_cast<const bf16*>(x), accumulate, out);
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR("ColumnSumsKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CastFloatToBf16(int64_t n, const float* src, void* dst,
+                             Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("CastFloatToBf16", n, 0));
+  if (n == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(CheckPtr("CastFloatToBf16", "src", src));
+  TY_RETURN_IF_ERROR(CheckPtr("CastFloatToBf16", "dst", dst));
+  CastToBf16Kernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+      n, src, static_cast<bf16*>(dst));
+  CUDA_RETURN_IF_LAUNCH_ERROR("CastToBf16Kernel");
+  return absl::OkStatus();
+}
+
+absl::Status CastBf16ToFloat(int64_t n, const void* src, float* dst,
+                             Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("CastBf16ToFloat", n, 0));
+  if (n == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(CheckPtr("CastBf16ToFloat", "src", src));
+  TY_RETURN_IF_ERROR(CheckPtr("CastBf16ToFloat", "dst", dst));
+  CastToFloatKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+      n, static_cast<const bf16*>(src), dst);
+  CUDA_RETURN_IF_LAUNCH_ERROR("CastToFloatKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace trainyard

@@ -1,0 +1,68 @@
+// Element-wise device kernels of the MLP block: bias + activation forward
+// (keeping the pre-activation), their backward passes, SwiGLU, bias +
+// residual add, deterministic column sums (bias gradients) and dtype casts.
+// Formulas are those of kernels/activation.h (PyTorch's): relu; exact gelu
+// x/2 (1 + erf(x/sqrt 2)) computed with erff (cuBLASLt has no epilogue for
+// it); gelu_tanh; swiglu silu(a) * b over the two halves of each row.
+//
+// Activations are float32 or bfloat16 (`dtype`); bfloat16 values are
+// computed in float32 and rounded once. Bias vectors and sums are float32.
+// Every launcher enqueues on `stream`, checks its arguments (InvalidArgument
+// naming the argument) and the launch (the CUDA error). Thread-safe.
+#ifndef TRAINYARD_KERNELS_CUDA_ELEMENTWISE_KERNELS_H_
+#define TRAINYARD_KERNELS_CUDA_ELEMENTWISE_KERNELS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/device.h"
+
+namespace trainyard {
+namespace gpu {
+
+enum class ActKind { kRelu, kGelu, kGeluTanh };
+
+// pre [rows, cols] += bias [cols] (skipped when bias is null);
+// out [rows, cols] = act(pre).
+absl::Status BiasActivationForward(ActKind act, DataType dtype, int64_t rows,
+                                   int64_t cols, const float* bias, void* pre,
+                                   void* out, Stream stream);
+
+// d_pre [n] = d_out [n] * act'(pre [n]); d_pre may equal d_out.
+absl::Status ActivationBackward(ActKind act, DataType dtype, int64_t n,
+                                const void* pre, const void* d_out, void* d_pre,
+                                Stream stream);
+
+// pre [rows, 2*ffn] += bias [2*ffn] (skipped when null);
+// out [rows, ffn] = silu(pre[:, :ffn]) * pre[:, ffn:].
+absl::Status BiasSwigluForward(DataType dtype, int64_t rows, int64_t ffn,
+                               const float* bias, void* pre, void* out,
+                               Stream stream);
+
+// d_pre [rows, 2*ffn] from d_out [rows, ffn] and pre [rows, 2*ffn].
+absl::Status SwigluBackward(DataType dtype, int64_t rows, int64_t ffn,
+                            const void* pre, const void* d_out, void* d_pre,
+                            Stream stream);
+
+// y [rows, cols] += bias [cols] (when non-null) + residual [rows, cols]
+// (when non-null).
+absl::Status AddBiasResidual(DataType dtype, int64_t rows, int64_t cols,
+                             const float* bias, const void* residual, void* y,
+                             Stream stream);
+
+// out [cols] (+)= sum over rows of x [rows, cols], accumulated in double in
+// row order (one thread per column: deterministic).
+absl::Status ColumnSums(DataType dtype, int64_t rows, int64_t cols,
+                        const void* x, bool accumulate, float* out,
+                        Stream stream);
+
+// dst [n] = src [n] rounded to bfloat16 (nearest even) / widened to float32.
+absl::Status CastFloatToBf16(int64_t n, const float* src, void* dst,
+                             Stream stream);
+absl::Status CastBf16ToFloat(int64_t n, const void* src, float* dst,
+                             Stream stream);
+
+}  // namespace gpu
+}  // namespace trainyard
+
+#endif  // TRAINYARD_KERNELS_CUDA_ELEMENTWISE_KERNELS_H_

@@ -1,0 +1,60 @@
+// elementwise_kernels.h without a CUDA toolkit: every launcher fails cleanly.
+#include "kernels/cuda/elementwise_kernels.h"
+
+namespace trainyard {
+namespace gpu {
+namespace {
+absl::Status NoCuda(const char* what) {
+  return absl::UnimplementedError(std::string(what) +
+                                  ": Trainyard was built without CUDA");
+}
+}  // namespace
+
+absl::Status BiasActivationForward(ActKind act, DataType dtype, int64_t rows,
+                                   int64_t cols, const float* bias, void* pre,
+                                   void* out, Stream stream) {
+  return NoCuda("BiasActivationForward");
+}
+
+absl::Status ActivationBackward(ActKind act, DataType dtype, int64_t n,
+                                const void* pre, const void* d_out, void* d_pre,
+                                Stream stream) {
+  return NoCuda("ActivationBackward");
+}
+
+absl::Status BiasSwigluForward(DataType dtype, int64_t rows, int64_t ffn,
+                               const float* bias, void* pre, void* out,
+                               Stream stream) {
+  return NoCuda("BiasSwigluForward");
+}
+
+absl::Status SwigluBackward(DataType dtype, int64_t rows, int64_t ffn,
+                            const void* pre, const void* d_out, void* d_pre,
+                            Stream stream) {
+  return NoCuda("SwigluBackward");
+}
+
+absl::Status AddBiasResidual(DataType dtype, int64_t rows, int64_t cols,
+                             const float* bias, const void* residual, void* y,
+                             Stream stream) {
+  return NoCuda("AddBiasResidual");
+}
+
+absl::Status ColumnSums(DataType dtype, int64_t rows, int64_t cols,
+                        const void* x, bool accumulate, float* out,
+                        Stream stream) {
+  return NoCuda("ColumnSums");
+}
+
+absl::Status CastFloatToBf16(int64_t n, const float* src, void* dst,
+                             Stream stream) {
+  return NoCuda("CastFloatToBf16");
+}
+
+absl::Status CastBf16ToFloat(int64_t n, const void* src, float* dst,
+                             Stream stream) {
+  return NoCuda("CastBf16ToFloat");
+}
+
+}  // namespace gpu
+}  // namespace trainyard

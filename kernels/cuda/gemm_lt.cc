@@ -1,0 +1,309 @@
+#include "kernels/cuda/gemm_lt.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_allocator.h"
+
+namespace trainyard {
+namespace gpu {
+
+const char* GemmPrecisionName(GemmPrecision p) {
+  switch (p) {
+    case GemmPrecision::kFloat32:
+      return "float32";
+    case GemmPrecision::kTf32:
+      return "tf32";
+    case GemmPrecision::kBFloat16:
+      return "bfloat16";
+  }
+  return "?";
+}
+
+const char* GemmEpilogueName(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kNone:
+      return "none";
+    case GemmEpilogue::kBias:
+      return "bias";
+    case GemmEpilogue::kReluBias:
+      return "relu_bias";
+    case GemmEpilogue::kGeluTanhBias:
+      return "gelu_tanh_bias";
+    case GemmEpilogue::kReluAuxBias:
+      return "relu_aux_bias";
+    case GemmEpilogue::kGeluTanhAuxBias:
+      return "gelu_tanh_aux_bias";
+    case GemmEpilogue::kDReluBiasGrad:
+      return "drelu_bgrad";
+    case GemmEpilogue::kDGeluTanhBiasGrad:
+      return "dgelu_tanh_bgrad";
+    case GemmEpilogue::kBiasGradA:
+      return "bgrad_a";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+cublasLtEpilogue_t ToLt(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kNone:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kReluBias:
+      return CUBLASLT_EPILOGUE_RELU_BIAS;
+    case GemmEpilogue::kGeluTanhBias:
+      return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case GemmEpilogue::kReluAuxBias:
+      return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
+    case GemmEpilogue::kGeluTanhAuxBias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDReluBiasGrad:
+      return CUBLASLT_EPILOGUE_DRELU_BGRAD;
+    case GemmEpilogue::kDGeluTanhBiasGrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kBiasGradA:
+      return CUBLASLT_EPILOGUE_BGRADB;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+bool UsesBias(GemmEpilogue e) {
+  return e == GemmEpilogue::kBias || e == GemmEpilogue::kReluBias ||
+         e == GemmEpilogue::kGeluTanhBias || e == GemmEpilogue::kReluAuxBias ||
+         e == GemmEpilogue::kGeluTanhAuxBias;
+}
+bool UsesBiasGrad(GemmEpilogue e) {
+  return e == GemmEpilogue::kDReluBiasGrad ||
+         e == GemmEpilogue::kDGeluTanhBiasGrad || e == GemmEpilogue::kBiasGradA;
+}
+bool UsesAux(GemmEpilogue e) {
+  return e == GemmEpilogue::kReluAuxBias ||
+         e == GemmEpilogue::kGeluTanhAuxBias ||
+         e == GemmEpilogue::kDReluBiasGrad ||
+         e == GemmEpilogue::kDGeluTanhBiasGrad;
+}
+
+// Largest power of two <= 16 dividing the address.
+int Alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  int a = 16;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+absl::Status Validate(const GemmArgs& g) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemmLt (m=", g.m, " n=", g.n, " k=", g.k, ", ",
+                     GemmPrecisionName(g.precision), ", epilogue ",
+                     GemmEpilogueName(g.epilogue), "): ", why));
+  };
+  if (g.m < 0 || g.n < 0 || g.k <= 0) return bad("need m, n >= 0 and k > 0");
+  if (g.a == nullptr || g.b == nullptr || g.d == nullptr) {
+    return bad("a, b and d must be non-null");
+  }
+  if (g.lda < (g.trans_a ? g.m : g.k) || g.lda < 1) {
+    return bad(absl::StrCat("lda ", g.lda, " too small"));
+  }
+  if (g.ldb < (g.trans_b ? g.k : g.n) || g.ldb < 1) {
+    return bad(absl::StrCat("ldb ", g.ldb, " too small"));
+  }
+  if (g.ldd < g.n || g.ldd < 1) {
+    return bad(absl::StrCat("ldd ", g.ldd, " too small"));
+  }
+  if (g.beta != 0.0f && (g.c == nullptr || g.ldc < g.n)) {
+    return bad("beta != 0 needs c with ldc >= n");
+  }
+  if (g.d_type == DataType::kBFloat16 &&
+      g.precision != GemmPrecision::kBFloat16) {
+    return bad("bfloat16 output needs bfloat16 precision");
+  }
+  if (UsesBias(g.epilogue) && g.bias == nullptr) return bad("bias is null");
+  if (UsesBiasGrad(g.epilogue) && g.bias_grad == nullptr) {
+    return bad("bias_grad is null");
+  }
+  if (UsesAux(g.epilogue) && (g.aux == nullptr || g.ld_aux < g.n)) {
+    return bad("aux is null or ld_aux < n");
+  }
+  return absl::OkStatus();
+}
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo;
+  ~Plan() {
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+
+std::string PlanKey(const GemmArgs& g) {
+  return absl::StrCat(
+      g.trans_a, ",", g.trans_b, ",", g.m, ",", g.n, ",", g.k, ",",
+      static_cast<int>(g.precision), ",", g.lda, ",", g.ldb, ",", g.ldc, ",",
+      g.ldd, ",", static_cast<int>(g.d_type), ",", static_cast<int>(g.epilogue),
+      ",", g.ld_aux, ",", g.beta != 0.0f, ",", Alignment(g.a), Alignment(g.b),
+      Alignment(g.c), Alignment(g.d));
+}
+
+}  // namespace
+
+struct GemmLt::Impl {
+  int device = 0;
+  cublasLtHandle_t handle = nullptr;
+  DeviceBuffer workspace;
+  absl::flat_hash_map<std::string, std::unique_ptr<Plan>> plans;
+  ~Impl() {
+    plans.clear();
+    if (handle) cublasLtDestroy(handle);
+  }
+};
+
+GemmLt::GemmLt(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GemmLt::~GemmLt() = default;
+int64_t GemmLt::cached_plans() const { return impl_->plans.size(); }
+
+absl::StatusOr<std::unique_ptr<GemmLt>> GemmLt::Create(int device) {
+  absl::Status ok = CheckDevice(device);
+  if (!ok.ok()) {
+    return absl::Status(
+        ok.code(), absl::StrCat("GemmLt on cuda:", device, ": ", ok.message()));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->device = device;
+  absl::StatusOr<DeviceBuffer> ws =
+      DeviceBuffer::Allocate(device, kWorkspaceBytes);
+  if (!ws.ok()) return ws.status();
+  impl->workspace = std::move(*ws);
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&impl->handle));
+  return std::unique_ptr<GemmLt>(new GemmLt(std::move(impl)));
+}
+
+absl::Status GemmLt::Run(const GemmArgs& g, Stream stream) {
+  absl::Status valid = Validate(g);
+  if (!valid.ok()) return valid;
+  if (g.m == 0 || g.n == 0) return absl::OkStatus();
+
+  const cudaDataType_t ab_type =
+      g.precision == GemmPrecision::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t cd_type =
+      g.d_type == DataType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasLtEpilogue_t epilogue = ToLt(g.epilogue);
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const void* c_ptr = g.beta != 0.0f ? g.c : g.d;
+  const int64_t ldc = g.beta != 0.0f ? g.ldc : g.ldd;
+
+  std::unique_ptr<Plan>& plan = impl_->plans[PlanKey(g)];
+  const bool fresh = plan == nullptr;
+  if (fresh) {
+    auto p = std::make_unique<Plan>();
+    const cublasComputeType_t compute = g.precision == GemmPrecision::kTf32
+                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                            : CUBLAS_COMPUTE_32F;
+    CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatmulDescCreate(&p->op, compute, CUDA_R_32F));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (UsesBias(g.epilogue) || UsesBiasGrad(g.epilogue)) {
+      const int32_t bias_type = CUDA_R_32F;
+      CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+          sizeof(bias_type)));
+    }
+    if (UsesAux(g.epilogue)) {
+      const int64_t ld_aux = g.ld_aux;
+      CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+          p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux,
+          sizeof(ld_aux)));
+    }
+    // Column-major view: D^T [n, m] = op(B)^T [n, k] @ op(A)^T [k, m].
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+        &p->a, ab_type, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.ldb));
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+        &p->b, ab_type, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.lda));
+    CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&p->c, cd_type, g.n, g.m, ldc));
+    CUBLAS_RETURN_IF_ERROR(
+        cublasLtMatrixLayoutCreate(&p->d, cd_type, g.n, g.m, g.ldd));
+    plan = std::move(p);
+  }
+  Plan& p = *plan;
+  if (UsesBias(g.epilogue) || UsesBiasGrad(g.epilogue)) {
+    const void* bias =
+        UsesBias(g.epilogue) ? static_cast<const void*>(g.bias) : g.bias_grad;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (UsesAux(g.epilogue)) {
+    void* aux = g.aux;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  }
+  if (fresh) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = impl_->workspace.size();
+    const uint32_t align_a = Alignment(g.b), align_b = Alignment(g.a),
+                   align_c = Alignment(c_ptr), align_d = Alignment(g.d);
+    cublasLtMatmulHeuristicResult_t result = {};
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+          sizeof(align_a));
+      cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+          sizeof(align_b));
+      cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+          sizeof(align_c));
+      cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+          sizeof(align_d));
+      st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.op, p.a, p.b, p.c,
+                                          p.d, pref, 1, &result, &found);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      plan.reset();
+      impl_->plans.erase(PlanKey(g));
+      return absl::UnimplementedError(absl::StrCat(
+          "GemmLt: cuBLASLt has no algorithm for m=", g.m, " n=", g.n,
+          " k=", g.k, " trans_a=", g.trans_a, " trans_b=", g.trans_b, " ",
+          GemmPrecisionName(g.precision), " -> ", DataTypeName(g.d_type),
+          ", epilogue ", GemmEpilogueName(g.epilogue), " (",
+          st == CUBLAS_STATUS_SUCCESS ? "no result" : cublasGetStatusString(st),
+          ")"));
+    }
+    p.algo = result.algo;
+  }
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.b, p.a,
+                                        g.a, p.b, &g.beta, c_ptr, p.c, g.d, p.d,
+                                        &p.algo, impl_->workspace.data(),
+                                        impl_->workspace.size(), stream));
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace trainyard

@@ -1,0 +1,122 @@
+// GemmLt: row-major GEMM on the device through cuBLASLt, with the fused
+// epilogues the MLP needs.
+//
+//   D [m, n] = alpha * op(A) [m, k] @ op(B) [k, n] + beta * C [m, n]
+//
+// All matrices are row-major with leading dimensions in elements (like
+// kernels/blas.h): A is [m, k] (lda >= k) or, with trans_a, [k, m]
+// (lda >= m); likewise B. cuBLASLt is column-major, so the call is issued
+// as D^T = op(B)^T op(A)^T, which reads the same memory.
+//
+// Precision: kFloat32 (fp32 inputs, fp32 compute), kTf32 (fp32 inputs,
+// CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to TF32 in the tensor
+// cores), kBFloat16 (bf16 inputs, fp32 accumulate). D and C share
+// `d_type`: float32 or bfloat16 (bf16 only with kBFloat16). Bias vectors are
+// float32.
+//
+// Epilogues (cuBLASLt's, named here in row-major terms):
+//   kBias             D = AB + bias[n] (broadcast over rows)
+//   kReluBias         D = relu(AB + bias)
+//   kGeluTanhBias     D = gelu_tanh(AB + bias). cuBLASLt's GELU is the TANH
+//                     approximation (torch approximate="tanh"); exact-erf
+//                     "gelu" has no epilogue and uses elementwise_kernels.
+//   kReluAuxBias      as kReluBias, and aux <- a BITMASK of (AB+bias > 0)
+//                     (cuBLASLt's RELU_AUX format; ld_aux in elements, a
+//                     multiple of 128) for kDReluBiasGrad.
+//   kGeluTanhAuxBias  as kGeluTanhBias, and aux [m, ld_aux] <- AB + bias
+//                     (the pre-activation, d_type), ld_aux a multiple of 8.
+//   kDReluBiasGrad    D = AB * relu'(aux bitmask); bias_grad[n] = column
+//                     sums of D (float32).
+//   kDGeluTanhBiasGrad D = AB * gelu_tanh'(aux); bias_grad[n] = column sums
+//                     of D.
+//   kBiasGradA        D = AB; bias_grad[m] = sum over k of op(A) (the bias
+//                     gradient of a weight-gradient GEMM: dW = dY^T X with
+//                     A = dY, trans_a). cuBLASLt's BGRADB.
+// The bias-gradient epilogues overwrite bias_grad (no accumulation).
+// Whether cuBLASLt has an algorithm for an epilogue depends on the shapes,
+// alignments and operations; when it has none, Run returns Unimplemented
+// and callers fall back to separate kernels.
+//
+// Each distinct problem (shapes, types, transposes, epilogue, alignments) is
+// planned once: layouts, descriptors and the heuristic's first algorithm are
+// cached. The workspace (32 MiB) comes from the DeviceAllocator.
+//
+// Thread safety: not thread-safe; use one GemmLt per thread/stream.
+#ifndef TRAINYARD_KERNELS_CUDA_GEMM_LT_H_
+#define TRAINYARD_KERNELS_CUDA_GEMM_LT_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/device.h"
+
+namespace trainyard {
+namespace gpu {
+
+enum class GemmPrecision { kFloat32, kTf32, kBFloat16 };
+const char* GemmPrecisionName(GemmPrecision p);
+
+enum class GemmEpilogue {
+  kNone,
+  kBias,
+  kReluBias,
+  kGeluTanhBias,
+  kReluAuxBias,
+  kGeluTanhAuxBias,
+  kDReluBiasGrad,
+  kDGeluTanhBiasGrad,
+  kBiasGradA,
+};
+const char* GemmEpilogueName(GemmEpilogue e);
+
+struct GemmArgs {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  GemmPrecision precision = GemmPrecision::kFloat32;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const void* c = nullptr;  // read when beta != 0; may equal d
+  int64_t ldc = 0;
+  void* d = nullptr;
+  int64_t ldd = 0;
+  DataType d_type = DataType::kFloat32;  // type of C and D
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  const float* bias = nullptr;  // [n], forward bias epilogues
+  float* bias_grad = nullptr;   // [n] or [m] (kBiasGradA), gradient epilogues
+  void* aux = nullptr;          // aux epilogues, see above
+  int64_t ld_aux = 0;
+};
+
+class GemmLt {
+ public:
+  // A cuBLASLt handle and workspace on `device`. Errors: no device, built
+  // without CUDA, cuBLASLt initialisation failure.
+  static absl::StatusOr<std::unique_ptr<GemmLt>> Create(int device);
+  ~GemmLt();
+
+  // Enqueues the GEMM on `stream`. Errors: InvalidArgument for bad sizes,
+  // leading dimensions, missing pointers or type combinations (naming the
+  // field); Unimplemented when cuBLASLt has no algorithm for the problem;
+  // cuBLAS errors otherwise.
+  absl::Status Run(const GemmArgs& args, Stream stream);
+
+  // Number of planned problems (for tests of the cache).
+  int64_t cached_plans() const;
+
+ private:
+  struct Impl;
+  explicit GemmLt(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpu
+}  // namespace trainyard
+
+#endif  // TRAINYARD_KERNELS_CUDA_GEMM_LT_H_

@@ -1,0 +1,24 @@
+// gemm_lt.h without a CUDA toolkit: Create fails cleanly.
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/gemm_lt.h"
+
+namespace trainyard {
+namespace gpu {
+
+struct GemmLt::Impl {};
+
+const char* GemmPrecisionName(GemmPrecision) { return "?"; }
+const char* GemmEpilogueName(GemmEpilogue) { return "?"; }
+GemmLt::GemmLt(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GemmLt::~GemmLt() = default;
+int64_t GemmLt::cached_plans() const { return 0; }
+absl::StatusOr<std::unique_ptr<GemmLt>> GemmLt::Create(int device) {
+  return absl::UnimplementedError(absl::StrCat(
+      "GemmLt on cuda:", device, ": Trainyard was built without CUDA"));
+}
+absl::Status GemmLt::Run(const GemmArgs&, Stream) {
+  return absl::UnimplementedError("GemmLt: built without CUDA");
+}
+
+}  // namespace gpu
+}  // namespace trainyard

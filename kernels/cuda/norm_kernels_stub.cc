@@ -1,0 +1,58 @@
+// norm_kernels.h without a CUDA toolkit: every launcher fails cleanly.
+#include "kernels/cuda/norm_kernels.h"
+
+namespace trainyard {
+namespace gpu {
+namespace {
+absl::Status NoCuda(const char* what) {
+  return absl::UnimplementedError(std::string(what) +
+                                  ": Trainyard was built without CUDA");
+}
+}  // namespace
+
+absl::Status LayerNormForward(DataType dtype, int64_t rows, int64_t cols,
+                              const void* x, const float* weight,
+                              const float* bias, float eps, void* y,
+                              float* mean, float* rstd, Stream stream) {
+  return NoCuda("LayerNormForward");
+}
+
+absl::Status LayerNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
+                                    const void* x, const float* weight,
+                                    const float* mean, const float* rstd,
+                                    const void* dy, const void* residual,
+                                    void* dx, Stream stream) {
+  return NoCuda("LayerNormBackwardInput");
+}
+
+absl::Status LayerNormBackwardParams(DataType dtype, int64_t rows, int64_t cols,
+                                     const void* x, const float* mean,
+                                     const float* rstd, const void* dy,
+                                     bool accumulate, float* d_weight,
+                                     float* d_bias, Stream stream) {
+  return NoCuda("LayerNormBackwardParams");
+}
+
+absl::Status RmsNormForward(DataType dtype, int64_t rows, int64_t cols,
+                            const void* x, const float* weight, float eps,
+                            void* y, float* rstd, Stream stream) {
+  return NoCuda("RmsNormForward");
+}
+
+absl::Status RmsNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
+                                  const void* x, const float* weight,
+                                  const float* rstd, const void* dy,
+                                  const void* residual, void* dx,
+                                  Stream stream) {
+  return NoCuda("RmsNormBackwardInput");
+}
+
+absl::Status RmsNormBackwardParams(DataType dtype, int64_t rows, int64_t cols,
+                                   const void* x, const float* rstd,
+                                   const void* dy, bool accumulate,
+                                   float* d_weight, Stream stream) {
+  return NoCuda("RmsNormBackwardParams");
+}
+
+}  // namespace gpu
+}  // namespace trainyard

@@ -1,0 +1,68 @@
+// Fused multi-tensor optimizer steps and the deterministic gradient
+// sum-of-squares on the device, with the semantics of worker/optimizer.cc
+// (torch.optim.AdamW / SGD in float32, the same operation order, every
+// operation IEEE-rounded with no FMA contraction, so results match the CPU
+// StageOptimizer bit for bit). The effective gradient is grad * grad_scale
+// (clip coefficient and loss-weight normalisation folded in).
+//
+// Parameters, gradients and state are float32 (master weights) in one flat
+// buffer cut into segments; `params_bf16` (optional) receives a bfloat16
+// copy of the updated parameters for bfloat16 compute. One launch handles up
+// to 48 segments (more are split into several launches).
+// Launchers enqueue on `stream`; thread-safe.
+#ifndef TRAINYARD_KERNELS_CUDA_OPTIMIZER_KERNELS_H_
+#define TRAINYARD_KERNELS_CUDA_OPTIMIZER_KERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/device.h"
+
+namespace trainyard {
+namespace gpu {
+
+struct FlatSegment {
+  int64_t offset = 0;  // elements into the flat buffers
+  int64_t size = 0;
+  bool decay = true;  // weight decay applies
+};
+
+struct AdamWStep {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  int64_t step = 1;  // torch's state["step"] after this update (>= 1)
+  double grad_scale = 1.0;
+};
+
+struct SgdStep {
+  double lr = 1e-2, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+  bool first_step = true;  // momentum buffer initialised to the gradient
+  double grad_scale = 1.0;
+};
+
+absl::Status FusedAdamW(const std::vector<FlatSegment>& segments,
+                        const AdamWStep& hp, float* params, const float* grads,
+                        float* exp_avg, float* exp_avg_sq, void* params_bf16,
+                        Stream stream);
+
+// momentum_buffer may be null only when hp.momentum == 0.
+absl::Status FusedSgd(const std::vector<FlatSegment>& segments,
+                      const SgdStep& hp, float* params, const float* grads,
+                      float* momentum_buffer, void* params_bf16, Stream stream);
+
+// Bytes of device workspace GradSumsOfSquares needs for `num_segments`.
+size_t GradSumsOfSquaresWorkspaceBytes(int num_segments);
+
+// out [segments.size()] (device, double) = sum of squares of each segment
+// of the raw gradients. Fixed grid and fixed reduction tree, double
+// accumulation, no atomics: the same bits on every run and device.
+absl::Status GradSumsOfSquares(const std::vector<FlatSegment>& segments,
+                               const float* grads, void* workspace, double* out,
+                               Stream stream);
+
+}  // namespace gpu
+}  // namespace trainyard
+
+#endif  // TRAINYARD_KERNELS_CUDA_OPTIMIZER_KERNELS_H_

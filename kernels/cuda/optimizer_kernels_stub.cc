@@ -1,0 +1,36 @@
+// optimizer_kernels.h without a CUDA toolkit: every launcher fails cleanly.
+#include "kernels/cuda/optimizer_kernels.h"
+
+namespace trainyard {
+namespace gpu {
+namespace {
+absl::Status NoCuda(const char* what) {
+  return absl::UnimplementedError(std::string(what) +
+                                  ": Trainyard was built without CUDA");
+}
+}  // namespace
+
+absl::Status FusedAdamW(const std::vector<FlatSegment>& segments,
+                        const AdamWStep& hp, float* params, const float* grads,
+                        float* exp_avg, float* exp_avg_sq, void* params_bf16,
+                        Stream stream) {
+  return NoCuda("FusedAdamW");
+}
+
+absl::Status FusedSgd(const std::vector<FlatSegment>& segments,
+                      const SgdStep& hp, float* params, const float* grads,
+                      float* momentum_buffer, void* params_bf16,
+                      Stream stream) {
+  return NoCuda("FusedSgd");
+}
+
+size_t GradSumsOfSquaresWorkspaceBytes(int num_segments) { return 0; }
+
+absl::Status GradSumsOfSquares(const std::vector<FlatSegment>& segments,
+                               const float* grads, void* workspace, double* out,
+                               Stream stream) {
+  return NoCuda("GradSumsOfSquares");
+}
+
+}  // namespace gpu
+}  // namespace trainyard
