@@ -303,6 +303,23 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(
   return Reply(context, manager_->ListJobs(*request), response);
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(
+    grpc::CallbackServerContext* context, const v1::ListWorkersRequest*,
+    v1::ListWorkersResponse* response) {
+  for (const JobManager::WorkerInfo& w : manager_->ListWorkers()) {
+    v1::WorkerStatus* out = response->add_workers();
+    out->set_worker_id(w.id);
+    out->set_name(w.name);
+    *out->mutable_capabilities() = w.caps;
+    out->set_job_id(w.job_id);
+    out->set_stage(w.job_id.empty() ? -1 : w.stage);
+    out->set_last_heartbeat_ms_ago(absl::ToInt64Milliseconds(w.since_heartbeat));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
     grpc::CallbackServerContext* context, const v1::CancelJobRequest* request,
     v1::Job* response) {

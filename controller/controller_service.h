@@ -45,6 +45,10 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
                                      const v1::ListJobsRequest* request,
                                      v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* ListWorkers(
+      grpc::CallbackServerContext* context,
+      const v1::ListWorkersRequest* request,
+      v1::ListWorkersResponse* response) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
                                       const v1::CancelJobRequest* request,
                                       v1::Job* response) override;

@@ -465,6 +465,27 @@ TEST_F(ControllerTest, GangWaitsForAllStagesThenAssignsWithPeers) {
   EXPECT_GT(running.start_time_ms(), 0);
 }
 
+TEST_F(ControllerTest, ListWorkersShowsWhoRunsWhat) {
+  auto w1 = NewWorker("alpha");
+  auto w2 = NewWorker("beta");
+  Job job = Submit("one-stage", Spec(1));
+  auto m = w1->Next();
+  ASSERT_TRUE(m && m->has_assign());
+  grpc::ClientContext ctx;
+  v1::ListWorkersResponse resp;
+  ASSERT_TRUE(jobs_->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp).ok());
+  ASSERT_EQ(resp.workers_size(), 2);
+  EXPECT_EQ(resp.workers(0).name(), "alpha");
+  EXPECT_EQ(resp.workers(0).worker_id(), w1->id());
+  EXPECT_EQ(resp.workers(0).capabilities().peer_address(), w1->peer());
+  EXPECT_EQ(resp.workers(0).job_id(), job.job_id());
+  EXPECT_EQ(resp.workers(0).stage(), 0);
+  EXPECT_EQ(resp.workers(1).name(), "beta");
+  EXPECT_EQ(resp.workers(1).job_id(), "");
+  EXPECT_EQ(resp.workers(1).stage(), -1);
+  EXPECT_GE(resp.workers(1).last_heartbeat_ms_ago(), 0);
+}
+
 TEST_F(ControllerTest, ImpossibleJobsSayWhy) {
   Job gpu = Submit("gpu", Spec(1, 5, "cuda"));
   EXPECT_EQ(gpu.state(), v1::QUEUED);

@@ -699,8 +699,9 @@ std::vector<JobManager::WorkerInfo> JobManager::ListWorkers() {
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<int64_t, WorkerInfo>> infos;
   for (const auto& [id, w] : workers_) {
-    infos.push_back(
-        {w.order, {w.id, w.name, w.caps.device(), w.job_id, w.stage}});
+    infos.push_back({w.order,
+                     {w.id, w.name, w.caps.device(), w.job_id, w.stage, w.caps,
+                      absl::Now() - w.last_seen}});
   }
   std::sort(infos.begin(), infos.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });

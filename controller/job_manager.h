@@ -99,6 +99,8 @@ class JobManager {
     std::string device;
     std::string job_id;  // empty = idle
     int stage = -1;
+    v1::WorkerCapabilities caps;
+    absl::Duration since_heartbeat;
   };
   // Registered workers in registration order.
   std::vector<WorkerInfo> ListWorkers();

@@ -199,6 +199,7 @@ bool IsKnownFrameKind(uint16_t kind) {
     case FrameKind::kAllReduceResult:
     case FrameKind::kAllReduceError:
     case FrameKind::kGoodbye:
+    case FrameKind::kAbort:
       return true;
   }
   return false;
@@ -220,6 +221,8 @@ const char* FrameKindName(FrameKind kind) {
       return "all-reduce-error";
     case FrameKind::kGoodbye:
       return "goodbye";
+    case FrameKind::kAbort:
+      return "abort";
   }
   return "?";
 }
@@ -411,6 +414,52 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FramePrefix& prefix,
         absl::StrCat("frame header: ", r.remaining(), " trailing bytes"));
   }
   return h;
+}
+
+std::vector<std::pair<std::string, Tensor>> AbortFrameTensors(
+    const absl::Status& status) {
+  const absl::StatusCode code =
+      status.ok() ? absl::StatusCode::kAborted : status.code();
+  absl::string_view message = status.ok() ? "aborted" : status.message();
+  if (message.size() > static_cast<size_t>(kMaxAbortMessageLength)) {
+    size_t n = kMaxAbortMessageLength;
+    // Back off continuation bytes (10xxxxxx) so a character is not split.
+    while (n > 0 && (static_cast<unsigned char>(message[n]) & 0xC0) == 0x80) {
+      --n;
+    }
+    message = message.substr(0, n);
+  }
+  Tensor c = Tensor::Empty(DType::kInt32, {1});
+  *static_cast<int32_t*>(c.raw_data()) = static_cast<int32_t>(code);
+  Tensor m =
+      Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(message.size())});
+  if (!message.empty()) std::memcpy(m.raw_data(), message.data(), message.size());
+  return {{"code", std::move(c)}, {"message", std::move(m)}};
+}
+
+absl::StatusOr<AbortReason> DecodeAbortFrame(
+    const FrameHeader& header, const std::vector<Tensor>& tensors) {
+  const std::vector<TensorDesc>& d = header.tensors;
+  if (d.size() != 2 || tensors.size() != 2 || d[0].name != "code" ||
+      d[0].dtype != DType::kInt32 || d[0].shape != Shape{1} ||
+      d[1].name != "message" || d[1].dtype != DType::kUInt8 ||
+      d[1].shape.size() != 1) {
+    return absl::DataLossError(
+        "malformed abort frame: expected tensors \"code\" int32 [1] and "
+        "\"message\" uint8 [n]");
+  }
+  if (d[1].shape[0] > kMaxAbortMessageLength) {
+    return absl::DataLossError(absl::StrCat("abort frame message of ",
+                                            d[1].shape[0], " bytes, limit ",
+                                            kMaxAbortMessageLength));
+  }
+  AbortReason r;
+  const int32_t code = Get<int32_t>(static_cast<const char*>(tensors[0].raw_data()));
+  r.code = code >= 1 && code <= 16 ? static_cast<absl::StatusCode>(code)
+                                   : absl::StatusCode::kUnknown;
+  r.message.assign(static_cast<const char*>(tensors[1].raw_data()),
+                   tensors[1].nbytes());
+  return r;
 }
 
 std::string EncodeHandshake(const Handshake& handshake) {

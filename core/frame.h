@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/tensor.h"
@@ -43,6 +44,7 @@ inline constexpr int kMaxTensorNameLength = 256;
 inline constexpr int kMaxTensorNdim = 8;
 inline constexpr int kMaxJobIdLength = 256;
 inline constexpr int kMaxHandshakeReasonLength = 1024;
+inline constexpr int kMaxAbortMessageLength = 4096;
 inline constexpr uint64_t kMaxFramePayloadBytes = uint64_t{2} << 30;  // 2 GiB
 // Largest possible header: prefix, job id, and kMaxFrameTensors descriptors
 // of kMaxTensorNdim dims with kMaxTensorNameLength-byte names.
@@ -60,6 +62,7 @@ enum class FrameKind : uint16_t {
   kAllReduceResult = 17,        // rank 0 -> rank r: one int64 tensor "values"
   kAllReduceError = 18,         // rank 0 -> rank r: uint8 tensor "message"
   kGoodbye = 19,                // orderly close, no tensors
+  kAbort = 20,  // the sender aborted: "code" int32 [1], "message" uint8 [n]
 };
 bool IsKnownFrameKind(uint16_t kind);
 const char* FrameKindName(FrameKind kind);
@@ -111,6 +114,24 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FramePrefix& prefix,
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
 // The table version, for tests against the hardware one.
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n);
+
+// An abort frame's content: the status the sending rank aborted with.
+struct AbortReason {
+  absl::StatusCode code = absl::StatusCode::kAborted;
+  std::string message;
+};
+// The tensors of an abort frame for `status`: "code", int32 [1], the
+// absl::StatusCode (kAborted for an OK status), and "message", uint8 [n], its
+// message cut to at most kMaxAbortMessageLength bytes (never inside a UTF-8
+// sequence).
+std::vector<std::pair<std::string, Tensor>> AbortFrameTensors(
+    const absl::Status& status);
+// Reads an abort frame's tensors back (`header.tensors[i]` describes
+// `tensors[i]`). A code outside 1..16 becomes kUnknown, so that a newer
+// sender's codes still fail the call. DataLoss when the tensors are not
+// the two above or the message exceeds kMaxAbortMessageLength.
+absl::StatusOr<AbortReason> DecodeAbortFrame(const FrameHeader& header,
+                                             const std::vector<Tensor>& tensors);
 
 // Handshake: the first bytes on a connection, from the dialing rank.
 struct Handshake {

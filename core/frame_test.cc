@@ -166,5 +166,65 @@ TEST(HandshakeTest, RoundTripAndRejects) {
   EXPECT_EQ(reply.substr(kHandshakeReplyPrefixSize, reason_len), "no such job");
 }
 
+// Encodes an abort frame's header for `status` and decodes it the way a
+// reader does.
+absl::StatusOr<AbortReason> AbortRoundTrip(const absl::Status& status) {
+  const auto ts = AbortFrameTensors(status);
+  auto h = EncodeFrameHeader(FrameKind::kAbort, "job-1", 0, 0, ts);
+  if (!h.ok()) return h.status();
+  auto prefix = DecodeFramePrefix(h->data());
+  if (!prefix.ok()) return prefix.status();
+  EXPECT_EQ(prefix->kind, FrameKind::kAbort);
+  auto header = DecodeFrameHeader(
+      *prefix, absl::string_view(*h).substr(kFramePrefixSize));
+  if (!header.ok()) return header.status();
+  return DecodeAbortFrame(*header, {ts[0].second, ts[1].second});
+}
+
+TEST(FrameTest, AbortFrameCarriesCodeAndMessage) {
+  EXPECT_STREQ(FrameKindName(FrameKind::kAbort), "abort");
+  EXPECT_TRUE(IsKnownFrameKind(20));
+  auto r = AbortRoundTrip(absl::CancelledError("cancelled by request: x"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code, absl::StatusCode::kCancelled);
+  EXPECT_EQ(r->message, "cancelled by request: x");
+  r = AbortRoundTrip(absl::OkStatus());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code, absl::StatusCode::kAborted);
+  EXPECT_EQ(r->message, "aborted");
+}
+
+TEST(FrameTest, AbortMessageIsCutAtTheLimitOnACharacterBoundary) {
+  // 4095 ASCII bytes then a 2-byte character straddling the limit.
+  const std::string msg = std::string(4095, 'a') + "\xc3\xa9" + "tail";
+  auto r = AbortRoundTrip(absl::InternalError(msg));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code, absl::StatusCode::kInternal);
+  EXPECT_EQ(r->message, std::string(4095, 'a'));
+}
+
+TEST(FrameTest, MalformedAbortFramesAreRejected) {
+  auto ts = AbortFrameTensors(absl::InternalError("x"));
+  FrameHeader h;
+  h.tensors = {{"code", DType::kInt32, {1}}, {"message", DType::kUInt8, {1}}};
+  // Unknown codes fail the call anyway.
+  *static_cast<int32_t*>(ts[0].second.raw_data()) = 99;
+  auto r = DecodeAbortFrame(h, {ts[0].second, ts[1].second});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->code, absl::StatusCode::kUnknown);
+  h.tensors[0].name = "status";
+  EXPECT_THAT(DecodeAbortFrame(h, {ts[0].second, ts[1].second})
+                  .status()
+                  .message(),
+              HasSubstr("malformed abort frame"));
+  h.tensors[0].name = "code";
+  h.tensors[1].shape = {kMaxAbortMessageLength + 1};
+  Tensor big = Tensor::Zeros(DType::kUInt8, {kMaxAbortMessageLength + 1});
+  EXPECT_EQ(DecodeAbortFrame(h, {ts[0].second, big}).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeAbortFrame(h, {ts[0].second}).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace trainyard

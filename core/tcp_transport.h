@@ -66,6 +66,23 @@ struct TcpTransportOptions {
   absl::Duration connect_timeout = absl::Seconds(30);
   // Longest a single frame write may take before the peer counts as gone.
   absl::Duration io_timeout = absl::Seconds(60);
+  // TCP keepalive on every connection (SO_KEEPALIVE, TCP_KEEPIDLE,
+  // TCP_KEEPINTVL, TCP_KEEPCNT), so that a peer machine that vanishes
+  // without closing its connection is noticed while the link is idle: after
+  // `keepalive_idle` of silence the kernel probes every
+  // `keepalive_interval` and drops the connection after `keepalive_count`
+  // unanswered probes (5 + 4 * 2 = 13 s by default); the receiving side then
+  // fails with an error naming the peer. Whole seconds, each >= 1 s.
+  absl::Duration keepalive_idle = absl::Seconds(5);
+  absl::Duration keepalive_interval = absl::Seconds(2);
+  int keepalive_count = 4;
+  // TCP_USER_TIMEOUT: longest sent data may stay unacknowledged before the
+  // kernel drops the connection, so a write to a dead peer fails even while
+  // the socket buffer still has room (keepalive does not probe while data is
+  // in flight). On Linux it also takes over from keepalive_count in deciding
+  // when keepalive gives up, so the default equals idle + interval * count.
+  // Zero leaves the system default (no limit).
+  absl::Duration tcp_user_timeout = absl::Seconds(13);
 };
 
 // Connects rank `options.rank` to the others (the ones it needs: its
@@ -83,7 +100,17 @@ struct TcpTransportOptions {
 // closes, and its peers fail with an error naming it. A connection error
 // (EOF without goodbye, bad frame, write timeout) fails every pending and
 // later call on this transport with a status naming the peer rank, address
-// and reason; Abort closes the sockets so that peers fail in turn.
+// and reason.
+//
+// Abort(status) fails this rank's calls with Aborted carrying the status's
+// message and tells every connected peer why, in an "abort" frame, before it
+// closes the sockets: the peer's pending and later calls then fail with a
+// status of the same code as `status`, e.g. Cancelled "rank 0
+// (10.0.0.7:7000) aborted: cancelled by request: ...". Abort is bounded: a
+// frame already being written gets up to 200 ms to finish (queued ones are
+// dropped), then the abort frame is written straight on each socket with up
+// to 200 ms per peer; a peer whose connection is stuck or broken is skipped
+// and sees the connection close instead.
 absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
     PeerListener* listener, const TcpTransportOptions& options);
 

@@ -115,6 +115,16 @@ absl::StatusOr<Job> JobClient::Cancel(const std::string& job_id,
   return job;
 }
 
+absl::StatusOr<trainyard::v1::ListWorkersResponse> JobClient::ListWorkers() {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  trainyard::v1::ListWorkersResponse resp;
+  grpc::Status status =
+      stub_->ListWorkers(&ctx, trainyard::v1::ListWorkersRequest(), &resp);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return resp;
+}
+
 absl::StatusOr<JobStateChange> JobClient::Watch(
     const std::string& job_id, int64_t from_step,
     const std::function<void(const JobEvent&)>& on_event,

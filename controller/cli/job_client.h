@@ -39,6 +39,7 @@ class JobClient {
       const std::string& page_token);
   absl::StatusOr<trainyard::v1::Job> Cancel(const std::string& job_id,
                                             const std::string& reason);
+  absl::StatusOr<trainyard::v1::ListWorkersResponse> ListWorkers();
 
   // Streams the job's events from `from_step` until its terminal state,
   // calling on_event for each step and eval exactly once (in order) and for

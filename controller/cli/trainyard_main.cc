@@ -83,6 +83,7 @@ constexpr char kUsage[] =
     "  list [--state S,...]         list jobs\n"
     "  cancel JOB_ID                cancel a job\n"
     "  watch JOB_ID [--from_step N] follow a job's steps until it ends\n"
+    "  workers                      list the registered workers\n"
     "  up [--workers N] [--run FILE] start a local cluster (Ctrl-C stops "
     "it)\n";
 
@@ -405,6 +406,43 @@ int Cancel(const std::vector<char*>& args) {
   return 0;
 }
 
+int Workers() {
+  JobClient client(ControllerAddress());
+  auto resp = client.ListWorkers();
+  if (!resp.ok()) return ReportRpcError("workers", client, resp.status());
+  std::cout << absl::StrFormat("%-8s %-16s %-8s %-22s %-14s %s\n", "WORKER",
+                               "NAME", "DEVICE", "PEER", "JOB", "HEARTBEAT");
+  for (const auto& w : resp->workers()) {
+    const std::string job =
+        w.job_id().empty() ? "idle"
+                           : absl::StrCat(w.job_id(), "/", w.stage());
+    std::cout << absl::StrFormat("%-8s %-16s %-8s %-22s %-14s %d ms ago\n",
+                                 w.worker_id(), w.name(),
+                                 w.capabilities().device(),
+                                 w.capabilities().peer_address(), job,
+                                 w.last_heartbeat_ms_ago());
+  }
+  return 0;
+}
+
+// Waits until `count` workers have registered (bounded).
+absl::Status WaitForWorkers(JobClient& client, int count,
+                            absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int seen = 0;
+  while (absl::Now() < deadline) {
+    auto resp = client.ListWorkers();
+    if (resp.ok()) {
+      seen = resp->workers_size();
+      if (seen >= count) return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("only ", seen, " of ", count, " workers registered within ",
+                   absl::FormatDuration(timeout)));
+}
+
 int Watch(const std::vector<char*>& args) {
   if (args.size() != 3) {
     std::cerr << "usage: trainyard watch JOB_ID [--from_step N]\n";
@@ -464,8 +502,16 @@ int Up() {
     std::cerr << "trainyard up: " << st.message() << "\n";
     return 1;
   }
+  JobClient client(cluster.controller_address());
+  if (absl::Status st = WaitForWorkers(client, opts.workers, opts.start_timeout);
+      !st.ok()) {
+    std::cerr << "trainyard up: " << st.message() << "; see the logs in "
+              << opts.data_dir << "/logs\n";
+    cluster.Stop();
+    return 1;
+  }
   std::cerr << "trainyard up: controller at " << cluster.controller_address()
-            << ", " << opts.workers << " workers; data and logs in "
+            << ", " << opts.workers << " workers registered; data and logs in "
             << opts.data_dir << "\n";
   if (!run_spec.has_value()) {
     std::cerr << "trainyard up: submit with --controller="
@@ -482,7 +528,6 @@ int Up() {
     cluster.Stop();
     return 0;
   }
-  JobClient client(cluster.controller_address());
   auto job = client.Submit(*run_spec, NewRequestId(), 0);
   if (!job.ok()) {
     int rc = ReportRpcError("up", client, job.status());
@@ -524,6 +569,7 @@ int main(int argc, char** argv) {
   if (command == "list") return trainyard::List();
   if (command == "cancel") return trainyard::Cancel(args);
   if (command == "watch") return trainyard::Watch(args);
+  if (command == "workers") return trainyard::Workers();
   if (command == "up") return trainyard::Up();
   std::cerr << "trainyard: unknown command \"" << command << "\"\n"
             << trainyard::kUsage;
