@@ -433,7 +433,8 @@ std::vector<std::pair<std::string, Tensor>> AbortFrameTensors(
   *static_cast<int32_t*>(c.raw_data()) = static_cast<int32_t>(code);
   Tensor m =
       Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(message.size())});
-  if (!message.empty()) std::memcpy(m.raw_data(), message.data(), message.size());
+  if (!message.empty())
+    std::memcpy(m.raw_data(), message.data(), message.size());
   return {{"code", std::move(c)}, {"message", std::move(m)}};
 }
 
@@ -454,7 +455,8 @@ absl::StatusOr<AbortReason> DecodeAbortFrame(
                                             kMaxAbortMessageLength));
   }
   AbortReason r;
-  const int32_t code = Get<int32_t>(static_cast<const char*>(tensors[0].raw_data()));
+  const int32_t code =
+      Get<int32_t>(static_cast<const char*>(tensors[0].raw_data()));
   r.code = code >= 1 && code <= 16 ? static_cast<absl::StatusCode>(code)
                                    : absl::StatusCode::kUnknown;
   r.message.assign(static_cast<const char*>(tensors[1].raw_data()),

@@ -130,8 +130,8 @@ std::vector<std::pair<std::string, Tensor>> AbortFrameTensors(
 // `tensors[i]`). A code outside 1..16 becomes kUnknown, so that a newer
 // sender's codes still fail the call. DataLoss when the tensors are not
 // the two above or the message exceeds kMaxAbortMessageLength.
-absl::StatusOr<AbortReason> DecodeAbortFrame(const FrameHeader& header,
-                                             const std::vector<Tensor>& tensors);
+absl::StatusOr<AbortReason> DecodeAbortFrame(
+    const FrameHeader& header, const std::vector<Tensor>& tensors);
 
 // Handshake: the first bytes on a connection, from the dialing rank.
 struct Handshake {

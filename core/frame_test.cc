@@ -213,10 +213,9 @@ TEST(FrameTest, MalformedAbortFramesAreRejected) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->code, absl::StatusCode::kUnknown);
   h.tensors[0].name = "status";
-  EXPECT_THAT(DecodeAbortFrame(h, {ts[0].second, ts[1].second})
-                  .status()
-                  .message(),
-              HasSubstr("malformed abort frame"));
+  EXPECT_THAT(
+      DecodeAbortFrame(h, {ts[0].second, ts[1].second}).status().message(),
+      HasSubstr("malformed abort frame"));
   h.tensors[0].name = "code";
   h.tensors[1].shape = {kMaxAbortMessageLength + 1};
   Tensor big = Tensor::Zeros(DType::kUInt8, {kMaxAbortMessageLength + 1});

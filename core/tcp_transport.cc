@@ -37,6 +37,10 @@ namespace {
 // it is still in cache.
 constexpr size_t kChunk = 256 << 10;
 
+// Abort waits at most this long for a frame in flight to a peer, and again
+// for its abort frame to be written.
+constexpr absl::Duration kAbortWriteTimeout = absl::Milliseconds(200);
+
 // Closes the descriptor it owns.
 class Fd {
  public:
@@ -122,6 +126,37 @@ void SetConnectionOptions(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+// Keepalive and user timeout from `options` (validated) on a connection.
+absl::Status SetLivenessOptions(int fd, const TcpTransportOptions& options) {
+  const int on = 1;
+  const int idle =
+      static_cast<int>(absl::ToInt64Seconds(options.keepalive_idle));
+  const int interval =
+      static_cast<int>(absl::ToInt64Seconds(options.keepalive_interval));
+  const int count = options.keepalive_count;
+  const unsigned int user_timeout = static_cast<unsigned int>(
+      absl::ToInt64Milliseconds(options.tcp_user_timeout));
+  struct {
+    int level, name;
+    const void* value;
+    const char* what;
+  } const settings[] = {
+      {SOL_SOCKET, SO_KEEPALIVE, &on, "SO_KEEPALIVE"},
+      {IPPROTO_TCP, TCP_KEEPIDLE, &idle, "TCP_KEEPIDLE"},
+      {IPPROTO_TCP, TCP_KEEPINTVL, &interval, "TCP_KEEPINTVL"},
+      {IPPROTO_TCP, TCP_KEEPCNT, &count, "TCP_KEEPCNT"},
+      {IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, "TCP_USER_TIMEOUT"},
+  };
+  for (const auto& o : settings) {
+    if (o.name == TCP_USER_TIMEOUT && user_timeout == 0) continue;
+    if (::setsockopt(fd, o.level, o.name, o.value, sizeof(int)) != 0) {
+      return absl::InternalError(
+          absl::StrCat("setsockopt ", o.what, ": ", ErrnoText(errno)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 int PollTimeoutMs(absl::Time deadline) {
@@ -698,9 +733,46 @@ class TcpTransport : public Transport {
                             absl::Duration timeout) override;
 
   void Abort(const absl::Status& reason) override {
-    absl::MutexLock lock(&mu_);
-    if (fatal_.ok()) {
-      fatal_ = absl::AbortedError(reason.ok() ? "aborted" : reason.message());
+    std::vector<Peer*> tell;
+    {
+      absl::MutexLock lock(&mu_);
+      if (fatal_.ok()) {
+        fatal_ = absl::AbortedError(reason.ok() ? "aborted" : reason.message());
+      }
+      // With fatal_ set no sender starts another frame; give the ones in
+      // the middle of a frame a moment to finish so that the abort frame
+      // starts on a frame boundary. A stuck one is not waited for.
+      auto idle = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        for (auto& p : peers_) {
+          if (p != nullptr && p->writing && !p->write_closed) return false;
+        }
+        return true;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&idle), kAbortWriteTimeout);
+      for (auto& p : peers_) {
+        if (p == nullptr || p->writing || p->write_closed || p->said_goodbye) {
+          continue;
+        }
+        p->write_closed = true;  // ours now; a second Abort skips it
+        tell.push_back(p.get());
+      }
+    }
+    const std::vector<std::pair<std::string, Tensor>> ts =
+        AbortFrameTensors(reason);
+    const std::vector<Tensor> tensors = {ts[0].second, ts[1].second};
+    const absl::StatusOr<std::string> header =
+        EncodeFrameHeader(FrameKind::kAbort, options_.job_id, 0, 0, ts);
+    for (Peer* p : tell) {
+      // No stop fd: a connection error on another peer must not cut this
+      // frame short.
+      const absl::Status s =
+          WriteFrame(p->fd.get(), *header, tensors,
+                     absl::Now() + kAbortWriteTimeout, /*stop_fd=*/-1);
+      if (!s.ok()) {
+        LOG(WARNING) << "job \"" << options_.job_id << "\" rank "
+                     << options_.rank << ": cannot tell " << p->name
+                     << " about the abort: " << s.message();
+      }
     }
     stop_.Signal();
     for (auto& p : peers_) {
@@ -723,6 +795,11 @@ class TcpTransport : public Transport {
     std::deque<Frame> inbox;      // user messages
     std::deque<Frame> reduce_inbox;
     bool said_goodbye = false;
+    // The sender thread is in the middle of a frame.
+    bool writing = false;
+    // No more frames may go on the socket: a write failed or was cut short,
+    // the goodbye went out, or the abort frame did.
+    bool write_closed = false;
   };
 
   absl::Status CheckPeer(int peer, const char* what) const {
@@ -778,9 +855,13 @@ class TcpTransport : public Transport {
   // Records the first connection error and stops every thread; pending and
   // later calls return it.
   void Fail(Peer* p, const absl::Status& s) {
+    SetFatal(absl::Status(s.code(), absl::StrCat(p->name, ": ", s.message())));
+  }
+
+  void SetFatal(const absl::Status& s) {
     absl::MutexLock lock(&mu_);
     if (!fatal_.ok()) return;
-    fatal_ = absl::Status(s.code(), absl::StrCat(p->name, ": ", s.message()));
+    fatal_ = s;
     LOG(WARNING) << "job \"" << options_.job_id << "\" rank " << options_.rank
                  << ": " << fatal_.message();
     stop_.Signal();
@@ -798,6 +879,7 @@ class TcpTransport : public Transport {
         if (!fatal_.ok()) return;
         out = std::move(p->outbox.front());
         p->outbox.pop_front();
+        p->writing = true;
       }
       if (out.kind == FrameKind::kGoodbye) {
         absl::StatusOr<std::string> h =
@@ -807,6 +889,12 @@ class TcpTransport : public Transport {
       const absl::Status s =
           WriteFrame(p->fd.get(), out.header, out.tensors,
                      absl::Now() + options_.io_timeout, stop_.fd());
+      {
+        absl::MutexLock lock(&mu_);
+        p->writing = false;
+        // A frame cut short leaves the stream unusable for an abort frame.
+        if (!s.ok() || out.kind == FrameKind::kGoodbye) p->write_closed = true;
+      }
       if (!s.ok()) {
         if (!absl::IsCancelled(s)) {
           Fail(p,
@@ -836,6 +924,17 @@ class TcpTransport : public Transport {
              absl::DataLossError(absl::StrCat(
                  "received a frame for job \"", f->header.job_id,
                  "\"; this transport serves job \"", options_.job_id, "\"")));
+        return;
+      }
+      if (f->header.prefix.kind == FrameKind::kAbort) {
+        absl::StatusOr<AbortReason> why =
+            DecodeAbortFrame(f->header, f->tensors);
+        if (!why.ok()) {
+          Fail(p, why.status());
+        } else {
+          SetFatal(absl::Status(
+              why->code, absl::StrCat(p->name, " aborted: ", why->message)));
+        }
         return;
       }
       absl::MutexLock lock(&mu_);
@@ -967,6 +1066,26 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
         absl::StrCat(me, ": rank not in [0, ", world, ") (peer_addresses has ",
                      world, " entries)"));
   }
+  if (options.keepalive_idle < absl::Seconds(1) ||
+      options.keepalive_interval < absl::Seconds(1) ||
+      options.keepalive_count < 1 ||
+      options.keepalive_idle > absl::Seconds(32767) ||
+      options.keepalive_interval > absl::Seconds(32767) ||
+      options.keepalive_count > 127) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        me,
+        ": keepalive_idle and keepalive_interval must be in [1s, 32767s] "
+        "and keepalive_count in [1, 127], got ",
+        absl::FormatDuration(options.keepalive_idle), ", ",
+        absl::FormatDuration(options.keepalive_interval), ", ",
+        options.keepalive_count));
+  }
+  if (options.tcp_user_timeout < absl::ZeroDuration() ||
+      options.tcp_user_timeout > absl::Milliseconds(INT32_MAX)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        me, ": tcp_user_timeout must be >= 0 and fit in int32 ms, got ",
+        absl::FormatDuration(options.tcp_user_timeout)));
+  }
   auto* impl = dynamic_cast<PeerListenerImpl*>(listener);
   if (impl == nullptr) {
     return absl::InvalidArgumentError(
@@ -1028,6 +1147,15 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
         absl::StrCat(me, ": peers not connected within ",
                      absl::FormatDuration(options.connect_timeout), ": ",
                      absl::StrJoin(missing, "; ")));
+  }
+  for (int r = 0; r < world; ++r) {
+    if (r == options.rank) continue;
+    const absl::Status s = SetLivenessOptions(fds[r].get(), options);
+    if (!s.ok()) {
+      return absl::InternalError(absl::StrCat(me, ": connection to rank ", r,
+                                              " (", options.peer_addresses[r],
+                                              "): ", s.message()));
+    }
   }
   return std::unique_ptr<Transport>(new TcpTransport(options, std::move(fds)));
 }

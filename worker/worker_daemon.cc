@@ -34,6 +34,11 @@
 namespace trainyard {
 namespace {
 
+// Health service name that is SERVING exactly while this worker is
+// registered with its controller (the pods' readiness probe); the overall
+// "" status is SERVING while the process runs (liveness).
+constexpr char kRegisteredService[] = "trainyard.v1.WorkerRegistration";
+
 using ::trainyard::v1::CancelStage;
 using ::trainyard::v1::ControllerMessage;
 using ::trainyard::v1::StageAssignment;
@@ -260,6 +265,8 @@ class Worker::Impl {
 
  private:
   void ConnectionLoop();
+  // Readiness: the health service's kRegisteredService status.
+  void SetRegisteredHealth(bool registered);
   // One connect / register / serve cycle; true if the controller accepted
   // the registration.
   bool RunSession(int attempt);
@@ -338,7 +345,11 @@ absl::Status Worker::Impl::Init() {
       return absl::UnavailableError(absl::StrCat(
           "--health_listen ", options_.health_listen, ": cannot listen"));
     }
+    // "" (liveness): the process serves. kRegisteredService (readiness):
+    // registered with the controller right now.
     health_server_->GetHealthCheckService()->SetServingStatus(true);
+    health_server_->GetHealthCheckService()->SetServingStatus(
+        kRegisteredService, false);
   }
 
   LOG(INFO) << "trainyard-worker " << options_.name << ": peers dial "
@@ -367,12 +378,20 @@ void Worker::Impl::Shutdown() {
   });
 }
 
+void Worker::Impl::SetRegisteredHealth(bool registered) {
+  if (health_server_ != nullptr) {
+    health_server_->GetHealthCheckService()->SetServingStatus(
+        kRegisteredService, registered);
+  }
+}
+
 void Worker::Impl::ConnectionLoop() {
   absl::Duration backoff = options_.min_backoff;
   int attempt = 0;
   while (!shutdown_.HasBeenNotified()) {
     ++attempt;
     const bool registered = RunSession(attempt);
+    SetRegisteredHealth(false);
     if (shutdown_.HasBeenNotified()) break;
     if (registered) {
       backoff = options_.min_backoff;
@@ -511,6 +530,7 @@ void Worker::Impl::OnRegistered(
     }
     session->cv.SignalAll();
   }
+  SetRegisteredHealth(true);
   absl::MutexLock lock(&mu_);
   worker_id_ = registered.worker_id();
   ++registrations_;

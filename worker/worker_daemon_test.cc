@@ -701,22 +701,21 @@ TEST(WorkerOptionsTest, RejectsCudaDeviceAndMissingFlags) {
 }
 
 // grpc.health.v1.Health/Check by hand (no generated health stubs in
-// Debian's gRPC): an empty HealthCheckRequest, and SERVING is field 1 = 1.
-TEST(WorkerHealthTest, ServesHealthCheck) {
-  WorkerOptions options = TestOptions("127.0.0.1:1");  // nobody there
-  options.health_listen = "127.0.0.1:0";
-  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(options);
-  ASSERT_TRUE(worker.ok()) << worker.status();
-  ASSERT_GT((*worker)->health_port(), 0);
-  auto channel =
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*worker)->health_port()),
-                          grpc::InsecureChannelCredentials());
+// Debian's gRPC): HealthCheckRequest{service} and the response's bytes;
+// SERVING is field 1 = 1 ("\x08\x01"), NOT_SERVING field 1 = 2.
+std::string HealthCheck(int port, const std::string& service) {
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                     grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(5));
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1);
+  std::string req;
+  if (!service.empty()) {
+    req = std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+  }
+  grpc::Slice slice(req);
+  grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
   absl::Notification finished;
   grpc::Status status;
@@ -726,14 +725,44 @@ TEST(WorkerHealthTest, ServesHealthCheck) {
                    finished.Notify();
                  });
   finished.WaitForNotification();
-  ASSERT_TRUE(status.ok()) << status.error_message();
+  if (!status.ok()) return "error: " + status.error_message();
   std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
+  if (!response.Dump(&slices).ok()) return "error: dump";
   std::string bytes;
   for (const auto& s : slices) {
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2));  // status: SERVING
+  return bytes;
+}
+
+const std::string kServing("\x08\x01", 2);
+const std::string kNotServing("\x08\x02", 2);
+
+TEST(WorkerHealthTest, ServesHealthCheck) {
+  WorkerOptions options = TestOptions("127.0.0.1:1");  // nobody there
+  options.health_listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(options);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  ASSERT_GT((*worker)->health_port(), 0);
+  // Alive (liveness) but not registered (readiness).
+  EXPECT_EQ(HealthCheck((*worker)->health_port(), ""), kServing);
+  EXPECT_EQ(HealthCheck((*worker)->health_port(),
+                        "trainyard.v1.WorkerRegistration"),
+            kNotServing);
+}
+
+TEST_F(WorkerDaemonTest, ReadinessFollowsRegistration) {
+  WorkerOptions options = TestOptions(controller_->address());
+  options.health_listen = "127.0.0.1:0";
+  auto worker = StartWorker(options);
+  ASSERT_NE(worker, nullptr);
+  controller_->WaitForRegistration(1);
+  std::string status;
+  for (int i = 0; i < 100 && status != kServing; ++i) {
+    status = HealthCheck(worker->health_port(), "trainyard.v1.WorkerRegistration");
+    if (status != kServing) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(status, kServing);
 }
 
 std::string Bytes(grpc::ByteBuffer& buffer) {
