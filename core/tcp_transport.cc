@@ -739,6 +739,11 @@ class TcpTransport : public Transport {
       if (fatal_.ok()) {
         fatal_ = absl::AbortedError(reason.ok() ? "aborted" : reason.message());
       }
+      // The first Abort tells the peers and closes the sockets; a later one
+      // (e.g. the stage failing because of the first) must not cut its
+      // frames short.
+      if (abort_started_) return;
+      abort_started_ = true;
       // With fatal_ set no sender starts another frame; give the ones in
       // the middle of a frame a moment to finish so that the abort frame
       // starts on a frame boundary. A stuck one is not waited for.
@@ -753,7 +758,7 @@ class TcpTransport : public Transport {
         if (p == nullptr || p->writing || p->write_closed || p->said_goodbye) {
           continue;
         }
-        p->write_closed = true;  // ours now; a second Abort skips it
+        p->write_closed = true;
         tell.push_back(p.get());
       }
     }
@@ -969,6 +974,7 @@ class TcpTransport : public Transport {
   int64_t reduce_round_ = 0;                  // only the caller's thread
   absl::Mutex mu_;
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
+  bool abort_started_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 Tensor DoublesToTensor(const std::vector<double>& v) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/frame.h"
@@ -284,6 +285,28 @@ TEST(TcpTransportTest, PeerOfFailedRankFailsWithInternalAndTheReason) {
   EXPECT_THAT(s.message(),
               HasSubstr("rank 0 (" + c.addresses[0] +
                         ") aborted: stage 0 failed: plugin \"x\": boom"));
+}
+
+TEST(TcpTransportTest, ConcurrentAbortsDeliverOneReason) {
+  // As in a worker: the cancel aborts the transport while the stage, failing
+  // because of it, aborts it again.
+  for (int i = 0; i < 5; ++i) {
+    Cluster c = Connect(2, absl::StrCat("double-", i));
+    std::thread a(
+        [&] { c.ranks[0]->Abort(absl::CancelledError("cancelled: first")); });
+    std::thread b(
+        [&] { c.ranks[0]->Abort(absl::InternalError("stage 0: second")); });
+    a.join();
+    b.join();
+    absl::Status s = c.ranks[1]->Recv(0, absl::Seconds(5)).status();
+    EXPECT_THAT(s.message(),
+                HasSubstr("rank 0 (" + c.addresses[0] + ") aborted: "));
+    EXPECT_TRUE((s.code() == absl::StatusCode::kCancelled &&
+                 absl::StrContains(s.message(), "cancelled: first")) ||
+                (s.code() == absl::StatusCode::kInternal &&
+                 absl::StrContains(s.message(), "stage 0: second")))
+        << s;
+  }
 }
 
 TEST(TcpTransportTest, AbortReachesThePeerBehindQueuedSends) {

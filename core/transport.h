@@ -14,8 +14,10 @@
 // - Messages from one peer arrive in the order they were sent.
 // - Every wait takes a timeout and returns DeadlineExceeded when it
 //   passes; after Abort(status) every pending and future call on every rank
-//   returns Aborted carrying that status's message, so one failed stage
-//   stops the others instead of leaving them waiting.
+//   fails, carrying that status's message (in-process: code Aborted; TCP:
+//   the aborting rank's own code, e.g. Cancelled, with its rank and address
+//   named), so one failed stage stops the others instead of leaving them
+//   waiting.
 //
 // Thread safety: one thread per rank calls its Transport; Abort may be
 // called from any thread.

@@ -664,9 +664,9 @@ TEST_F(TwoStageTest, CancellingOneStageStopsTheOther) {
   EXPECT_EQ(done[ids_[0]].error(), "stop stage 0");
   EXPECT_FALSE(done[ids_[1]].ok());
   EXPECT_FALSE(done[ids_[1]].cancelled());
-  // The TCP transport does not carry the abort reason across processes:
-  // the neighbour sees rank 0 close its sockets.
+  // The TCP transport carries the abort reason to the neighbour.
   EXPECT_THAT(done[ids_[1]].error(), HasSubstr("rank 0"));
+  EXPECT_THAT(done[ids_[1]].error(), HasSubstr("aborted: stop stage 0"));
   EXPECT_FALSE(workers_[0]->busy());
   EXPECT_FALSE(workers_[1]->busy());
 }
@@ -746,9 +746,9 @@ TEST(WorkerHealthTest, ServesHealthCheck) {
   ASSERT_GT((*worker)->health_port(), 0);
   // Alive (liveness) but not registered (readiness).
   EXPECT_EQ(HealthCheck((*worker)->health_port(), ""), kServing);
-  EXPECT_EQ(HealthCheck((*worker)->health_port(),
-                        "trainyard.v1.WorkerRegistration"),
-            kNotServing);
+  EXPECT_EQ(
+      HealthCheck((*worker)->health_port(), "trainyard.v1.WorkerRegistration"),
+      kNotServing);
 }
 
 TEST_F(WorkerDaemonTest, ReadinessFollowsRegistration) {
@@ -759,7 +759,8 @@ TEST_F(WorkerDaemonTest, ReadinessFollowsRegistration) {
   controller_->WaitForRegistration(1);
   std::string status;
   for (int i = 0; i < 100 && status != kServing; ++i) {
-    status = HealthCheck(worker->health_port(), "trainyard.v1.WorkerRegistration");
+    status =
+        HealthCheck(worker->health_port(), "trainyard.v1.WorkerRegistration");
     if (status != kServing) absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_EQ(status, kServing);
