@@ -239,6 +239,29 @@ void CheckSyntheticSource(const std::string& path,
                                          FormatDouble(syn->noise())));
     ok = false;
   }
+  if (ok) {
+    // The generator's own limits (worker/dataset.cc): the rows it draws and
+    // the per-class centers (gaussian_blobs) or teacher weights must stay
+    // below 2^30 values each, so a valid plan never fails to load.
+    constexpr double kMaxValues = static_cast<double>(int64_t{1} << 30);
+    const double width =
+        static_cast<double>(std::max(syn->num_features(), syn->num_outputs()));
+    if (static_cast<double>(syn->num_samples()) * width > kMaxValues) {
+      p->Add(path + ".num_samples",
+             absl::StrCat("num_samples * max(num_features, num_outputs) must "
+                          "be <= 2^30, got ",
+                          syn->num_samples() * std::max(syn->num_features(),
+                                                        syn->num_outputs())));
+      ok = false;
+    }
+    if (static_cast<double>(syn->num_outputs()) * syn->num_features() >
+        kMaxValues) {
+      p->Add(path + ".num_outputs",
+             absl::StrCat("num_outputs * num_features must be <= 2^30, got ",
+                          syn->num_outputs() * syn->num_features()));
+      ok = false;
+    }
+  }
   if (syn->seed() == 0) syn->set_seed(data_seed);
   if (!ok) return;
   info->known = true;
@@ -533,6 +556,13 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
         p.Add(epath,
               absl::StrCat("targets have width ", eval.target_width,
                            " but data.train's have ", train.target_width));
+      } else if (eval.class_targets && eval.target_width > 0 &&
+                 train.target_width > 0 &&
+                 eval.target_width != train.target_width) {
+        // Known only for synthetic sources (.npy labels are not read).
+        p.Add(epath,
+              absl::StrCat("has ", eval.target_width,
+                           " classes but data.train has ", train.target_width));
       }
     }
     if (data->eval_fraction() != 0) {
@@ -874,6 +904,9 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   CheckOneOf(&p, "checkpoint.resume", ckpt->resume(), {"never", "latest"});
   if (ckpt->dir().empty()) {
     if (ckpt->every() > 0) p.Add("checkpoint.every", "needs checkpoint.dir");
+    if (ckpt->keep_last() > 0) {
+      p.Add("checkpoint.keep_last", "needs checkpoint.dir");
+    }
     if (ckpt->resume() == "latest") {
       p.Add("checkpoint.resume", "\"latest\" needs checkpoint.dir");
     }

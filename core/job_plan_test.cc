@@ -352,6 +352,29 @@ TEST(PlanJobErrorsTest, StagesAndMicrobatches) {
   ExpectProblem(plan, "parallelism.microbatches: must be >= 1, got -2");
 }
 
+TEST(PlanJobErrorsTest, SyntheticLimitsAndEvalClassCount) {
+  const std::string dir = TestDir();
+  JobSpec spec = ValidNpySpec(dir);
+  auto* syn = spec.mutable_data()->mutable_train()->mutable_synthetic();
+  syn->set_kind("gaussian_blobs");
+  syn->set_num_samples(1);
+  syn->set_num_features(1 << 24);
+  syn->set_num_outputs(1 << 24);
+  syn->set_noise(1);
+  // 2^48 class-center values would not fit; a plan must not promise them.
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "data.train.synthetic.num_outputs: num_outputs * num_features "
+                "must be <= 2^30, got 281474976710656");
+  syn->set_num_features(7);
+  syn->set_num_outputs(3);
+  syn->set_num_samples(200);
+  auto* eval = spec.mutable_data()->mutable_eval()->mutable_synthetic();
+  *eval = *syn;
+  eval->set_num_outputs(10);
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "data.eval.synthetic: has 10 classes but data.train has 3");
+}
+
 TEST(PlanJobErrorsTest, ScheduleName) {
   const std::string dir = TestDir();
   JobSpec spec = ValidNpySpec(dir);

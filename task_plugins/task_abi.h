@@ -152,7 +152,7 @@ typedef struct TrainyardTaskV1 {
 
   /* Required. Last stage, once per microbatch. Fills result and
    * args->grad_output; may record per-microbatch metrics with
-   * metrics->add_metric (the host only logs them; aggregate for
+   * metrics->add_metric (the host validates, then ignores them; aggregate for
    * update_metrics yourself). */
   int (*compute_loss)(void* task, const TrainyardLossArgs* args,
                       TrainyardLossResult* result, TrainyardSink* metrics,

@@ -179,12 +179,19 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
                      ": folder does not exist; no stage file was written"));
   }
   RETURN_IF_ERROR(names.status());
+  // A stage file beyond num_stages in a folder that is being committed is a
+  // leftover of an earlier, uncommitted attempt at this step with more
+  // stages (a crash before its manifest, then a resume with fewer stages):
+  // only the manifest makes a checkpoint, so remove it rather than refuse.
   for (const std::string& name : *names) {
     int k;
     if (ParseStageFileName(name, &k) && k >= num_stages) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          JoinPath(step_dir, name), ": stage ", k,
-          " exists but the checkpoint has num_stages = ", num_stages));
+      const std::string path = JoinPath(step_dir, name);
+      if (std::remove(path.c_str()) != 0) {
+        return absl::InternalError(absl::StrCat(
+            path, ": leftover stage file (the checkpoint has ", num_stages,
+            " stages) could not be removed: ", std::strerror(errno)));
+      }
     }
   }
   json manifest = json::object();

@@ -104,17 +104,24 @@ absl::Status CheckSynthetic(const trainyard::v1::SyntheticSource& s) {
                                            " values exceeds the limit of ",
                                            kMaxSyntheticElements));
   }
+  const double params = static_cast<double>(s.num_outputs()) *
+                        static_cast<double>(s.num_features());
+  if (params > static_cast<double>(kMaxSyntheticElements)) {
+    return bad("num_outputs", absl::StrCat("* num_features = ", params,
+                                           " values exceeds the limit of ",
+                                           kMaxSyntheticElements));
+  }
   return absl::OkStatus();
 }
 
 Dataset TeacherRegression(int64_t n, int64_t d, int64_t k, double noise,
-                          uint64_t seed) {
+                          uint64_t seed, uint64_t sample_offset) {
   const int64_t h = kTeacherHiddenWidth;
   Dataset out;
   out.features = Tensor::Empty(DType::kFloat32, {n, d});
   out.targets = Tensor::Empty(DType::kFloat32, {n, k});
   float* x = out.features.data<float>();
-  Rng feature_rng(seed, kSyntheticFeatureStream);
+  Rng feature_rng(seed, kSyntheticFeatureStream + sample_offset);
   for (int64_t i = 0; i < n * d; ++i) {
     x[i] = static_cast<float>(feature_rng.Normal());
   }
@@ -125,7 +132,7 @@ Dataset TeacherRegression(int64_t n, int64_t d, int64_t k, double noise,
   for (double& v : w1) v = teacher.Normal() * s1;
   for (double& v : b1) v = teacher.Normal() * 0.5;
   for (double& v : w2) v = teacher.Normal() * s2;
-  Rng noise_rng(seed, kSyntheticNoiseStream);
+  Rng noise_rng(seed, kSyntheticNoiseStream + sample_offset);
   float* y = out.targets.data<float>();
   std::vector<double> hidden(h);
   for (int64_t i = 0; i < n; ++i) {
@@ -145,14 +152,14 @@ Dataset TeacherRegression(int64_t n, int64_t d, int64_t k, double noise,
 }
 
 Dataset GaussianBlobs(int64_t n, int64_t d, int64_t k, double noise,
-                      uint64_t seed) {
+                      uint64_t seed, uint64_t sample_offset) {
   Dataset out;
   out.features = Tensor::Empty(DType::kFloat32, {n, d});
   out.targets = Tensor::Empty(DType::kInt64, {n});
   Rng center_rng(seed, kSyntheticTeacherStream);
   std::vector<double> centers(k * d);
   for (double& v : centers) v = 3.0 * center_rng.Normal();
-  Rng rng(seed, kSyntheticFeatureStream);
+  Rng rng(seed, kSyntheticFeatureStream + sample_offset);
   float* x = out.features.data<float>();
   int64_t* labels = out.targets.data<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
@@ -167,7 +174,7 @@ Dataset GaussianBlobs(int64_t n, int64_t d, int64_t k, double noise,
 }
 
 absl::StatusOr<Dataset> LoadSynthetic(const trainyard::v1::SyntheticSource& s,
-                                      uint64_t default_seed) {
+                                      uint64_t default_seed, DataSplit split) {
   if (s.kind() != "teacher_regression" && s.kind() != "gaussian_blobs") {
     return absl::InvalidArgumentError(absl::StrCat(
         "synthetic data source: unknown kind \"", s.kind(),
@@ -175,11 +182,13 @@ absl::StatusOr<Dataset> LoadSynthetic(const trainyard::v1::SyntheticSource& s,
   }
   RETURN_IF_ERROR(CheckSynthetic(s));
   const uint64_t seed = s.seed() != 0 ? s.seed() : default_seed;
+  const uint64_t offset =
+      split == DataSplit::kEval ? kSyntheticEvalStreamOffset : 0;
   Dataset d = s.kind() == "teacher_regression"
                   ? TeacherRegression(s.num_samples(), s.num_features(),
-                                      s.num_outputs(), s.noise(), seed)
+                                      s.num_outputs(), s.noise(), seed, offset)
                   : GaussianBlobs(s.num_samples(), s.num_features(),
-                                  s.num_outputs(), s.noise(), seed);
+                                  s.num_outputs(), s.noise(), seed, offset);
   d.description = absl::StrFormat(
       "synthetic %s num_samples=%d num_features=%d num_outputs=%d noise=%g "
       "seed=%d",
@@ -192,12 +201,12 @@ absl::StatusOr<Dataset> LoadSynthetic(const trainyard::v1::SyntheticSource& s,
 
 absl::StatusOr<Dataset> LoadDataSource(const trainyard::v1::DataSource& source,
                                        const std::string& base_dir,
-                                       uint64_t default_seed) {
+                                       uint64_t default_seed, DataSplit split) {
   switch (source.source_case()) {
     case trainyard::v1::DataSource::kNpy:
       return LoadNpy(source.npy(), base_dir);
     case trainyard::v1::DataSource::kSynthetic:
-      return LoadSynthetic(source.synthetic(), default_seed);
+      return LoadSynthetic(source.synthetic(), default_seed, split);
     case trainyard::v1::DataSource::SOURCE_NOT_SET:
       break;
   }

@@ -40,6 +40,13 @@ inline constexpr uint64_t kSyntheticFeatureStream = 0x4441544100000000ull;
 inline constexpr uint64_t kSyntheticTeacherStream = kSyntheticFeatureStream + 1;
 inline constexpr uint64_t kSyntheticNoiseStream = kSyntheticFeatureStream + 2;
 inline constexpr uint64_t kShuffleStreamBase = 0x5348554600000000ull;
+// Added to the feature and noise streams of an eval source, so that with the
+// same seed it shares the train source's teacher / class centers (the same
+// task) but draws different rows (no copy of the train set).
+inline constexpr uint64_t kSyntheticEvalStreamOffset = 0x10;
+
+// Which set a source feeds; only synthetic sources care.
+enum class DataSplit { kTrain, kEval };
 inline constexpr int64_t kTeacherHiddenWidth = 32;
 
 // Loads `source`. `seed` of a synthetic source of 0 means `default_seed`.
@@ -64,9 +71,12 @@ inline constexpr int64_t kTeacherHiddenWidth = 32;
 //     Targets int64 [N].
 //   (N, D, K = num_samples, num_features, num_outputs; all must be >= 1 and
 //   noise >= 0.)
+//   With split kEval the feature and noise streams are shifted by
+//   kSyntheticEvalStreamOffset; the teacher / centers stream is not.
 absl::StatusOr<Dataset> LoadDataSource(const trainyard::v1::DataSource& source,
                                        const std::string& base_dir,
-                                       uint64_t default_seed);
+                                       uint64_t default_seed,
+                                       DataSplit split = DataSplit::kTrain);
 
 // Splits off the last floor(N * fraction) rows as the eval set (first:
 // train, second: eval). The halves share storage with `data`.

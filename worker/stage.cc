@@ -341,7 +341,23 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
           RETURN_IF_ERROR(Forward(mb, !is_eval));
         }
         if (!is_last()) break;
-        // The loss belongs to the last stage's forward.
+        // The loss belongs to the last stage's forward. A non-finite output
+        // means the model diverged: say so here rather than let the task
+        // plugin's own checks read like a plugin fault.
+        {
+          const float* o = mb->output.data<float>();
+          for (int64_t i = 0, n = mb->output.numel(); i < n; ++i) {
+            if (!std::isfinite(o[i])) {
+              return absl::FailedPreconditionError(absl::StrCat(
+                  "step ", completed_steps_ + 1,
+                  ": the model's output for "
+                  "microbatch ",
+                  mb->index, " is not finite (", o[i],
+                  "): the training diverged; lower optimizer.lr or set "
+                  "optimizer.clip_grad"));
+            }
+          }
+        }
         Tensor grad;
         if (!is_eval) grad = Tensor::Zeros(DType::kFloat32, mb->output.shape());
         ASSIGN_OR_RETURN(
@@ -621,9 +637,11 @@ absl::Status Stage::RestoreCheckpoint(const std::string& dir, int64_t step) {
   }
   if (is_first()) {
     int64_t position = 0;
-    if (!absl::SimpleAtoi(metadata["data_position"], &position)) {
+    if (!absl::SimpleAtoi(metadata["data_position"], &position) ||
+        position < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": metadata data_position is missing or bad"));
+          absl::StrCat(where, ": metadata data_position is missing or bad: \"",
+                       metadata["data_position"], "\""));
     }
     sampler_->Seek(position);
   }

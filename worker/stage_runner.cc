@@ -14,8 +14,15 @@
 namespace trainyard {
 namespace {
 
+// Evals: every `every` steps and after the last; never when every is 0.
 bool Due(int64_t step, int64_t every, int64_t last_step) {
   return every > 0 && (step % every == 0 || step == last_step);
+}
+
+// Checkpoints (when a dir is set): every `every` steps and after the last
+// step; only after the last step when every is 0.
+bool CheckpointDue(int64_t step, int64_t every, int64_t last_step) {
+  return step == last_step || (every > 0 && step % every == 0);
 }
 
 }  // namespace
@@ -47,7 +54,8 @@ absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage) {
   absl::StatusOr<Dataset> train = LoadDataSource(data.train(), "", data.seed());
   if (!train.ok()) return with_field("data.train", train.status());
   if (data.has_eval()) {
-    absl::StatusOr<Dataset> eval = LoadDataSource(data.eval(), "", data.seed());
+    absl::StatusOr<Dataset> eval =
+        LoadDataSource(data.eval(), "", data.seed(), DataSplit::kEval);
     if (!eval.ok()) return with_field("data.eval", eval.status());
     out.train = std::make_shared<Dataset>(std::move(*train));
     out.eval = std::make_shared<Dataset>(std::move(*eval));
@@ -120,7 +128,7 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
       ASSIGN_OR_RETURN(EvalReport eval, stage.RunEval());
       if (options.on_eval) options.on_eval(step, eval);
     }
-    if (!ckpt.dir().empty() && Due(step, ckpt.every(), last_step)) {
+    if (!ckpt.dir().empty() && CheckpointDue(step, ckpt.every(), last_step)) {
       RETURN_IF_ERROR(stage.WriteCheckpointFile(ckpt.dir()).status());
       // Barrier: the manifest goes in only after every stage file is there.
       if (S > 1) {

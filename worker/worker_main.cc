@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -29,6 +30,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port other workers dial for peer traffic, when it differs "
           "from --listen (e.g. $(POD_IP):7100 behind --listen=0.0.0.0:7100).");
+ABSL_FLAG(int, stage_timeout_s, 120,
+          "Longest wait for a neighbour stage or the all-reduce before the "
+          "stage fails.");
 ABSL_FLAG(std::string, device, "cpu",
           "\"cpu\" (\"cuda:N\" needs a build with the GPU path).");
 ABSL_FLAG(std::string, plugin_dir, "",
@@ -99,6 +103,8 @@ int main(int argc, char** argv) {
   options.controller = absl::GetFlag(FLAGS_controller);
   options.listen = absl::GetFlag(FLAGS_listen);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  options.stage_timeout =
+      absl::Seconds(std::max(1, absl::GetFlag(FLAGS_stage_timeout_s)));
   options.device = absl::GetFlag(FLAGS_device);
   options.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
   if (options.plugin_dir.empty()) {

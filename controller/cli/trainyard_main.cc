@@ -44,6 +44,9 @@ ABSL_FLAG(int64_t, stop_after_step, 0,
           "Stop after this many completed steps, as if interrupted "
           "(checkpoints permitting, a rerun with resume \"latest\" "
           "continues).");
+ABSL_FLAG(int, timeout_s, 120,
+          "train: longest wait for a neighbour stage or the all-reduce "
+          "before the job fails (raise it for very large steps).");
 ABSL_FLAG(std::string, controller, "",
           "Controller address host:port (default: $TRAINYARD_CONTROLLER, "
           "else 127.0.0.1:7070).");
@@ -151,6 +154,7 @@ int Train() {
   }
   SetBlasThreads(options.threads);
   options.stop_after_step = absl::GetFlag(FLAGS_stop_after_step);
+  options.timeout = absl::Seconds(std::max(1, absl::GetFlag(FLAGS_timeout_s)));
   options.on_step = [&](const StepReport& r, double seconds) {
     *out << StepJson(r, seconds) << std::endl;
   };
@@ -414,13 +418,11 @@ int Workers() {
                                "NAME", "DEVICE", "PEER", "JOB", "HEARTBEAT");
   for (const auto& w : resp->workers()) {
     const std::string job =
-        w.job_id().empty() ? "idle"
-                           : absl::StrCat(w.job_id(), "/", w.stage());
-    std::cout << absl::StrFormat("%-8s %-16s %-8s %-22s %-14s %d ms ago\n",
-                                 w.worker_id(), w.name(),
-                                 w.capabilities().device(),
-                                 w.capabilities().peer_address(), job,
-                                 w.last_heartbeat_ms_ago());
+        w.job_id().empty() ? "idle" : absl::StrCat(w.job_id(), "/", w.stage());
+    std::cout << absl::StrFormat(
+        "%-8s %-16s %-8s %-22s %-14s %d ms ago\n", w.worker_id(), w.name(),
+        w.capabilities().device(), w.capabilities().peer_address(), job,
+        w.last_heartbeat_ms_ago());
   }
   return 0;
 }
@@ -503,7 +505,8 @@ int Up() {
     return 1;
   }
   JobClient client(cluster.controller_address());
-  if (absl::Status st = WaitForWorkers(client, opts.workers, opts.start_timeout);
+  if (absl::Status st =
+          WaitForWorkers(client, opts.workers, opts.start_timeout);
       !st.ok()) {
     std::cerr << "trainyard up: " << st.message() << "; see the logs in "
               << opts.data_dir << "/logs\n";
