@@ -313,7 +313,8 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(
     *out->mutable_capabilities() = w.caps;
     out->set_job_id(w.job_id);
     out->set_stage(w.job_id.empty() ? -1 : w.stage);
-    out->set_last_heartbeat_ms_ago(absl::ToInt64Milliseconds(w.since_heartbeat));
+    out->set_last_heartbeat_ms_ago(
+        absl::ToInt64Milliseconds(w.since_heartbeat));
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
@@ -364,6 +365,12 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Workers and watchers send HTTP/2 keepalive pings (every 10 s, also on
+  // idle streams) so a half-open connection is noticed; accept them.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
                            &port);

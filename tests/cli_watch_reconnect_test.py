@@ -31,5 +31,24 @@ assert "FAILED" in out and "controller restarted" in out, out[-500:]
 assert watch.returncode == 1, watch.returncode
 final = cluster.get(job.job_id)
 assert final.state == pb.FAILED, final
-print(f"PASS: watch printed steps {steps[0]}..{steps[-1]} once each across the "
+print(f"ok: watch printed steps {steps[0]}..{steps[-1]} once each across the "
       f"controller restart, then: {final.reason}")
+
+# A controller that is gone for good: watch gives up after --reconnect_s and
+# exits 3 instead of hanging.
+cluster.start_worker("w2")
+cluster.start_worker("w3")
+job2 = cluster.submit(spec_from_json(small_spec(stages=2, steps=100000, name="orphaned",
+                                                samples=2048, features=64, batch=128)))
+wait_for(lambda: cluster.get(job2.job_id).steps_completed >= 3, 60, "3 steps")
+watch = subprocess.Popen([CLI_BIN, "watch", job2.job_id, f"--controller={cluster.address}",
+                          "--reconnect_s=3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+time.sleep(1.0)
+cluster.kill_controller(signal.SIGKILL)
+t0 = time.time()
+out, _ = watch.communicate(timeout=60)
+took = time.time() - t0
+assert watch.returncode == 3, (watch.returncode, out[-500:])
+assert "cannot reach" in out, out[-500:]
+print(f"PASS: with the controller gone, watch gave up after {took:.1f} s (--reconnect_s=3), exit 3")

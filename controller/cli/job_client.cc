@@ -4,8 +4,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/npy.h"
 #include "grpcpp/grpcpp.h"
@@ -51,8 +54,15 @@ void ResolveSource(const std::string& base, trainyard::v1::DataSource* src) {
 JobClient::JobClient(const std::string& controller_address,
                      absl::Duration rpc_timeout)
     : address_(controller_address), rpc_timeout_(rpc_timeout) {
-  stub_ = trainyard::v1::JobService::NewStub(grpc::CreateChannel(
-      controller_address, grpc::InsecureChannelCredentials()));
+  // Keepalive pings notice a controller that vanished without closing the
+  // connection (a watch would otherwise wait on a half-open stream).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  channel_ = grpc::CreateCustomChannel(
+      controller_address, grpc::InsecureChannelCredentials(), args);
+  stub_ = trainyard::v1::JobService::NewStub(channel_);
 }
 
 absl::StatusOr<Job> JobClient::Submit(const trainyard::v1::JobSpec& spec,
@@ -128,22 +138,61 @@ absl::StatusOr<trainyard::v1::ListWorkersResponse> JobClient::ListWorkers() {
 absl::StatusOr<JobStateChange> JobClient::Watch(
     const std::string& job_id, int64_t from_step,
     const std::function<void(const JobEvent&)>& on_event,
-    absl::Duration reconnect_for) {
+    absl::Duration reconnect_for, const std::atomic<bool>* stop) {
   int64_t last_step = from_step - 1;  // last step event delivered
   int64_t last_eval = from_step - 1;  // last eval event delivered
   JobState last_state = trainyard::v1::JOB_STATE_UNSPECIFIED;
-  absl::Time give_up = absl::InfiniteFuture();
+  auto stopped = [&] { return stop != nullptr && stop->load(); };
+  // The current stream's context, so the stop watcher can cancel it.
+  absl::Mutex mu;
+  grpc::ClientContext* current = nullptr;
+  bool done = false;
+  std::thread stop_watcher;
+  if (stop != nullptr) {
+    stop_watcher = std::thread([&] {
+      absl::MutexLock lock(&mu);
+      while (!done) {
+        mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100));
+        if (stop->load() && current != nullptr) current->TryCancel();
+      }
+    });
+  }
+  auto finish = [&](absl::StatusOr<JobStateChange> result) {
+    {
+      absl::MutexLock lock(&mu);
+      done = true;
+    }
+    if (stop_watcher.joinable()) stop_watcher.join();
+    return result;
+  };
+  absl::Time give_up = absl::Now() + reconnect_for;
+  std::string last_error = "not connected";
   while (true) {
+    if (stopped()) return finish(absl::CancelledError("watch interrupted"));
+    if (absl::Now() > give_up) {
+      return finish(absl::UnavailableError(absl::StrCat(
+          "cannot reach ", address_, " (tried for ",
+          absl::FormatDuration(reconnect_for), "): ", last_error)));
+    }
+    // Wait (boundedly, and interruptibly) for a connection.
+    const absl::Time wait_until =
+        std::min(give_up, absl::Now() + absl::Milliseconds(200));
+    if (!channel_->WaitForConnected(absl::ToChronoTime(wait_until))) continue;
+
     trainyard::v1::WatchJobRequest req;
     req.set_job_id(job_id);
     // Resume at the older of the two cursors; duplicates are dropped below.
     req.set_from_step(std::max<int64_t>(0, std::min(last_step, last_eval) + 1));
     grpc::ClientContext ctx;
-    ctx.set_wait_for_ready(true);
+    {
+      absl::MutexLock lock(&mu);
+      current = &ctx;
+    }
     auto reader = stub_->WatchJob(&ctx, req);
     JobEvent event;
+    std::optional<JobStateChange> terminal;
     while (reader->Read(&event)) {
-      give_up = absl::InfiniteFuture();
+      give_up = absl::Now() + reconnect_for;  // the controller is alive
       if (event.has_step()) {
         if (event.step().step() <= last_step) continue;
         last_step = event.step().step();
@@ -156,27 +205,27 @@ absl::StatusOr<JobStateChange> JobClient::Watch(
       }
       on_event(event);
       if (event.has_state() && IsTerminal(event.state().state())) {
+        terminal = event.state();
         ctx.TryCancel();
-        reader->Finish();
-        return event.state();
+        break;
       }
     }
     grpc::Status status = reader->Finish();
+    {
+      absl::MutexLock lock(&mu);
+      current = nullptr;
+    }
+    if (terminal.has_value()) return finish(*terminal);
+    if (stopped()) return finish(absl::CancelledError("watch interrupted"));
     if (!status.ok() && !Transient(status) &&
         status.error_code() != grpc::StatusCode::CANCELLED &&
         status.error_code() != grpc::StatusCode::INTERNAL) {
-      return FromGrpcStatus(status);
+      return finish(FromGrpcStatus(status));
     }
     // The stream ended without a terminal state: reconnect.
-    if (give_up == absl::InfiniteFuture())
-      give_up = absl::Now() + reconnect_for;
-    if (absl::Now() > give_up) {
-      return absl::UnavailableError(absl::StrCat(
-          "lost the watch stream to ", address_,
-          " and could not reconnect for ", absl::FormatDuration(reconnect_for),
-          ": ", status.error_message()));
-    }
-    absl::SleepFor(absl::Milliseconds(250));
+    last_error =
+        status.ok() ? "the stream ended early" : status.error_message();
+    absl::SleepFor(absl::Milliseconds(100));
   }
 }
 

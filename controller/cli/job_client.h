@@ -8,6 +8,7 @@
 #ifndef TRAINYARD_CONTROLLER_CLI_JOB_CLIENT_H_
 #define TRAINYARD_CONTROLLER_CLI_JOB_CLIENT_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -43,16 +44,21 @@ class JobClient {
 
   // Streams the job's events from `from_step` until its terminal state,
   // calling on_event for each step and eval exactly once (in order) and for
-  // each change of state. Reconnects for up to `reconnect_for` after a
-  // dropped stream. Returns the terminal state and its reason.
+  // each change of state. When the controller cannot be reached (at the
+  // start or after a dropped stream) it keeps trying for `reconnect_for`,
+  // then returns Unavailable. Setting *stop (from any thread, e.g. a signal
+  // handler's flag) ends the watch within ~100 ms with Cancelled. Returns
+  // the terminal state and its reason.
   absl::StatusOr<trainyard::v1::JobStateChange> Watch(
       const std::string& job_id, int64_t from_step,
       const std::function<void(const trainyard::v1::JobEvent&)>& on_event,
-      absl::Duration reconnect_for = absl::Seconds(30));
+      absl::Duration reconnect_for = absl::Seconds(30),
+      const std::atomic<bool>* stop = nullptr);
 
  private:
   std::string address_;
   absl::Duration rpc_timeout_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<trainyard::v1::JobService::Stub> stub_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,6 +56,7 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(
     return absl::NotFoundError(absl::StrCat(name, ": cannot execute ", argv[0],
                                             ": ", std::strerror(errno)));
   }
+  const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
@@ -67,8 +69,12 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(
       close(fd);
     }
     // Our own process group: Ctrl-C reaches `trainyard up`, which stops the
-    // children in order, instead of killing everything at once.
+    // children in order, instead of killing everything at once. And if
+    // `trainyard up` itself dies (even by SIGKILL), the kernel sends us
+    // SIGTERM, so no daemon is left behind.
     setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);  // the parent died before prctl
     std::vector<char*> args;
     for (const std::string& a : argv)
       args.push_back(const_cast<char*>(a.c_str()));

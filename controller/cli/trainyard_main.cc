@@ -56,6 +56,9 @@ ABSL_FLAG(std::string, request_id, "",
           "retry a submit safely).");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends.");
 ABSL_FLAG(int64_t, from_step, 0, "watch: replay from this step.");
+ABSL_FLAG(int, reconnect_s, 30,
+          "watch: how long to keep trying to reach the controller before "
+          "giving up (exit 3).");
 ABSL_FLAG(std::string, state, "",
           "list: comma-separated states to show (QUEUED,RUNNING,...).");
 ABSL_FLAG(int, page_size, 50, "list: jobs per page.");
@@ -182,6 +185,10 @@ int Train() {
   return 0;
 }
 
+// Set by SIGINT/SIGTERM in `trainyard up`.
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
 std::string ControllerAddress() {
   std::string a = absl::GetFlag(FLAGS_controller);
   if (!a.empty()) return a;
@@ -303,12 +310,14 @@ class WatchPrinter {
 // Watches to the end; exit status 0 only when the job SUCCEEDED. The
 // printer (made from the job's spec) is handed to `done` afterwards.
 int WatchToEnd(JobClient& client, const std::string& job_id, int64_t from_step,
-               const std::function<void(const WatchPrinter&)>& done = nullptr) {
+               const std::function<void(const WatchPrinter&)>& done = nullptr,
+               const std::atomic<bool>* stop = nullptr) {
   auto job = client.Get(job_id);
   if (!job.ok()) return ReportRpcError("watch", client, job.status());
   WatchPrinter printer(job->spec().steps(), job->spec().data().batch_size());
   auto end = client.Watch(
-      job_id, from_step, [&](const trainyard::v1::JobEvent& e) { printer(e); });
+      job_id, from_step, [&](const trainyard::v1::JobEvent& e) { printer(e); },
+      absl::Seconds(std::max(1, absl::GetFlag(FLAGS_reconnect_s))), stop);
   printer.EndBar();
   if (done) done(printer);
   if (!end.ok()) return ReportRpcError("watch", client, end.status());
@@ -433,6 +442,7 @@ absl::Status WaitForWorkers(JobClient& client, int count,
   const absl::Time deadline = absl::Now() + timeout;
   int seen = 0;
   while (absl::Now() < deadline) {
+    if (g_stop.load()) return absl::CancelledError("interrupted");
     auto resp = client.ListWorkers();
     if (resp.ok()) {
       seen = resp->workers_size();
@@ -453,9 +463,6 @@ int Watch(const std::vector<char*>& args) {
   JobClient client(ControllerAddress());
   return WatchToEnd(client, args[2], absl::GetFlag(FLAGS_from_step));
 }
-
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop.store(true); }
 
 int Up() {
   LocalClusterOptions opts;
@@ -540,7 +547,7 @@ int Up() {
   std::cerr << "trainyard up: submitted " << job->job_id() << " ("
             << run_spec->name() << ", " << run_spec->parallelism().stages()
             << " stages)\n";
-  int rc = WatchToEnd(client, job->job_id(), 0, [](const WatchPrinter& p) {
+  auto print_final = [](const WatchPrinter& p) {
     if (!p.has_eval()) return;
     const auto& ev = p.last_eval();
     auto it = ev.metrics().find("accuracy");
@@ -550,7 +557,15 @@ int Up() {
       std::cout << ", accuracy " << absl::StrFormat("%.4f", it->second);
     }
     std::cout << std::endl;
-  });
+  };
+  int rc = WatchToEnd(client, job->job_id(), 0, print_final, &g_stop);
+  if (g_stop.load()) {
+    std::cerr << "trainyard up: interrupted; cancelling " << job->job_id()
+              << " and stopping the cluster\n";
+    (void)client.Cancel(job->job_id(), "trainyard up interrupted");
+    cluster.Stop();
+    return 1;
+  }
   cluster.Stop();
   return rc;
 }
