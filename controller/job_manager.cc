@@ -205,22 +205,27 @@ void JobManager::SendLocked(const std::shared_ptr<WorkerLink>& link,
 
 JobEventLog* JobManager::LogLocked(JobEntry& e) {
   if (e.log == nullptr) {
+    int64_t next_seq = 0;
     absl::StatusOr<std::vector<JobEvent>> events =
-        store_->LoadEvents(e.job.job_id());
+        store_->LoadEvents(e.job.job_id(), &next_seq);
     if (!events.ok()) {
       LOG(ERROR) << events.status();
       events = std::vector<JobEvent>();
     }
+    e.next_seq = next_seq;
     if (events->empty()) {
-      // Keep the invariant that a log starts with the job's state, and
-      // store it as event 0 so that the stored history always starts at 0.
+      // Keep the invariant that a log starts with the job's state, stored
+      // like any other event.
       JobEvent first;
       first.set_job_id(e.job.job_id());
       first.mutable_state()->set_state(e.job.state());
       first.mutable_state()->set_reason(e.job.reason());
-      absl::Status st = store_->UpdateJob(e.job, 0, &first);
-      if (!st.ok())
+      absl::Status st = store_->UpdateJob(e.job, e.next_seq, &first);
+      if (st.ok()) {
+        ++e.next_seq;
+      } else {
         LOG(ERROR) << "persisting job " << e.job.job_id() << ": " << st;
+      }
       events->push_back(std::move(first));
     }
     e.log = std::make_shared<JobEventLog>(*std::move(events));
@@ -231,10 +236,16 @@ JobEventLog* JobManager::LogLocked(JobEntry& e) {
 void JobManager::CommitLocked(JobEntry& e, JobEvent* event) {
   JobEventLog* log = LogLocked(e);
   if (event != nullptr) event->set_job_id(e.job.job_id());
-  absl::Status st = store_->UpdateJob(e.job, log->size(), event);
+  absl::Status st = store_->UpdateJob(e.job, e.next_seq, event);
   // The in-memory state goes on even if the disk write failed: running jobs
-  // must keep being served; the error is loud in the log.
-  if (!st.ok()) LOG(ERROR) << "persisting job " << e.job.job_id() << ": " << st;
+  // must keep being served; the error is loud in the log. The sequence
+  // number advances only with a stored event, so a failed write leaves no
+  // gap for the next one.
+  if (!st.ok()) {
+    LOG(ERROR) << "persisting job " << e.job.job_id() << ": " << st;
+  } else if (event != nullptr) {
+    ++e.next_seq;
+  }
   if (event != nullptr) log->Append(*event);
 }
 

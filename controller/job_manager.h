@@ -112,6 +112,7 @@ class JobManager {
     int num_stages = 1;
     v1::JobSpec normalized;            // sent in StageAssignment
     std::shared_ptr<JobEventLog> log;  // null until first needed
+    int64_t next_seq = 0;              // store sequence of the next event
     // step -> timings of the stages that reported it so far.
     std::map<int64_t, std::vector<v1::StageTiming>> pending_steps;
     std::vector<int> stage_done;  // per stage: 0 running, 1 ok, 2 failed

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
+#include "glog/logging.h"
 
 namespace trainyard {
 namespace {
@@ -231,7 +232,7 @@ absl::Status JobStore::RecoverRunning() {
       return st;
     }
   }
-  RETURN_IF_ERROR(Exec("COMMIT"));
+  RETURN_IF_ERROR(Commit());
   recovered_running_jobs_ = static_cast<int>(running.size());
   return absl::OkStatus();
 }
@@ -295,7 +296,7 @@ absl::StatusOr<JobStore::Created> JobStore::CreateJob(const Job& job) {
     s.BindBlob(2, event.SerializeAsString());
     if (s.Step() != SQLITE_DONE) return fail("append first event");
   }
-  RETURN_IF_ERROR(Exec("COMMIT"));
+  RETURN_IF_ERROR(Commit());
   return created;
 }
 
@@ -337,7 +338,7 @@ absl::Status JobStore::UpdateJob(const Job& job, int64_t event_seq,
           absl::StrCat("append event ", event_seq, " of job ", job.job_id())));
     }
   }
-  return Exec("COMMIT");
+  return Commit();
 }
 
 absl::StatusOr<Job> JobStore::GetJob(const std::string& job_id) {
@@ -370,27 +371,42 @@ absl::StatusOr<std::vector<Job>> JobStore::LoadJobs() {
 }
 
 absl::StatusOr<std::vector<JobEvent>> JobStore::LoadEvents(
-    const std::string& job_id) {
+    const std::string& job_id, int64_t* next_seq) {
   absl::MutexLock lock(&mu_);
   Stmt s(db_,
          "SELECT seq, event FROM job_events WHERE job_id = ? ORDER BY seq");
   s.Bind(1, job_id);
   std::vector<JobEvent> events;
+  int64_t next = 0;
   int rc;
+  // Keep every event that can be read: a gap (a write that failed) or an
+  // unreadable row must not cost the rest of a job's history.
   while ((rc = s.Step()) == SQLITE_ROW) {
-    if (s.Int(0) != static_cast<int64_t>(events.size())) {
-      return absl::DataLossError(
-          absl::StrCat("job ", job_id, ": event ", events.size(), " missing"));
+    const int64_t seq = s.Int(0);
+    if (seq != next) {
+      LOG(WARNING) << "job " << job_id << ": events " << next << ".." << seq - 1
+                   << " are missing from the store";
     }
+    next = seq + 1;
     JobEvent event;
     if (!event.ParseFromString(s.Text(1))) {
-      return absl::DataLossError(absl::StrCat(
-          "job ", job_id, ": event ", events.size(), " does not parse"));
+      LOG(WARNING) << "job " << job_id << ": event " << seq
+                   << " does not parse; skipped";
+      continue;
     }
     events.push_back(std::move(event));
   }
   if (rc != SQLITE_DONE) return Error("load events");
+  if (next_seq != nullptr) *next_seq = next;
   return events;
+}
+
+absl::Status JobStore::Commit() {
+  absl::Status st = Exec("COMMIT");
+  // A failed COMMIT leaves the transaction open; close it, or every later
+  // BEGIN IMMEDIATE fails.
+  if (!st.ok()) Exec("ROLLBACK").IgnoreError();
+  return st;
 }
 
 absl::StatusOr<std::vector<Job>> JobStore::ListJobs(

@@ -80,9 +80,11 @@ class JobStore {
   // Every job, oldest first.
   absl::StatusOr<std::vector<v1::Job>> LoadJobs();
 
-  // The job's events in sequence order.
+  // The job's events in sequence order, skipping (and logging) gaps and
+  // unreadable rows. *next_seq (if given) gets the sequence number the next
+  // event must use: one past the highest stored.
   absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(
-      const std::string& job_id);
+      const std::string& job_id, int64_t* next_seq = nullptr);
 
   // Newest first. `states` empty = all. Returns up to `limit` jobs created
   // before the job with creation number `before` (0 = from the newest);
@@ -95,6 +97,8 @@ class JobStore {
  private:
   JobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   absl::Status Exec(const std::string& sql) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // COMMIT, rolling back if it fails so no transaction is left open.
+  absl::Status Commit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Init() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecoverRunning() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const std::string& what)

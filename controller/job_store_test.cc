@@ -90,6 +90,22 @@ TEST(JobStoreTest, JobsAndEventsSurviveReopen) {
   EXPECT_EQ((*events)[2].state().state(), v1::SUCCEEDED);
 }
 
+TEST(JobStoreTest, HistoryWithAGapKeepsTheRestAndTheNextSeq) {
+  auto store = JobStore::Open(TempDir());
+  ASSERT_TRUE(store.ok());
+  v1::Job job = (*store)->CreateJob(NewJob("gap"))->job;  // event 0
+  v1::JobEvent step;
+  step.mutable_step()->set_step(1);
+  // Event 1 "failed to write": the next stored one is 2.
+  ASSERT_TRUE((*store)->UpdateJob(job, 2, &step).ok());
+  int64_t next_seq = -1;
+  auto events = (*store)->LoadEvents(job.job_id(), &next_seq);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[1].step().step(), 1);
+  EXPECT_EQ(next_seq, 3);
+}
+
 TEST(JobStoreTest, RunningJobsFailOnReopenQueuedStay) {
   const std::string dir = TempDir();
   std::string running_id, queued_id;
