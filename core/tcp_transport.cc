@@ -41,6 +41,9 @@ constexpr size_t kChunk = 256 << 10;
 // for its abort frame to be written.
 constexpr absl::Duration kAbortWriteTimeout = absl::Milliseconds(200);
 
+// Connection setup looks at TcpTransportOptions::cancel this often.
+constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(50);
+
 // Closes the descriptor it owns.
 class Fd {
  public:
@@ -185,6 +188,30 @@ absl::Status WaitFd(int fd, short events, absl::Time deadline, int stop_fd) {
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError("timed out");
     }
+  }
+}
+
+// True once `stop_fd` (a StopSignal's, or -1 for none) has fired.
+bool Stopped(int stop_fd) {
+  if (stop_fd < 0) return false;
+  pollfd p = {stop_fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+}
+
+// Sleeps for `d` unless `stop_fd` fires first; true if it did.
+bool SleepUnlessStopped(absl::Duration d, int stop_fd) {
+  if (stop_fd < 0) {
+    absl::SleepFor(d);
+    return false;
+  }
+  const absl::Time deadline = absl::Now() + d;
+  while (true) {
+    const absl::Status s = WaitFd(stop_fd, POLLIN, deadline, -1);
+    if (s.ok()) return true;
+    if (absl::IsDeadlineExceeded(s)) return false;
+    // poll failed: fall back to a plain sleep for what is left.
+    absl::SleepFor(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    return Stopped(stop_fd);
   }
 }
 
@@ -365,6 +392,74 @@ absl::StatusOr<Frame> ReadFrame(int fd, absl::Duration io_timeout,
         FrameKindName(prefix.kind), total, crc, expected));
   }
   return frame;
+}
+
+// Checks that a frame `from_rank` sent to `to_rank` carries the tensors its
+// kind promises (docs/TRANSPORT_FRAME.md), so that nothing downstream has
+// to: the codec has checked sizes and dtypes, not what each kind means.
+// DataLoss saying what is wrong; the caller names the peer.
+absl::Status CheckFrameContent(const Frame& f, int to_rank, int from_rank) {
+  const FrameKind kind = f.header.prefix.kind;
+  const std::vector<TensorDesc>& d = f.header.tensors;
+  const std::string what =
+      absl::StrCat("malformed ", FrameKindName(kind), " frame");
+  auto describe = [&d] {
+    if (d.empty()) return std::string("no tensors");
+    std::vector<std::string> parts;
+    for (const TensorDesc& t : d) {
+      parts.push_back(absl::StrCat("\"", t.name, "\" ", DTypeName(t.dtype), " ",
+                                   ShapeToString(t.shape)));
+    }
+    return absl::StrJoin(parts, ", ");
+  };
+  // Exactly one 1-d tensor `name` of `dtype`, at most `max_len` long.
+  auto one_vector = [&](const char* name, DType dtype,
+                        int64_t max_len) -> absl::Status {
+    if (d.size() != 1 || f.tensors.size() != 1 || d[0].name != name ||
+        d[0].dtype != dtype || d[0].shape.size() != 1) {
+      return absl::DataLossError(absl::StrCat(what, ": expected one tensor \"",
+                                              name, "\" ", DTypeName(dtype),
+                                              " [n], got ", describe()));
+    }
+    if (d[0].shape[0] > max_len) {
+      return absl::DataLossError(absl::StrCat(what, ": \"", name, "\" has ",
+                                              d[0].shape[0],
+                                              " elements, limit ", max_len));
+    }
+    return absl::OkStatus();
+  };
+  switch (kind) {
+    case FrameKind::kActivation:
+    case FrameKind::kGradient:
+    case FrameKind::kEvalActivation:
+      return absl::OkStatus();  // the message's own tensors
+    case FrameKind::kAllReduceContribution:
+      if (to_rank != 0) {
+        return absl::DataLossError(
+            absl::StrCat(what, " sent to rank ", to_rank,
+                         ": only rank 0 gathers contributions"));
+      }
+      return one_vector("values", DType::kInt64, INT64_MAX);
+    case FrameKind::kAllReduceResult:
+    case FrameKind::kAllReduceError:
+      if (from_rank != 0) {
+        return absl::DataLossError(absl::StrCat(what, " from rank ", from_rank,
+                                                ": only rank 0 sends one"));
+      }
+      return kind == FrameKind::kAllReduceResult
+                 ? one_vector("values", DType::kInt64, INT64_MAX)
+                 : one_vector("message", DType::kUInt8, kMaxAbortMessageLength);
+    case FrameKind::kGoodbye:
+      if (!d.empty()) {
+        return absl::DataLossError(
+            absl::StrCat(what, ": expected no tensors, got ", describe()));
+      }
+      return absl::OkStatus();
+    case FrameKind::kAbort:
+      return absl::OkStatus();  // DecodeAbortFrame checks it
+  }
+  return absl::DataLossError(
+      absl::StrCat("unknown frame kind ", static_cast<int>(kind)));
 }
 
 // A listener registration: the connections accepted so far for one job
@@ -604,13 +699,17 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(
 namespace {
 
 // Dials `address`, retrying refused connections, and performs the
-// handshake. Errors say why the last attempt failed.
+// handshake. Errors say why the last attempt failed; Cancelled as soon as
+// `stop_fd` fires.
 absl::StatusOr<Fd> Dial(const std::string& address, const Handshake& hs,
-                        absl::Time deadline) {
+                        absl::Time deadline, int stop_fd) {
   ASSIGN_OR_RETURN(sockaddr_in sa, ResolveIpv4(address));
   absl::Status last = absl::DeadlineExceededError("no attempt made");
   const std::string hello = EncodeHandshake(hs);
+  const absl::Status cancelled =
+      absl::CancelledError("connection setup cancelled");
   while (absl::Now() < deadline) {
+    if (Stopped(stop_fd)) return cancelled;
     Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd.valid()) {
       return absl::InternalError(absl::StrCat("socket: ", ErrnoText(errno)));
@@ -618,7 +717,8 @@ absl::StatusOr<Fd> Dial(const std::string& address, const Handshake& hs,
     SetConnectionOptions(fd.get());
     int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
     if (rc != 0 && errno == EINPROGRESS) {
-      absl::Status s = WaitFd(fd.get(), POLLOUT, deadline, -1);
+      absl::Status s = WaitFd(fd.get(), POLLOUT, deadline, stop_fd);
+      if (absl::IsCancelled(s)) return cancelled;
       if (!s.ok()) {
         last = absl::DeadlineExceededError("connect timed out");
         break;
@@ -632,28 +732,30 @@ absl::StatusOr<Fd> Dial(const std::string& address, const Handshake& hs,
     if (rc != 0) {
       last =
           absl::UnavailableError(absl::StrCat("connect: ", ErrnoText(errno)));
-      absl::SleepFor(absl::Milliseconds(20));
+      if (SleepUnlessStopped(absl::Milliseconds(20), stop_fd)) return cancelled;
       continue;
     }
-    absl::Status s = WriteString(fd.get(), hello, deadline, -1);
+    absl::Status s = WriteString(fd.get(), hello, deadline, stop_fd);
     char reply[kHandshakeReplyPrefixSize];
     size_t got = 0;
     if (s.ok())
-      s = ReadFull(fd.get(), reply, sizeof(reply), deadline, -1, &got);
+      s = ReadFull(fd.get(), reply, sizeof(reply), deadline, stop_fd, &got);
     bool accepted = false;
     uint16_t reason_len = 0;
     if (s.ok()) s = DecodeHandshakeReplyPrefix(reply, &accepted, &reason_len);
     std::string reason(reason_len, '\0');
     if (s.ok()) {
-      s = ReadFull(fd.get(), reason.data(), reason.size(), deadline, -1, &got);
+      s = ReadFull(fd.get(), reason.data(), reason.size(), deadline, stop_fd,
+                   &got);
     }
+    if (absl::IsCancelled(s)) return cancelled;
     if (s.ok() && accepted) return fd;
     last =
         s.ok()
             ? absl::UnavailableError(
                   absl::StrCat("handshake rejected: ", reason))
             : absl::UnavailableError(absl::StrCat("handshake: ", s.message()));
-    absl::SleepFor(absl::Milliseconds(50));
+    if (SleepUnlessStopped(absl::Milliseconds(50), stop_fd)) return cancelled;
   }
   return last;
 }
@@ -931,6 +1033,11 @@ class TcpTransport : public Transport {
                  "\"; this transport serves job \"", options_.job_id, "\"")));
         return;
       }
+      if (absl::Status s = CheckFrameContent(*f, options_.rank, p->rank);
+          !s.ok()) {
+        Fail(p, s);
+        return;
+      }
       if (f->header.prefix.kind == FrameKind::kAbort) {
         absl::StatusOr<AbortReason> why =
             DecodeAbortFrame(f->header, f->tensors);
@@ -996,7 +1103,8 @@ absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
                                     DoublesToTensor(*values)));
     ASSIGN_OR_RETURN(Frame f, Take(0, true, deadline, timeout));
     const FramePrefix& pf = f.header.prefix;
-    if (pf.kind == FrameKind::kAllReduceError) {
+    // ReceiveLoop has checked each kind's tensors (CheckFrameContent).
+    if (pf.kind == FrameKind::kAllReduceError && f.tensors.size() == 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           me, ": rank 0 failed the round: ",
           absl::string_view(static_cast<const char*>(f.tensors[0].raw_data()),
@@ -1030,9 +1138,11 @@ absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
     parts[r] = std::move(f.tensors[0]);
   }
   if (!error.empty()) {
-    Tensor msg =
-        Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(error.size())});
-    std::memcpy(msg.raw_data(), error.data(), error.size());
+    // The receivers reject longer ones (CheckFrameContent).
+    const size_t len =
+        std::min(error.size(), static_cast<size_t>(kMaxAbortMessageLength));
+    Tensor msg = Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(len)});
+    std::memcpy(msg.raw_data(), error.data(), len);
     for (int r = 1; r < n; ++r) {
       SendReduceFrame(r, FrameKind::kAllReduceError, round, msg).IgnoreError();
     }
@@ -1097,34 +1207,64 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
     return absl::InvalidArgumentError(
         absl::StrCat(me, ": listener was not made by PeerListener::Listen"));
   }
+  auto cancel_requested = [&options] {
+    return options.cancel != nullptr && options.cancel->load();
+  };
+  const absl::Status cancelled =
+      absl::CancelledError(absl::StrCat(me, ": connection setup cancelled"));
+  if (cancel_requested()) return cancelled;
   ASSIGN_OR_RETURN(std::shared_ptr<Registration> reg,
                    impl->Register(options.job_id, options.rank, world));
   const absl::Time deadline = absl::Now() + options.connect_timeout;
 
-  // Dial every lower rank in parallel; higher ranks dial us.
+  // Dial every lower rank in parallel; higher ranks dial us. `stop_dialing`
+  // cuts the dialers short on a cancel.
+  StopSignal stop_dialing;
   std::vector<absl::StatusOr<Fd>> dialed;
   for (int r = 0; r < options.rank; ++r) {
     dialed.emplace_back(absl::UnknownError("not dialed"));
   }
+  int dialing = options.rank;  // guarded by reg->mu
   std::vector<std::thread> dialers;
   for (int r = 0; r < options.rank; ++r) {
     dialers.emplace_back([&, r] {
       dialed[r] = Dial(options.peer_addresses[r],
-                       Handshake{options.job_id, options.rank, r}, deadline);
+                       Handshake{options.job_id, options.rank, r}, deadline,
+                       stop_dialing.fd());
+      absl::MutexLock lock(&reg->mu);
+      --dialing;
     });
   }
+  // Wait until every dial is done and every higher rank is in, the
+  // deadline passes, or the cancel flag is set (polled, since nothing
+  // signals it).
+  bool was_cancelled = false;
   {
     absl::MutexLock lock(&reg->mu);
     auto all_in = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reg->mu) {
+      if (dialing > 0) return false;
       for (int r = options.rank + 1; r < world; ++r) {
         if (!reg->accepted[r].valid()) return false;
       }
       return true;
     };
-    reg->mu.AwaitWithDeadline(absl::Condition(&all_in), deadline);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reg->mu) {
+      return all_in() || cancel_requested();
+    };
+    while (!done() && absl::Now() < deadline) {
+      reg->mu.AwaitWithDeadline(
+          absl::Condition(&done),
+          std::min(deadline, absl::Now() + kCancelPollInterval));
+    }
+    was_cancelled = !all_in() && cancel_requested();
   }
+  if (was_cancelled) stop_dialing.Signal();
   for (auto& t : dialers) t.join();
   impl->Unregister(reg);
+  if (was_cancelled) {
+    LOG(INFO) << me << ": connection setup cancelled";
+    return cancelled;
+  }
 
   std::vector<Fd> fds(world);
   std::vector<std::string> missing;

@@ -20,6 +20,7 @@
 #ifndef TRAINYARD_CORE_TCP_TRANSPORT_H_
 #define TRAINYARD_CORE_TCP_TRANSPORT_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,13 @@ struct TcpTransportOptions {
   std::vector<std::string> peer_addresses;
   // Longest wait to establish all connections.
   absl::Duration connect_timeout = absl::Seconds(30);
+  // Optional (may be null; not owned; must outlive the ConnectTcpTransport
+  // call): when it becomes true while the connections are being set up,
+  // ConnectTcpTransport gives up within about 50 ms and returns Cancelled
+  // ("connection setup cancelled"), e.g. when the job is cancelled while a
+  // stage still waits for its peers. Ignored once the transport exists (use
+  // Transport::Abort then).
+  const std::atomic<bool>* cancel = nullptr;
   // Longest a single frame write may take before the peer counts as gone.
   absl::Duration io_timeout = absl::Seconds(60);
   // TCP keepalive on every connection (SO_KEEPALIVE, TCP_KEEPIDLE,
@@ -87,8 +95,8 @@ struct TcpTransportOptions {
 
 // Connects rank `options.rank` to the others (the ones it needs: its
 // neighbours, plus every rank for the all-reduce) and returns when all
-// connections are up, or an error naming the ranks that did not connect in
-// time.
+// connections are up, DeadlineExceeded naming the ranks that did not
+// connect in time, or Cancelled when `options.cancel` was set first.
 //
 // Topology: a full mesh, one connection per pair of ranks, dialed by the
 // higher rank. AllReduceSum gathers every rank's vector at rank 0, which
@@ -98,9 +106,10 @@ struct TcpTransportOptions {
 // (a "goodbye" frame), whose later Recv from this rank then fails with
 // FailedPrecondition instead of waiting; a failed or aborted one just
 // closes, and its peers fail with an error naming it. A connection error
-// (EOF without goodbye, bad frame, write timeout) fails every pending and
-// later call on this transport with a status naming the peer rank, address
-// and reason.
+// (EOF without goodbye, a bad frame — including one whose tensors are not
+// those its kind carries (docs/TRANSPORT_FRAME.md) —, write timeout) fails
+// every pending and later call on this transport with a status naming the peer
+// rank, address and reason.
 //
 // Abort(status) fails this rank's calls with Aborted carrying the status's
 // message and tells every connected peer why, in an "abort" frame, before it

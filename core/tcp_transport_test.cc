@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -422,6 +423,98 @@ TEST(TcpTransportTest, ConnectTimeoutNamesTheMissingRanks) {
                                           HasSubstr("Connection refused")));
 }
 
+// Rank `rank` of a 2-rank job whose other rank never shows up, cancelled
+// through TcpTransportOptions::cancel after 200 ms.
+absl::Status ConnectAndCancel(int rank, absl::Duration* took) {
+  auto mine = MustListen();
+  std::string absent;  // a port nobody listens on
+  {
+    auto gone = MustListen();
+    absent = gone->address();
+  }
+  std::atomic<bool> cancel{false};
+  TcpTransportOptions o;
+  o.job_id = absl::StrCat("cancel-connect-", rank);
+  o.rank = rank;
+  o.peer_addresses = rank == 0
+                         ? std::vector<std::string>{mine->address(), absent}
+                         : std::vector<std::string>{absent, mine->address()};
+  o.connect_timeout = absl::Seconds(30);
+  o.cancel = &cancel;
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    cancel.store(true);
+  });
+  const absl::Time start = absl::Now();
+  auto t = ConnectTcpTransport(mine.get(), o);
+  *took = absl::Now() - start;
+  canceller.join();
+  return t.status();
+}
+
+TEST(TcpTransportTest, CancelStopsWaitingForAPeerToDialIn) {
+  absl::Duration took;
+  const absl::Status s = ConnectAndCancel(/*rank=*/0, &took);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("job \"cancel-connect-0\" rank 0"),
+                                 HasSubstr("connection setup cancelled")));
+  EXPECT_GE(took, absl::Milliseconds(200));
+  EXPECT_LT(took, absl::Seconds(1));
+}
+
+TEST(TcpTransportTest, CancelStopsDialingAPeerThatIsNotThere) {
+  absl::Duration took;
+  const absl::Status s = ConnectAndCancel(/*rank=*/1, &took);
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_THAT(s.message(), HasSubstr("connection setup cancelled"));
+  EXPECT_GE(took, absl::Milliseconds(200));
+  EXPECT_LT(took, absl::Seconds(1));
+}
+
+TEST(TcpTransportTest, AlreadyCancelledConnectReturnsAtOnce) {
+  auto l = MustListen();
+  std::atomic<bool> cancel{true};
+  TcpTransportOptions o;
+  o.job_id = "cancelled-before";
+  o.rank = 0;
+  o.peer_addresses = {l->address(), "127.0.0.1:1"};
+  o.cancel = &cancel;
+  const absl::Time start = absl::Now();
+  auto t = ConnectTcpTransport(l.get(), o);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kCancelled) << t.status();
+  // The registration is gone: the same job and rank can connect again.
+  cancel.store(false);
+  o.connect_timeout = absl::Milliseconds(100);
+  EXPECT_EQ(ConnectTcpTransport(l.get(), o).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+// An unset cancel flag changes nothing: the pair connects.
+TEST(TcpTransportTest, UnsetCancelFlagLetsTheConnectionsComeUp) {
+  auto l0 = MustListen();
+  auto l1 = MustListen();
+  std::atomic<bool> cancel{false};
+  std::vector<absl::StatusOr<std::unique_ptr<Transport>>> t(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      TcpTransportOptions o;
+      o.job_id = "flag-unset";
+      o.rank = r;
+      o.peer_addresses = {l0->address(), l1->address()};
+      o.connect_timeout = absl::Seconds(5);
+      o.cancel = &cancel;
+      t[r] = ConnectTcpTransport(r == 0 ? l0.get() : l1.get(), o);
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_TRUE(t[0].ok()) << t[0].status();
+  ASSERT_TRUE(t[1].ok()) << t[1].status();
+  ASSERT_TRUE((*t[1])->Send(0, Message()).ok());
+  EXPECT_TRUE((*t[0])->Recv(1, absl::Seconds(5)).ok());
+}
+
 // A raw socket to the listener, for fault injection.
 class RawPeer {
  public:
@@ -697,6 +790,200 @@ TEST_F(FaultInjectionTest, AbortDoesNotWaitForAPeerThatStoppedReading) {
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(600));
   auto own = imp.rank0->Recv(1, absl::Seconds(1)).status();
   EXPECT_EQ(own.code(), absl::StatusCode::kAborted);
+}
+
+// A frame of any kind with a valid checksum.
+std::string RawFrame(FrameKind kind, const std::string& job, int64_t step,
+                     const std::vector<std::pair<std::string, Tensor>>& ts) {
+  absl::StatusOr<std::string> h = EncodeFrameHeader(kind, job, step, 0, ts);
+  CHECK(h.ok()) << h.status();
+  std::string frame = *h;
+  for (const auto& [name, t] : ts) {
+    frame.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+  }
+  const uint32_t crc = Crc32cExtend(0, frame.data(), frame.size());
+  frame.append(reinterpret_cast<const char*>(&crc), 4);
+  return frame;
+}
+
+// Rank 1 of a 2-rank job whose rank 0 is a raw socket in the test: it
+// accepts rank 1's dial and answers the handshake, then the test writes
+// whatever bytes it likes as rank 0.
+struct FakeRank0 {
+  int listen_fd = -1;
+  int fd = -1;
+  std::string address;
+  std::unique_ptr<PeerListener> listener1;
+  std::unique_ptr<Transport> rank1;
+
+  explicit FakeRank0(const std::string& job) {
+    listen_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK_EQ(::bind(listen_fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)),
+             0);
+    CHECK_EQ(::listen(listen_fd, 4), 0);
+    socklen_t len = sizeof(sa);
+    ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    address = absl::StrCat("127.0.0.1:", ntohs(sa.sin_port));
+    listener1 = MustListen();
+    absl::StatusOr<std::unique_ptr<Transport>> t;
+    std::thread connect([&] {
+      TcpTransportOptions o;
+      o.job_id = job;
+      o.rank = 1;
+      o.peer_addresses = {address, listener1->address()};
+      o.connect_timeout = absl::Seconds(5);
+      o.io_timeout = absl::Seconds(5);
+      t = ConnectTcpTransport(listener1.get(), o);
+    });
+    fd = ::accept(listen_fd, nullptr, nullptr);
+    CHECK_GE(fd, 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char prefix[kHandshakePrefixSize];
+    CHECK_EQ(::recv(fd, prefix, sizeof(prefix), MSG_WAITALL),
+             static_cast<ssize_t>(sizeof(prefix)));
+    uint16_t job_len = 0;
+    CHECK(DecodeHandshakePrefix(prefix, &job_len).ok());
+    std::string job_id(job_len, '\0');
+    CHECK_EQ(::recv(fd, job_id.data(), job_len, MSG_WAITALL), job_len);
+    CHECK_EQ(job_id, job);
+    Write(EncodeHandshakeReply(true, ""));
+    connect.join();
+    CHECK(t.ok()) << t.status();
+    rank1 = *std::move(t);
+  }
+  ~FakeRank0() {
+    rank1.reset();
+    ::close(fd);
+    ::close(listen_fd);
+  }
+  void Write(const std::string& s) {
+    CHECK_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL),
+             static_cast<ssize_t>(s.size()));
+  }
+  // Reads one whole frame from rank 1 and returns its prefix.
+  FramePrefix ReadFrame() {
+    char prefix_bytes[kFramePrefixSize];
+    CHECK_EQ(::recv(fd, prefix_bytes, sizeof(prefix_bytes), MSG_WAITALL),
+             static_cast<ssize_t>(kFramePrefixSize));
+    absl::StatusOr<FramePrefix> prefix = DecodeFramePrefix(prefix_bytes);
+    CHECK(prefix.ok()) << prefix.status();
+    std::string rest(prefix->header_size - kFramePrefixSize +
+                         prefix->payload_size + kFrameTrailerSize,
+                     '\0');
+    CHECK_EQ(::recv(fd, rest.data(), rest.size(), MSG_WAITALL),
+             static_cast<ssize_t>(rest.size()));
+    return *prefix;
+  }
+};
+
+Tensor Bytes(const std::string& s) {
+  Tensor t = Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(s.size())});
+  std::memcpy(t.raw_data(), s.data(), s.size());
+  return t;
+}
+
+// Rank 1 is blocked in AllReduceSum (its contribution has reached rank 0)
+// when rank 0 sends `frame`; returns what AllReduceSum returned.
+absl::Status AllReduceAnswer(FakeRank0* rank0, const std::string& frame) {
+  absl::Status s;
+  std::thread reducer([&] {
+    std::vector<double> v = {1.0, 2.0};
+    s = rank0->rank1->AllReduceSum(&v, absl::Seconds(10));
+  });
+  const FramePrefix contribution = rank0->ReadFrame();
+  EXPECT_EQ(contribution.kind, FrameKind::kAllReduceContribution);
+  const absl::Time start = absl::Now();
+  rank0->Write(frame);
+  reducer.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  return s;
+}
+
+TEST(TcpTransportMalformedFrameTest, AllReduceErrorWithoutTensorIsDataLoss) {
+  const std::string job = "no-tensor";
+  FakeRank0 rank0(job);
+  const absl::Status s =
+      AllReduceAnswer(&rank0, RawFrame(FrameKind::kAllReduceError, job, 0, {}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("rank 0 (" + rank0.address + ")"),
+                    HasSubstr("malformed all-reduce-error frame")));
+  // Later calls fail the same way.
+  EXPECT_THAT(rank0.rank1->Send(0, Message()).message(),
+              HasSubstr("rank 0 (" + rank0.address + ")"));
+}
+
+TEST(TcpTransportMalformedFrameTest, EveryInternalKindChecksItsTensors) {
+  const Tensor one_double = Tensor::Empty(DType::kInt64, {2});
+  const struct {
+    const char* what;
+    FrameKind kind;
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    const char* expect;
+  } cases[] = {
+      {"error as int64",
+       FrameKind::kAllReduceError,
+       {{"message", Tensor::Empty(DType::kInt64, {3})}},
+       "malformed all-reduce-error frame"},
+      {"error 2-d",
+       FrameKind::kAllReduceError,
+       {{"message", Tensor::Empty(DType::kUInt8, {2, 3})}},
+       "malformed all-reduce-error frame"},
+      {"error too long",
+       FrameKind::kAllReduceError,
+       {{"message", Bytes(std::string(kMaxAbortMessageLength + 1, 'x'))}},
+       "limit 4096"},
+      {"error and more",
+       FrameKind::kAllReduceError,
+       {{"message", Bytes("a")}, {"message", Bytes("b")}},
+       "malformed all-reduce-error frame"},
+      {"result without tensor",
+       FrameKind::kAllReduceResult,
+       {},
+       "malformed all-reduce-result frame"},
+      {"result as float",
+       FrameKind::kAllReduceResult,
+       {{"values", Tensor::Zeros(DType::kFloat32, {2})}},
+       "malformed all-reduce-result frame"},
+      {"result misnamed",
+       FrameKind::kAllReduceResult,
+       {{"sums", one_double}},
+       "malformed all-reduce-result frame"},
+      {"contribution to rank 1",
+       FrameKind::kAllReduceContribution,
+       {{"values", one_double}},
+       "only rank 0"},
+      {"goodbye with a tensor",
+       FrameKind::kGoodbye,
+       {{"x", Bytes("x")}},
+       "malformed goodbye frame"},
+  };
+  int i = 0;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string job = absl::StrCat("kinds-", i++);
+    FakeRank0 rank0(job);
+    const absl::Status s =
+        AllReduceAnswer(&rank0, RawFrame(c.kind, job, 0, c.tensors));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("rank 0 (" + rank0.address + ")"),
+                                   HasSubstr(c.expect)));
+  }
+}
+
+TEST(TcpTransportMalformedFrameTest, WellFormedAllReduceErrorCarriesTheReason) {
+  const std::string job = "good-error";
+  FakeRank0 rank0(job);
+  const absl::Status s = AllReduceAnswer(
+      &rank0, RawFrame(FrameKind::kAllReduceError, job, 0,
+                       {{"message", Bytes("rank 3 sent 5 values")}}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr("rank 0 failed the round: rank 3 sent 5 values"));
 }
 
 // The sockets of this process connected to or accepted from `address`.

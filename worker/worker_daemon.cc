@@ -96,8 +96,9 @@ class ActiveJob {
   int stage() const { return stage_; }
   const std::atomic<bool>* cancel_flag() const { return &cancel_; }
 
-  // Stops the stage: RunStage sees the flag before its next step, and the
-  // transport fails every wait at once. The first reason wins.
+  // Stops the stage: RunStage sees the flag before its next step, the
+  // transport fails every wait at once, and a transport still connecting
+  // (it polls the flag) gives up. The first reason wins.
   void Abort(const absl::Status& reason, bool cancelled) {
     absl::MutexLock lock(&mu_);
     if (reason_.ok()) {
@@ -182,6 +183,12 @@ WorkerMessage DoneMessage(const std::string& job_id, int stage, bool ok,
   done->set_error(error);
   done->set_cancelled(cancelled);
   return m;
+}
+
+// How long OnAssign waits for an aborted job to finish before refusing the
+// next assignment: at least 15 s, and longer than a peer connect can take.
+absl::Duration AbortedJobWait(absl::Duration peer_connect_timeout) {
+  return std::max(absl::Seconds(15), peer_connect_timeout + absl::Seconds(5));
 }
 
 absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
@@ -320,12 +327,14 @@ absl::Status Worker::Impl::Init() {
     const absl::Duration connect_timeout = options_.peer_connect_timeout;
     connect_transport_ = [raw, connect_timeout](
                              const std::string& job_id, int rank,
-                             const std::vector<std::string>& peers) {
+                             const std::vector<std::string>& peers,
+                             const std::atomic<bool>* cancel) {
       TcpTransportOptions tcp;
       tcp.job_id = job_id;
       tcp.rank = rank;
       tcp.peer_addresses = peers;
       tcp.connect_timeout = connect_timeout;
+      tcp.cancel = cancel;
       return ConnectTcpTransport(raw, tcp);
     };
   }
@@ -548,12 +557,16 @@ void Worker::Impl::OnAssign(Session* session,
     absl::MutexLock lock(&mu_);
     // The controller frees a worker as soon as it cancels or fails its job,
     // so the next assignment may arrive while the aborted stage is still
-    // winding down (normally milliseconds). Wait for it, boundedly.
+    // winding down (normally milliseconds: a stage still connecting to its
+    // peers sees the cancel flag within 50 ms). Wait for it, boundedly, and
+    // never for less than a connect could take should the cancel not reach
+    // it.
     if (job_ != nullptr && !job_finished_ && !job_->abort_reason().first.ok()) {
       auto finished_cond = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return job_finished_;
       };
-      mu_.AwaitWithTimeout(absl::Condition(&finished_cond), absl::Seconds(15));
+      mu_.AwaitWithTimeout(absl::Condition(&finished_cond),
+                           AbortedJobWait(options_.peer_connect_timeout));
     }
     if (job_ != nullptr && !job_finished_) {
       busy_with = job_->job_id();
@@ -674,7 +687,7 @@ absl::Status Worker::Impl::RunAssignment(Session* session,
                                    assignment.peer_addresses().end());
     if (job->cancel_flag()->load()) return job->abort_reason().first;
     absl::StatusOr<std::unique_ptr<Transport>> connected =
-        connect_transport_(assignment.job_id(), s, peers);
+        connect_transport_(assignment.job_id(), s, peers, job->cancel_flag());
     if (!connected.ok()) {
       return Prefixed(connected.status(), "connecting to the other stages: ");
     }

@@ -22,6 +22,7 @@
 #ifndef TRAINYARD_WORKER_WORKER_DAEMON_H_
 #define TRAINYARD_WORKER_WORKER_DAEMON_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,11 +38,15 @@
 namespace trainyard {
 
 // Opens the stage-to-stage transport of rank `rank` of a multi-stage job
-// whose ranks listen at `peer_addresses` (indexed by rank).
+// whose ranks listen at `peer_addresses` (indexed by rank). `cancel` (never
+// null, owned by the worker, valid for the call) becomes true when the job
+// is cancelled or fails; the factory should then give up promptly and
+// return Cancelled rather than wait out its connect timeout.
 using TransportFactory =
     std::function<absl::StatusOr<std::unique_ptr<Transport>>(
         const std::string& job_id, int rank,
-        const std::vector<std::string>& peer_addresses)>;
+        const std::vector<std::string>& peer_addresses,
+        const std::atomic<bool>* cancel)>;
 
 struct WorkerOptions {
   // host:port of the controller's WorkerService. Required.
@@ -72,7 +77,8 @@ struct WorkerOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   // Longest wait for a neighbour stage or the all-reduce.
   absl::Duration stage_timeout = absl::Minutes(2);
-  // Longest wait for all peers of a multi-stage job to connect.
+  // Longest wait for all peers of a multi-stage job to connect. A cancel
+  // cuts the wait short.
   absl::Duration peer_connect_timeout = absl::Seconds(30);
 
   // How multi-stage jobs reach their peers. Null = the TCP transport over

@@ -275,7 +275,8 @@ WorkerOptions TestOptions(const std::string& controller) {
   options.stage_timeout = absl::Seconds(20);
   options.peer_address = "127.0.0.1:1";
   options.connect_transport = [](const std::string&, int,
-                                 const std::vector<std::string>&)
+                                 const std::vector<std::string>&,
+                                 const std::atomic<bool>*)
       -> absl::StatusOr<std::unique_ptr<Transport>> {
     return absl::UnimplementedError("no transport in this test");
   };
@@ -499,6 +500,59 @@ TEST_F(WorkerDaemonTest, CancelStopsTheStageQuicklyAndBusyWorkerRefuses) {
   auto after = controller_->WaitForDone("after");
   ASSERT_TRUE(after.has_value());
   EXPECT_TRUE(after->ok()) << after->error();
+}
+
+// A stage whose peers never connect waits in ConnectTcpTransport; a cancel
+// must reach it there (not after peer_connect_timeout), and the worker must
+// take the next job.
+TEST_F(WorkerDaemonTest, CancelReachesAStageStillWaitingForItsPeers) {
+  WorkerOptions options = TestOptions(controller_->address());
+  options.connect_transport = nullptr;  // TCP over a PeerListener
+  options.peer_address = "";
+  options.listen = "127.0.0.1:0";
+  options.peer_connect_timeout = absl::Seconds(30);
+  auto worker = StartWorker(options);
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  ASSERT_FALSE(id.empty());
+  // A port nobody listens on, for the peer that never shows up.
+  std::string absent;
+  {
+    WorkerOptions o = options;
+    o.controller = "127.0.0.1:1";
+    auto other = StartWorker(o);
+    ASSERT_NE(other, nullptr);
+    absent = other->peer_address();
+  }
+  JobSpec spec = SmallSpec(5);
+  spec.mutable_parallelism()->set_stages(2);
+  const std::string me = worker->peer_address();
+  // Stage 0 waits for stage 1 to dial in; stage 1 keeps dialing stage 0.
+  const struct {
+    const char* job;
+    int stage;
+    std::vector<std::string> peers;
+  } cases[] = {{"waits-for-dial", 0, {me, absent}},
+               {"keeps-dialing", 1, {absent, me}}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.job);
+    ASSERT_TRUE(controller_->Send(id, Assign(c.job, spec, c.stage, c.peers)));
+    absl::SleepFor(absl::Milliseconds(300));  // well into the connect
+    EXPECT_TRUE(worker->busy());
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(controller_->Send(id, Cancel(c.job, "user gave up")));
+    auto done = controller_->WaitForDone(c.job, absl::Seconds(2));
+    ASSERT_TRUE(done.has_value()) << "no StageDone within 2 s of the cancel";
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+    EXPECT_FALSE(done->ok());
+    EXPECT_TRUE(done->cancelled());
+    EXPECT_EQ(done->error(), "user gave up");
+    EXPECT_FALSE(worker->busy());
+  }
+  ASSERT_TRUE(controller_->Send(id, Assign("next", SmallSpec(2))));
+  auto next = controller_->WaitForDone("next");
+  ASSERT_TRUE(next.has_value());
+  EXPECT_TRUE(next->ok()) << next->error();
 }
 
 TEST_F(WorkerDaemonTest, ReconnectsAndReregistersAfterControllerRestart) {
