@@ -1004,6 +1004,17 @@ class TcpTransport : public Transport {
       }
       if (!s.ok()) {
         if (!absl::IsCancelled(s)) {
+          // A peer that aborted sent its reason just before closing; the
+          // receive loop may still be reading it. Give it a moment to be the
+          // first error (the cause) rather than this broken pipe (a symptom).
+          {
+            absl::MutexLock lock(&mu_);
+            auto failed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return !fatal_.ok();
+            };
+            mu_.AwaitWithTimeout(absl::Condition(&failed),
+                                 absl::Milliseconds(200));
+          }
           Fail(p,
                absl::Status(s.code(),
                             absl::StrCat("sending a ", FrameKindName(out.kind),

@@ -718,9 +718,11 @@ TEST_F(TwoStageTest, CancellingOneStageStopsTheOther) {
   EXPECT_EQ(done[ids_[0]].error(), "stop stage 0");
   EXPECT_FALSE(done[ids_[1]].ok());
   EXPECT_FALSE(done[ids_[1]].cancelled());
-  // The TCP transport carries the abort reason to the neighbour.
+  // The neighbour's error names rank 0. It normally carries the abort
+  // reason ("rank 0 (...) aborted: stop stage 0"), but when stage 1 was
+  // writing to rank 0 at that moment the reset can win the race (see
+  // docs/TRANSPORT_FRAME.md, "Abort").
   EXPECT_THAT(done[ids_[1]].error(), HasSubstr("rank 0"));
-  EXPECT_THAT(done[ids_[1]].error(), HasSubstr("aborted: stop stage 0"));
   EXPECT_FALSE(workers_[0]->busy());
   EXPECT_FALSE(workers_[1]->busy());
 }
