@@ -9,7 +9,7 @@
 #   1. nvidia-smi
 #   2. the gpu-tagged tests: bazel test --test_tag_filters=gpu //...
 #      (the command line overrides .bazelrc's -gpu filter); this includes
-#      //core:nccl_transport_gpu_test, where a missing device is a failure
+#      //core:nccl_transport_test with TRAINYARD_REQUIRE_GPU=1, where a missing device is a failure
 #   3. the NCCL smoke test on its own (its log shows the per-test lines)
 #   4. the kernel benchmark //kernels/cuda:mlp_benchmark, when that target
 #      exists
@@ -86,10 +86,11 @@ if [[ -n "$BAZEL" ]]; then
   note "bazel: $BAZEL ($("$BAZEL" --version 2>/dev/null))"
   export CUDA_HOME
   # --- 2. every gpu-tagged test --------------------------------------------
-  step gpu_tests "$BAZEL" test --test_tag_filters=gpu --test_output=all //...
+  step gpu_tests "$BAZEL" test --test_tag_filters=gpu --test_output=all \
+    --test_env=TRAINYARD_REQUIRE_GPU=1 //...
   # --- 3. the NCCL smoke test, by name ---------------------------------------
-  step nccl_smoke "$BAZEL" test --test_tag_filters=gpu --test_output=all \
-    //core:nccl_transport_gpu_test
+  step nccl_smoke "$BAZEL" test --test_output=all \
+    --test_env=TRAINYARD_REQUIRE_GPU=1 //core:nccl_transport_test
   if [[ $NUM_GPUS -lt 2 ]]; then
     note "   note: $NUM_GPUS GPU(s): the two-rank NCCL tests are skipped (need 2)"
   fi
@@ -102,7 +103,7 @@ if [[ -n "$BAZEL" ]]; then
 else
   note "bazel: not installed; building the NCCL test with g++ directly"
   # --- 2+3 without Bazel: the NCCL test, compiled by hand --------------------
-  # The same sources //core:nccl_transport_gpu_test builds, with the flags of
+  # The same sources //core:nccl_transport_test builds, with the flags of
   # .bazelrc and the link line of tools/system_libs.bzl (+ @cuda).
   if pkg-config --exists gtest_main absl_status 2>/dev/null; then
     BIN=$LOGS/nccl_transport_test

@@ -7,18 +7,28 @@
 #include <vector>
 
 #include "core/random.h"
+#include <cstdlib>
+#include <string>
+
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 
 // First statement of every GPU test: skips (visibly) when there is no usable
-// device, naming the CUDA error (or "built without CUDA").
-#define SKIP_WITHOUT_CUDA_DEVICE()                                   \
-  do {                                                               \
-    const ::absl::Status _ty_dev = ::trainyard::gpu::CheckDevice(0); \
-    if (!_ty_dev.ok()) {                                             \
-      GTEST_SKIP() << "no CUDA device: " << _ty_dev.message();       \
-    }                                                                \
+// device, naming the CUDA error (or "built without CUDA"). With
+// TRAINYARD_REQUIRE_GPU=1 in the environment (tools/gpu_check.sh sets it on
+// GPU machines) a missing device fails the test instead.
+#define SKIP_WITHOUT_CUDA_DEVICE()                                        \
+  do {                                                                    \
+    const ::absl::Status _ty_dev = ::trainyard::gpu::CheckDevice(0);      \
+    if (!_ty_dev.ok()) {                                                  \
+      const char* _ty_req = std::getenv("TRAINYARD_REQUIRE_GPU");         \
+      if (_ty_req != nullptr && std::string(_ty_req) == "1") {            \
+        FAIL() << "TRAINYARD_REQUIRE_GPU=1 but no CUDA device: "          \
+               << _ty_dev.message();                                      \
+      }                                                                   \
+      GTEST_SKIP() << "no CUDA device: " << _ty_dev.message();            \
+    }                                                                     \
   } while (0)
 
 namespace trainyard {
