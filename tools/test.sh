@@ -19,5 +19,18 @@ if [ -n "$summary" ]; then
   failed=$fails
   passed=$((total - fails))
 fi
+# Test cases that skipped themselves (GPU tests without a device), with the
+# first reason given, so a run without a GPU says so plainly.
+if [ -d bazel-testlogs ]; then
+  logs=$(find -L bazel-testlogs/ -name test.log 2>/dev/null)
+  # shellcheck disable=SC2086
+  skipped=$(cat $logs /dev/null 2>/dev/null | grep -c '^\[  SKIPPED \]' || true)
+  if [ "${skipped:-0}" -gt 0 ]; then
+    # shellcheck disable=SC2086
+    reason=$(cat $logs /dev/null 2>/dev/null | grep -m1 -oE 'no CUDA device: [^"]*' |
+      head -c 160)
+    echo "skipped test cases: ${skipped} (${reason:-see the test logs})"
+  fi
+fi
 echo "tests: ${passed} passed, ${failed} failed"
 exit "$rc"
