@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "controller/controller_service.h"
+#include "core/stop_signals.h"
 #include "glog/logging.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
@@ -54,7 +55,8 @@ absl::Status WritePortFile(const std::string& path, int port) {
 // Serves until SIGTERM or SIGINT. The signals must already be blocked in
 // every thread (main does it before any thread starts).
 absl::Status RunServer(const ControllerOptions& options,
-                       const std::string& port_file) {
+                       const std::string& port_file,
+                       const sigset_t& stop_signals) {
   absl::StatusOr<std::unique_ptr<ControllerServer>> server =
       ControllerServer::Start(options);
   if (!server.ok()) return server.status();
@@ -62,12 +64,7 @@ absl::Status RunServer(const ControllerOptions& options,
     absl::Status st = WritePortFile(port_file, (*server)->port());
     if (!st.ok()) return st;
   }
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = WaitForStopSignal(stop_signals);
   LOG(INFO) << "signal " << sig << ": shutting down";
   (*server)->Shutdown();
   return absl::OkStatus();
@@ -83,13 +80,8 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
 
-  // Block the stop signals before gRPC starts its threads, so only
-  // RunServer's sigwait sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Before gRPC starts its threads, so only RunServer's wait sees them.
+  const sigset_t signals = trainyard::BlockStopSignals();
 
   trainyard::ControllerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -103,7 +95,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   absl::Status st =
-      trainyard::RunServer(options, absl::GetFlag(FLAGS_port_file));
+      trainyard::RunServer(options, absl::GetFlag(FLAGS_port_file), signals);
   if (!st.ok()) {
     fprintf(stderr, "trainyard-controller: %s\n", st.ToString().c_str());
     return 1;

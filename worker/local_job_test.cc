@@ -14,23 +14,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint_store.h"
+#include "worker/test_paths.h"
 
 namespace trainyard {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string PluginDir() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || ws == nullptr) return "task_plugins";
-  return std::string(srcdir) + "/" + ws + "/task_plugins";
-}
-
-std::string TempDir() {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return tmp != nullptr ? tmp : "/tmp";
-}
+using testing::PluginDir;
+using testing::TempDir;
 
 struct RunResult {
   absl::Status status;

@@ -28,6 +28,7 @@
 #include "proto/trainyard.grpc.pb.h"
 #include "proto/trainyard.pb.h"
 #include "worker/local_job.h"
+#include "worker/test_paths.h"
 
 namespace trainyard {
 namespace {
@@ -39,17 +40,8 @@ using ::trainyard::v1::WorkerMessage;
 
 constexpr int64_t kHeartbeatMs = 50;
 
-std::string PluginDir() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || ws == nullptr) return "task_plugins";
-  return std::string(srcdir) + "/" + ws + "/task_plugins";
-}
-
-std::string TempDir() {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  return tmp != nullptr ? tmp : "/tmp";
-}
+using testing::PluginDir;
+using testing::TempDir;
 
 // What the fake controller heard from one worker.
 struct Heard {

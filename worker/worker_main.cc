@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "core/file_util.h"
+#include "core/stop_signals.h"
 #include "glog/logging.h"
 #include "worker/worker_daemon.h"
 
@@ -91,13 +92,8 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
 
-  // Block the stop signals before any thread starts, so only the waiter
-  // below sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Before any thread starts, so only the waiter below sees them.
+  const sigset_t signals = trainyard::BlockStopSignals();
 
   trainyard::WorkerOptions options;
   options.controller = absl::GetFlag(FLAGS_controller);
@@ -129,8 +125,7 @@ int main(int argc, char** argv) {
 
   absl::Notification stop;
   std::thread waiter([&signals, &stop] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    const int sig = trainyard::WaitForStopSignal(signals);
     LOG(INFO) << "trainyard-worker: signal " << sig << ": shutting down";
     stop.Notify();
   });
