@@ -353,8 +353,12 @@ MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
   const double act_elem = bf16 ? 2 : 4;
   double act = 0;
   for (int s = 0; s < S; ++s) {
-    const int in_flight =
-        spec.parallelism().schedule() == "gpipe" ? M : std::min(M, S - s);
+    // zbh1 also keeps the last min(M, S-s-1) microbatches' saved tensors
+    // (and their stashed gradients) until their deferred weight pass.
+    const std::string& schedule = spec.parallelism().schedule();
+    const int in_flight = schedule == "gpipe"  ? M
+                          : schedule == "zbh1" ? std::min(M, 2 * (S - s) - 1)
+                                               : std::min(M, S - s);
     double fwd = 0;      // saved per microbatch, summed over the stage
     double bwd_max = 0;  // transient backward buffers of one block
     for (int k = plan.stage_begin[s]; k < plan.stage_begin[s + 1]; ++k) {

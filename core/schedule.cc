@@ -193,6 +193,7 @@ absl::Status ValidateSchedule(const Schedule& sched) {
     std::vector<int> recv_act(M, 0), sent_act(M, 0), recv_grad(M, 0),
         sent_grad(M, 0);
     int optimizer_steps = 0;
+    int next_weight = 0;
     for (const Action& a : sched.stages[s]) {
       const std::string what = ActionToString(a);
       if (optimizer_steps > 0) return fail(s, what + " after optimizer-step");
@@ -239,6 +240,16 @@ absl::Status ValidateSchedule(const Schedule& sched) {
         case ActionKind::kBackwardWeight:
           if (!bin[mb]) return fail(s, what + " before its backward-input");
           if (bw[mb]++) return fail(s, what + " twice");
+          // Gradients accumulate in this order; ascending order under every
+          // schedule is what keeps results bitwise equal across schedules.
+          if (mb != next_weight) {
+            return fail(s, absl::StrCat(what,
+                                        ": weight gradients must run in "
+                                        "ascending microbatch order, "
+                                        "expected W",
+                                        next_weight));
+          }
+          ++next_weight;
           break;
         case ActionKind::kOptimizerStep:
           break;

@@ -15,6 +15,8 @@
 //   that message must be for the microbatch the receive names.
 // - Each stage runs Forward(mb) once, then BackwardInput(mb), then
 //   BackwardWeight(mb), for every microbatch, and OptimizerStep last.
+// - BackwardWeight runs in ascending microbatch order (gradients accumulate
+//   in that order; this is what makes every schedule bitwise equal).
 // Both generators run backward in ascending microbatch order so that
 // gradients accumulate in the same order under every schedule (the runs are
 // bitwise identical across schedules and stage counts).

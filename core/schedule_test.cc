@@ -125,6 +125,19 @@ TEST(ScheduleTest, DetectsWeightGradientBeforeInputGradient) {
   EXPECT_THAT(st.message(), HasSubstr("W0 before its backward-input"));
 }
 
+TEST(ScheduleTest, RejectsWeightGradientsOutOfOrder) {
+  Schedule s = MakeGPipeSchedule(1, 2);
+  s.stages[0] = {
+      {ActionKind::kForward, 0},        {ActionKind::kForward, 1},
+      {ActionKind::kBackwardInput, 0},  {ActionKind::kBackwardInput, 1},
+      {ActionKind::kBackwardWeight, 1}, {ActionKind::kBackwardWeight, 0},
+      {ActionKind::kOptimizerStep, -1}};
+  absl::Status st = ValidateSchedule(s);
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(),
+              HasSubstr("ascending microbatch order, expected W0"));
+}
+
 TEST(ScheduleTest, UnknownName) {
   auto s = MakeTrainingSchedule("zb", 2, 2);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);

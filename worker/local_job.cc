@@ -17,6 +17,28 @@ namespace {
 
 std::string Num(double v) { return absl::StrFormat("%.17g", v); }
 
+// A JSON string literal: plugin metric names are arbitrary text.
+std::string JsonString(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      default:
+        if (c < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
 // Plugin metrics whose names collide with the engine's keys (a plugin may
 // well report its own "loss") are prefixed with "task_".
 std::string MetricsJson(
@@ -30,7 +52,7 @@ std::string MetricsJson(
     for (const char* r : kReserved) {
       if (key == r) key = "task_" + key;
     }
-    absl::StrAppend(&out, ",\"", prefix, key, "\":", Num(value));
+    absl::StrAppend(&out, ",", JsonString(prefix + key), ":", Num(value));
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "worker/checkpoint_store.h"
 #include "worker/test_paths.h"
 
@@ -236,6 +237,20 @@ TEST(LocalJobTest, UnknownPluginFailsNamingIt) {
   RunResult r = RunJob(spec);
   EXPECT_FALSE(r.status.ok());
   EXPECT_THAT(r.status.message(), HasSubstr("no_such_task"));
+}
+
+TEST(StepJsonTest, IsValidJsonForAnyMetricName) {
+  StepReport r;
+  r.step = 3;
+  r.loss = 0.1;
+  r.lr = 1e-3;
+  r.samples = 16;
+  r.metrics = {{"acc\"ur\\acy\n", 0.5}, {"loss", 0.1}};
+  const auto parsed = nlohmann::json::parse(StepJson(r, 0.5));
+  EXPECT_EQ(parsed["step"], 3);
+  EXPECT_EQ(parsed["acc\"ur\\acy\n"], 0.5);
+  EXPECT_EQ(parsed["task_loss"], 0.1);  // a plugin's "loss" does not clash
+  EXPECT_EQ(parsed["samples_per_sec"], 32.0);
 }
 
 // A test plugin ("misbehaving") picks its failure from its config.
