@@ -17,7 +17,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libsqlite3-dev nlohmann-json3-dev libssl-dev zlib1g-dev
   python3-numpy python3-sklearn python3-torch python3-pip
-  python3-grpcio python3-protobuf iperf3
+  python3-grpcio python3-protobuf iperf3 procps
 )
 
 missing=()
