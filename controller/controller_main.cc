@@ -7,7 +7,6 @@
 #include <stdio.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -17,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "controller/controller_service.h"
+#include "core/file_util.h"
 #include "core/stop_signals.h"
 #include "glog/logging.h"
 
@@ -37,21 +37,6 @@ ABSL_FLAG(std::string, port_file, "",
 namespace trainyard {
 namespace {
 
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    out.close();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
 // Serves until SIGTERM or SIGINT. The signals must already be blocked in
 // every thread (main does it before any thread starts).
 absl::Status RunServer(const ControllerOptions& options,
@@ -61,7 +46,8 @@ absl::Status RunServer(const ControllerOptions& options,
       ControllerServer::Start(options);
   if (!server.ok()) return server.status();
   if (!port_file.empty()) {
-    absl::Status st = WritePortFile(port_file, (*server)->port());
+    absl::Status st =
+        WriteFileAtomically(port_file, absl::StrCat((*server)->port(), "\n"));
     if (!st.ok()) return st;
   }
   const int sig = WaitForStopSignal(stop_signals);

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <thread>
 
@@ -66,21 +65,6 @@ std::string DefaultPluginDir() {
   return Dirname(Dirname(buf)) + "/task_plugins";
 }
 
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    out.close();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 }  // namespace trainyard
 
@@ -136,8 +120,8 @@ int main(int argc, char** argv) {
   absl::Status st =
       trainyard::RunWorker(*valid, &stop, [&](const trainyard::Worker& worker) {
         if (!port_file.empty()) {
-          port_status =
-              trainyard::WritePortFile(port_file, worker.health_port());
+          port_status = trainyard::WriteFileAtomically(
+              port_file, absl::StrCat(worker.health_port(), "\n"));
           // Through the signal waiter, so `stop` is notified exactly once.
           if (!port_status.ok()) kill(getpid(), SIGTERM);
         }
