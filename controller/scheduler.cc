@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/device.h"
 
 namespace trainyard {
 namespace {
@@ -21,9 +22,10 @@ std::string JobDeviceKind(const std::string& job_device) {
 }
 
 std::string WorkerDeviceKind(const std::string& worker_device) {
-  if (worker_device.empty() || worker_device == "cpu") return "cpu";
-  if (absl::StartsWith(worker_device, "cuda")) return "cuda";
-  return worker_device;
+  if (worker_device.empty()) return "cpu";
+  absl::StatusOr<Device> d = ParseDevice(worker_device);
+  // An unparseable device matches no job's kind.
+  return d.ok() ? d->KindName() : worker_device;
 }
 
 SchedDecision Schedule(std::vector<SchedJob> queued,

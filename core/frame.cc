@@ -55,7 +55,7 @@ class Reader {
 };
 
 bool IsValidDType(uint8_t d) {
-  return d <= static_cast<uint8_t>(DType::kUInt8);
+  return d <= static_cast<uint8_t>(DType::kFloat64);
 }
 
 // CRC32C tables for slicing-by-8, reflected polynomial 0x82F63B78.

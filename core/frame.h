@@ -30,7 +30,8 @@ namespace trainyard {
 inline constexpr uint32_t kFrameMagic = 0x52465954;
 inline constexpr uint32_t kHandshakeMagic = 0x53485954;
 inline constexpr uint32_t kHandshakeReplyMagic = 0x41485954;
-inline constexpr uint16_t kFrameVersion = 1;
+// 2: all-reduce values are float64 tensors (were int64 holding the bits).
+inline constexpr uint16_t kFrameVersion = 2;
 
 inline constexpr size_t kFramePrefixSize = 40;
 inline constexpr size_t kFrameTrailerSize = 4;  // CRC32C
@@ -58,8 +59,8 @@ enum class FrameKind : uint16_t {
   kActivation = 0,
   kGradient = 1,
   kEvalActivation = 2,
-  kAllReduceContribution = 16,  // rank r -> rank 0: one int64 tensor "values"
-  kAllReduceResult = 17,        // rank 0 -> rank r: one int64 tensor "values"
+  kAllReduceContribution = 16,  // rank r -> rank 0: one float64 tensor "values"
+  kAllReduceResult = 17,        // rank 0 -> rank r: one float64 tensor "values"
   kAllReduceError = 18,         // rank 0 -> rank r: uint8 tensor "message"
   kGoodbye = 19,                // orderly close, no tensors
   kAbort = 20,  // the sender aborted: "code" int32 [1], "message" uint8 [n]

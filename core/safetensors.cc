@@ -33,13 +33,14 @@ const char* SafetensorsDTypeName(DType dtype) {
       return "I64";
     case DType::kUInt8:
       return "U8";
+    case DType::kFloat64:
+      return "F64";
   }
   return "?";
 }
 
 bool DTypeFromSafetensorsName(const std::string& name, DType* out) {
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kInt32,
-                  DType::kInt64, DType::kUInt8}) {
+  for (DType d : kAllDTypes) {
     if (name == SafetensorsDTypeName(d)) {
       *out = d;
       return true;

@@ -439,7 +439,7 @@ absl::Status CheckFrameContent(const Frame& f, int to_rank, int from_rank) {
             absl::StrCat(what, " sent to rank ", to_rank,
                          ": only rank 0 gathers contributions"));
       }
-      return one_vector("values", DType::kInt64, INT64_MAX);
+      return one_vector("values", DType::kFloat64, INT64_MAX);
     case FrameKind::kAllReduceResult:
     case FrameKind::kAllReduceError:
       if (from_rank != 0) {
@@ -447,7 +447,7 @@ absl::Status CheckFrameContent(const Frame& f, int to_rank, int from_rank) {
                                                 ": only rank 0 sends one"));
       }
       return kind == FrameKind::kAllReduceResult
-                 ? one_vector("values", DType::kInt64, INT64_MAX)
+                 ? one_vector("values", DType::kFloat64, INT64_MAX)
                  : one_vector("message", DType::kUInt8, kMaxAbortMessageLength);
     case FrameKind::kGoodbye:
       if (!d.empty()) {
@@ -1096,7 +1096,7 @@ class TcpTransport : public Transport {
 };
 
 Tensor DoublesToTensor(const std::vector<double>& v) {
-  Tensor t = Tensor::Empty(DType::kInt64, {static_cast<int64_t>(v.size())});
+  Tensor t = Tensor::Empty(DType::kFloat64, {static_cast<int64_t>(v.size())});
   if (!v.empty())
     std::memcpy(t.raw_data(), v.data(), v.size() * sizeof(double));
   return t;
@@ -1122,7 +1122,7 @@ absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
                             f.tensors[0].nbytes())));
     }
     if (pf.kind != FrameKind::kAllReduceResult || pf.step != round ||
-        f.tensors.size() != 1 || f.tensors[0].dtype() != DType::kInt64 ||
+        f.tensors.size() != 1 || f.tensors[0].dtype() != DType::kFloat64 ||
         f.tensors[0].numel() != static_cast<int64_t>(values->size())) {
       return absl::InternalError(
           absl::StrCat(me, ": unexpected ", FrameKindName(pf.kind),
@@ -1138,7 +1138,7 @@ absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
     ASSIGN_OR_RETURN(Frame f, Take(r, true, deadline, timeout));
     const FramePrefix& pf = f.header.prefix;
     if (pf.kind != FrameKind::kAllReduceContribution || pf.step != round ||
-        f.tensors.size() != 1 || f.tensors[0].dtype() != DType::kInt64) {
+        f.tensors.size() != 1 || f.tensors[0].dtype() != DType::kFloat64) {
       error = absl::StrCat("unexpected ", FrameKindName(pf.kind),
                            " frame for round ", pf.step, " from rank ", r);
     } else if (f.tensors[0].numel() != static_cast<int64_t>(values->size())) {
@@ -1164,7 +1164,7 @@ absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
   std::vector<double> sum(values->size(), 0.0);
   for (int r = 0; r < n; ++r) {
     const double* v = r == 0 ? values->data()
-                             : static_cast<const double*>(parts[r].raw_data());
+                             : parts[r].data<double>();
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
   }
   *values = std::move(sum);

@@ -918,7 +918,7 @@ TEST(TcpTransportMalformedFrameTest, AllReduceErrorWithoutTensorIsDataLoss) {
 }
 
 TEST(TcpTransportMalformedFrameTest, EveryInternalKindChecksItsTensors) {
-  const Tensor one_double = Tensor::Empty(DType::kInt64, {2});
+  const Tensor one_double = Tensor::Empty(DType::kFloat64, {2});
   const struct {
     const char* what;
     FrameKind kind;

@@ -10,19 +10,14 @@
 namespace trainyard {
 
 struct Tensor::Storage {
-  explicit Storage(size_t n) : size(n) {
-    // aligned_alloc needs a size that is a multiple of the alignment.
-    size_t rounded = (n + 63) / 64 * 64;
-    ptr = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
-    CHECK(rounded == 0 || ptr != nullptr)
-        << "out of memory allocating " << n << " bytes";
-  }
-  ~Storage() { std::free(ptr); }
+  Storage(Allocator* a, void* p, size_t n) : allocator(a), ptr(p), size(n) {}
+  ~Storage() { allocator->Deallocate(ptr); }
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* ptr = nullptr;
-  size_t size = 0;
+  Allocator* const allocator;
+  void* const ptr;
+  const size_t size;
 };
 
 size_t DTypeSize(DType dtype) {
@@ -33,6 +28,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kBFloat16:
       return 2;
     case DType::kInt64:
+    case DType::kFloat64:
       return 8;
     case DType::kUInt8:
       return 1;
@@ -52,22 +48,19 @@ absl::string_view DTypeName(DType dtype) {
       return "int64";
     case DType::kUInt8:
       return "uint8";
+    case DType::kFloat64:
+      return "float64";
   }
   return "unknown";
 }
 
 absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kInt32,
-                  DType::kInt64, DType::kUInt8}) {
+  for (DType d : kAllDTypes) {
     if (DTypeName(d) == name) return d;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype \"", name,
-                   "\" (expected float32, bfloat16, int32, int64 or uint8)"));
-}
-
-std::string Device::ToString() const {
-  return is_cpu() ? std::string("cpu") : absl::StrCat("cuda:", index);
+                   "\" (expected float32, bfloat16, int32, int64, uint8 or float64)"));
 }
 
 std::string ShapeToString(const Shape& shape) {
@@ -80,20 +73,48 @@ int64_t NumElements(const Shape& shape) {
   return n;
 }
 
-Tensor Tensor::Empty(DType dtype, Shape shape, Device device) {
-  CHECK(device.is_cpu()) << "Tensor::Empty on " << device.ToString()
-                         << " needs the CUDA allocator";
-  for (int64_t d : shape) CHECK_GE(d, 0) << ShapeToString(shape);
+absl::StatusOr<Tensor> Tensor::Create(DType dtype, Shape shape,
+                                      Allocator* allocator) {
+  uint64_t elements = 1;
+  bool overflow = false;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor shape ", ShapeToString(shape), " has a negative dimension"));
+    }
+    if (d != 0 && elements > (uint64_t{1} << 62) / static_cast<uint64_t>(d)) {
+      overflow = true;
+    }
+    elements *= static_cast<uint64_t>(d);
+  }
+  if (overflow || elements > (uint64_t{1} << 62) / 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor shape ", ShapeToString(shape), " is too large"));
+  }
   Tensor t;
   t.dtype_ = dtype;
-  t.device_ = device;
+  t.device_ = allocator->device();
   t.shape_ = std::move(shape);
-  t.storage_ = std::make_shared<Storage>(t.nbytes());
+  const size_t bytes = t.nbytes();
+  absl::StatusOr<void*> p = allocator->Allocate(bytes);
+  if (!p.ok()) {
+    return absl::Status(
+        p.status().code(),
+        absl::StrCat("tensor ", DTypeName(dtype), ShapeToString(t.shape_),
+                     " on ", t.device_.ToString(), ": ", p.status().message()));
+  }
+  t.storage_ = std::make_shared<Storage>(allocator, *p, bytes);
   return t;
 }
 
-Tensor Tensor::Zeros(DType dtype, Shape shape, Device device) {
-  Tensor t = Empty(dtype, std::move(shape), device);
+Tensor Tensor::Empty(DType dtype, Shape shape) {
+  absl::StatusOr<Tensor> t = Create(dtype, std::move(shape));
+  CHECK(t.ok()) << t.status();
+  return *std::move(t);
+}
+
+Tensor Tensor::Zeros(DType dtype, Shape shape) {
+  Tensor t = Empty(dtype, std::move(shape));
   if (t.nbytes() > 0) std::memset(t.raw_data(), 0, t.nbytes());
   return t;
 }
@@ -127,6 +148,10 @@ struct DTypeOf<uint8_t> {
   static constexpr DType value = DType::kUInt8;
 };
 template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::kFloat64;
+};
+template <>
 struct DTypeOf<uint16_t> {
   static constexpr DType value = DType::kBFloat16;
 };
@@ -156,15 +181,29 @@ template int64_t* Tensor::data<int64_t>();
 template const int64_t* Tensor::data<int64_t>() const;
 template uint8_t* Tensor::data<uint8_t>();
 template const uint8_t* Tensor::data<uint8_t>() const;
+template double* Tensor::data<double>();
+template const double* Tensor::data<double>() const;
 template uint16_t* Tensor::data<uint16_t>();
 template const uint16_t* Tensor::data<uint16_t>() const;
 
-void* Tensor::raw_data() {
+void* Tensor::ptr() {
   return storage_ ? static_cast<char*>(storage_->ptr) + offset_ : nullptr;
 }
 
-const void* Tensor::raw_data() const {
+const void* Tensor::ptr() const {
   return storage_ ? static_cast<const char*>(storage_->ptr) + offset_ : nullptr;
+}
+
+void* Tensor::raw_data() {
+  CHECK(device_.is_cpu()) << "host access to a tensor on "
+                          << device_.ToString();
+  return ptr();
+}
+
+const void* Tensor::raw_data() const {
+  CHECK(device_.is_cpu()) << "host access to a tensor on "
+                          << device_.ToString();
+  return ptr();
 }
 
 Tensor Tensor::Rows(int64_t begin, int64_t end) const {
@@ -187,7 +226,7 @@ Tensor Tensor::View(Shape shape) const {
 }
 
 Tensor Tensor::Clone() const {
-  Tensor t = Empty(dtype_, shape_, device_);
+  Tensor t = Empty(dtype_, shape_);
   if (nbytes() > 0) std::memcpy(t.raw_data(), raw_data(), nbytes());
   return t;
 }

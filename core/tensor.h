@@ -1,10 +1,13 @@
-// Tensor: a typed, shaped view of a reference-counted buffer.
+// Tensor: a typed, shaped view of a reference-counted buffer on one device.
 //
 // A Tensor is cheap to copy (copies share storage, like torch.Tensor).
 // Views (`Rows`, `View`) share their parent's storage; `Clone` copies.
-// Storage is 64-byte aligned host memory for Device::Cpu(); CUDA storage
-// arrives with the GPU path without changing callers, which only see
-// dtype(), device(), shape() and data<T>().
+// Storage comes from an Allocator (core/allocator.h): 64-byte aligned host
+// memory by default, or device memory from the CUDA caching allocator.
+// Host access (`data<T>()`, `raw_data()`, `Clone`, `CopyFrom`, `Fill`)
+// CHECK-fails on a device tensor (a bug: copy it to the host first, see
+// kernels/exec_context.h); `ptr()` is the address on whatever device, for
+// kernels and copies.
 //
 // Thread safety: distinct Tensors may be used from distinct threads; writes
 // to shared storage must be synchronised by the caller.
@@ -13,44 +16,36 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/allocator.h"
+#include "core/device.h"
 
 namespace trainyard {
 
+// The numbers are part of the transport frame format
+// (docs/TRANSPORT_FRAME.md): append, never renumber.
 enum class DType : int32_t {
   kFloat32 = 0,
   kBFloat16 = 1,
   kInt32 = 2,
   kInt64 = 3,
   kUInt8 = 4,
+  kFloat64 = 5,
 };
+constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kBFloat16,
+                                DType::kInt32,   DType::kInt64,
+                                DType::kUInt8,   DType::kFloat64};
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
-// "float32", "bfloat16", "int32", "int64", "uint8".
+// "float32", "bfloat16", "int32", "int64", "uint8", "float64".
 absl::string_view DTypeName(DType dtype);
 absl::StatusOr<DType> DTypeFromName(absl::string_view name);
-
-struct Device {
-  enum class Kind : int32_t { kCpu = 0, kCuda = 1 };
-  Kind kind = Kind::kCpu;
-  int32_t index = 0;
-
-  static Device Cpu() { return Device{}; }
-  static Device Cuda(int32_t index) { return Device{Kind::kCuda, index}; }
-  bool is_cpu() const { return kind == Kind::kCpu; }
-  std::string ToString() const;  // "cpu" or "cuda:N"
-  bool operator==(const Device& o) const {
-    return kind == o.kind && index == o.index;
-  }
-  bool operator!=(const Device& o) const { return !(*this == o); }
-};
 
 using Shape = std::vector<int64_t>;
 std::string ShapeToString(const Shape& shape);  // "[2, 3]"
@@ -61,9 +56,16 @@ class Tensor {
   // An empty tensor: dtype float32, shape [0], no storage.
   Tensor() = default;
 
-  // Uninitialised memory. CHECK-fails only on impossible shapes (negative).
-  static Tensor Empty(DType dtype, Shape shape, Device device = Device::Cpu());
-  static Tensor Zeros(DType dtype, Shape shape, Device device = Device::Cpu());
+  // Uninitialised memory from `allocator`. Errors: InvalidArgument for a
+  // negative dimension or a size that overflows; ResourceExhausted when
+  // the allocator cannot serve it.
+  static absl::StatusOr<Tensor> Create(DType dtype, Shape shape,
+                                       Allocator* allocator = HostAllocator());
+
+  // Host memory for sizes the program controls (kernel temporaries,
+  // tests); CHECK-fails where Create would return an error.
+  static Tensor Empty(DType dtype, Shape shape);
+  static Tensor Zeros(DType dtype, Shape shape);
   // A float32 tensor holding `values` (row-major) with the given shape.
   static Tensor FromVector(const std::vector<float>& values, Shape shape);
 
@@ -78,23 +80,29 @@ class Tensor {
   }
   bool defined() const { return storage_ != nullptr; }
 
-  // Typed access; CHECK-fails if T does not match dtype() (a bug).
+  // Typed host access; CHECK-fails if T does not match dtype() or the
+  // tensor is not on the host (bugs).
   template <typename T>
   T* data();
   template <typename T>
   const T* data() const;
-  void* raw_data();
+  void* raw_data();  // host only
   const void* raw_data() const;
+
+  // The address of the first element on device(), for kernels and copies.
+  void* ptr();
+  const void* ptr() const;
 
   // Rows [begin, end) of dimension 0, sharing storage.
   Tensor Rows(int64_t begin, int64_t end) const;
   // The same storage seen with another shape of equal element count.
   Tensor View(Shape shape) const;
-  // A contiguous copy with its own storage.
+  // Host only: a contiguous copy with its own storage.
   Tensor Clone() const;
-  // Copies `src` (same dtype and element count) into this tensor's storage.
+  // Host only: copies `src` (same dtype and element count) into this
+  // tensor's storage.
   void CopyFrom(const Tensor& src);
-  void Fill(float value);  // float32 only
+  void Fill(float value);  // host float32 only
 
  private:
   struct Storage;

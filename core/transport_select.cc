@@ -8,24 +8,19 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/device.h"
 
 namespace trainyard {
 namespace {
 
 // -1 for "cpu", N for "cuda:N".
-absl::StatusOr<int> ParseDevice(int stage, const std::string& device) {
-  if (device == "cpu") return -1;
-  int index = 0;
-  if (absl::StartsWith(device, "cuda:") &&
-      absl::SimpleAtoi(device.substr(5), &index) && index >= 0 &&
-      device.substr(5).find_first_not_of("0123456789") == std::string::npos) {
-    return index;
+absl::StatusOr<int> GpuIndex(int stage, const std::string& device) {
+  absl::StatusOr<Device> d = ParseDevice(device);
+  if (!d.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transport choice: stage ", stage, " ", d.status().message()));
   }
-  std::string why = "expected \"cpu\" or \"cuda:N\"";
-  if (device == "cuda")
-    why = "name the GPU index (\"cuda:N\") to choose a transport";
-  return absl::InvalidArgumentError(absl::StrCat(
-      "transport choice: stage ", stage, " device \"", device, "\": ", why));
+  return d->is_cpu() ? -1 : d->index;
 }
 
 }  // namespace
@@ -55,7 +50,7 @@ absl::StatusOr<TransportChoice> ChooseTransport(
           absl::StrCat("transport choice: stage ", s, " has an empty host"));
     }
     absl::StatusOr<int> index =
-        ParseDevice(static_cast<int>(s), stages[s].device);
+        GpuIndex(static_cast<int>(s), stages[s].device);
     if (!index.ok()) return index.status();
     gpu[s] = *index;
   }

@@ -80,7 +80,7 @@ TEST(TransportSelectTest, BadInputsAreErrorsNamingTheStage) {
   EXPECT_THAT(code_and_message({{"a", "cpu"}, {"", "cpu"}}),
               HasSubstr("stage 1 has an empty host"));
   EXPECT_THAT(code_and_message({{"a", "cuda"}, {"a", "cuda:1"}}),
-              HasSubstr("stage 0 device \"cuda\": name the GPU index"));
+              HasSubstr("stage 0 device \"cuda\": expected \"cpu\" or \"cuda:N\""));
   EXPECT_THAT(code_and_message({{"a", "cuda:0"}, {"a", "gpu0"}}),
               HasSubstr("stage 1 device \"gpu0\""));
   EXPECT_THAT(code_and_message({{"a", "cuda:-1"}, {"a", "cuda:1"}}),

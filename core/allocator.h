@@ -1,0 +1,39 @@
+// Allocator: where a Tensor's bytes come from. HostAllocator() gives
+// 64-byte aligned host memory; the CUDA caching allocator
+// (kernels/cuda/device_allocator.h) implements the same interface for
+// device memory, so core/ never depends on CUDA.
+//
+// Allocators live as long as the process (Tensors keep a raw pointer to
+// theirs). Thread safety: implementations are thread-safe.
+#ifndef TRAINYARD_CORE_ALLOCATOR_H_
+#define TRAINYARD_CORE_ALLOCATOR_H_
+
+#include <cstddef>
+
+#include "absl/status/statusor.h"
+#include "core/device.h"
+
+namespace trainyard {
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+
+  // The device the memory is on.
+  virtual Device device() const = 0;
+
+  // At least `bytes` bytes, aligned to 64 bytes or more; bytes == 0 may
+  // return nullptr. Errors: ResourceExhausted naming the size (never a
+  // crash: a request sized by user input must be refusable).
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+
+  // Returns memory from Allocate; nullptr is a no-op.
+  virtual void Deallocate(void* ptr) = 0;
+};
+
+// The process-wide host allocator.
+Allocator* HostAllocator();
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_CORE_ALLOCATOR_H_

@@ -1,0 +1,35 @@
+#include "core/device.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+
+namespace trainyard {
+
+std::string Device::ToString() const {
+  return is_cpu() ? std::string("cpu") : absl::StrCat("cuda:", index);
+}
+
+absl::StatusOr<Device> ParseDevice(absl::string_view text,
+                                   bool allow_bare_cuda) {
+  if (text == "cpu") return Device::Cpu();
+  if (text == "cuda" && allow_bare_cuda) return Device::Cuda(0);
+  constexpr absl::string_view kPrefix = "cuda:";
+  int32_t index = -1;
+  if (absl::StartsWith(text, kPrefix)) {
+    absl::string_view digits = text.substr(kPrefix.size());
+    const bool all_digits =
+        !digits.empty() && digits.size() <= 4 &&
+        digits.find_first_not_of("0123456789") == absl::string_view::npos;
+    if (all_digits && absl::SimpleAtoi(digits, &index) && index <= 1023) {
+      return Device::Cuda(index);
+    }
+  }
+  std::string shown(text.substr(0, 64));
+  if (text.size() > 64) shown += "...";
+  return absl::InvalidArgumentError(absl::StrCat(
+      "device \"", shown, "\": expected \"cpu\" or \"cuda:N\" (N = 0, 1, ...)",
+      text == "cuda" ? "; name the GPU, e.g. \"cuda:0\"" : ""));
+}
+
+}  // namespace trainyard
