@@ -1,0 +1,162 @@
+#include "kernels/block_kernel.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "kernels/cuda/cuda_mlp_block.h"
+
+namespace trainyard {
+namespace {
+
+class CpuBlockKernel final : public BlockKernel {
+ public:
+  explicit CpuBlockKernel(const MlpBlockConfig& config) : block_(config) {}
+  const MlpBlockConfig& config() const override { return block_.config(); }
+
+  struct Saved final : BlockSaved {
+    MlpBlockSaved s;
+  };
+
+  absl::Status Forward(const MlpBlockParams& params, const Tensor& x,
+                       Tensor* y, std::unique_ptr<BlockSaved>* saved) override {
+    auto keep = std::make_unique<Saved>();
+    RETURN_IF_ERROR(block_.Forward(params, x, y, &keep->s));
+    if (saved != nullptr) *saved = std::move(keep);
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardInput(const MlpBlockParams& params, const Tensor& d_out,
+                             BlockSaved* saved, Tensor* dx) override {
+    return block_.BackwardInput(params, d_out, &static_cast<Saved*>(saved)->s,
+                                dx);
+  }
+
+  absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
+                              MlpBlockParams* grads) override {
+    return block_.BackwardWeight(&static_cast<Saved*>(saved)->s, accumulate,
+                                 grads);
+  }
+
+ private:
+  MlpBlock block_;
+};
+
+// gpu::CudaMlpBlock on Tensors. x and d_out are kept in Saved because the
+// CUDA block reads them again in BackwardWeight without copying them.
+class CudaBlockKernel final : public BlockKernel {
+ public:
+  CudaBlockKernel(const ExecContext* ctx,
+                  std::unique_ptr<gpu::CudaMlpBlock> block)
+      : ctx_(ctx), block_(std::move(block)) {}
+  const MlpBlockConfig& config() const override { return block_->config(); }
+
+  struct Saved final : BlockSaved {
+    gpu::CudaMlpBlockSaved s;
+    Tensor x, d_out;
+  };
+
+  absl::Status Forward(const MlpBlockParams& params, const Tensor& x,
+                       Tensor* y, std::unique_ptr<BlockSaved>* saved) override {
+    RETURN_IF_ERROR(CheckActivation("x", x, config().in_features));
+    const int64_t rows = x.dim(0);
+    ASSIGN_OR_RETURN(*y, ctx_->Empty(ctx_->activation_dtype(),
+                                     {rows, config().out_features}));
+    auto keep = std::make_unique<Saved>();
+    keep->x = x;
+    RETURN_IF_ERROR(block_->Forward(Pointers(params), rows, x.ptr(), y->ptr(),
+                                    &keep->s, ctx_->stream()));
+    if (saved != nullptr) *saved = std::move(keep);
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardInput(const MlpBlockParams& params, const Tensor& d_out,
+                             BlockSaved* saved, Tensor* dx) override {
+    Saved* s = static_cast<Saved*>(saved);
+    RETURN_IF_ERROR(CheckActivation("d_out", d_out, config().out_features));
+    if (d_out.dim(0) != s->x.dim(0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("d_out has ", d_out.dim(0), " rows, x had ",
+                       s->x.dim(0)));
+    }
+    s->d_out = d_out;
+    void* dx_ptr = nullptr;
+    if (dx != nullptr) {
+      ASSIGN_OR_RETURN(*dx, ctx_->Empty(ctx_->activation_dtype(),
+                                        {d_out.dim(0), config().in_features}));
+      dx_ptr = dx->ptr();
+    }
+    return block_->BackwardInput(Pointers(params), d_out.ptr(), &s->s, dx_ptr,
+                                 ctx_->stream());
+  }
+
+  absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
+                              MlpBlockParams* grads) override {
+    Saved* s = static_cast<Saved*>(saved);
+    gpu::CudaMlpBlockGrads g;
+    g.norm_weight = Float(grads->norm_weight);
+    g.norm_bias = Float(grads->norm_bias);
+    g.fc1_weight = Float(grads->fc1_weight);
+    g.fc1_bias = Float(grads->fc1_bias);
+    g.fc2_weight = Float(grads->fc2_weight);
+    g.fc2_bias = Float(grads->fc2_bias);
+    RETURN_IF_ERROR(
+        block_->BackwardWeight(&s->s, accumulate, g, ctx_->stream()));
+    // The saved buffers went back to the allocator; x and d_out may go as
+    // well (their last reader is queued on the same stream).
+    s->x = Tensor();
+    s->d_out = Tensor();
+    return absl::OkStatus();
+  }
+
+ private:
+  static float* Float(Tensor& t) {
+    return t.defined() ? static_cast<float*>(t.ptr()) : nullptr;
+  }
+  static const float* Float(const Tensor& t) {
+    return t.defined() ? static_cast<const float*>(t.ptr()) : nullptr;
+  }
+  static gpu::CudaMlpBlockParams Pointers(const MlpBlockParams& p) {
+    gpu::CudaMlpBlockParams c;
+    c.norm_weight = Float(p.norm_weight);
+    c.norm_bias = Float(p.norm_bias);
+    c.fc1_weight = Float(p.fc1_weight);
+    c.fc1_bias = Float(p.fc1_bias);
+    c.fc2_weight = Float(p.fc2_weight);
+    c.fc2_bias = Float(p.fc2_bias);
+    return c;
+  }
+  absl::Status CheckActivation(const char* what, const Tensor& t,
+                               int64_t width) const {
+    if (t.ndim() != 2 || t.dim(1) != width ||
+        t.dtype() != ctx_->activation_dtype() || t.device() != ctx_->device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " is ", DTypeName(t.dtype()), ShapeToString(t.shape()), " on ",
+          t.device().ToString(), ", the block takes ",
+          DTypeName(ctx_->activation_dtype()), "[rows, ", width, "] on ",
+          ctx_->device().ToString()));
+    }
+    return absl::OkStatus();
+  }
+
+  const ExecContext* ctx_;
+  std::unique_ptr<gpu::CudaMlpBlock> block_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BlockKernel>> CreateBlockKernel(
+    const MlpBlockConfig& config, const ExecContext* ctx) {
+  if (ctx->device().is_cpu()) {
+    return std::unique_ptr<BlockKernel>(new CpuBlockKernel(config));
+  }
+  gpu::ComputeMode mode = gpu::ComputeMode::kFloat32;
+  if (ctx->precision() == Precision::kTf32) mode = gpu::ComputeMode::kTf32;
+  if (ctx->precision() == Precision::kBf16) mode = gpu::ComputeMode::kBFloat16;
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaMlpBlock> block,
+                   gpu::CudaMlpBlock::Create(config, mode, ctx->device().index));
+  return std::unique_ptr<BlockKernel>(
+      new CudaBlockKernel(ctx, std::move(block)));
+}
+
+}  // namespace trainyard

@@ -1,0 +1,64 @@
+// BlockKernel: one MLP block (kernels/mlp_block.h's formulas and parameter
+// layout) on one device — the interface the pipeline stage runs, with a
+// CPU implementation (MlpBlock: OpenBLAS and our fused loops) and a CUDA
+// one (gpu::CudaMlpBlock: cuBLASLt and our kernels) behind it.
+//
+// Tensors: parameters and their gradients are float32 views on the
+// context's device (one flat buffer per stage); activations x, y, d_out,
+// dx are on that device in the context's activation dtype (float32, or
+// bfloat16 for precision bf16). The contract of each call is MlpBlock's:
+// BackwardInput stashes what BackwardWeight needs in the BlockSaved of its
+// microbatch; BackwardWeight accumulates into (or, with accumulate=false,
+// overwrites) the gradients and releases the saved tensors.
+//
+// Work is queued on the context's stream; nothing waits. Not thread-safe:
+// one kernel object per block per stage.
+#ifndef TRAINYARD_KERNELS_BLOCK_KERNEL_H_
+#define TRAINYARD_KERNELS_BLOCK_KERNEL_H_
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+#include "kernels/exec_context.h"
+#include "kernels/mlp_block.h"
+
+namespace trainyard {
+
+// What Forward keeps of one microbatch for the backward passes; its
+// contents belong to the implementation.
+class BlockSaved {
+ public:
+  virtual ~BlockSaved() = default;
+};
+
+class BlockKernel {
+ public:
+  virtual ~BlockKernel() = default;
+  virtual const MlpBlockConfig& config() const = 0;
+
+  // *y [b, out] = block(x [b, in]). With `saved` null nothing is kept
+  // (eval); otherwise *saved receives what the backward passes need.
+  virtual absl::Status Forward(const MlpBlockParams& params, const Tensor& x,
+                               Tensor* y,
+                               std::unique_ptr<BlockSaved>* saved) = 0;
+  // *dx [b, in] from d_out [b, out]; dx may be null (first block of the
+  // model).
+  virtual absl::Status BackwardInput(const MlpBlockParams& params,
+                                     const Tensor& d_out, BlockSaved* saved,
+                                     Tensor* dx) = 0;
+  // grads (+)= dL/dparams of the microbatch in `saved`.
+  virtual absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
+                                      MlpBlockParams* grads) = 0;
+};
+
+// The block for `config` on ctx's device. `ctx` must outlive it. Errors:
+// the config is invalid, or the device cannot run it (built without CUDA,
+// no such GPU).
+absl::StatusOr<std::unique_ptr<BlockKernel>> CreateBlockKernel(
+    const MlpBlockConfig& config, const ExecContext* ctx);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_KERNELS_BLOCK_KERNEL_H_

@@ -1,0 +1,190 @@
+#include "kernels/exec_context.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/elementwise_kernels.h"
+
+namespace trainyard {
+namespace {
+
+// The CUDA caching allocator behind core's Allocator interface.
+class CudaTensorAllocator final : public Allocator {
+ public:
+  CudaTensorAllocator(int index, gpu::DeviceAllocator* cache)
+      : index_(index), cache_(cache) {}
+  Device device() const override { return Device::Cuda(index_); }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    return cache_->Allocate(bytes);
+  }
+  void Deallocate(void* ptr) override {
+    if (ptr != nullptr) cache_->Free(ptr).IgnoreError();
+  }
+
+ private:
+  const int index_;
+  gpu::DeviceAllocator* const cache_;
+};
+
+// One Allocator per GPU for the life of the process.
+absl::StatusOr<Allocator*> CudaAllocatorFor(int index) {
+  static std::mutex mu;
+  static auto* const allocators = new std::map<int, Allocator*>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = allocators->find(index);
+  if (it != allocators->end()) return it->second;
+  ASSIGN_OR_RETURN(gpu::DeviceAllocator * cache,
+                   gpu::DeviceAllocator::ForDevice(index));
+  Allocator* a = new CudaTensorAllocator(index, cache);
+  (*allocators)[index] = a;
+  return a;
+}
+
+}  // namespace
+
+const char* PrecisionName(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kTf32:
+      return "tf32";
+    case Precision::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+absl::StatusOr<Precision> PrecisionFromName(absl::string_view name) {
+  for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
+    if (name == PrecisionName(p)) return p;
+  }
+  std::string shown(name.substr(0, 64));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "precision \"", shown, "\": expected \"fp32\", \"tf32\" or \"bf16\""));
+}
+
+absl::StatusOr<std::unique_ptr<ExecContext>> ExecContext::Create(
+    Device device, Precision precision) {
+  if (device.is_cpu()) {
+    if (precision != Precision::kFp32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("precision ", PrecisionName(precision),
+                       " needs a CUDA device; the CPU computes in fp32"));
+    }
+    return std::unique_ptr<ExecContext>(
+        new ExecContext(device, precision, HostAllocator()));
+  }
+  absl::Status usable = gpu::CheckDevice(device.index);
+  if (!usable.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        device.ToString(), " is not usable: ", usable.message()));
+  }
+  RETURN_IF_ERROR(gpu::SetDevice(device.index));
+  ASSIGN_OR_RETURN(Allocator * allocator, CudaAllocatorFor(device.index));
+  return std::unique_ptr<ExecContext>(
+      new ExecContext(device, precision, allocator));
+}
+
+std::string ExecContext::ToString() const {
+  return absl::StrCat(device_.ToString(), " ", PrecisionName(precision_));
+}
+
+absl::Status ExecContext::Activate() const {
+  if (device_.is_cpu()) return absl::OkStatus();
+  return gpu::SetDevice(device_.index);
+}
+
+absl::StatusOr<Tensor> ExecContext::Empty(DType dtype, Shape shape) const {
+  return Tensor::Create(dtype, std::move(shape), allocator_);
+}
+
+absl::StatusOr<Tensor> ExecContext::Zeros(DType dtype, Shape shape) const {
+  ASSIGN_OR_RETURN(Tensor t, Empty(dtype, std::move(shape)));
+  if (t.nbytes() == 0) return t;
+  if (device_.is_cpu()) {
+    std::memset(t.raw_data(), 0, t.nbytes());
+  } else {
+    RETURN_IF_ERROR(gpu::MemsetAsync(t.ptr(), 0, t.nbytes(), stream()));
+  }
+  return t;
+}
+
+absl::Status ExecContext::CopyInto(const Tensor& src, Tensor* dst) const {
+  if (src.dtype() != dst->dtype() || src.numel() != dst->numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "copy of ", DTypeName(src.dtype()), ShapeToString(src.shape()),
+        " into ", DTypeName(dst->dtype()), ShapeToString(dst->shape())));
+  }
+  const size_t n = src.nbytes();
+  if (n == 0) return absl::OkStatus();
+  const bool from_host = src.device().is_cpu();
+  const bool to_host = dst->device().is_cpu();
+  if (from_host && to_host) {
+    std::memcpy(dst->raw_data(), src.raw_data(), n);
+  } else if (from_host) {
+    RETURN_IF_ERROR(gpu::CopyHostToDevice(dst->ptr(), src.ptr(), n, stream()));
+  } else if (to_host) {
+    RETURN_IF_ERROR(gpu::CopyDeviceToHost(dst->ptr(), src.ptr(), n, stream()));
+  } else {
+    RETURN_IF_ERROR(
+        gpu::CopyDeviceToDevice(dst->ptr(), src.ptr(), n, stream()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ExecContext::ToHost(const Tensor& t) const {
+  if (t.device().is_cpu()) return t;
+  ASSIGN_OR_RETURN(Tensor host, Tensor::Create(t.dtype(), t.shape()));
+  RETURN_IF_ERROR(CopyInto(t, &host));
+  return host;
+}
+
+absl::StatusOr<Tensor> ExecContext::ToDevice(const Tensor& t) const {
+  if (t.device() == device_) return t;
+  ASSIGN_OR_RETURN(Tensor out, Empty(t.dtype(), t.shape()));
+  RETURN_IF_ERROR(CopyInto(t, &out));
+  return out;
+}
+
+absl::StatusOr<Tensor> ExecContext::Cast(const Tensor& t, DType dtype) const {
+  if (t.dtype() == dtype) return t;
+  if (t.device() != device_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cast of a tensor on ", t.device().ToString(),
+                     " in a context on ", device_.ToString()));
+  }
+  const bool widen = t.dtype() == DType::kBFloat16 && dtype == DType::kFloat32;
+  const bool narrow =
+      t.dtype() == DType::kFloat32 && dtype == DType::kBFloat16;
+  if (!widen && !narrow) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cast from ", DTypeName(t.dtype()), " to ", DTypeName(dtype),
+        ": only float32 <-> bfloat16"));
+  }
+  if (device_.is_cpu()) {
+    return absl::InvalidArgumentError(
+        "bfloat16 tensors are not computed on the CPU (precision fp32)");
+  }
+  ASSIGN_OR_RETURN(Tensor out, Empty(dtype, t.shape()));
+  if (narrow) {
+    RETURN_IF_ERROR(gpu::CastFloatToBf16(
+        t.numel(), static_cast<const float*>(t.ptr()), out.ptr(), stream()));
+  } else {
+    RETURN_IF_ERROR(gpu::CastBf16ToFloat(
+        t.numel(), t.ptr(), static_cast<float*>(out.ptr()), stream()));
+  }
+  return out;
+}
+
+absl::Status ExecContext::Synchronize() const {
+  if (device_.is_cpu()) return absl::OkStatus();
+  return gpu::StreamSynchronize(stream());
+}
+
+}  // namespace trainyard

@@ -1,0 +1,96 @@
+// ExecContext: where one pipeline stage computes — its device, the stream
+// its kernels are ordered on, the allocator its tensors come from, and the
+// precision of its activations and GEMMs. Blocks, the optimizer and the
+// loss head take one; the engine's code is the same for both devices.
+//
+// CPU: host memory (64-byte aligned), no stream, fp32 only.
+// CUDA (cuda:N): device memory from the process-wide caching allocator of
+// GPU N (kernels/cuda/device_allocator.h) and the device's legacy default
+// stream. Every context of one GPU in a process shares that stream, so the
+// caching allocator's immediate reuse of freed blocks is safe (all work is
+// ordered on one stream) and stages that share a GPU hand tensors to each
+// other without copies or events. Communication libraries keep their own
+// streams and order them against it with events (core/nccl_transport.h).
+//
+// Precision (JobSpec.precision): fp32 (float32 activations and GEMMs),
+// tf32 (float32 tensors, TF32 tensor-core GEMMs; CUDA only), bf16 (bfloat16
+// activations and GEMM inputs with float32 accumulation; CUDA only).
+// Parameters, gradients and optimizer state are float32 on every device.
+//
+// Thread safety: const methods may be called from any thread; copies are
+// ordered on the context's stream.
+#ifndef TRAINYARD_KERNELS_EXEC_CONTEXT_H_
+#define TRAINYARD_KERNELS_EXEC_CONTEXT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/tensor.h"
+
+struct CUstream_st;  // cudaStream_t without CUDA headers
+
+namespace trainyard {
+
+enum class Precision { kFp32, kTf32, kBf16 };
+
+// "fp32", "tf32", "bf16".
+const char* PrecisionName(Precision precision);
+absl::StatusOr<Precision> PrecisionFromName(absl::string_view name);
+
+class ExecContext {
+ public:
+  // Errors: FailedPrecondition when `device` is a GPU that does not exist
+  // or this build has no CUDA (the reason says which); InvalidArgument for
+  // tf32/bf16 on the CPU.
+  static absl::StatusOr<std::unique_ptr<ExecContext>> Create(
+      Device device, Precision precision);
+
+  const Device& device() const { return device_; }
+  Precision precision() const { return precision_; }
+  // bfloat16 for bf16, else float32.
+  DType activation_dtype() const {
+    return precision_ == Precision::kBf16 ? DType::kBFloat16 : DType::kFloat32;
+  }
+  CUstream_st* stream() const { return nullptr; }  // see the file comment
+  Allocator* allocator() const { return allocator_; }
+  // "cpu fp32", "cuda:0 bf16".
+  std::string ToString() const;
+
+  // Uninitialised / zeroed memory on this context's device.
+  absl::StatusOr<Tensor> Empty(DType dtype, Shape shape) const;
+  absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape) const;
+
+  // `t` on the host: as it is when it is already there, else a copy made
+  // after the work queued on the stream (the call waits for it).
+  absl::StatusOr<Tensor> ToHost(const Tensor& t) const;
+  // `t` on this context's device: as it is when it is already there, else
+  // a copy (the host tensor may be released when this returns).
+  absl::StatusOr<Tensor> ToDevice(const Tensor& t) const;
+  // `t` converted to `dtype` (float32 <-> bfloat16, or the same dtype: `t`
+  // itself) on `t`'s device, which must be this context's.
+  absl::StatusOr<Tensor> Cast(const Tensor& t, DType dtype) const;
+  // Copies src into *dst (same dtype and element count; any devices).
+  absl::Status CopyInto(const Tensor& src, Tensor* dst) const;
+  // Waits for the work queued on the stream.
+  absl::Status Synchronize() const;
+  // Makes this context's GPU current for the calling thread (CUDA calls
+  // act on the thread's current device); a no-op on the CPU. Call it first
+  // on every thread that uses the context.
+  absl::Status Activate() const;
+
+ private:
+  ExecContext(Device d, Precision p, Allocator* a)
+      : device_(d), precision_(p), allocator_(a) {}
+  Device device_;
+  Precision precision_;
+  Allocator* allocator_;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_KERNELS_EXEC_CONTEXT_H_

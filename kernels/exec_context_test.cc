@@ -1,0 +1,84 @@
+#include "kernels/exec_context.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/test_util.h"
+
+namespace trainyard {
+namespace {
+
+TEST(ExecContextTest, PrecisionNames) {
+  for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
+    EXPECT_EQ(*PrecisionFromName(PrecisionName(p)), p);
+  }
+  auto bad = PrecisionFromName("fp16");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("expected \"fp32\", \"tf32\" or "
+                                        "\"bf16\""),
+            std::string::npos);
+}
+
+TEST(ExecContextTest, CpuIsFp32Only) {
+  auto ctx = ExecContext::Create(Device::Cpu(), Precision::kBf16);
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_EQ(ctx.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ctx.status().message().find("bf16 needs a CUDA device"),
+            std::string::npos);
+}
+
+TEST(ExecContextTest, CpuCopiesAreTheHostTensors) {
+  auto ctx = ExecContext::Create(Device::Cpu(), Precision::kFp32);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  EXPECT_EQ((*ctx)->ToString(), "cpu fp32");
+  Tensor t = Tensor::FromVector({1, 2, 3}, {3});
+  EXPECT_EQ((*ctx)->ToHost(t)->ptr(), t.ptr());
+  EXPECT_EQ((*ctx)->ToDevice(t)->ptr(), t.ptr());
+  EXPECT_EQ((*ctx)->Cast(t, DType::kFloat32)->ptr(), t.ptr());
+  EXPECT_FALSE((*ctx)->Cast(t, DType::kBFloat16).ok());
+  Tensor z = *(*ctx)->Zeros(DType::kFloat32, {2, 2});
+  EXPECT_EQ(z.data<float>()[3], 0.0f);
+  Tensor dst = Tensor::Empty(DType::kFloat32, {3});
+  ASSERT_TRUE((*ctx)->CopyInto(t, &dst).ok());
+  EXPECT_EQ(dst.data<float>()[2], 3.0f);
+  Tensor wrong = Tensor::Empty(DType::kFloat32, {4});
+  EXPECT_EQ((*ctx)->CopyInto(t, &wrong).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ExecContextTest, MissingGpuIsAClearError) {
+  auto ctx = ExecContext::Create(Device::Cuda(1000), Precision::kFp32);
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_EQ(ctx.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(ctx.status().message().find("cuda:1000 is not usable"),
+            std::string::npos)
+      << ctx.status();
+}
+
+TEST(ExecContextGpuTest, RoundTripAndCasts) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto ctx = ExecContext::Create(Device::Cuda(0), Precision::kBf16);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  Tensor host = Tensor::FromVector({1.0f, -2.5f, 3.0f, 1.0f / 3}, {2, 2});
+  auto dev = (*ctx)->ToDevice(host);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_EQ(dev->device(), Device::Cuda(0));
+  auto back = (*ctx)->ToHost(*dev);
+  ASSERT_TRUE(back.ok()) << back.status();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(back->data<float>()[i], host.data<float>()[i]);
+  }
+  auto bf = (*ctx)->Cast(*dev, DType::kBFloat16);
+  ASSERT_TRUE(bf.ok()) << bf.status();
+  auto wide = (*ctx)->Cast(*bf, DType::kFloat32);
+  ASSERT_TRUE(wide.ok()) << wide.status();
+  Tensor w = *(*ctx)->ToHost(*wide);
+  EXPECT_EQ(w.data<float>()[0], 1.0f);
+  EXPECT_EQ(w.data<float>()[1], -2.5f);
+  EXPECT_NEAR(w.data<float>()[3], 1.0f / 3, 1.0f / 3 * 1e-2);
+  Tensor z = *(*ctx)->ToHost(*(*ctx)->Zeros(DType::kFloat32, {5}));
+  EXPECT_EQ(z.data<float>()[4], 0.0f);
+}
+
+}  // namespace
+}  // namespace trainyard
