@@ -9,6 +9,7 @@ class InProcessHub::Rank : public Transport {
   Rank(InProcessHub* hub, int rank) : hub_(hub), rank_(rank) {}
   int rank() const override { return rank_; }
   int world_size() const override { return hub_->world_size(); }
+  bool SharesDeviceMemory() const override { return true; }
   absl::Status Send(int peer, Message message) override {
     return hub_->Send(rank_, peer, std::move(message));
   }

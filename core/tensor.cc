@@ -58,9 +58,9 @@ absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
   for (DType d : kAllDTypes) {
     if (DTypeName(d) == name) return d;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype \"", name,
-                   "\" (expected float32, bfloat16, int32, int64, uint8 or float64)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown dtype \"", name,
+      "\" (expected float32, bfloat16, int32, int64, uint8 or float64)"));
 }
 
 std::string ShapeToString(const Shape& shape) {
@@ -88,8 +88,8 @@ absl::StatusOr<Tensor> Tensor::Create(DType dtype, Shape shape,
     elements *= static_cast<uint64_t>(d);
   }
   if (overflow || elements > (uint64_t{1} << 62) / 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor shape ", ShapeToString(shape), " is too large"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor shape ", ShapeToString(shape), " is too large"));
   }
   Tensor t;
   t.dtype_ = dtype;

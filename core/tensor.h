@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -112,6 +113,10 @@ class Tensor {
   Device device_;
   Shape shape_ = {0};
 };
+
+// Tensors by name, in a meaningful order (parameters, message contents,
+// safetensors files).
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 }  // namespace trainyard
 

@@ -50,7 +50,7 @@ struct Message {
   int64_t step = 0;
   int32_t microbatch = 0;
   // By name; activations carry "x" plus the task's per-microbatch state.
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  NamedTensors tensors;
 };
 
 class Transport {
@@ -59,6 +59,12 @@ class Transport {
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+
+  // True when Send may carry tensors that live on a GPU as they are (the
+  // in-process transport: the receiver shares the sender's storage, and
+  // stages of one process that share a GPU share its stream). Otherwise
+  // senders stage device tensors through the host.
+  virtual bool SharesDeviceMemory() const { return false; }
 
   virtual absl::Status Send(int peer, Message message) = 0;
   virtual absl::StatusOr<Message> Recv(int peer, absl::Duration timeout) = 0;

@@ -18,8 +18,8 @@ class CpuBlockKernel final : public BlockKernel {
     MlpBlockSaved s;
   };
 
-  absl::Status Forward(const MlpBlockParams& params, const Tensor& x,
-                       Tensor* y, std::unique_ptr<BlockSaved>* saved) override {
+  absl::Status Forward(const MlpBlockParams& params, const Tensor& x, Tensor* y,
+                       std::unique_ptr<BlockSaved>* saved) override {
     auto keep = std::make_unique<Saved>();
     RETURN_IF_ERROR(block_.Forward(params, x, y, &keep->s));
     if (saved != nullptr) *saved = std::move(keep);
@@ -56,8 +56,8 @@ class CudaBlockKernel final : public BlockKernel {
     Tensor x, d_out;
   };
 
-  absl::Status Forward(const MlpBlockParams& params, const Tensor& x,
-                       Tensor* y, std::unique_ptr<BlockSaved>* saved) override {
+  absl::Status Forward(const MlpBlockParams& params, const Tensor& x, Tensor* y,
+                       std::unique_ptr<BlockSaved>* saved) override {
     RETURN_IF_ERROR(CheckActivation("x", x, config().in_features));
     const int64_t rows = x.dim(0);
     ASSIGN_OR_RETURN(*y, ctx_->Empty(ctx_->activation_dtype(),
@@ -75,9 +75,8 @@ class CudaBlockKernel final : public BlockKernel {
     Saved* s = static_cast<Saved*>(saved);
     RETURN_IF_ERROR(CheckActivation("d_out", d_out, config().out_features));
     if (d_out.dim(0) != s->x.dim(0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("d_out has ", d_out.dim(0), " rows, x had ",
-                       s->x.dim(0)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "d_out has ", d_out.dim(0), " rows, x had ", s->x.dim(0)));
     }
     s->d_out = d_out;
     void* dx_ptr = nullptr;
@@ -153,8 +152,9 @@ absl::StatusOr<std::unique_ptr<BlockKernel>> CreateBlockKernel(
   gpu::ComputeMode mode = gpu::ComputeMode::kFloat32;
   if (ctx->precision() == Precision::kTf32) mode = gpu::ComputeMode::kTf32;
   if (ctx->precision() == Precision::kBf16) mode = gpu::ComputeMode::kBFloat16;
-  ASSIGN_OR_RETURN(std::unique_ptr<gpu::CudaMlpBlock> block,
-                   gpu::CudaMlpBlock::Create(config, mode, ctx->device().index));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<gpu::CudaMlpBlock> block,
+      gpu::CudaMlpBlock::Create(config, mode, ctx->device().index));
   return std::unique_ptr<BlockKernel>(
       new CudaBlockKernel(ctx, std::move(block)));
 }

@@ -82,8 +82,8 @@ absl::StatusOr<std::unique_ptr<ExecContext>> ExecContext::Create(
   }
   absl::Status usable = gpu::CheckDevice(device.index);
   if (!usable.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        device.ToString(), " is not usable: ", usable.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat(device.ToString(), " is not usable: ", usable.message()));
   }
   RETURN_IF_ERROR(gpu::SetDevice(device.index));
   ASSIGN_OR_RETURN(Allocator * allocator, CudaAllocatorFor(device.index));
@@ -160,12 +160,11 @@ absl::StatusOr<Tensor> ExecContext::Cast(const Tensor& t, DType dtype) const {
                      " in a context on ", device_.ToString()));
   }
   const bool widen = t.dtype() == DType::kBFloat16 && dtype == DType::kFloat32;
-  const bool narrow =
-      t.dtype() == DType::kFloat32 && dtype == DType::kBFloat16;
+  const bool narrow = t.dtype() == DType::kFloat32 && dtype == DType::kBFloat16;
   if (!widen && !narrow) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cast from ", DTypeName(t.dtype()), " to ", DTypeName(dtype),
-        ": only float32 <-> bfloat16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cast from ", DTypeName(t.dtype()), " to ",
+                     DTypeName(dtype), ": only float32 <-> bfloat16"));
   }
   if (device_.is_cpu()) {
     return absl::InvalidArgumentError(

@@ -74,8 +74,6 @@ class TaskPlugin {
   const TrainyardTaskV1* table_;  // static data inside the library
 };
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
 // What build_forward_inputs produced for one step.
 struct ForwardInputs {
   Tensor inputs;       // float32 [B, D]

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "kernels/cuda/optimizer_kernels.h"
 #include "kernels/parallel.h"
 
 namespace trainyard {
@@ -73,9 +76,11 @@ double SumOfSquares(const float* x, int64_t n) {
 
 absl::StatusOr<StageOptimizer> StageOptimizer::Create(
     const trainyard::v1::OptimizerSpec& spec,
-    std::vector<ParamSegment> segments, int64_t total_size) {
+    std::vector<ParamSegment> segments, int64_t total_size,
+    const ExecContext* ctx) {
   StageOptimizer opt;
   opt.spec_ = spec;
+  opt.ctx_ = ctx != nullptr && !ctx->device().is_cpu() ? ctx : nullptr;
   if (spec.type() == "adamw") {
     opt.adamw_ = true;
   } else if (spec.type() == "sgd") {
@@ -105,11 +110,20 @@ absl::StatusOr<StageOptimizer> StageOptimizer::Create(
     }
   }
   opt.total_size_ = total_size;
+  auto zeros = [&](Tensor* t) -> absl::Status {
+    if (opt.ctx_ != nullptr) {
+      ASSIGN_OR_RETURN(*t, opt.ctx_->Zeros(DType::kFloat32, {total_size}));
+    } else {
+      ASSIGN_OR_RETURN(*t, Tensor::Create(DType::kFloat32, {total_size}));
+      if (total_size > 0) std::memset(t->raw_data(), 0, t->nbytes());
+    }
+    return absl::OkStatus();
+  };
   if (opt.adamw_) {
-    opt.state1_ = Tensor::Zeros(DType::kFloat32, {total_size});
-    opt.state2_ = Tensor::Zeros(DType::kFloat32, {total_size});
+    RETURN_IF_ERROR(zeros(&opt.state1_));
+    RETURN_IF_ERROR(zeros(&opt.state2_));
   } else if (spec.momentum() != 0.0) {
-    opt.state1_ = Tensor::Zeros(DType::kFloat32, {total_size});
+    RETURN_IF_ERROR(zeros(&opt.state1_));
   }
   return opt;
 }
@@ -149,6 +163,100 @@ void StageOptimizer::Step(float* params, const float* grads, double lr,
               static_cast<float>(1.0 - spec_.dampening()), step_count_ == 1,
               spec_.nesterov(), static_cast<float>(-lr));
   });
+}
+
+absl::Status StageOptimizer::CheckFlat(const char* what,
+                                       const Tensor& t) const {
+  const Device want = ctx_ != nullptr ? ctx_->device() : Device::Cpu();
+  if (t.dtype() != DType::kFloat32 || t.numel() != total_size_ ||
+      t.device() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: ", what, " is ", DTypeName(t.dtype()),
+        ShapeToString(t.shape()), " on ", t.device().ToString(),
+        ", expected float32[", total_size_, "] on ", want.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageOptimizer::Step(Tensor* params, const Tensor& grads,
+                                  double lr, double grad_scale) {
+  RETURN_IF_ERROR(CheckFlat("params", *params));
+  RETURN_IF_ERROR(CheckFlat("grads", grads));
+  if (ctx_ != nullptr) return StepOnDevice(params, grads, lr, grad_scale);
+  Step(params->data<float>(), grads.data<float>(), lr, grad_scale);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The CUDA kernels' view of the segments (offsets, sizes, decay flags).
+std::vector<gpu::FlatSegment> FlatSegments(
+    const std::vector<ParamSegment>& segments) {
+  std::vector<gpu::FlatSegment> out;
+  for (const ParamSegment& s : segments) {
+    gpu::FlatSegment f;
+    f.offset = s.offset;
+    f.size = s.size();
+    f.decay = s.decay;
+    out.push_back(f);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
+                                          double lr, double grad_scale) {
+  const std::vector<gpu::FlatSegment> segs = FlatSegments(segments_);
+  float* p = static_cast<float*>(params->ptr());
+  const float* g = static_cast<const float*>(grads.ptr());
+  if (adamw_) {
+    gpu::AdamWStep hp;
+    hp.lr = lr;
+    hp.beta1 = spec_.beta1();
+    hp.beta2 = spec_.beta2();
+    hp.eps = spec_.eps();
+    hp.weight_decay = spec_.weight_decay();
+    hp.step = step_count_ + 1;
+    hp.grad_scale = grad_scale;
+    RETURN_IF_ERROR(gpu::FusedAdamW(segs, hp, p, g,
+                                    static_cast<float*>(state1_.ptr()),
+                                    static_cast<float*>(state2_.ptr()),
+                                    /*params_bf16=*/nullptr, ctx_->stream()));
+  } else {
+    gpu::SgdStep hp;
+    hp.lr = lr;
+    hp.momentum = spec_.momentum();
+    hp.dampening = spec_.dampening();
+    hp.weight_decay = spec_.weight_decay();
+    hp.nesterov = spec_.nesterov();
+    hp.first_step = step_count_ == 0;
+    hp.grad_scale = grad_scale;
+    float* buf =
+        state1_.defined() ? static_cast<float*>(state1_.ptr()) : nullptr;
+    RETURN_IF_ERROR(
+        gpu::FusedSgd(segs, hp, p, g, buf, nullptr, ctx_->stream()));
+  }
+  ++step_count_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<double>> StageOptimizer::GradSumsOfSquares(
+    const Tensor& grads) const {
+  RETURN_IF_ERROR(CheckFlat("grads", grads));
+  if (ctx_ == nullptr) return GradSumsOfSquares(grads.data<float>());
+  const int n = static_cast<int>(segments_.size());
+  ASSIGN_OR_RETURN(
+      Tensor workspace,
+      ctx_->Empty(
+          DType::kUInt8,
+          {static_cast<int64_t>(gpu::GradSumsOfSquaresWorkspaceBytes(n))}));
+  ASSIGN_OR_RETURN(Tensor sums, ctx_->Empty(DType::kFloat64, {n}));
+  RETURN_IF_ERROR(gpu::GradSumsOfSquares(
+      FlatSegments(segments_), static_cast<const float*>(grads.ptr()),
+      workspace.ptr(), static_cast<double*>(sums.ptr()), ctx_->stream()));
+  ASSIGN_OR_RETURN(Tensor host, ctx_->ToHost(sums));
+  return std::vector<double>(host.data<double>(), host.data<double>() + n);
 }
 
 std::vector<double> StageOptimizer::GradSumsOfSquares(
@@ -198,7 +306,11 @@ absl::Status StageOptimizer::LoadState(
           ", expected float32", ShapeToString(dst.shape())));
     }
     Tensor alias = dst;
-    alias.CopyFrom(it->second);
+    if (ctx_ != nullptr) {
+      RETURN_IF_ERROR(ctx_->CopyInto(it->second, &alias));
+    } else {
+      alias.CopyFrom(it->second);
+    }
   }
   step_count_ = step_count;
   return absl::OkStatus();

@@ -13,6 +13,13 @@
 // The effective gradient is grad * grad_scale, as if the caller had scaled
 // the gradients in place (torch.nn.utils.clip_grad_norm_ does that).
 //
+// Device: the state lives on the ExecContext's device. On the CPU the
+// update runs on our thread pool; on a GPU the fused multi-tensor kernels
+// of kernels/cuda/optimizer_kernels.h apply the same formulas bit for bit
+// (same float32 operation order, no FMA contraction). The gradient sums of
+// squares use a fixed reduction order on each device; the CPU's and the
+// GPU's orders differ, so their norms may differ in the last bits.
+//
 // Not thread-safe; one per stage.
 #ifndef TRAINYARD_WORKER_OPTIMIZER_H_
 #define TRAINYARD_WORKER_OPTIMIZER_H_
@@ -26,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
+#include "kernels/exec_context.h"
 #include "proto/job_spec.pb.h"
 
 namespace trainyard {
@@ -44,12 +52,24 @@ class StageOptimizer {
  public:
   // `spec` must be normalized (defaults filled in, see core/job_plan.h).
   // Fails for an optimizer type it does not know.
+  // State is allocated through `ctx` (null: the host); ctx must outlive
+  // the optimizer.
   static absl::StatusOr<StageOptimizer> Create(
       const trainyard::v1::OptimizerSpec& spec,
-      std::vector<ParamSegment> segments, int64_t total_size);
+      std::vector<ParamSegment> segments, int64_t total_size,
+      const ExecContext* ctx = nullptr);
 
-  // One update of `params` [total_size] from raw `grads` [total_size]:
-  // effective gradient = grads * grad_scale, learning rate `lr`.
+  // One update of `params` [total_size] from raw `grads` [total_size], both
+  // on the optimizer's device: effective gradient = grads * grad_scale,
+  // learning rate `lr`. Errors: the tensors do not fit; a CUDA failure.
+  absl::Status Step(Tensor* params, const Tensor& grads, double lr,
+                    double grad_scale);
+  // Sum of squares of each segment of `grads` (on the optimizer's device),
+  // in segment order, in double; waits for the device.
+  absl::StatusOr<std::vector<double>> GradSumsOfSquares(
+      const Tensor& grads) const;
+
+  // The host update and sums on raw buffers (CPU optimizers only).
   void Step(float* params, const float* grads, double lr, double grad_scale);
 
   // Sum of squares of each segment's raw gradient, in segment order, in
@@ -62,19 +82,23 @@ class StageOptimizer {
 
   // State tensors for checkpoints, named optimizer.<param>.exp_avg and
   // .exp_avg_sq (AdamW) or .momentum_buffer (SGD with momentum). They
-  // alias the optimizer's buffers.
+  // alias the optimizer's buffers (on its device).
   std::vector<std::pair<std::string, Tensor>> StateTensors() const;
 
-  // Restores state saved by StateTensors from `tensors` (looked up by name;
-  // shapes must match) and the step count. Errors name the missing or
-  // mismatched tensor.
+  // Restores state saved by StateTensors from `tensors` (host or device;
+  // looked up by name; shapes must match) and the step count. Errors name
+  // the missing or mismatched tensor.
   absl::Status LoadState(const std::map<std::string, Tensor>& tensors,
                          int64_t step_count);
 
  private:
   StageOptimizer() = default;
+  absl::Status CheckFlat(const char* what, const Tensor& t) const;
+  absl::Status StepOnDevice(Tensor* params, const Tensor& grads, double lr,
+                            double grad_scale);
 
   trainyard::v1::OptimizerSpec spec_;
+  const ExecContext* ctx_ = nullptr;  // null: the host
   bool adamw_ = true;
   std::vector<ParamSegment> segments_;
   int64_t total_size_ = 0;

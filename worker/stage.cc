@@ -1,6 +1,5 @@
 #include "worker/stage.h"
 
-#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -8,23 +7,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/lr_schedule.h"
-#include "core/random.h"
 #include "core/safetensors.h"
 #include "core/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/checkpoint_store.h"
+#include "worker/step_reducer.h"
 
 namespace trainyard {
 
 // One microbatch in flight on this stage.
 struct Stage::Microbatch {
   int index = 0;
-  Tensor input;  // [b, in] this stage's input
-  std::vector<std::pair<std::string, Tensor>> state;  // task state, travels
-  Tensor output;                     // [b, out] this stage's output
-  Tensor grad_output;                // [b, out] dLoss/dOutput (scaled)
-  Tensor grad_input;                 // [b, in]  to send back
-  std::vector<MlpBlockSaved> saved;  // per local block
+  Tensor input;        // [b, in] this stage's input
+  NamedTensors state;  // task state (host), travels with the microbatch
+  Tensor output;       // [b, out] this stage's output
+  Tensor grad_output;  // [b, out] dLoss/dOutput (scaled)
+  Tensor grad_input;   // [b, in]  to send back
+  std::vector<std::unique_ptr<BlockSaved>> saved;  // per local block
 };
 
 namespace {
@@ -53,6 +52,14 @@ std::vector<std::pair<int64_t, int64_t>> SplitRows(int64_t rows, int parts) {
   return out;
 }
 
+absl::Status Prefixed(const absl::Status& st, const std::string& prefix) {
+  return absl::Status(st.code(), absl::StrCat(prefix, st.message()));
+}
+
+const char* TaskStateKey(bool first_only) {
+  return first_only ? "task.first_stage.state" : "task.last_stage.state";
+}
+
 }  // namespace
 
 Stage::~Stage() = default;
@@ -78,55 +85,39 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         st->Where(), ": needs a transport with ", st->num_stages_, " ranks"));
   }
+  st->ctx_ = options.exec;
+  if (st->ctx_ == nullptr) {
+    ASSIGN_OR_RETURN(st->own_ctx_,
+                     ExecContext::Create(Device::Cpu(), Precision::kFp32));
+    st->ctx_ = st->own_ctx_.get();
+  }
+  RETURN_IF_ERROR(st->ctx_->Activate());
   const auto& spec = plan.spec;
   st->first_block_ = plan.stage_begin[index];
   for (int b = plan.stage_begin[index]; b < plan.stage_begin[index + 1]; ++b) {
-    st->blocks_.emplace_back(plan.blocks[b]);
-  }
-
-  // Flat buffers and per-parameter views.
-  int64_t total = 0;
-  for (size_t p = 0; p < plan.params.size(); ++p) {
-    const auto& ps = plan.params[p];
-    if (ps.stage != index) continue;
-    ParamSegment seg;
-    seg.name = ps.name;
-    seg.shape = ps.shape;
-    seg.offset = total;
-    seg.decay = ps.decay;
-    total += seg.size();
-    st->segments_.push_back(seg);
-    st->param_index_.push_back(static_cast<int>(p));
-  }
-  st->params_ = Tensor::Zeros(DType::kFloat32, {total});
-  st->grads_ = Tensor::Zeros(DType::kFloat32, {total});
-  size_t seg = 0;
-  for (size_t b = 0; b < st->blocks_.size(); ++b) {
-    MlpBlockParams params, grads;
-    for (Tensor* slot : params.InOrder(st->blocks_[b].config())) {
-      const ParamSegment& s = st->segments_[seg];
-      *slot = st->params_.Rows(s.offset, s.offset + s.size()).View(s.shape);
-      ++seg;
+    absl::StatusOr<std::unique_ptr<BlockKernel>> k =
+        CreateBlockKernel(plan.blocks[b], st->ctx_);
+    if (!k.ok()) {
+      return Prefixed(k.status(),
+                      absl::StrCat(st->Where(), " block ", b, " on ",
+                                   st->ctx_->ToString(), ": "));
     }
-    seg -= params.InOrder(st->blocks_[b].config()).size();
-    for (Tensor* slot : grads.InOrder(st->blocks_[b].config())) {
-      const ParamSegment& s = st->segments_[seg];
-      *slot = st->grads_.Rows(s.offset, s.offset + s.size()).View(s.shape);
-      ++seg;
-    }
-    st->block_params_.push_back(params);
-    st->block_grads_.push_back(grads);
+    st->blocks_.push_back(*std::move(k));
   }
-  if (seg != st->segments_.size()) {
-    return absl::InternalError(absl::StrCat(st->Where(), ": plan has ",
-                                            st->segments_.size(),
-                                            " parameters, blocks use ", seg));
+  {
+    absl::StatusOr<ParamStore> store =
+        ParamStore::Create(plan, index, st->ctx_);
+    if (!store.ok()) {
+      return Prefixed(store.status(), absl::StrCat(st->Where(), ": "));
+    }
+    st->store_.emplace(*std::move(store));
   }
   st->grads_written_.assign(st->blocks_.size(), false);
 
   ASSIGN_OR_RETURN(
       StageOptimizer opt,
-      StageOptimizer::Create(spec.optimizer(), st->segments_, total));
+      StageOptimizer::Create(spec.optimizer(), st->store_->segments(),
+                             st->store_->total(), st->ctx_));
   st->optimizer_.emplace(std::move(opt));
 
   ASSIGN_OR_RETURN(
@@ -150,6 +141,7 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     }
     ASSIGN_OR_RETURN(st->task_, Task::Create(plugin, config));
   }
+  if (st->is_last()) st->loss_.emplace(st->task_.get(), st->ctx_);
   if (st->is_first()) {
     if (st->data_.train == nullptr) {
       return absl::InvalidArgumentError(
@@ -162,62 +154,13 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   return st;
 }
 
-std::vector<std::pair<std::string, Tensor>> Stage::NamedParameters() const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (const ParamSegment& s : segments_) {
-    out.push_back(
-        {s.name, params_.Rows(s.offset, s.offset + s.size()).View(s.shape)});
-  }
-  return out;
+NamedTensors Stage::NamedParameters() const { return store_->Named(); }
+
+absl::StatusOr<NamedTensors> Stage::NamedParametersOnHost() const {
+  return store_->NamedOnHost();
 }
 
-absl::Status Stage::InitParameters() {
-  const auto& init = plan_.spec.model().init();
-  auto named = NamedParameters();
-  if (!init.safetensors().empty()) {
-    ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(init.safetensors()));
-    for (auto& [name, dst] : named) {
-      auto src = file.Get(name);
-      if (!src.ok()) {
-        return absl::NotFoundError(
-            absl::StrCat("model.init.safetensors: ", init.safetensors(),
-                         ": tensor ", name, " is missing"));
-      }
-      if (src->dtype() != DType::kFloat32 || src->shape() != dst.shape()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model.init.safetensors: ", init.safetensors(), ": tensor ", name,
-            " is ", DTypeName(src->dtype()), ShapeToString(src->shape()),
-            ", the model needs float32", ShapeToString(dst.shape())));
-      }
-      dst.CopyFrom(*src);
-    }
-    return absl::OkStatus();
-  }
-  for (size_t i = 0; i < named.size(); ++i) {
-    const int global = param_index_[i];
-    const auto& ps = plan_.params[global];
-    Tensor& t = named[i].second;
-    float* p = t.data<float>();
-    const int64_t n = t.numel();
-    const bool is_norm = ps.name.find(".norm.") != std::string::npos;
-    if (is_norm) {
-      const float v = ps.name.size() >= 7 && ps.name.compare(ps.name.size() - 7,
-                                                             7, ".weight") == 0
-                          ? 1.0f
-                          : 0.0f;
-      for (int64_t k = 0; k < n; ++k) p[k] = v;
-      continue;
-    }
-    // nn.Linear: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-    const MlpBlockConfig& cfg = plan_.blocks[ps.block];
-    const bool fc1 = ps.name.find(".fc1.") != std::string::npos;
-    const int64_t fan_in = fc1 ? cfg.in_features : cfg.ffn_hidden_size;
-    const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
-    Rng rng(plan_.spec.model().init().seed(), static_cast<uint64_t>(global));
-    for (int64_t k = 0; k < n; ++k) p[k] = rng.Uniform(-bound, bound);
-  }
-  return absl::OkStatus();
-}
+absl::Status Stage::InitParameters() { return store_->Init(plan_); }
 
 absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
                                  int64_t step, bool is_eval,
@@ -233,10 +176,13 @@ absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
                      ShapeToString(in.inputs.shape()), ", block 0 takes [B, ",
                      plan_.feature_dim, "]"));
   }
+  // One copy of the whole batch to the device; microbatches are views.
+  ASSIGN_OR_RETURN(Tensor inputs, ctx_->ToDevice(in.inputs));
+  ASSIGN_OR_RETURN(inputs, ctx_->Cast(inputs, ctx_->activation_dtype()));
   auto ranges = SplitRows(static_cast<int64_t>(rows.size()), num_microbatches);
   for (int m = 0; m < num_microbatches; ++m) {
     Microbatch& mb = microbatches_[m];
-    mb.input = in.inputs.Rows(ranges[m].first, ranges[m].second);
+    mb.input = inputs.Rows(ranges[m].first, ranges[m].second);
     mb.state.clear();
     for (auto& [name, t] : in.state) {
       mb.state.push_back({name, t.Rows(ranges[m].first, ranges[m].second)});
@@ -246,16 +192,17 @@ absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
 }
 
 absl::Status Stage::Forward(Microbatch* mb, bool save_for_backward) {
-  mb->saved.assign(blocks_.size(), MlpBlockSaved());
+  mb->saved.clear();
+  mb->saved.resize(blocks_.size());
   Tensor x = mb->input;
   for (size_t b = 0; b < blocks_.size(); ++b) {
     Tensor y;
     absl::Status st =
-        blocks_[b].Forward(block_params_[b], x, &y, &mb->saved[b]);
+        blocks_[b]->Forward(store_->block_params(b), x, &y,
+                            save_for_backward ? &mb->saved[b] : nullptr);
     if (!st.ok()) {
-      return absl::Status(st.code(),
-                          absl::StrCat(Where(), " block ", first_block_ + b,
-                                       " forward: ", st.message()));
+      return Prefixed(
+          st, absl::StrCat(Where(), " block ", first_block_ + b, " forward: "));
     }
     x = y;
   }
@@ -269,12 +216,12 @@ absl::Status Stage::BackwardInput(Microbatch* mb) {
   for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
     Tensor dx;
     const bool need_dx = !(b == 0 && is_first());
-    absl::Status st = blocks_[b].BackwardInput(
-        block_params_[b], d, &mb->saved[b], need_dx ? &dx : nullptr);
+    absl::Status st =
+        blocks_[b]->BackwardInput(store_->block_params(b), d,
+                                  mb->saved[b].get(), need_dx ? &dx : nullptr);
     if (!st.ok()) {
-      return absl::Status(st.code(),
-                          absl::StrCat(Where(), " block ", first_block_ + b,
-                                       " backward: ", st.message()));
+      return Prefixed(st, absl::StrCat(Where(), " block ", first_block_ + b,
+                                       " backward: "));
     }
     d = dx;
   }
@@ -285,12 +232,11 @@ absl::Status Stage::BackwardInput(Microbatch* mb) {
 
 absl::Status Stage::BackwardWeight(Microbatch* mb) {
   for (size_t b = 0; b < blocks_.size(); ++b) {
-    absl::Status st = blocks_[b].BackwardWeight(
-        &mb->saved[b], grads_written_[b], &block_grads_[b]);
+    absl::Status st = blocks_[b]->BackwardWeight(
+        mb->saved[b].get(), grads_written_[b], &store_->block_grads(b));
     if (!st.ok()) {
-      return absl::Status(st.code(),
-                          absl::StrCat(Where(), " block ", first_block_ + b,
-                                       " weight gradient: ", st.message()));
+      return Prefixed(st, absl::StrCat(Where(), " block ", first_block_ + b,
+                                       " weight gradient: "));
     }
     grads_written_[b] = true;
   }
@@ -299,29 +245,43 @@ absl::Status Stage::BackwardWeight(Microbatch* mb) {
   return absl::OkStatus();
 }
 
-absl::Status Stage::ReceiveActivation(Microbatch* mb, MessageKind kind,
-                                      int64_t step, StageTimes* times) {
+absl::Status Stage::Send(int peer, Message msg) {
+  if (!transport_->SharesDeviceMemory()) {
+    for (auto& [name, t] : msg.tensors) {
+      ASSIGN_OR_RETURN(t, ctx_->ToHost(t));
+    }
+  }
+  return transport_->Send(peer, std::move(msg));
+}
+
+absl::StatusOr<Message> Stage::Receive(int peer, MessageKind kind, int64_t step,
+                                       const Microbatch& mb,
+                                       StageTimes* times) {
+  const bool gradient = kind == MessageKind::kGradient;
   absl::StatusOr<Message> msg;
   {
     Timer t(&times->idle);
-    msg = transport_->Recv(index_ - 1, options_.timeout);
+    msg = transport_->Recv(peer, options_.timeout);
   }
   if (!msg.ok()) {
-    return absl::Status(msg.status().code(),
-                        absl::StrCat(Where(), ": receiving ",
-                                     MessageKindName(kind), " of microbatch ",
-                                     mb->index, ": ", msg.status().message()));
+    return Prefixed(msg.status(),
+                    absl::StrCat(Where(), ": receiving ",
+                                 gradient ? "gradient" : MessageKindName(kind),
+                                 " of microbatch ", mb.index, ": "));
   }
-  if (msg->kind != kind || msg->step != step || msg->microbatch != mb->index ||
-      msg->tensors.empty() || msg->tensors[0].first != "x") {
+  const bool shape_ok =
+      gradient ? msg->tensors.size() == 1
+               : !msg->tensors.empty() && msg->tensors[0].first == "x";
+  if (msg->kind != kind || msg->step != step || msg->microbatch != mb.index ||
+      !shape_ok) {
     return absl::InternalError(absl::StrCat(
         Where(), ": expected ", MessageKindName(kind), " of step ", step,
-        " microbatch ", mb->index, ", got ", MessageKindName(msg->kind),
+        " microbatch ", mb.index, ", got ", MessageKindName(msg->kind),
         " of step ", msg->step, " microbatch ", msg->microbatch));
   }
-  mb->input = msg->tensors[0].second;
-  mb->state.assign(msg->tensors.begin() + 1, msg->tensors.end());
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(msg->tensors[0].second,
+                   ctx_->ToDevice(msg->tensors[0].second));
+  return msg;
 }
 
 absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
@@ -332,47 +292,23 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
   for (const Action& a : schedule.stages[index_]) {
     Microbatch* mb = a.microbatch >= 0 ? &microbatches_[a.microbatch] : nullptr;
     switch (a.kind) {
-      case ActionKind::kRecvActivation:
-        RETURN_IF_ERROR(ReceiveActivation(mb, act_kind, step, times));
+      case ActionKind::kRecvActivation: {
+        ASSIGN_OR_RETURN(Message msg,
+                         Receive(index_ - 1, act_kind, step, *mb, times));
+        mb->input = msg.tensors[0].second;
+        mb->state.assign(msg.tensors.begin() + 1, msg.tensors.end());
         break;
+      }
       case ActionKind::kForward: {
         {
           Timer t(&times->forward);
           RETURN_IF_ERROR(Forward(mb, !is_eval));
         }
         if (!is_last()) break;
-        // The loss belongs to the last stage's forward. A non-finite output
-        // means the model diverged: say so here rather than let the task
-        // plugin's own checks read like a plugin fault.
-        {
-          const float* o = mb->output.data<float>();
-          for (int64_t i = 0, n = mb->output.numel(); i < n; ++i) {
-            if (!std::isfinite(o[i])) {
-              return absl::FailedPreconditionError(absl::StrCat(
-                  "step ", completed_steps_ + 1,
-                  ": the model's output for "
-                  "microbatch ",
-                  mb->index, " is not finite (", o[i],
-                  "): the training diverged; lower optimizer.lr or set "
-                  "optimizer.clip_grad"));
-            }
-          }
-        }
-        Tensor grad;
-        if (!is_eval) grad = Tensor::Zeros(DType::kFloat32, mb->output.shape());
-        ASSIGN_OR_RETURN(
-            LossResult loss,
-            task_->ComputeLoss(mb->output, mb->state, is_eval ? nullptr : &grad,
-                               completed_steps_, mb->index, num_microbatches,
-                               is_eval));
-        weight_sum_ += loss.weight;
-        loss_sum_ += loss.weight * loss.loss;
-        if (!is_eval) {
-          const float w = static_cast<float>(loss.weight);
-          float* g = grad.data<float>();
-          for (int64_t i = 0, n = grad.numel(); i < n; ++i) g[i] *= w;
-          mb->grad_output = grad;
-        }
+        // The loss belongs to the last stage's forward.
+        ASSIGN_OR_RETURN(mb->grad_output,
+                         loss_->Compute(mb->output, mb->state, completed_steps_,
+                                        mb->index, num_microbatches, is_eval));
         mb->output = Tensor();
         mb->state.clear();
         break;
@@ -385,31 +321,16 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         msg.microbatch = mb->index;
         msg.tensors.push_back({"x", mb->output});
         for (auto& s : mb->state) msg.tensors.push_back(s);
-        RETURN_IF_ERROR(transport_->Send(index_ + 1, std::move(msg)));
+        RETURN_IF_ERROR(Send(index_ + 1, std::move(msg)));
         mb->output = Tensor();
         mb->state.clear();
         break;
       }
       case ActionKind::kRecvGradient: {
-        absl::StatusOr<Message> msg;
-        {
-          Timer t(&times->idle);
-          msg = transport_->Recv(index_ + 1, options_.timeout);
-        }
-        if (!msg.ok()) {
-          return absl::Status(
-              msg.status().code(),
-              absl::StrCat(Where(), ": receiving gradient of microbatch ",
-                           mb->index, ": ", msg.status().message()));
-        }
-        if (msg->kind != MessageKind::kGradient || msg->step != step ||
-            msg->microbatch != mb->index || msg->tensors.size() != 1) {
-          return absl::InternalError(absl::StrCat(
-              Where(), ": expected gradient of step ", step, " microbatch ",
-              mb->index, ", got ", MessageKindName(msg->kind), " of step ",
-              msg->step, " microbatch ", msg->microbatch));
-        }
-        mb->grad_output = msg->tensors[0].second;
+        ASSIGN_OR_RETURN(
+            Message msg,
+            Receive(index_ + 1, MessageKind::kGradient, step, *mb, times));
+        mb->grad_output = msg.tensors[0].second;
         break;
       }
       case ActionKind::kBackwardInput: {
@@ -424,7 +345,7 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         msg.step = step;
         msg.microbatch = mb->index;
         msg.tensors.push_back({"dx", mb->grad_input});
-        RETURN_IF_ERROR(transport_->Send(index_ - 1, std::move(msg)));
+        RETURN_IF_ERROR(Send(index_ - 1, std::move(msg)));
         mb->grad_input = Tensor();
         break;
       }
@@ -441,57 +362,30 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
 }
 
 absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
-  const int num_params = static_cast<int>(plan_.params.size());
-  std::vector<double> reduce(num_params + 2, 0.0);
+  StepContributions mine;
   {
     Timer t(&report->times.optimizer);
-    const std::vector<double> sums =
-        optimizer_->GradSumsOfSquares(grads_.data<float>());
-    for (size_t i = 0; i < segments_.size(); ++i) {
-      reduce[param_index_[i]] = sums[i];
-    }
+    ASSIGN_OR_RETURN(mine.sums_of_squares,
+                     optimizer_->GradSumsOfSquares(store_->grads()));
   }
+  for (size_t i = 0; i < store_->segments().size(); ++i) {
+    mine.params.push_back(store_->global_index(static_cast<int>(i)));
+  }
+  mine.is_last = is_last();
   if (is_last()) {
-    reduce[num_params] = weight_sum_;
-    reduce[num_params + 1] = loss_sum_;
+    mine.weight_sum = loss_->weight_sum();
+    mine.loss_sum = loss_->loss_sum();
   }
-  if (num_stages_ > 1) {
-    Timer t(&report->times.comm);
-    absl::Status st = transport_->AllReduceSum(&reduce, options_.timeout);
-    if (!st.ok()) {
-      return absl::Status(
-          st.code(), absl::StrCat(Where(), ": all-reduce: ", st.message()));
-    }
-  }
+  ASSIGN_OR_RETURN(
+      StepTotals totals,
+      ReduceStep(plan_, mine, num_stages_ > 1 ? transport_ : nullptr,
+                 options_.timeout, step, Where(), &report->times.comm));
   Timer t(&report->times.optimizer);
-  const double weight = reduce[num_params];
-  if (!(weight > 0) || !std::isfinite(weight)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step ", step + 1, ": total loss weight is ", weight,
-                     " (every sample was ignored by the task); step refused"));
-  }
-  double sumsq = 0;
-  for (int p = 0; p < num_params; ++p) {
-    if (!std::isfinite(reduce[p])) {
-      const auto& ps = plan_.params[p];
-      return absl::FailedPreconditionError(
-          absl::StrCat("step ", step + 1, ": stage ", ps.stage, " parameter ",
-                       ps.name, " has a non-finite gradient; step refused"));
-    }
-    sumsq += reduce[p];
-  }
-  report->loss = reduce[num_params + 1] / weight;
-  report->grad_norm = std::sqrt(sumsq) / weight;
-  double scale = 1.0 / weight;
-  const double clip = plan_.spec.optimizer().clip_grad();
-  if (clip > 0) {
-    const double coef = clip / (report->grad_norm + 1e-6);
-    if (coef < 1.0) scale *= coef;
-  }
+  report->loss = totals.loss;
+  report->grad_norm = totals.grad_norm;
   report->lr = LearningRate(plan_.spec.optimizer(), step);
-  optimizer_->Step(params_.data<float>(), grads_.data<float>(), report->lr,
-                   scale);
-  return absl::OkStatus();
+  return optimizer_->Step(&store_->params(), store_->grads(), report->lr,
+                          totals.grad_scale);
 }
 
 absl::StatusOr<StepReport> Stage::RunStep() {
@@ -500,11 +394,11 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   StepReport report;
   report.step = step + 1;
   report.samples = plan_.spec.data().batch_size();
-  microbatches_.assign(M, Microbatch());
+  microbatches_.clear();
+  microbatches_.resize(M);
   for (int m = 0; m < M; ++m) microbatches_[m].index = m;
   grads_written_.assign(blocks_.size(), false);
-  weight_sum_ = 0;
-  loss_sum_ = 0;
+  if (loss_) loss_->Reset();
   if (task_ != nullptr) {
     RETURN_IF_ERROR(task_->OnEvent(TRAINYARD_EVENT_STEP_BEGIN, step, ""));
   }
@@ -536,14 +430,14 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
   const int64_t rows = data_.eval_rows;
   const int64_t batch = plan_.spec.data().batch_size();
   const int M = plan_.spec.parallelism().microbatches();
-  weight_sum_ = 0;
-  loss_sum_ = 0;
+  if (loss_) loss_->Reset();
   StageTimes times;
   int64_t eval_index = 0;
   for (int64_t begin = 0; begin < rows; begin += batch, ++eval_index) {
     const int64_t n = std::min(batch, rows - begin);
     const int parts = static_cast<int>(std::min<int64_t>(M, n));
-    microbatches_.assign(parts, Microbatch());
+    microbatches_.clear();
+    microbatches_.resize(parts);
     for (int m = 0; m < parts; ++m) microbatches_[m].index = m;
     if (is_first()) {
       std::vector<int64_t> idx(n);
@@ -559,7 +453,8 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
   microbatches_.clear();
   report.samples = rows;
   if (is_last() && rows > 0) {
-    report.loss = weight_sum_ > 0 ? loss_sum_ / weight_sum_ : 0.0;
+    report.loss =
+        loss_->weight_sum() > 0 ? loss_->loss_sum() / loss_->weight_sum() : 0.0;
     ASSIGN_OR_RETURN(report.metrics, task_->UpdateMetrics(true));
   }
   return report;
@@ -567,18 +462,20 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
 
 absl::StatusOr<std::string> Stage::WriteCheckpointFile(const std::string& dir) {
   SafetensorsFile file;
-  file.tensors = NamedParameters();
-  for (auto& t : optimizer_->StateTensors()) file.tensors.push_back(t);
+  ASSIGN_OR_RETURN(file.tensors, store_->NamedOnHost());
+  for (auto& [name, t] : optimizer_->StateTensors()) {
+    ASSIGN_OR_RETURN(Tensor host, ctx_->ToHost(t));
+    file.tensors.push_back({name, host});
+  }
   if (task_ != nullptr) {
     ASSIGN_OR_RETURN(std::string state, task_->StateDict());
-    Tensor bytes =
-        Tensor::Empty(DType::kUInt8, {static_cast<int64_t>(state.size())});
-    if (!state.empty())
+    ASSIGN_OR_RETURN(
+        Tensor bytes,
+        Tensor::Create(DType::kUInt8, {static_cast<int64_t>(state.size())}));
+    if (!state.empty()) {
       std::memcpy(bytes.raw_data(), state.data(), state.size());
-    file.tensors.push_back({is_first() && !is_last()
-                                ? std::string("task.first_stage.state")
-                                : std::string("task.last_stage.state"),
-                            bytes});
+    }
+    file.tensors.push_back({TaskStateKey(is_first() && !is_last()), bytes});
   }
   file.metadata["format"] = "trainyard-checkpoint-v1";
   file.metadata["step"] = absl::StrCat(completed_steps_);
@@ -608,22 +505,7 @@ absl::Status Stage::RestoreCheckpoint(const std::string& dir, int64_t step) {
     }
   }
   const std::string where = absl::StrCat("checkpoint ", dir, " step ", step);
-  for (auto& [name, dst] : NamedParameters()) {
-    auto it = tensors.find(name);
-    if (it == tensors.end()) {
-      return absl::NotFoundError(
-          absl::StrCat(where, ": parameter ", name, " is missing"));
-    }
-    if (it->second.dtype() != DType::kFloat32 ||
-        it->second.shape() != dst.shape()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": parameter ", name, " is ", DTypeName(it->second.dtype()),
-          ShapeToString(it->second.shape()), ", the model needs float32",
-          ShapeToString(dst.shape())));
-    }
-    Tensor alias = dst;
-    alias.CopyFrom(it->second);
-  }
+  RETURN_IF_ERROR(store_->Load(tensors, where));
   int64_t opt_step = 0;
   if (!absl::SimpleAtoi(metadata["optimizer_step"], &opt_step)) {
     return absl::InvalidArgumentError(
@@ -631,9 +513,7 @@ absl::Status Stage::RestoreCheckpoint(const std::string& dir, int64_t step) {
   }
   {
     absl::Status st = optimizer_->LoadState(tensors, opt_step);
-    if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrCat(where, ": ", st.message()));
-    }
+    if (!st.ok()) return Prefixed(st, absl::StrCat(where, ": "));
   }
   if (is_first()) {
     int64_t position = 0;
@@ -646,9 +526,7 @@ absl::Status Stage::RestoreCheckpoint(const std::string& dir, int64_t step) {
     sampler_->Seek(position);
   }
   if (task_ != nullptr) {
-    const std::string key = is_first() && !is_last() ? "task.first_stage.state"
-                                                     : "task.last_stage.state";
-    auto it = tensors.find(key);
+    auto it = tensors.find(TaskStateKey(is_first() && !is_last()));
     if (it != tensors.end()) {
       const Tensor& t = it->second;
       std::string bytes(static_cast<const char*>(t.raw_data()), t.nbytes());

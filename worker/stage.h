@@ -1,25 +1,28 @@
 // Stage: one pipeline stage of a training job — the engine every worker
-// runs.
+// runs, on the CPU or a GPU.
 //
-// A Stage owns its blocks' parameters and gradients (one flat float buffer
-// each), its StageOptimizer, and, on the first and last stage, the task
-// plugin. For each optimizer step it executes its list of the job's
-// Schedule (core/schedule.h), exchanging activations and gradients with its
-// neighbours and joining one small all-reduce through a Transport:
-//
-//   all-reduce vector = [sum of squares of each parameter's raw gradient,
-//                        one slot per parameter of the whole model]
-//                       ++ [sum of loss weights, sum of weight * loss]
-//
-// Each slot has exactly one contributor, so the reduction is exact and the
-// gradient norm, loss and update are bitwise the same for any stage split
-// and schedule (given the same microbatch count).
+// A Stage interprets its list of the job's Schedule (core/schedule.h) for
+// each optimizer step: forward, backward-input, backward-weight, sends and
+// receives of activations and gradients through a Transport. The work is
+// done by its parts, each in its own unit:
+//   ParamStore (worker/param_store.h)  parameters and gradients, init;
+//   BlockKernel (kernels/block_kernel.h) the blocks, on the stage's device;
+//   LossHead (worker/loss_head.h)      the loss, on the last stage;
+//   ReduceStep (worker/step_reducer.h) loss, global norm and clip scale
+//                                      from one small all-reduce;
+//   StageOptimizer (worker/optimizer.h) the stage-local update.
+// The first stage also owns the batch sampler and turns raw rows into model
+// inputs through the task plugin.
 //
 // Loss combination: microbatch i returns loss L_i with weight w_i; the step
 // loss is sum(w_i L_i) / sum(w_i). Backward is seeded with w_i * dL_i/dOut
 // and the accumulated gradients are scaled by 1 / sum(w_i) (folded into the
 // optimizer step together with the clip coefficient), which gives exactly
 // the full-batch mean's gradient without knowing sum(w_i) in advance.
+//
+// Devices: a stage computes where its ExecContext says. Messages carry
+// device tensors only over a transport that shares device memory (the
+// in-process one); otherwise they are staged through the host.
 //
 // Thread safety: a Stage is used by one thread. Stages of one job talk only
 // through their Transports.
@@ -39,15 +42,21 @@
 #include "core/job_plan.h"
 #include "core/schedule.h"
 #include "core/transport.h"
-#include "kernels/mlp_block.h"
+#include "kernels/block_kernel.h"
+#include "kernels/exec_context.h"
 #include "task_plugins/task_loader.h"
 #include "worker/dataset.h"
+#include "worker/loss_head.h"
 #include "worker/optimizer.h"
+#include "worker/param_store.h"
 
 namespace trainyard {
 
 struct StageOptions {
   std::string plugin_dir;  // where lib<task.plugin>.so lives
+  // Where the stage computes; null: the CPU in fp32 (a context the stage
+  // owns). Must outlive the stage.
+  const ExecContext* exec = nullptr;
   // Longest wait for a neighbour or the all-reduce before failing.
   absl::Duration timeout = absl::Minutes(2);
 };
@@ -96,8 +105,7 @@ class Stage {
       const StageOptions& options, StageData data);
   ~Stage();
 
-  // Seeded init (nn.Linear's default, one RNG stream per parameter so the
-  // values do not depend on the stage split) or model.init.safetensors.
+  // Seeded init or model.init.safetensors (see ParamStore::Init).
   absl::Status InitParameters();
 
   // Runs the next optimizer step.
@@ -126,8 +134,12 @@ class Stage {
   bool is_last() const { return index_ == num_stages_ - 1; }
   int64_t completed_steps() const { return completed_steps_; }
 
-  // This stage's parameters by global name (views of the flat buffer).
-  std::vector<std::pair<std::string, Tensor>> NamedParameters() const;
+  // This stage's parameters by global name (views of the flat buffer, on
+  // the stage's device).
+  NamedTensors NamedParameters() const;
+  // Host copies (the views themselves on the CPU).
+  absl::StatusOr<NamedTensors> NamedParametersOnHost() const;
+  const ExecContext& exec() const { return *ctx_; }
 
  private:
   Stage() = default;
@@ -141,8 +153,10 @@ class Stage {
   absl::Status OptimizerStep(int64_t step, StepReport* report);
   absl::Status PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
                             int64_t step, bool is_eval, int num_microbatches);
-  absl::Status ReceiveActivation(Microbatch* mb, MessageKind kind, int64_t step,
-                                 StageTimes* times);
+  absl::Status Send(int peer, Message msg);
+  // The message's tensor `name` (the first one) on this stage's device.
+  absl::StatusOr<Message> Receive(int peer, MessageKind kind, int64_t step,
+                                  const Microbatch& mb, StageTimes* times);
   std::string Where() const;  // "stage 2"
 
   JobPlan plan_;
@@ -151,26 +165,21 @@ class Stage {
   Transport* transport_ = nullptr;
   StageOptions options_;
   StageData data_;
+  std::unique_ptr<ExecContext> own_ctx_;  // when options.exec is null
+  const ExecContext* ctx_ = nullptr;
 
-  std::vector<MlpBlock> blocks_;  // this stage's blocks
-  int first_block_ = 0;           // global index of blocks_[0]
-  std::vector<int> param_index_;  // global index of each local parameter
-  std::vector<ParamSegment> segments_;
-  Tensor params_;  // [total] flat
-  Tensor grads_;   // [total] flat
-  std::vector<MlpBlockParams> block_params_;
-  std::vector<MlpBlockParams> block_grads_;
+  std::vector<std::unique_ptr<BlockKernel>> blocks_;  // this stage's blocks
+  int first_block_ = 0;  // global index of blocks_[0]
+  std::optional<ParamStore> store_;
   std::vector<bool> grads_written_;  // per local block, this step
   std::optional<StageOptimizer> optimizer_;
 
   std::unique_ptr<Task> task_;             // first and/or last stage
   std::unique_ptr<BatchSampler> sampler_;  // first stage
+  std::optional<LossHead> loss_;           // last stage
   Schedule train_schedule_;
 
   std::vector<Microbatch> microbatches_;
-  double weight_sum_ = 0;  // last stage, this step / eval pass
-  double loss_sum_ = 0;
-  std::vector<std::pair<std::string, double>> step_metrics_;
   int64_t completed_steps_ = 0;
   bool finalized_ = false;
 };
