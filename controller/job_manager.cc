@@ -30,7 +30,6 @@ PlanOptions ControllerPlanOptions() {
   // Workers check memory and devices against their own machines; the
   // controller only schedules, so neither may reject a spec here.
   options.memory_limit_bytes = std::numeric_limits<uint64_t>::max();
-  options.cuda_available = true;
   return options;
 }
 

@@ -329,7 +329,7 @@ uint64_t SaturatingBytes(double bytes) {
 
 MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
   const JobSpec& spec = plan.spec;
-  const bool bf16 = spec.dtype() == "bfloat16";
+  const bool bf16 = spec.precision() == "bf16";
   double n_params = 0;
   for (const JobPlan::ParamSpec& ps : plan.params) {
     n_params += static_cast<double>(NumElements(ps.shape));
@@ -508,22 +508,13 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
     p.Add("steps", absl::StrCat("must be > 0, got ", s.steps()));
   }
   if (s.device().empty()) s.set_device("cpu");
-  if (s.device() == "cuda") {
-    if (!options.cuda_available) {
-      p.Add("device", "cuda is not available in this build");
-    }
-  } else {
-    CheckOneOf(&p, "device", s.device(), {"cpu", "cuda"});
-  }
-  if (s.dtype().empty()) s.set_dtype("float32");
-  if (CheckOneOf(&p, "dtype", s.dtype(), {"float32", "bfloat16"}) &&
-      s.dtype() == "bfloat16" && s.device() != "cuda") {
-    p.Add("dtype", absl::StrCat("bfloat16 needs device \"cuda\", got device ",
-                                Quote(s.device())));
-  }
-  if (s.allow_tf32() && s.device() != "cuda") {
-    p.Add("allow_tf32", absl::StrCat("only for device \"cuda\", got device ",
-                                     Quote(s.device())));
+  CheckOneOf(&p, "device", s.device(), {"cpu", "cuda"});
+  if (s.precision().empty()) s.set_precision("fp32");
+  if (CheckOneOf(&p, "precision", s.precision(), {"fp32", "tf32", "bf16"}) &&
+      s.precision() != "fp32" && s.device() != "cuda") {
+    p.Add("precision",
+          absl::StrCat(s.precision(), " needs device \"cuda\", got device ",
+                       Quote(s.device()), " (the CPU computes in fp32)"));
   }
 
   // ---- Data.

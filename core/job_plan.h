@@ -45,9 +45,6 @@ struct PlanOptions {
   // Read .npy headers and check that input files exist. Off only for tools
   // that plan a spec for another machine.
   bool check_files = true;
-  // The GPU seam: true only in a build with the CUDA path whose caller has
-  // found a device. Until then device "cuda" is rejected at validation.
-  bool cuda_available = false;
 };
 
 // Bytes the job is estimated to need; formulas in docs/SPEC.md ("Memory").

@@ -153,7 +153,7 @@ TEST(PlanJobTest, ValidSpecGetsDefaultsSplitAndParams) {
   EXPECT_EQ(s.model().init().seed(), 42u);
   EXPECT_EQ(s.data().seed(), 42u);
   EXPECT_EQ(s.device(), "cpu");
-  EXPECT_EQ(s.dtype(), "float32");
+  EXPECT_EQ(s.precision(), "fp32");
   EXPECT_EQ(s.checkpoint().resume(), "never");
   EXPECT_EQ(s.data().train().npy().features(), dir + "/data/x.npy");
   EXPECT_EQ(s.data().train().npy().targets(), dir + "/data/y.npy");
@@ -678,31 +678,34 @@ TEST(PlanJobErrorsTest, Checkpoint) {
                 "checkpoint.every: must be >= 0, got -5");
 }
 
-TEST(PlanJobErrorsTest, DeviceAndDtype) {
+TEST(PlanJobErrorsTest, DeviceAndPrecision) {
   const std::string dir = TestDir();
   JobSpec spec = ValidNpySpec(dir);
   spec.set_device("cuda");
-  ExpectProblem(PlanJob(spec, Options(dir)),
-                "device: cuda is not available in this build");
-  // The GPU seam: with CUDA available the same spec plans.
-  PlanOptions with_cuda = Options(dir);
-  with_cuda.cuda_available = true;
-  spec.set_dtype("bfloat16");
-  spec.set_allow_tf32(true);
-  EXPECT_TRUE(PlanJob(spec, with_cuda).ok());
-  spec.set_device("tpu");
+  spec.set_precision("bf16");
   absl::StatusOr<JobPlan> plan = PlanJob(spec, Options(dir));
-  ExpectProblem(plan, "device: must be one of \"cpu\", \"cuda\", got \"tpu\"");
-  spec.set_device("");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->spec.device(), "cuda");
+  spec.set_precision("");
   plan = PlanJob(spec, Options(dir));
-  ExpectProblem(plan,
-                "dtype: bfloat16 needs device \"cuda\", got device \"cpu\"");
-  ExpectProblem(plan,
-                "allow_tf32: only for device \"cuda\", got device \"cpu\"");
-  spec.set_dtype("float16");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->spec.precision(), "fp32");  // normalized
+  spec.set_device("tpu");
   ExpectProblem(PlanJob(spec, Options(dir)),
-                "dtype: must be one of \"float32\", \"bfloat16\", got "
-                "\"float16\"");
+                "device: must be one of \"cpu\", \"cuda\", got \"tpu\"");
+  spec.set_device("");
+  spec.set_precision("bf16");
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "precision: bf16 needs device \"cuda\", got device \"cpu\" "
+                "(the CPU computes in fp32)");
+  spec.set_precision("tf32");
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "precision: tf32 needs device \"cuda\", got device \"cpu\" "
+                "(the CPU computes in fp32)");
+  spec.set_precision("fp16");
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "precision: must be one of \"fp32\", \"tf32\", \"bf16\", "
+                "got \"fp16\"");
 }
 
 TEST(PlanJobErrorsTest, InitSafetensorsMissing) {
@@ -742,7 +745,7 @@ TEST(PlanJobTest, AllProblemsComeBackInOneStatus) {
       std::string(plan.status().message()),
       "invalid job spec (5 problems):\n"
       "steps: must be > 0, got 0\n"
-      "device: cuda is not available in this build\n"
+      "precision: must be one of \"fp32\", \"tf32\", \"bf16\", got \"fp16\"\n"
       "model.blocks[0].ffn_hidden_size: must be > 0, got -4\n"
       "parallelism.schedule: must be one of \"gpipe\", \"1f1b\", \"zbh1\", got "
       "\"zb\"\n"

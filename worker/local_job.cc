@@ -76,24 +76,27 @@ std::string EvalJson(int64_t step, const EvalReport& r) {
 absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   const int S = plan.num_stages();
   if (options.threads > 0) SetBlasThreads(options.threads);
-  ASSIGN_OR_RETURN(const int64_t resume_step, ResumeStep(plan));
-
+  if (plan.spec.device() != options.device.KindName()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the spec's device is \"", plan.spec.device(),
+                     "\" but the job runs on ", options.device.ToString()));
+  }
+  ASSIGN_OR_RETURN(const Precision precision,
+                   PrecisionFromName(plan.spec.precision()));
+  ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec,
+                   ExecContext::Create(options.device, precision));
   InProcessHub hub(S);
   StageOptions stage_options;
   stage_options.plugin_dir = options.plugin_dir;
   stage_options.timeout = options.timeout;
+  stage_options.exec = exec.get();
   std::vector<std::unique_ptr<Stage>> stages;
+  int64_t resume_step = 0;
   for (int s = 0; s < S; ++s) {
-    ASSIGN_OR_RETURN(StageData data, LoadStageData(plan, s));
-    ASSIGN_OR_RETURN(auto stage,
-                     Stage::Create(plan, s, hub.rank(s), stage_options, data));
-    if (resume_step > 0) {
-      RETURN_IF_ERROR(
-          stage->RestoreCheckpoint(plan.spec.checkpoint().dir(), resume_step));
-    } else {
-      RETURN_IF_ERROR(stage->InitParameters());
-    }
-    stages.push_back(std::move(stage));
+    ASSIGN_OR_RETURN(StartedStage started,
+                     StartStage(plan, s, hub.rank(s), stage_options));
+    resume_step = started.resume_step;
+    stages.push_back(std::move(started.stage));
   }
   if (resume_step > 0 && options.on_log) {
     options.on_log(absl::StrCat("resumed from ", plan.spec.checkpoint().dir(),
@@ -113,12 +116,12 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
     }
     run.on_checkpoint = options.on_checkpoint;
     absl::Status st = RunStage(stage, hub.rank(s), plan, run);
-    if (st.ok()) {
-      if (options.on_final_params) {
-        options.on_final_params(s, stage.NamedParameters());
-      }
-      return;
+    if (st.ok() && options.on_final_params) {
+      absl::StatusOr<NamedTensors> params = stage.NamedParametersOnHost();
+      st = params.status();
+      if (st.ok()) options.on_final_params(s, *params);
     }
+    if (st.ok()) return;
     absl::MutexLock lock(&mu);
     if (first_error.ok() ||
         (absl::IsAborted(first_error) && !absl::IsAborted(st))) {

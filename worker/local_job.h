@@ -21,6 +21,9 @@ namespace trainyard {
 
 struct LocalJobOptions {
   std::string plugin_dir;
+  // Where every stage runs (stages as threads on one device); its kind must
+  // be the spec's device. Precision: spec.precision.
+  Device device = Device::Cpu();
   // BLAS threads for the process (shared by all stages); 0 = leave as is.
   int threads = 0;
   // Stop (successfully) once this many steps are complete, as if the job
@@ -34,11 +37,10 @@ struct LocalJobOptions {
   std::function<void(int64_t step, const EvalReport&)> on_eval;
   // Called when a checkpoint has been committed.
   std::function<void(int64_t step, const std::string& dir)> on_checkpoint;
-  // Called by each stage when it finishes, with its parameters (views that
-  // die with the job: copy what you keep). May run concurrently.
-  std::function<void(int stage,
-                     const std::vector<std::pair<std::string, Tensor>>&)>
-      on_final_params;
+  // Called by each stage when it finishes, with its parameters on the host
+  // (views that die with the job: copy what you keep). May run
+  // concurrently.
+  std::function<void(int stage, const NamedTensors&)> on_final_params;
   // Called with a line of progress for humans (resume, checkpoints).
   std::function<void(const std::string&)> on_log;
 };

@@ -102,8 +102,26 @@ std::string PlanMetadataJson(const JobPlan& plan, int64_t step) {
                       ",\"spec\":", spec_json, "}");
 }
 
+absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
+                                        Transport* transport,
+                                        const StageOptions& options) {
+  StartedStage out;
+  ASSIGN_OR_RETURN(StageData data, LoadStageData(plan, index));
+  ASSIGN_OR_RETURN(out.stage, Stage::Create(plan, index, transport, options,
+                                            std::move(data)));
+  ASSIGN_OR_RETURN(out.resume_step, ResumeStep(plan));
+  if (out.resume_step > 0) {
+    RETURN_IF_ERROR(out.stage->RestoreCheckpoint(plan.spec.checkpoint().dir(),
+                                                 out.resume_step));
+  } else {
+    RETURN_IF_ERROR(out.stage->InitParameters());
+  }
+  return out;
+}
+
 absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
                       const StageRunOptions& options) {
+  RETURN_IF_ERROR(stage.exec().Activate());
   const auto& spec = plan.spec;
   const auto& ckpt = spec.checkpoint();
   const int S = plan.num_stages();

@@ -40,6 +40,20 @@ absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan);
 // Checkpoint manifest metadata: the step, stage count and normalized spec.
 std::string PlanMetadataJson(const JobPlan& plan, int64_t step);
 
+// A stage ready to run: built, and initialised or restored.
+struct StartedStage {
+  std::unique_ptr<Stage> stage;
+  int64_t resume_step = 0;  // 0: freshly initialised
+};
+
+// Stage start-up, the same for `trainyard train` and the worker daemon:
+// loads the stage's data, builds stage `index` of `plan`, then restores the
+// newest checkpoint (checkpoint.resume "latest") or initialises the
+// parameters.
+absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
+                                        Transport* transport,
+                                        const StageOptions& options);
+
 struct StageRunOptions {
   // Stop (successfully) once this many steps are complete; 0 = spec.steps.
   int64_t stop_after_step = 0;
@@ -55,8 +69,9 @@ struct StageRunOptions {
 };
 
 // Runs `stage` (already initialised or restored) through the rest of the
-// job. Errors are returned as they are; the caller aborts the transport so
-// the other stages stop too.
+// job, on the calling thread (which it binds to the stage's device). Errors are
+// returned as they are; the caller aborts the transport so the other stages
+// stop too.
 absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
                       const StageRunOptions& options);
 

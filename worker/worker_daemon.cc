@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "core/device.h"
 #include "core/job_plan.h"
 #include "core/status_macros.h"
 #include "core/tcp_transport.h"
@@ -26,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/blas.h"
+#include "kernels/exec_context.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "proto/trainyard.pb.h"
 #include "worker/stage.h"
@@ -203,19 +205,13 @@ absl::StatusOr<WorkerOptions> ValidateWorkerOptions(WorkerOptions options) {
         "--controller: required (host:port of the controller)");
   }
   if (options.device.empty()) options.device = "cpu";
-  if (options.device != "cpu") {
-    int index = 0;
-    if (options.device == "cuda" ||
-        (absl::StartsWith(options.device, "cuda:") &&
-         absl::SimpleAtoi(options.device.substr(5), &index) && index >= 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--device \"", options.device,
-          "\": this build of trainyard-worker has no CUDA support; use "
-          "--device cpu"));
+  {
+    absl::StatusOr<Device> device = ParseDevice(options.device);
+    if (!device.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device: ", device.status().message()));
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat("--device: must be \"cpu\" or \"cuda:N\", got \"",
-                     options.device, "\""));
+    options.device = device->ToString();  // canonical: "cpu" or "cuda:N"
   }
   if (options.plugin_dir.empty()) {
     return absl::InvalidArgumentError("--plugin_dir: required");
@@ -249,7 +245,9 @@ absl::StatusOr<WorkerOptions> ValidateWorkerOptions(WorkerOptions options) {
 
 class Worker::Impl {
  public:
-  explicit Impl(WorkerOptions options) : options_(std::move(options)) {}
+  // `options` are validated (ValidateWorkerOptions).
+  explicit Impl(WorkerOptions options)
+      : options_(std::move(options)), device_(*ParseDevice(options_.device)) {}
   ~Impl() { Shutdown(); }
 
   absl::Status Init();
@@ -290,6 +288,7 @@ class Worker::Impl {
   void StopJob(const absl::Status& reason);
 
   WorkerOptions options_;
+  const Device device_;
   std::string peer_address_;
   std::unique_ptr<PeerListener> listener_;
   TransportFactory connect_transport_;
@@ -311,6 +310,16 @@ class Worker::Impl {
 };
 
 absl::Status Worker::Impl::Init() {
+  if (device_.is_cuda()) {
+    // Fail at start, not at the first assignment, when the GPU is unusable.
+    absl::StatusOr<std::unique_ptr<ExecContext>> probe =
+        ExecContext::Create(device_, Precision::kFp32);
+    if (!probe.ok()) {
+      return absl::Status(probe.status().code(),
+                          absl::StrCat("--device ", device_.ToString(), ": ",
+                                       probe.status().message()));
+    }
+  }
   if (options_.threads > 0) SetBlasThreads(options_.threads);
   if (options_.connect_transport) {
     connect_transport_ = options_.connect_transport;
@@ -705,21 +714,20 @@ absl::Status Worker::Impl::RunAssignment(Session* session,
 
   const std::string& job_id = assignment.job_id();
   absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(StageData data, LoadStageData(*plan, s));
+    ASSIGN_OR_RETURN(const Precision precision,
+                     PrecisionFromName(plan->spec.precision()));
+    ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec,
+                     ExecContext::Create(device_, precision));
     StageOptions stage_options;
     stage_options.plugin_dir = options_.plugin_dir;
     stage_options.timeout = options_.stage_timeout;
-    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
-                     Stage::Create(*plan, s, transport.get(), stage_options,
-                                   std::move(data)));
-    ASSIGN_OR_RETURN(const int64_t resume_step, ResumeStep(*plan));
-    if (resume_step > 0) {
-      RETURN_IF_ERROR(
-          stage->RestoreCheckpoint(plan->spec.checkpoint().dir(), resume_step));
+    stage_options.exec = exec.get();
+    ASSIGN_OR_RETURN(StartedStage started,
+                     StartStage(*plan, s, transport.get(), stage_options));
+    std::unique_ptr<Stage> stage = std::move(started.stage);
+    if (started.resume_step > 0) {
       LOG(INFO) << "trainyard-worker " << options_.name << ": job " << job_id
-                << " stage " << s << " resumed at step " << resume_step;
-    } else {
-      RETURN_IF_ERROR(stage->InitParameters());
+                << " stage " << s << " resumed at step " << started.resume_step;
     }
     StageRunOptions run;
     run.timeout = options_.stage_timeout;

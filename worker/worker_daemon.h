@@ -53,7 +53,8 @@ struct WorkerOptions {
   std::string controller;
   // Where peers (other stages) connect to this worker; port 0 picks one.
   std::string listen = "127.0.0.1:0";
-  // "cpu". "cuda:N" is rejected: this build has no GPU path.
+  // "cpu" or "cuda:N": where this worker's stages run. A GPU that is not
+  // usable (no driver, no such device, a build without CUDA) fails Start.
   std::string device = "cpu";
   // Folder holding lib<plugin>.so. Required.
   std::string plugin_dir;

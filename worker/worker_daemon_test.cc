@@ -25,6 +25,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kernels/exec_context.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "proto/trainyard.pb.h"
 #include "worker/local_job.h"
@@ -719,17 +720,34 @@ TEST_F(TwoStageTest, CancellingOneStageStopsTheOther) {
   EXPECT_FALSE(workers_[1]->busy());
 }
 
-TEST(WorkerOptionsTest, RejectsCudaDeviceAndMissingFlags) {
+TEST(WorkerTest, CudaWorkerWithoutAUsableGpuDoesNotStart) {
+  if (ExecContext::Create(Device::Cuda(0), Precision::kFp32).ok()) {
+    GTEST_SKIP() << "cuda:0 is usable here; this test needs a machine "
+                    "without a GPU";
+  }
+  WorkerOptions options = TestOptions("127.0.0.1:1");
+  options.device = "cuda:0";
+  absl::StatusOr<std::unique_ptr<Worker>> w = Worker::Start(options);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(w.status().message(),
+              HasSubstr("--device cuda:0: cuda:0 is not usable: "));
+}
+
+TEST(WorkerOptionsTest, RejectsBadDeviceAndMissingFlags) {
   WorkerOptions options = TestOptions("127.0.0.1:1");
   options.device = "cuda:0";
   absl::StatusOr<WorkerOptions> valid = ValidateWorkerOptions(options);
-  ASSERT_FALSE(valid.ok());
-  EXPECT_THAT(valid.status().message(), HasSubstr("--device \"cuda:0\""));
-  EXPECT_THAT(valid.status().message(), HasSubstr("no CUDA support"));
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  EXPECT_EQ(valid->device, "cuda:0");
 
   options.device = "tpu";
   EXPECT_THAT(ValidateWorkerOptions(options).status().message(),
-              HasSubstr("must be \"cpu\" or \"cuda:N\", got \"tpu\""));
+              HasSubstr("--device: device \"tpu\": expected \"cpu\" or "
+                        "\"cuda:N\""));
+  options.device = "cuda";
+  EXPECT_THAT(ValidateWorkerOptions(options).status().message(),
+              HasSubstr("name the GPU, e.g. \"cuda:0\""));
 
   options = TestOptions("");
   EXPECT_THAT(ValidateWorkerOptions(options).status().message(),

@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "controller/cli/job_client.h"
 #include "controller/cli/local_cluster.h"
+#include "core/device.h"
 #include "core/job_plan.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/blas.h"
@@ -40,6 +41,15 @@ ABSL_FLAG(std::string, plugin_dir, "",
           "Folder holding lib<plugin>.so task plugins (default: the "
           "task_plugins folder next to this binary's folder).");
 ABSL_FLAG(int, threads, 0, "BLAS threads (0 = one per core).");
+ABSL_FLAG(std::string, device, "",
+          "train: where every stage runs, \"cpu\" or \"cuda:N\" (default: "
+          "the spec's device; cuda means cuda:0). Overrides the spec's "
+          "device kind.");
+ABSL_FLAG(std::string, precision, "",
+          "train: fp32, tf32 or bf16 (default: the spec's precision).");
+ABSL_FLAG(int, stages, 0,
+          "train: pipeline stages (default: the spec's), blocks split "
+          "evenly by parameter count.");
 ABSL_FLAG(int64_t, stop_after_step, 0,
           "Stop after this many completed steps, as if interrupted "
           "(checkpoints permitting, a rerun with resume \"latest\" "
@@ -83,7 +93,8 @@ namespace {
 constexpr char kUsage[] =
     "trainyard <command> [flags]\n\n"
     "commands:\n"
-    "  train --spec FILE            run a job in this process\n"
+    "  train --spec FILE [--device cpu|cuda:N] [--precision P] [--stages N]\n"
+    "                               run a job in this process\n"
     "  submit --spec FILE [--watch] submit a job to the controller\n"
     "  get JOB_ID                   show a job (JSON)\n"
     "  list [--state S,...]         list jobs\n"
@@ -126,6 +137,28 @@ int Train() {
     std::cerr << "trainyard train: " << spec.status().message() << "\n";
     return 2;
   }
+  // Flags that override the spec, for trying a job on another device.
+  Device device = Device::Cpu();
+  const std::string device_flag = absl::GetFlag(FLAGS_device);
+  if (!device_flag.empty()) {
+    absl::StatusOr<Device> d = ParseDevice(device_flag);
+    if (!d.ok()) {
+      std::cerr << "trainyard train: --device: " << d.status().message()
+                << "\n";
+      return 2;
+    }
+    device = *d;
+    spec->set_device(device.KindName());
+  } else if (spec->device() == "cuda") {
+    device = Device::Cuda(0);
+  }
+  if (!absl::GetFlag(FLAGS_precision).empty()) {
+    spec->set_precision(absl::GetFlag(FLAGS_precision));
+  }
+  if (absl::GetFlag(FLAGS_stages) != 0) {
+    spec->mutable_parallelism()->set_stages(absl::GetFlag(FLAGS_stages));
+    spec->mutable_parallelism()->clear_split();
+  }
   PlanOptions plan_options;
   plan_options.base_dir = Dirname(spec_path);
   absl::StatusOr<JobPlan> plan = PlanJob(*spec, plan_options);
@@ -149,6 +182,7 @@ int Train() {
   }
 
   LocalJobOptions options;
+  options.device = device;
   options.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
   if (options.plugin_dir.empty()) options.plugin_dir = DefaultPluginDir();
   options.threads = absl::GetFlag(FLAGS_threads);
@@ -174,7 +208,8 @@ int Train() {
   std::cerr << "trainyard train: " << plan->spec.name() << ": "
             << plan->blocks.size() << " blocks, " << plan->num_stages()
             << " stage(s), " << plan->spec.parallelism().microbatches()
-            << " microbatch(es), " << plan->spec.steps() << " steps; "
+            << " microbatch(es), " << plan->spec.steps() << " steps on "
+            << device.ToString() << " in " << plan->spec.precision() << "; "
             << "memory estimate " << plan->memory.description << "; BLAS "
             << BlasDescription() << "\n";
   absl::Status st = RunLocalJob(*plan, options);
