@@ -1,0 +1,105 @@
+#include "worker/test_jobs.h"
+
+#include "absl/synchronization/mutex.h"
+#include "core/job_plan.h"
+#include "worker/local_job.h"
+
+namespace trainyard {
+namespace testing {
+
+trainyard::v1::JobSpec ClassificationSpec() {
+  trainyard::v1::JobSpec spec;
+  spec.set_name("engine-test");
+  spec.set_steps(30);
+  spec.set_seed(7);
+  auto* model = spec.mutable_model();
+  struct B {
+    int out, ffn;
+    const char* act;
+    const char* norm;
+    bool residual;
+  };
+  for (B b : {B{24, 40, "gelu", "layernorm", false},
+              B{24, 32, "swiglu", "rmsnorm", true},
+              B{24, 48, "gelu_tanh", "none", true},
+              B{5, 16, "relu", "layernorm", false}}) {
+    auto* blk = model->add_blocks();
+    blk->set_out_features(b.out);
+    blk->set_ffn_hidden_size(b.ffn);
+    blk->set_activation(b.act);
+    blk->set_norm(b.norm);
+    blk->set_residual(b.residual);
+  }
+  auto* par = spec.mutable_parallelism();
+  par->set_stages(1);
+  par->set_microbatches(4);
+  par->set_schedule("1f1b");
+  auto* opt = spec.mutable_optimizer();
+  opt->set_type("adamw");
+  opt->set_lr(3e-3);
+  opt->set_weight_decay(0.05);
+  opt->set_clip_grad(0.5);
+  opt->mutable_schedule()->set_type("cosine");
+  opt->mutable_schedule()->set_warmup_steps(5);
+  opt->mutable_schedule()->set_min_lr(1e-4);
+  spec.mutable_task()->set_plugin("cross_entropy");
+  auto* data = spec.mutable_data();
+  auto* syn = data->mutable_train()->mutable_synthetic();
+  syn->set_kind("gaussian_blobs");
+  syn->set_num_samples(400);
+  syn->set_num_features(12);
+  syn->set_num_outputs(5);
+  syn->set_noise(1.0);
+  data->set_eval_fraction(0.2);
+  data->set_batch_size(32);
+  data->set_shuffle(true);
+  data->set_eval_every(10);
+  return spec;
+}
+
+RunResult RunJob(const trainyard::v1::JobSpec& spec_in, int64_t stop_after,
+                 const std::string& plugin_dir, Device device) {
+  RunResult result;
+  trainyard::v1::JobSpec spec = spec_in;
+  spec.set_device(device.KindName());
+  PlanOptions plan_options;
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, plan_options);
+  if (!plan.ok()) {
+    result.status = plan.status();
+    return result;
+  }
+  absl::Mutex mu;
+  LocalJobOptions options;
+  options.device = device;
+  options.plugin_dir = plugin_dir;
+  options.threads = 1;
+  options.stop_after_step = stop_after;
+  options.timeout = absl::Seconds(30);
+  options.on_step = [&](const StepReport& r, double) {
+    result.losses.push_back(r.loss);
+    result.grad_norms.push_back(r.grad_norm);
+  };
+  options.on_eval = [&](int64_t step, const EvalReport& r) {
+    result.eval_loss.push_back({step, r.loss});
+  };
+  options.on_final_params = [&](int, const auto& params) {
+    absl::MutexLock lock(&mu);
+    for (const auto& [name, t] : params) {
+      const float* p = t.template data<float>();
+      result.params[name].assign(p, p + t.numel());
+    }
+  };
+  result.status = RunLocalJob(*plan, options);
+  return result;
+}
+
+trainyard::v1::JobSpec WithPipeline(trainyard::v1::JobSpec spec, int stages,
+                                    int microbatches, const char* schedule) {
+  spec.mutable_parallelism()->set_stages(stages);
+  spec.mutable_parallelism()->set_microbatches(microbatches);
+  spec.mutable_parallelism()->set_schedule(schedule);
+  return spec;
+}
+
+}  // namespace testing
+}  // namespace trainyard

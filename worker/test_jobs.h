@@ -1,0 +1,45 @@
+// Test helpers: a small classification job that exercises every block kind,
+// and a runner that collects its losses and final parameters.
+#ifndef TRAINYARD_WORKER_TEST_JOBS_H_
+#define TRAINYARD_WORKER_TEST_JOBS_H_
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/device.h"
+#include "proto/job_spec.pb.h"
+#include "worker/test_paths.h"
+
+namespace trainyard {
+namespace testing {
+
+struct RunResult {
+  absl::Status status;
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::vector<std::pair<int64_t, double>> eval_loss;
+  // Final parameters (host copies) by name.
+  std::map<std::string, std::vector<float>> params;
+};
+
+// 4 blocks mixing every activation and norm, so stage splits cut through
+// all kinds of blocks; 30 steps of AdamW with clipping and warmup-cosine on
+// gaussian blobs (cross_entropy).
+trainyard::v1::JobSpec ClassificationSpec();
+
+trainyard::v1::JobSpec WithPipeline(trainyard::v1::JobSpec spec, int stages,
+                                    int microbatches, const char* schedule);
+
+// Plans and runs `spec` in this process on `device` (the spec's device kind
+// is set to match).
+RunResult RunJob(const trainyard::v1::JobSpec& spec, int64_t stop_after = 0,
+                 const std::string& plugin_dir = PluginDir(),
+                 Device device = Device::Cpu());
+
+}  // namespace testing
+}  // namespace trainyard
+
+#endif  // TRAINYARD_WORKER_TEST_JOBS_H_
