@@ -231,6 +231,133 @@ uint64_t TensorDesc::nbytes() const {
   return static_cast<uint64_t>(NumElements(shape)) * DTypeSize(dtype);
 }
 
+absl::StatusOr<uint64_t> AppendTensorDescs(
+    absl::string_view what,
+    const std::vector<std::pair<std::string, Tensor>>& tensors,
+    const TensorDescLimits& limits, std::string* out) {
+  if (tensors.size() > static_cast<size_t>(limits.max_tensors)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", tensors.size(), " tensors, limit ", limits.max_tensors));
+  }
+  uint64_t payload = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name.size() > static_cast<size_t>(limits.max_name_length)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": tensor name \"", name.substr(0, 32), "...\" is ",
+          name.size(), " bytes, limit ", limits.max_name_length));
+    }
+    if (tensor.ndim() > limits.max_ndim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": tensor \"", name, "\" has ", tensor.ndim(),
+                       " dims, limit ", limits.max_ndim));
+    }
+    if (limits.cpu_only && !tensor.device().is_cpu()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": tensor \"", name, "\" is on ",
+                       tensor.device().ToString(), "; only cpu is supported"));
+    }
+    payload += tensor.nbytes();
+  }
+  if (payload > limits.max_payload_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": payload is ",
+                                                   payload, " bytes, limit ",
+                                                   limits.max_payload_bytes));
+  }
+  for (const auto& [name, tensor] : tensors) {
+    Put<uint16_t>(out, static_cast<uint16_t>(name.size()));
+    Put<uint8_t>(out, static_cast<uint8_t>(tensor.dtype()));
+    Put<uint8_t>(out, static_cast<uint8_t>(tensor.ndim()));
+    for (int64_t d : tensor.shape()) Put<int64_t>(out, d);
+    out->append(name);
+  }
+  return payload;
+}
+
+absl::StatusOr<std::vector<TensorDesc>> ReadTensorDescs(
+    absl::string_view what, uint32_t count, uint64_t payload_size,
+    const TensorDescLimits& limits, absl::string_view* data) {
+  if (count > static_cast<uint32_t>(limits.max_tensors)) {
+    return absl::DataLossError(absl::StrCat(
+        what, ": ", count, " tensors, limit ", limits.max_tensors));
+  }
+  if (payload_size > limits.max_payload_bytes) {
+    return absl::DataLossError(absl::StrCat(what, ": payload of ", payload_size,
+                                            " bytes, limit ",
+                                            limits.max_payload_bytes));
+  }
+  // A tensor bigger than the limit only matters as "too big": element
+  // counts saturate at too_big <= 2^60 + 1, so with dtype sizes <= 8 and
+  // total <= payload_size <= 2^60 nothing below overflows.
+  const uint64_t too_big = limits.max_payload_bytes + 1;
+  std::vector<TensorDesc> descs;
+  descs.reserve(count);
+  Reader r(*data);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint16_t name_len;
+    uint8_t dtype, ndim;
+    if (!r.Read(&name_len) || !r.Read(&dtype) || !r.Read(&ndim)) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": tensor ", i, " descriptor truncated"));
+    }
+    if (!IsValidDType(dtype)) {
+      return absl::DataLossError(absl::StrCat(what, ": tensor ", i,
+                                              " has unknown dtype ",
+                                              static_cast<int>(dtype)));
+    }
+    if (ndim > limits.max_ndim) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": tensor ", i, " has ", static_cast<int>(ndim),
+                       " dims, limit ", limits.max_ndim));
+    }
+    if (name_len > limits.max_name_length) {
+      return absl::DataLossError(absl::StrCat(what, ": tensor ", i, " name is ",
+                                              name_len, " bytes, limit ",
+                                              limits.max_name_length));
+    }
+    TensorDesc d;
+    d.dtype = static_cast<DType>(dtype);
+    uint64_t elements = 1;
+    for (int k = 0; k < ndim; ++k) {
+      int64_t dim;
+      if (!r.Read(&dim)) {
+        return absl::DataLossError(
+            absl::StrCat(what, ": tensor ", i, " shape truncated"));
+      }
+      if (dim < 0 || static_cast<uint64_t>(dim) > limits.max_payload_bytes) {
+        return absl::DataLossError(absl::StrCat(
+            what, ": tensor ", i, " has dimension ", k, " = ", dim));
+      }
+      d.shape.push_back(dim);
+      // The product may not fit in 64 bits: saturate at too_big (a later
+      // zero dimension still gives zero elements).
+      if (__builtin_mul_overflow(elements, static_cast<uint64_t>(dim),
+                                 &elements) ||
+          elements > too_big) {
+        elements = too_big;
+      }
+    }
+    if (!r.ReadBytes(name_len, &d.name)) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": tensor ", i, " name truncated"));
+    }
+    total += elements * DTypeSize(d.dtype);
+    if (total > payload_size) {
+      return absl::DataLossError(absl::StrCat(
+          what, ": tensor \"", d.name, "\" ", ShapeToString(d.shape),
+          " overruns the payload of ", payload_size, " bytes"));
+    }
+    descs.push_back(std::move(d));
+  }
+  if (total != payload_size) {
+    return absl::DataLossError(absl::StrCat(what, ": tensors hold ", total,
+                                            " bytes, payload size says ",
+                                            payload_size));
+  }
+  data->remove_prefix(data->size() - r.remaining());
+  return descs;
+}
+
 absl::StatusOr<std::string> EncodeFrameHeader(
     FrameKind kind, absl::string_view job_id, int64_t step, int32_t microbatch,
     const std::vector<std::pair<std::string, Tensor>>& tensors) {
@@ -238,36 +365,13 @@ absl::StatusOr<std::string> EncodeFrameHeader(
     return absl::InvalidArgumentError(absl::StrCat(
         "frame: job id is ", job_id.size(), " bytes, limit ", kMaxJobIdLength));
   }
-  if (tensors.size() > static_cast<size_t>(kMaxFrameTensors)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "frame: ", tensors.size(), " tensors, limit ", kMaxFrameTensors));
-  }
-  uint64_t payload = 0;
-  for (const auto& [name, tensor] : tensors) {
-    if (name.size() > static_cast<size_t>(kMaxTensorNameLength)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("frame: tensor name \"", name.substr(0, 32), "...\" is ",
-                       name.size(), " bytes, limit ", kMaxTensorNameLength));
-    }
-    if (tensor.ndim() > kMaxTensorNdim) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("frame: tensor \"", name, "\" has ", tensor.ndim(),
-                       " dims, limit ", kMaxTensorNdim));
-    }
-    if (!tensor.device().is_cpu()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("frame: tensor \"", name, "\" is on ",
-                       tensor.device().ToString(), "; only cpu is supported"));
-    }
-    payload += tensor.nbytes();
-  }
-  if (payload > kMaxFramePayloadBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("frame: payload is ",
-                                                   payload, " bytes, limit ",
-                                                   kMaxFramePayloadBytes));
-  }
+  std::string descs;
+  descs.reserve(tensors.size() * 96);
+  absl::StatusOr<uint64_t> payload =
+      AppendTensorDescs("frame", tensors, TensorDescLimits(), &descs);
+  if (!payload.ok()) return payload.status();
   std::string out;
-  out.reserve(kFramePrefixSize + job_id.size() + tensors.size() * 96);
+  out.reserve(kFramePrefixSize + job_id.size() + descs.size());
   Put<uint32_t>(&out, kFrameMagic);
   Put<uint16_t>(&out, kFrameVersion);
   Put<uint16_t>(&out, static_cast<uint16_t>(kind));
@@ -277,15 +381,9 @@ absl::StatusOr<std::string> EncodeFrameHeader(
   Put<int32_t>(&out, microbatch);
   Put<uint16_t>(&out, static_cast<uint16_t>(job_id.size()));
   Put<uint16_t>(&out, 0);
-  Put<uint64_t>(&out, payload);
+  Put<uint64_t>(&out, *payload);
   out.append(job_id.data(), job_id.size());
-  for (const auto& [name, tensor] : tensors) {
-    Put<uint16_t>(&out, static_cast<uint16_t>(name.size()));
-    Put<uint8_t>(&out, static_cast<uint8_t>(tensor.dtype()));
-    Put<uint8_t>(&out, static_cast<uint8_t>(tensor.ndim()));
-    for (int64_t d : tensor.shape()) Put<int64_t>(&out, d);
-    out.append(name);
-  }
+  out.append(descs);
   const uint32_t header_size = static_cast<uint32_t>(out.size());
   std::memcpy(&out[8], &header_size, 4);
   return out;
@@ -347,71 +445,21 @@ absl::StatusOr<FrameHeader> DecodeFrameHeader(const FramePrefix& prefix,
   }
   FrameHeader h;
   h.prefix = prefix;
-  Reader r(rest);
-  r.ReadBytes(prefix.job_id_length, &h.job_id);  // length checked above
-  uint64_t total = 0;
-  for (uint32_t i = 0; i < prefix.num_tensors; ++i) {
-    uint16_t name_len;
-    uint8_t dtype, ndim;
-    if (!r.Read(&name_len) || !r.Read(&dtype) || !r.Read(&ndim)) {
-      return absl::DataLossError(
-          absl::StrCat("frame header: tensor ", i, " descriptor truncated"));
-    }
-    if (!IsValidDType(dtype)) {
-      return absl::DataLossError(absl::StrCat("frame header: tensor ", i,
-                                              " has unknown dtype ",
-                                              static_cast<int>(dtype)));
-    }
-    if (ndim > kMaxTensorNdim) {
-      return absl::DataLossError(absl::StrCat("frame header: tensor ", i,
-                                              " has ", static_cast<int>(ndim),
-                                              " dims, limit ", kMaxTensorNdim));
-    }
-    if (name_len > kMaxTensorNameLength) {
-      return absl::DataLossError(
-          absl::StrCat("frame header: tensor ", i, " name is ", name_len,
-                       " bytes, limit ", kMaxTensorNameLength));
-    }
-    TensorDesc d;
-    d.dtype = static_cast<DType>(dtype);
-    uint64_t elements = 1;
-    for (int k = 0; k < ndim; ++k) {
-      int64_t dim;
-      if (!r.Read(&dim)) {
-        return absl::DataLossError(
-            absl::StrCat("frame header: tensor ", i, " shape truncated"));
-      }
-      if (dim < 0 || static_cast<uint64_t>(dim) > kMaxFramePayloadBytes) {
-        return absl::DataLossError(absl::StrCat(
-            "frame header: tensor ", i, " has dimension ", k, " = ", dim));
-      }
-      d.shape.push_back(dim);
-      // Both factors are <= 2^31, so the product cannot overflow before the
-      // check catches it.
-      elements *= static_cast<uint64_t>(dim);
-      if (elements > kMaxFramePayloadBytes)
-        elements = kMaxFramePayloadBytes + 1;
-    }
-    if (!r.ReadBytes(name_len, &d.name)) {
-      return absl::DataLossError(
-          absl::StrCat("frame header: tensor ", i, " name truncated"));
-    }
-    total += elements * DTypeSize(d.dtype);
-    if (total > prefix.payload_size) {
-      return absl::DataLossError(absl::StrCat(
-          "frame header: tensor \"", d.name, "\" ", ShapeToString(d.shape),
-          " overruns the payload of ", prefix.payload_size, " bytes"));
-    }
-    h.tensors.push_back(std::move(d));
+  if (rest.size() < prefix.job_id_length) {  // DecodeFramePrefix checks this
+    return absl::DataLossError(absl::StrCat("frame header: ", rest.size(),
+                                            " bytes cannot hold a job id of ",
+                                            prefix.job_id_length));
   }
-  if (total != prefix.payload_size) {
-    return absl::DataLossError(absl::StrCat("frame header: tensors hold ",
-                                            total, " bytes, payload size says ",
-                                            prefix.payload_size));
-  }
-  if (r.remaining() != 0) {
+  h.job_id.assign(rest.data(), prefix.job_id_length);
+  rest.remove_prefix(prefix.job_id_length);
+  absl::StatusOr<std::vector<TensorDesc>> tensors =
+      ReadTensorDescs("frame header", prefix.num_tensors, prefix.payload_size,
+                      TensorDescLimits(), &rest);
+  if (!tensors.ok()) return tensors.status();
+  h.tensors = std::move(*tensors);
+  if (!rest.empty()) {
     return absl::DataLossError(
-        absl::StrCat("frame header: ", r.remaining(), " trailing bytes"));
+        absl::StrCat("frame header: ", rest.size(), " trailing bytes"));
   }
   return h;
 }

@@ -75,6 +75,37 @@ struct TensorDesc {
   uint64_t nbytes() const;
 };
 
+// Tensor descriptors: the part of a frame header after the job id, also
+// the descriptor block of the NCCL transport's message header
+// (core/nccl_transport.h). Per tensor: u16 name length, u8 dtype, u8 ndim,
+// i64 dims[ndim], then the name's bytes (docs/TRANSPORT_FRAME.md). The
+// limits are the caller's; the defaults are the frame's.
+struct TensorDescLimits {
+  int max_tensors = kMaxFrameTensors;
+  int max_name_length = kMaxTensorNameLength;
+  int max_ndim = kMaxTensorNdim;
+  uint64_t max_payload_bytes = kMaxFramePayloadBytes;  // < 2^60
+  bool cpu_only = true;  // reject tensors that are not on the CPU
+};
+
+// Appends the descriptors of `tensors` to *out and returns the payload size
+// (the sum of the tensors' nbytes()). InvalidArgument "<what>: ..." naming
+// the tensor and the limit when the count, a name, a rank, a device
+// (cpu_only) or the payload is beyond `limits`; *out is unchanged then.
+absl::StatusOr<uint64_t> AppendTensorDescs(
+    absl::string_view what,
+    const std::vector<std::pair<std::string, Tensor>>& tensors,
+    const TensorDescLimits& limits, std::string* out);
+
+// Reads `count` descriptors from the front of *data and advances it past
+// them. DataLoss "<what>: ..." for more than limits.max_tensors (checked
+// before reading), a truncated descriptor, an unknown dtype, a rank, name
+// length or dimension beyond `limits`, or tensors whose bytes overrun or do
+// not add up to `payload_size`.
+absl::StatusOr<std::vector<TensorDesc>> ReadTensorDescs(
+    absl::string_view what, uint32_t count, uint64_t payload_size,
+    const TensorDescLimits& limits, absl::string_view* data);
+
 // The fixed prefix, validated: magic, version, kind and every size within
 // the limits.
 struct FramePrefix {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/frame.h"
 
 #ifdef TRAINYARD_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "core/cuda_status.h"
 #include "core/status_macros.h"
 #endif
 
@@ -22,8 +24,25 @@ namespace trainyard {
 namespace {
 
 constexpr uint32_t kNcclHeaderMagic = 0x434E5954;  // "TYNC" little-endian
-constexpr uint16_t kNcclHeaderVersion = 1;
+constexpr uint16_t kNcclHeaderVersion = 2;
 constexpr size_t kNcclHeaderPrefix = 32;
+
+TensorDescLimits NcclDescLimits() {
+  TensorDescLimits l;
+  l.max_tensors = kNcclMaxTensors;
+  l.max_name_length = kNcclMaxNameLength;
+  l.max_ndim = kNcclMaxNdim;
+  l.max_payload_bytes = kNcclMaxPayloadBytes;
+  l.cpu_only = false;  // device tensors are sent in place
+  return l;
+}
+
+// The limits keep the descriptors (frame layout: 4 bytes, 8 per dim, the
+// name) inside the fixed header.
+static_assert(kNcclHeaderPrefix + kNcclMaxTensors * (4 + 8 * kNcclMaxNdim +
+                                                     kNcclMaxNameLength) <=
+                  kNcclHeaderBytes,
+              "header limits exceed kNcclHeaderBytes");
 
 template <typename T>
 void PutLe(std::string* out, T v) {
@@ -32,45 +51,28 @@ void PutLe(std::string* out, T v) {
   out->append(b, sizeof(T));
 }
 
-// Bounds-checked little-endian reader over a header.
-class Reader {
- public:
-  explicit Reader(absl::string_view bytes) : bytes_(bytes) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (bytes_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, bytes_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  bool GetString(size_t n, std::string* s) {
-    if (bytes_.size() - pos_ < n) return false;
-    s->assign(bytes_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
+template <typename T>
+T GetLe(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
 
- private:
-  absl::string_view bytes_;
-  size_t pos_ = 0;
-};
+constexpr absl::string_view kWhat = "nccl message header";
 
 absl::Status HeaderError(absl::string_view what) {
-  return absl::DataLossError(absl::StrCat("nccl message header: ", what));
+  return absl::DataLossError(absl::StrCat(kWhat, ": ", what));
 }
 
 }  // namespace
 
 absl::StatusOr<std::string> EncodeNcclHeader(const Message& message) {
-  if (message.tensors.size() > static_cast<size_t>(kNcclMaxTensors)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("nccl message header: ", message.tensors.size(),
-                     " tensors, limit ", kNcclMaxTensors));
-  }
+  std::string descs;
+  absl::StatusOr<uint64_t> payload =
+      AppendTensorDescs(kWhat, message.tensors, NcclDescLimits(), &descs);
+  if (!payload.ok()) return payload.status();
   std::string out;
   out.reserve(kNcclHeaderBytes);
-  uint64_t payload = 0;
-  for (const auto& [name, tensor] : message.tensors) payload += tensor.nbytes();
   PutLe<uint32_t>(&out, kNcclHeaderMagic);
   PutLe<uint16_t>(&out, kNcclHeaderVersion);
   PutLe<uint16_t>(&out, static_cast<uint16_t>(message.kind));
@@ -78,29 +80,8 @@ absl::StatusOr<std::string> EncodeNcclHeader(const Message& message) {
   PutLe<int32_t>(&out, message.microbatch);
   PutLe<uint16_t>(&out, static_cast<uint16_t>(message.tensors.size()));
   PutLe<uint16_t>(&out, 0);
-  PutLe<uint64_t>(&out, payload);
-  for (const auto& [name, tensor] : message.tensors) {
-    if (name.size() > static_cast<size_t>(kNcclMaxNameLength)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "nccl message header: tensor name \"", name.substr(0, 32),
-          "...\" is ", name.size(), " bytes, limit ", kNcclMaxNameLength));
-    }
-    if (tensor.ndim() > kNcclMaxNdim) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("nccl message header: tensor \"", name, "\" has ",
-                       tensor.ndim(), " dims, limit ", kNcclMaxNdim));
-    }
-    PutLe<uint16_t>(&out, static_cast<uint16_t>(name.size()));
-    out.append(name);
-    PutLe<uint8_t>(&out, static_cast<uint8_t>(tensor.dtype()));
-    PutLe<uint8_t>(&out, static_cast<uint8_t>(tensor.ndim()));
-    for (int64_t d : tensor.shape()) PutLe<int64_t>(&out, d);
-  }
-  // The limits above keep the header well inside its fixed size.
-  static_assert(kNcclHeaderPrefix + kNcclMaxTensors * (2 + kNcclMaxNameLength +
-                                                       2 + 8 * kNcclMaxNdim) <=
-                    kNcclHeaderBytes,
-                "header limits exceed kNcclHeaderBytes");
+  PutLe<uint64_t>(&out, *payload);
+  out.append(descs);
   out.resize(kNcclHeaderBytes, '\0');
   return out;
 }
@@ -110,75 +91,31 @@ absl::StatusOr<NcclHeader> DecodeNcclHeader(absl::string_view bytes) {
     return HeaderError(absl::StrCat("is ", bytes.size(), " bytes, expected ",
                                     kNcclHeaderBytes));
   }
-  Reader r(bytes);
-  uint32_t magic = 0;
-  uint16_t version = 0, kind = 0, count = 0, reserved = 0;
-  NcclHeader h;
-  r.Get(&magic);
-  r.Get(&version);
-  r.Get(&kind);
-  r.Get(&h.step);
-  r.Get(&h.microbatch);
-  r.Get(&count);
-  r.Get(&reserved);
-  r.Get(&h.payload_bytes);
+  const char* p = bytes.data();
+  const uint32_t magic = GetLe<uint32_t>(p);
   if (magic != kNcclHeaderMagic) {
     return HeaderError(absl::StrCat("bad magic 0x", absl::Hex(magic)));
   }
+  const uint16_t version = GetLe<uint16_t>(p + 4);
   if (version != kNcclHeaderVersion) {
-    return HeaderError(absl::StrCat("unsupported version ", version));
+    return HeaderError(absl::StrCat("unsupported version ", version,
+                                    " (expected ", kNcclHeaderVersion, ")"));
   }
+  const uint16_t kind = GetLe<uint16_t>(p + 6);
   if (kind > static_cast<uint16_t>(MessageKind::kEvalActivation)) {
     return HeaderError(absl::StrCat("unknown message kind ", kind));
   }
+  NcclHeader h;
   h.kind = static_cast<MessageKind>(kind);
-  if (count > kNcclMaxTensors) {
-    return HeaderError(
-        absl::StrCat(count, " tensors, limit ", kNcclMaxTensors));
-  }
-  uint64_t total = 0;
-  for (int i = 0; i < count; ++i) {
-    NcclTensorDesc t;
-    uint16_t name_len = 0;
-    uint8_t dtype = 0, ndim = 0;
-    if (!r.Get(&name_len) || name_len > kNcclMaxNameLength ||
-        !r.GetString(name_len, &t.name) || !r.Get(&dtype) || !r.Get(&ndim)) {
-      return HeaderError(absl::StrCat("tensor ", i, ": truncated or name over ",
-                                      kNcclMaxNameLength, " bytes"));
-    }
-    if (dtype > static_cast<uint8_t>(DType::kUInt8)) {
-      return HeaderError(absl::StrCat("tensor \"", t.name, "\": unknown dtype ",
-                                      static_cast<int>(dtype)));
-    }
-    t.dtype = static_cast<DType>(dtype);
-    if (ndim > kNcclMaxNdim) {
-      return HeaderError(absl::StrCat("tensor \"", t.name,
-                                      "\": ", static_cast<int>(ndim),
-                                      " dims, limit ", kNcclMaxNdim));
-    }
-    uint64_t bytes_of = DTypeSize(t.dtype);
-    for (int d = 0; d < ndim; ++d) {
-      int64_t dim = 0;
-      if (!r.Get(&dim)) {
-        return HeaderError(absl::StrCat("tensor \"", t.name, "\": truncated"));
-      }
-      if (dim < 0 || __builtin_mul_overflow(
-                         bytes_of, static_cast<uint64_t>(dim), &bytes_of)) {
-        return HeaderError(absl::StrCat("tensor \"", t.name, "\": dimension ",
-                                        d, " is ", dim));
-      }
-      t.shape.push_back(dim);
-    }
-    if (__builtin_add_overflow(total, bytes_of, &total)) {
-      return HeaderError("payload size overflows");
-    }
-    h.tensors.push_back(std::move(t));
-  }
-  if (total != h.payload_bytes) {
-    return HeaderError(absl::StrCat("tensors add up to ", total,
-                                    " bytes but the header says ",
-                                    h.payload_bytes));
-  }
+  h.step = GetLe<int64_t>(p + 8);
+  h.microbatch = GetLe<int32_t>(p + 16);
+  const uint16_t count = GetLe<uint16_t>(p + 20);
+  h.payload_bytes = GetLe<uint64_t>(p + 24);
+  absl::string_view rest = bytes.substr(kNcclHeaderPrefix);
+  absl::StatusOr<std::vector<TensorDesc>> tensors =
+      ReadTensorDescs(kWhat, count, h.payload_bytes, NcclDescLimits(), &rest);
+  if (!tensors.ok()) return tensors.status();
+  h.tensors = std::move(*tensors);
   return h;
 }
 
@@ -222,11 +159,11 @@ bool NcclTransportBuilt() { return true; }
 
 namespace {
 
-absl::Status FromNccl(ncclResult_t r, absl::string_view where,
-                      absl::string_view call) {
+absl::Status FromNccl(ncclResult_t r, absl::string_view call, const char* file,
+                      int line, absl::string_view context) {
   const std::string text =
-      absl::StrCat(where, ": ", call, ": ", ncclGetErrorString(r), " (",
-                   ncclGetLastError(nullptr), ")");
+      absl::StrCat(context, ": ", call, " failed at ", file, ":", line, ": ",
+                   ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")");
   switch (r) {
     case ncclSystemError:
     case ncclRemoteError:
@@ -239,30 +176,19 @@ absl::Status FromNccl(ncclResult_t r, absl::string_view where,
   }
 }
 
-absl::Status FromCuda(cudaError_t e, absl::string_view where,
-                      absl::string_view call) {
-  return absl::InternalError(absl::StrCat(where, ": ", call, ": ",
-                                          cudaGetErrorName(e), ": ",
-                                          cudaGetErrorString(e)));
-}
-
 }  // namespace
 
-// One macro per library: run `expr`, turn a failure into a Status naming
-// `where` and the call, and return it. ncclInProgress is not a failure:
-// with non-blocking communicators the caller then polls (WaitComm).
-#define NCCL_RETURN_IF_ERROR(where, expr)                        \
-  do {                                                           \
-    ncclResult_t _ty_nccl = (expr);                              \
-    if (_ty_nccl != ncclSuccess && _ty_nccl != ncclInProgress) { \
-      return FromNccl(_ty_nccl, (where), #expr);                 \
-    }                                                            \
-  } while (0)
-
-#define CUDA_RETURN_IF_ERROR(where, expr)                                   \
-  do {                                                                      \
-    cudaError_t _ty_cuda = (expr);                                          \
-    if (_ty_cuda != cudaSuccess) return FromCuda(_ty_cuda, (where), #expr); \
+// NCCL's macro, shaped like CUDA_RETURN_IF_ERROR(expr, context) of
+// core/cuda_status.h (which this file uses for CUDA calls): run `expr`, turn
+// a failure into a Status naming `context`, the call and its file:line, and
+// return it. ncclInProgress is not a failure: with non-blocking
+// communicators the caller then polls (WaitComm). Only this file calls NCCL.
+#define NCCL_RETURN_IF_ERROR(expr, context)                            \
+  do {                                                                 \
+    ncclResult_t _ty_nccl = (expr);                                    \
+    if (_ty_nccl != ncclSuccess && _ty_nccl != ncclInProgress) {       \
+      return FromNccl(_ty_nccl, #expr, __FILE__, __LINE__, (context)); \
+    }                                                                  \
   } while (0)
 
 namespace {
@@ -422,7 +348,7 @@ absl::Status NcclTransportImpl::CheckUsable(int peer, absl::string_view op) {
     return absl::InvalidArgumentError(absl::StrCat(
         where_, ": cannot ", op, " rank ", peer, " of ", options_.world_size));
   }
-  CUDA_RETURN_IF_ERROR(where_, cudaSetDevice(options_.device));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), where_);
   return ReapSends();
 }
 
@@ -488,8 +414,9 @@ absl::Status NcclTransportImpl::WaitEvent(cudaEvent_t event,
     cudaError_t e = cudaEventQuery(event);
     if (e == cudaSuccess) return absl::OkStatus();
     if (e != cudaErrorNotReady) {
-      return Fail(FromCuda(e, absl::StrCat(where_, ": waiting for ", what),
-                           "cudaEventQuery"));
+      return Fail(
+          CudaErrorToStatus(e, "cudaEventQuery", __FILE__, __LINE__,
+                            absl::StrCat(where_, ": waiting for ", what)));
     }
     absl::Status comm = CommErrors(absl::StrCat("waiting for ", what));
     if (!comm.ok()) return Fail(comm);
@@ -508,8 +435,8 @@ absl::Status NcclTransportImpl::ReapSends() {
     cudaError_t e = cudaEventQuery(pending_.front().done);
     if (e == cudaErrorNotReady) break;
     if (e != cudaSuccess) {
-      return Fail(FromCuda(e, absl::StrCat(where_, ": an earlier send"),
-                           "cudaEventQuery"));
+      return Fail(CudaErrorToStatus(e, "cudaEventQuery", __FILE__, __LINE__,
+                                    absl::StrCat(where_, ": an earlier send")));
     }
     cudaEventDestroy(pending_.front().done);
     pending_.pop_front();
@@ -520,12 +447,12 @@ absl::Status NcclTransportImpl::ReapSends() {
 absl::Status NcclTransportImpl::EnsurePinned(int dir, size_t bytes) {
   if (pinned_size_[dir] >= bytes) return absl::OkStatus();
   if (pinned_[dir] != nullptr) {
-    CUDA_RETURN_IF_ERROR(where_, cudaFreeHost(pinned_[dir]));
+    CUDA_RETURN_IF_ERROR(cudaFreeHost(pinned_[dir]), where_);
     pinned_[dir] = nullptr;
     pinned_size_[dir] = 0;
   }
   const size_t size = std::max(bytes, 2 * pinned_size_[dir]);
-  CUDA_RETURN_IF_ERROR(where_, cudaMallocHost(&pinned_[dir], size));
+  CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned_[dir], size), where_);
   pinned_size_[dir] = size;
   return absl::OkStatus();
 }
@@ -533,18 +460,18 @@ absl::Status NcclTransportImpl::EnsurePinned(int dir, size_t bytes) {
 absl::Status NcclTransportImpl::Init(const ncclUniqueId* ids,
                                      absl::Time deadline) {
   absl::MutexLock lock(&call_mu_);
-  CUDA_RETURN_IF_ERROR(where_, cudaSetDevice(options_.device));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), where_);
   for (int i = 0; i < kNumComms; ++i) {
     CUDA_RETURN_IF_ERROR(
-        where_, cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking));
+        cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking), where_);
   }
   for (cudaEvent_t* e :
        {&compute_ready_, &recv_ready_[0], &recv_ready_[1], &reduce_ready_}) {
-    CUDA_RETURN_IF_ERROR(where_,
-                         cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming),
+                         where_);
   }
   for (int d = 0; d < 2; ++d) {
-    CUDA_RETURN_IF_ERROR(where_, cudaMalloc(&header_dev_[d], kNcclHeaderBytes));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&header_dev_[d], kNcclHeaderBytes), where_);
     RETURN_IF_ERROR(EnsurePinned(d, kNcclHeaderBytes));
   }
   // Communicators are created one after the other, in the same order on
@@ -552,9 +479,9 @@ absl::Status NcclTransportImpl::Init(const ncclUniqueId* ids,
   for (int i = 0; i < kNumComms; ++i) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    NCCL_RETURN_IF_ERROR(
-        where_, ncclCommInitRankConfig(&comms_[i], options_.world_size, ids[i],
-                                       options_.rank, &config));
+    NCCL_RETURN_IF_ERROR(ncclCommInitRankConfig(&comms_[i], options_.world_size,
+                                                ids[i], options_.rank, &config),
+                         where_);
     absl::Status st = WaitComm(
         i, deadline,
         absl::StrCat("joining (not every one of the ", options_.world_size,
@@ -573,22 +500,23 @@ absl::Status NcclTransportImpl::WarmUp(absl::Time deadline) {
     const int to = dir == kUp ? r + 1 : r - 1;
     const int from = dir == kUp ? r - 1 : r + 1;
     char* buf = static_cast<char*>(header_dev_[dir]);
-    NCCL_RETURN_IF_ERROR(where_, ncclGroupStart());
+    NCCL_RETURN_IF_ERROR(ncclGroupStart(), where_);
     if (to >= 0 && to < n) {
       NCCL_RETURN_IF_ERROR(
-          where_, ncclSend(buf, 1, ncclUint8, to, comms_[dir], streams_[dir]));
+          ncclSend(buf, 1, ncclUint8, to, comms_[dir], streams_[dir]), where_);
     }
     if (from >= 0 && from < n) {
-      NCCL_RETURN_IF_ERROR(where_, ncclRecv(buf + 1, 1, ncclUint8, from,
-                                            comms_[dir], streams_[dir]));
+      NCCL_RETURN_IF_ERROR(
+          ncclRecv(buf + 1, 1, ncclUint8, from, comms_[dir], streams_[dir]),
+          where_);
     }
-    NCCL_RETURN_IF_ERROR(where_, ncclGroupEnd());
+    NCCL_RETURN_IF_ERROR(ncclGroupEnd(), where_);
     RETURN_IF_ERROR(WaitComm(dir, deadline, "warm-up exchange"));
   }
   std::vector<double> one = {1.0};
   RETURN_IF_ERROR(AllReduceLocked(&one, deadline));
   for (int dir : {kUp, kDown}) {
-    CUDA_RETURN_IF_ERROR(where_, cudaStreamSynchronize(streams_[dir]));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(streams_[dir]), where_);
   }
   if (one[0] != static_cast<double>(n)) {
     return absl::InternalError(absl::StrCat(where_,
@@ -625,48 +553,50 @@ absl::Status NcclTransportImpl::Send(int peer, Message message) {
 
   // Communication waits for the kernels already queued on the compute
   // stream, without blocking the host.
-  CUDA_RETURN_IF_ERROR(where_, cudaEventRecord(compute_ready_, compute_));
-  CUDA_RETURN_IF_ERROR(where_, cudaStreamWaitEvent(stream, compute_ready_, 0));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_ready_, compute_), where_);
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, compute_ready_, 0), where_);
   char* buf = nullptr;
   CUDA_RETURN_IF_ERROR(
-      where_, cudaMallocAsync(reinterpret_cast<void**>(&buf), staged, stream));
-  CUDA_RETURN_IF_ERROR(where_,
-                       cudaMemcpyAsync(buf, header.data(), kNcclHeaderBytes,
-                                       cudaMemcpyHostToDevice, stream));
+      cudaMallocAsync(reinterpret_cast<void**>(&buf), staged, stream), where_);
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buf, header.data(), kNcclHeaderBytes,
+                                       cudaMemcpyHostToDevice, stream),
+                       where_);
   for (size_t i = 0; i < message.tensors.size(); ++i) {
     const Tensor& t = message.tensors[i].second;
     if (t.device().is_cpu() && t.nbytes() > 0) {
       CUDA_RETURN_IF_ERROR(
-          where_, cudaMemcpyAsync(buf + offsets[i], t.raw_data(), t.nbytes(),
-                                  cudaMemcpyHostToDevice, stream));
+          cudaMemcpyAsync(buf + offsets[i], t.raw_data(), t.nbytes(),
+                          cudaMemcpyHostToDevice, stream),
+          where_);
     }
   }
   // The header travels alone: the receiver must read it before it can post
   // the payload receives.
   NCCL_RETURN_IF_ERROR(
-      where_, ncclSend(buf, kNcclHeaderBytes, ncclUint8, peer, comm, stream));
+      ncclSend(buf, kNcclHeaderBytes, ncclUint8, peer, comm, stream), where_);
   RETURN_IF_ERROR(WaitComm(dir, enqueue_deadline, what));
-  NCCL_RETURN_IF_ERROR(where_, ncclGroupStart());
+  NCCL_RETURN_IF_ERROR(ncclGroupStart(), where_);
   for (size_t i = 0; i < message.tensors.size(); ++i) {
     const Tensor& t = message.tensors[i].second;
     if (t.nbytes() == 0) continue;
     const void* src = t.device().is_cpu() ? buf + offsets[i] : t.raw_data();
     NCCL_RETURN_IF_ERROR(
-        where_, ncclSend(src, t.nbytes(), ncclUint8, peer, comm, stream));
+        ncclSend(src, t.nbytes(), ncclUint8, peer, comm, stream), where_);
   }
-  NCCL_RETURN_IF_ERROR(where_, ncclGroupEnd());
+  NCCL_RETURN_IF_ERROR(ncclGroupEnd(), where_);
   RETURN_IF_ERROR(WaitComm(dir, enqueue_deadline, what));
-  CUDA_RETURN_IF_ERROR(where_, cudaFreeAsync(buf, stream));
+  CUDA_RETURN_IF_ERROR(cudaFreeAsync(buf, stream), where_);
 
   PendingSend pending;
   CUDA_RETURN_IF_ERROR(
-      where_, cudaEventCreateWithFlags(&pending.done, cudaEventDisableTiming));
+      cudaEventCreateWithFlags(&pending.done, cudaEventDisableTiming), where_);
   pending.message = std::move(message);
   pending.header = std::move(header);
   cudaError_t e = cudaEventRecord(pending.done, stream);
   if (e != cudaSuccess) {
     cudaEventDestroy(pending.done);
-    return FromCuda(e, where_, "cudaEventRecord(send done)");
+    return CudaErrorToStatus(e, "cudaEventRecord(send done)", __FILE__,
+                             __LINE__, where_);
   }
   pending_.push_back(std::move(pending));
   return absl::OkStatus();
@@ -682,13 +612,15 @@ absl::StatusOr<Message> NcclTransportImpl::Recv(int peer,
   ncclComm_t comm = comms_[dir];
   const std::string from = absl::StrCat("message from rank ", peer);
 
-  NCCL_RETURN_IF_ERROR(where_, ncclRecv(header_dev_[dir], kNcclHeaderBytes,
-                                        ncclUint8, peer, comm, stream));
+  NCCL_RETURN_IF_ERROR(ncclRecv(header_dev_[dir], kNcclHeaderBytes, ncclUint8,
+                                peer, comm, stream),
+                       where_);
   RETURN_IF_ERROR(WaitComm(dir, deadline, absl::StrCat("header of ", from)));
   CUDA_RETURN_IF_ERROR(
-      where_, cudaMemcpyAsync(pinned_[dir], header_dev_[dir], kNcclHeaderBytes,
-                              cudaMemcpyDeviceToHost, stream));
-  CUDA_RETURN_IF_ERROR(where_, cudaEventRecord(recv_ready_[dir], stream));
+      cudaMemcpyAsync(pinned_[dir], header_dev_[dir], kNcclHeaderBytes,
+                      cudaMemcpyDeviceToHost, stream),
+      where_);
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(recv_ready_[dir], stream), where_);
   {
     absl::Status st =
         WaitEvent(recv_ready_[dir], deadline, absl::StrCat("header of ", from));
@@ -717,35 +649,35 @@ absl::StatusOr<Message> NcclTransportImpl::Recv(int peer,
         std::max(deadline, absl::Now() + options_.payload_timeout);
     std::vector<size_t> offsets;
     size_t total = 0;
-    for (const NcclTensorDesc& d : header->tensors) {
+    for (const TensorDesc& d : header->tensors) {
       offsets.push_back(total);
-      total += (NumElements(d.shape) * DTypeSize(d.dtype) + 255) / 256 * 256;
+      total += (d.nbytes() + 255) / 256 * 256;
     }
     RETURN_IF_ERROR(EnsurePinned(dir, total));
     char* buf = nullptr;
     CUDA_RETURN_IF_ERROR(
-        where_, cudaMallocAsync(reinterpret_cast<void**>(&buf), total, stream));
-    NCCL_RETURN_IF_ERROR(where_, ncclGroupStart());
+        cudaMallocAsync(reinterpret_cast<void**>(&buf), total, stream), where_);
+    NCCL_RETURN_IF_ERROR(ncclGroupStart(), where_);
     for (size_t i = 0; i < header->tensors.size(); ++i) {
-      const NcclTensorDesc& d = header->tensors[i];
-      const size_t n = NumElements(d.shape) * DTypeSize(d.dtype);
+      const TensorDesc& d = header->tensors[i];
+      const size_t n = d.nbytes();
       if (n == 0) continue;
       NCCL_RETURN_IF_ERROR(
-          where_, ncclRecv(buf + offsets[i], n, ncclUint8, peer, comm, stream));
+          ncclRecv(buf + offsets[i], n, ncclUint8, peer, comm, stream), where_);
     }
-    NCCL_RETURN_IF_ERROR(where_, ncclGroupEnd());
+    NCCL_RETURN_IF_ERROR(ncclGroupEnd(), where_);
     RETURN_IF_ERROR(
         WaitComm(dir, payload_deadline, absl::StrCat("payload of ", from)));
     // Until Tensor has device storage, results come back to host memory.
-    CUDA_RETURN_IF_ERROR(where_,
-                         cudaMemcpyAsync(pinned_[dir], buf, total,
-                                         cudaMemcpyDeviceToHost, stream));
-    CUDA_RETURN_IF_ERROR(where_, cudaFreeAsync(buf, stream));
-    CUDA_RETURN_IF_ERROR(where_, cudaEventRecord(recv_ready_[dir], stream));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned_[dir], buf, total,
+                                         cudaMemcpyDeviceToHost, stream),
+                         where_);
+    CUDA_RETURN_IF_ERROR(cudaFreeAsync(buf, stream), where_);
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(recv_ready_[dir], stream), where_);
     RETURN_IF_ERROR(WaitEvent(recv_ready_[dir], payload_deadline,
                               absl::StrCat("payload of ", from)));
     for (size_t i = 0; i < header->tensors.size(); ++i) {
-      const NcclTensorDesc& d = header->tensors[i];
+      const TensorDesc& d = header->tensors[i];
       Tensor t = Tensor::Empty(d.dtype, d.shape);
       if (t.nbytes() > 0) {
         std::memcpy(t.raw_data(), static_cast<char*>(pinned_[dir]) + offsets[i],
@@ -754,13 +686,13 @@ absl::StatusOr<Message> NcclTransportImpl::Recv(int peer,
       message.tensors.emplace_back(d.name, std::move(t));
     }
   } else {
-    for (const NcclTensorDesc& d : header->tensors) {
+    for (const TensorDesc& d : header->tensors) {
       message.tensors.emplace_back(d.name, Tensor::Empty(d.dtype, d.shape));
     }
   }
   // Later kernels on the compute stream see the received data.
-  CUDA_RETURN_IF_ERROR(where_,
-                       cudaStreamWaitEvent(compute_, recv_ready_[dir], 0));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, recv_ready_[dir], 0),
+                       where_);
   return message;
 }
 
@@ -777,32 +709,34 @@ absl::Status NcclTransportImpl::AllReduceLocked(std::vector<double>* values,
   if (n == 0) return absl::OkStatus();
   if (reduce_capacity_ < n) {
     if (reduce_dev_ != nullptr) {
-      CUDA_RETURN_IF_ERROR(where_, cudaFree(reduce_dev_));
-      CUDA_RETURN_IF_ERROR(where_, cudaFreeHost(reduce_pinned_));
+      CUDA_RETURN_IF_ERROR(cudaFree(reduce_dev_), where_);
+      CUDA_RETURN_IF_ERROR(cudaFreeHost(reduce_pinned_), where_);
       reduce_dev_ = reduce_pinned_ = nullptr;
       reduce_capacity_ = 0;
     }
     const size_t cap = std::max<size_t>(n, 64);
-    CUDA_RETURN_IF_ERROR(where_,
-                         cudaMalloc(&reduce_dev_, cap * sizeof(double)));
-    CUDA_RETURN_IF_ERROR(where_,
-                         cudaMallocHost(&reduce_pinned_, cap * sizeof(double)));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&reduce_dev_, cap * sizeof(double)),
+                         where_);
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(&reduce_pinned_, cap * sizeof(double)),
+                         where_);
     reduce_capacity_ = cap;
   }
   cudaStream_t stream = streams_[kReduce];
   std::memcpy(reduce_pinned_, values->data(), n * sizeof(double));
   CUDA_RETURN_IF_ERROR(
-      where_, cudaMemcpyAsync(reduce_dev_, reduce_pinned_, n * sizeof(double),
-                              cudaMemcpyHostToDevice, stream));
-  NCCL_RETURN_IF_ERROR(
-      where_, ncclAllReduce(reduce_dev_, reduce_dev_, n, ncclDouble, ncclSum,
-                            comms_[kReduce], stream));
+      cudaMemcpyAsync(reduce_dev_, reduce_pinned_, n * sizeof(double),
+                      cudaMemcpyHostToDevice, stream),
+      where_);
+  NCCL_RETURN_IF_ERROR(ncclAllReduce(reduce_dev_, reduce_dev_, n, ncclDouble,
+                                     ncclSum, comms_[kReduce], stream),
+                       where_);
   const std::string what = absl::StrCat("all-reduce of ", n, " doubles");
   RETURN_IF_ERROR(WaitComm(kReduce, deadline, what));
   CUDA_RETURN_IF_ERROR(
-      where_, cudaMemcpyAsync(reduce_pinned_, reduce_dev_, n * sizeof(double),
-                              cudaMemcpyDeviceToHost, stream));
-  CUDA_RETURN_IF_ERROR(where_, cudaEventRecord(reduce_ready_, stream));
+      cudaMemcpyAsync(reduce_pinned_, reduce_dev_, n * sizeof(double),
+                      cudaMemcpyDeviceToHost, stream),
+      where_);
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(reduce_ready_, stream), where_);
   RETURN_IF_ERROR(WaitEvent(reduce_ready_, deadline, what));
   std::memcpy(values->data(), reduce_pinned_, n * sizeof(double));
   return absl::OkStatus();
@@ -869,13 +803,13 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> CreateNcclTransport(
         where, ": device: cuda:", options.device,
         " does not exist; this machine has ", count, " CUDA device(s)"));
   }
-  CUDA_RETURN_IF_ERROR(where, cudaSetDevice(options.device));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device), where);
 
   ncclUniqueId ids[kNumComms];
   const std::string key = absl::StrCat(options.job_id, "/nccl_id");
   if (options.rank == 0) {
     for (ncclUniqueId& id : ids)
-      NCCL_RETURN_IF_ERROR(where, ncclGetUniqueId(&id));
+      NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id), where);
     RETURN_IF_ERROR(options.rendezvous->Put(
         key, std::string(reinterpret_cast<const char*>(ids), sizeof(ids))));
   } else {

@@ -21,11 +21,12 @@
 //
 // Wire format of a Message on the communicator of its direction: first one
 // header of exactly kNcclHeaderBytes (EncodeNcclHeader below: kind, step,
-// microbatch, tensor names, dtypes and shapes), then each tensor's bytes
-// (ncclUint8), in order. Headers are built in pinned host memory and copied
-// to a device buffer, since NCCL only sends device-accessible memory. There
-// is no checksum (NVLink / InfiniBand are link-level checked; TCP frames
-// carry a CRC32C because they leave the machine's control).
+// microbatch, then the tensors' names, dtypes and shapes in the TCP frame's
+// descriptor layout, written and read by core/frame.h's codec), then each
+// tensor's bytes (ncclUint8), in order. Headers are built in pinned host memory
+// and copied to a device buffer, since NCCL only sends device-accessible
+// memory. There is no checksum (NVLink / InfiniBand are link-level checked; TCP
+// frames carry a CRC32C because they leave the machine's control).
 //
 // Connections: creation ends with one small exchange with each neighbour
 // (rank - 1 and rank + 1) on both direction communicators and one
@@ -86,6 +87,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/frame.h"
 #include "core/rendezvous.h"
 #include "core/transport.h"
 
@@ -105,28 +107,27 @@ inline constexpr size_t kNcclHeaderBytes = 8192;
 inline constexpr int kNcclMaxTensors = 32;
 inline constexpr int kNcclMaxNameLength = 128;
 inline constexpr int kNcclMaxNdim = 8;
-
-struct NcclTensorDesc {
-  std::string name;
-  DType dtype = DType::kFloat32;
-  Shape shape;
-};
+// Far beyond any one GPU's memory; bounds the sizes a header may claim.
+inline constexpr uint64_t kNcclMaxPayloadBytes = uint64_t{1} << 40;
 
 struct NcclHeader {
   MessageKind kind = MessageKind::kActivation;
   int64_t step = 0;
   int32_t microbatch = 0;
-  std::vector<NcclTensorDesc> tensors;
-  uint64_t payload_bytes = 0;  // sum of the tensors' sizes
+  std::vector<TensorDesc> tensors;  // core/frame.h's descriptor
+  uint64_t payload_bytes = 0;       // sum of the tensors' sizes
 };
 
 // Exactly kNcclHeaderBytes bytes (little-endian, zero-padded): u32 magic
-// "TYNC", u16 version 1, u16 kind, i64 step, i32 microbatch, u16 tensor
-// count, u16 reserved 0, u64 payload bytes; then per tensor u16 name
-// length, the name, u8 dtype, u8 ndim, i64 dims[ndim]. InvalidArgument
-// naming the tensor when a limit is exceeded.
+// "TYNC", u16 version 2, u16 kind, i64 step, i32 microbatch, u16 tensor
+// count, u16 reserved 0, u64 payload bytes (32 bytes); then the tensor
+// descriptors of core/frame.h (AppendTensorDescs: per tensor u16 name
+// length, u8 dtype, u8 ndim, i64 dims[ndim], the name). Version 1 had its
+// own descriptor order (name before dtype). InvalidArgument naming the
+// tensor when a limit above is exceeded; tensors may be on any device.
 absl::StatusOr<std::string> EncodeNcclHeader(const Message& message);
-// Decodes and checks a header (DataLoss naming the bad field otherwise).
+// Decodes and checks a header (DataLoss naming the bad field otherwise:
+// magic, version, kind, or a descriptor, as core/frame.h's ReadTensorDescs).
 absl::StatusOr<NcclHeader> DecodeNcclHeader(absl::string_view bytes);
 
 struct NcclTransportOptions {

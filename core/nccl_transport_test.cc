@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/frame.h"
 #include "core/rendezvous.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -57,6 +58,24 @@ TEST(NcclHeaderTest, RoundTripsKindStepAndTensorDescriptors) {
   EXPECT_EQ(h->tensors[2].shape, (Shape{0, 5}));
 }
 
+// One descriptor codec for both transports: after its 32-byte prefix the
+// header holds exactly what core/frame.h writes for a TCP frame.
+TEST(NcclHeaderTest, DescriptorsAreTheFrameCodecs) {
+  const Message m = SampleMessage();
+  std::string descs;
+  absl::StatusOr<uint64_t> payload =
+      AppendTensorDescs("test", m.tensors, TensorDescLimits(), &descs);
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  const std::string header = *EncodeNcclHeader(m);
+  EXPECT_EQ(header.substr(32, descs.size()), descs);
+  EXPECT_EQ(header.find_first_not_of('\0', 32 + descs.size()),
+            std::string::npos);  // zero padding
+  absl::StatusOr<std::string> frame =
+      EncodeFrameHeader(FrameKind::kGradient, "job", 7, 3, m.tensors);
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  EXPECT_EQ(frame->substr(frame->size() - descs.size()), descs);
+}
+
 TEST(NcclHeaderTest, RejectsMessagesBeyondTheLimits) {
   Message many;
   for (int i = 0; i <= kNcclMaxTensors; ++i) {
@@ -83,6 +102,10 @@ TEST(NcclHeaderTest, RejectsCorruptHeaders) {
   bad_magic[0] ^= 1;
   EXPECT_EQ(DecodeNcclHeader(bad_magic).status().code(),
             absl::StatusCode::kDataLoss);
+  std::string old_version = good;
+  old_version[4] = 1;  // u16 version at offset 4
+  EXPECT_THAT(DecodeNcclHeader(old_version).status().message(),
+              HasSubstr("unsupported version 1 (expected 2)"));
   std::string bad_kind = good;
   bad_kind[6] = 9;  // u16 kind at offset 6
   EXPECT_THAT(DecodeNcclHeader(bad_kind).status().message(),
@@ -90,11 +113,21 @@ TEST(NcclHeaderTest, RejectsCorruptHeaders) {
   std::string bad_payload = good;
   bad_payload[24] ^= 1;  // u64 payload bytes at offset 24
   EXPECT_THAT(DecodeNcclHeader(bad_payload).status().message(),
-              HasSubstr("tensors add up to 40 bytes"));
+              HasSubstr("tensors hold 40 bytes, payload size says 41"));
   std::string bad_dim = good;
-  bad_dim[32 + 2 + 1 + 2 + 7] = static_cast<char>(0x80);  // x's first dim < 0
+  // x's first dim: after the prefix, u16 name length, u8 dtype, u8 ndim;
+  // its top byte set makes it negative.
+  bad_dim[32 + 4 + 7] = static_cast<char>(0x80);
   EXPECT_THAT(DecodeNcclHeader(bad_dim).status().message(),
-              HasSubstr("tensor \"x\": dimension 0"));
+              HasSubstr("nccl message header: tensor 0 has dimension 0 = -"));
+  std::string bad_dtype = good;
+  bad_dtype[32 + 2] = 99;  // x's dtype
+  EXPECT_THAT(DecodeNcclHeader(bad_dtype).status().message(),
+              HasSubstr("tensor 0 has unknown dtype 99"));
+  std::string many = good;
+  many[20] = 33;  // u16 tensor count at offset 20
+  EXPECT_THAT(DecodeNcclHeader(many).status().message(),
+              HasSubstr("33 tensors, limit 32"));
 }
 
 TEST(NcclTransportOptionsTest, NamesTheBadField) {

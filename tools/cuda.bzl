@@ -5,8 +5,10 @@ tools/system_libs.bzl), each .cu file becomes one genrule running nvcc for
 sm_80 and sm_90 (plus compute_90 PTX), and the objects, the .cc sources and
 `hdrs` form a cc_library linked against @cuda//:cuda. Every header of the
 calling package is an input of each nvcc run, so .cu files may include any
-kernels/cuda header; other headers must come from /usr/include (Abseil) or
-the toolkit.
+header of their own package; headers of other packages that they include
+(directly or through their package's headers) must be listed in
+`nvcc_hdrs`, since nvcc runs in a sandbox holding only its declared inputs;
+system headers come from /usr/include (Abseil) or the toolkit.
 
 Without a toolkit the same target is a cc_library of `stub_srcs` (functions
 that return absl::UnimplementedError("... built without CUDA")) with
@@ -36,6 +38,7 @@ def cuda_library(
         deps = [],
         copts = [],
         nvcc_copts = [],
+        nvcc_hdrs = [],
         stub_srcs = [],
         **kwargs):
     """A cc_library whose .cu sources go through nvcc (see the file comment).
@@ -48,6 +51,8 @@ def cuda_library(
       deps: cc_library dependencies.
       copts: host-compiler options for the .cc sources.
       nvcc_copts: extra nvcc options for the .cu sources.
+      nvcc_hdrs: header labels of other packages that the .cu sources
+        include, e.g. "//core:tensor.h" (inputs of the nvcc runs).
       stub_srcs: sources used instead of `srcs` when CUDA is not available.
       **kwargs: passed to cc_library (visibility, testonly, ...).
     """
@@ -70,7 +75,7 @@ def cuda_library(
         obj = "_objs_cuda/%s/%s.o" % (name, src[:-len(".cu")])
         native.genrule(
             name = "%s_%s_nvcc" % (name, src[:-len(".cu")].replace("/", "_")),
-            srcs = [src] + package_hdrs,
+            srcs = [src] + package_hdrs + nvcc_hdrs,
             outs = [obj],
             cmd = " ".join(
                 [CUDA_ROOT + "/bin/nvcc"] + _NVCC_FLAGS + nvcc_copts +

@@ -1,6 +1,9 @@
 #include "kernels/cuda/cuda_mlp_block.h"
 
+#include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
@@ -52,15 +55,33 @@ absl::Status CheckParams(const MlpBlockConfig& c, const CudaMlpBlockParams& p) {
   return absl::OkStatus();
 }
 
-ActKind ToActKind(Activation a) {
-  switch (a) {
-    case Activation::kRelu:
-      return ActKind::kRelu;
-    case Activation::kGeluTanh:
-      return ActKind::kGeluTanh;
-    default:
-      return ActKind::kGelu;
+// The block's GEMMs that have a fused-epilogue form.
+enum Site : int {
+  kFc1Forward = 0,   // fc1 + bias + gelu_tanh / relu
+  kFc2Forward = 1,   // fc2 + bias (+ residual as C)
+  kFc1Backward = 2,  // d_act GEMM + dgelu_tanh / drelu (+ fc1 bias grad)
+  kFc2WeightGrad = 3,
+  kFc1WeightGrad = 4,
+};
+
+const char* SiteName(int site) {
+  switch (site) {
+    case kFc1Forward:
+      return "fc1 forward";
+    case kFc2Forward:
+      return "fc2 forward";
+    case kFc1Backward:
+      return "fc1 backward";
+    case kFc2WeightGrad:
+      return "fc2 weight gradient";
+    case kFc1WeightGrad:
+      return "fc1 weight gradient";
   }
+  return "?";
+}
+
+int64_t RoundUp(int64_t x, int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
 }
 
 }  // namespace
@@ -73,16 +94,14 @@ absl::StatusOr<std::unique_ptr<CudaMlpBlock>> CudaMlpBlock::Create(
       new CudaMlpBlock(config, mode, device, std::move(gemm)));
 }
 
-absl::StatusOr<DeviceBuffer> CudaMlpBlock::Alloc(int64_t elements, DataType t) {
-  return DeviceBuffer::Allocate(device_, elements * DataTypeSize(t));
+absl::StatusOr<DeviceBuffer> CudaMlpBlock::Alloc(int64_t elements, DType t) {
+  return DeviceBuffer::Allocate(device_, elements * DTypeSize(t));
 }
 
-absl::Status CudaMlpBlock::Gemm(bool ta, bool tb, int64_t m, int64_t n,
-                                int64_t k, const void* a, int64_t lda,
-                                const void* b, int64_t ldb, float beta,
-                                const void* c, void* d, int64_t ldd,
-                                DataType d_type, Stream stream) {
-  if (m == 0 || n == 0) return absl::OkStatus();
+GemmArgs CudaMlpBlock::Args(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                            const void* a, int64_t lda, const void* b,
+                            int64_t ldb, float beta, const void* c, void* d,
+                            int64_t ldd, DType d_type) const {
   GemmArgs g;
   g.trans_a = ta;
   g.trans_b = tb;
@@ -102,16 +121,62 @@ absl::Status CudaMlpBlock::Gemm(bool ta, bool tb, int64_t m, int64_t n,
   g.d = d;
   g.ldd = ldd;
   g.d_type = d_type;
-  if (k == 0) {  // empty reduction: D = beta * C
-    if (beta == 0.0f) {
-      return MemsetAsync(d, 0, m * n * DataTypeSize(d_type), stream);
-    }
-    if (c != d) {
-      return CopyDeviceToDevice(d, c, m * n * DataTypeSize(d_type), stream);
-    }
+  return g;
+}
+
+absl::Status CudaMlpBlock::RunGemm(const GemmArgs& g, Stream stream) {
+  if (g.m == 0 || g.n == 0) return absl::OkStatus();
+  if (g.k == 0) {  // empty reduction: D = beta * C
+    const size_t bytes = g.m * g.n * DTypeSize(g.d_type);
+    if (g.beta == 0.0f) return MemsetAsync(g.d, 0, bytes, stream);
+    if (g.c != g.d) return CopyDeviceToDevice(g.d, g.c, bytes, stream);
     return absl::OkStatus();
   }
   return gemm_->Run(g, stream);
+}
+
+bool CudaMlpBlock::MayFuse(int site, int64_t rows) const {
+  if (!use_epilogues_ || rows == 0) return false;
+  auto it = decisions_.find(std::make_pair(site, rows));
+  return it == decisions_.end() || it->second.fused;
+}
+
+absl::StatusOr<bool> CudaMlpBlock::RunFused(int site, int64_t rows,
+                                            const GemmArgs& g, Stream stream) {
+  absl::Status s = gemm_->Run(g, stream);
+  EpilogueDecision& d = decisions_[std::make_pair(site, rows)];
+  if (s.ok()) {
+    d.fused = true;
+    d.what = GemmEpilogueName(g.epilogue);
+    ++stats_.fused_gemms;
+    return true;
+  }
+  if (s.code() != absl::StatusCode::kUnimplemented) return s;
+  d.fused = false;
+  d.what = absl::StrCat("element-wise (", s.message(), ")");
+  ++stats_.fallbacks;
+  return false;
+}
+
+std::string CudaMlpBlock::EpilogueReport() const {
+  std::vector<std::pair<std::pair<int, int64_t>, std::string>> lines;
+  for (const auto& [key, d] : decisions_) lines.emplace_back(key, d.what);
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (const auto& [key, what] : lines) {
+    absl::StrAppend(&out, SiteName(key.first), ", ", key.second,
+                    " rows: ", what, "\n");
+  }
+  return out;
+}
+
+absl::Status CudaMlpBlock::FoldBiasGrad(const float* src, int64_t n,
+                                        bool accumulate, float* dst,
+                                        Stream stream) {
+  if (accumulate) {
+    return AddBiasResidual(DType::kFloat32, 1, n, nullptr, src, dst, stream);
+  }
+  return CopyDeviceToDevice(dst, src, n * sizeof(float), stream);
 }
 
 absl::Status CudaMlpBlock::Bf16Weights(const CudaMlpBlockParams& p,
@@ -124,7 +189,7 @@ absl::Status CudaMlpBlock::Bf16Weights(const CudaMlpBlockParams& p,
     *w1 = p.fc1_weight_bf16;
   } else {
     if (w1_bf16_.empty()) {
-      ASSIGN_OR_RETURN(w1_bf16_, Alloc(n1, DataType::kBFloat16));
+      ASSIGN_OR_RETURN(w1_bf16_, Alloc(n1, DType::kBFloat16));
     }
     RETURN_IF_ERROR(CastFloatToBf16(n1, p.fc1_weight, w1_bf16_.data(), stream));
     *w1 = w1_bf16_.data();
@@ -133,7 +198,7 @@ absl::Status CudaMlpBlock::Bf16Weights(const CudaMlpBlockParams& p,
     *w2 = p.fc2_weight_bf16;
   } else {
     if (w2_bf16_.empty()) {
-      ASSIGN_OR_RETURN(w2_bf16_, Alloc(n2, DataType::kBFloat16));
+      ASSIGN_OR_RETURN(w2_bf16_, Alloc(n2, DType::kBFloat16));
     }
     RETURN_IF_ERROR(CastFloatToBf16(n2, p.fc2_weight, w2_bf16_.data(), stream));
     *w2 = w2_bf16_.data();
@@ -151,7 +216,7 @@ absl::Status CudaMlpBlock::Forward(const CudaMlpBlockParams& p, int64_t rows,
     RETURN_IF_ERROR(Need("block input x", x));
     RETURN_IF_ERROR(Need("block output y", y));
   }
-  const DataType t = activation_type();
+  const DType t = activation_type();
   const int64_t b = rows, in = c.in_features, out = c.out_features,
                 ffn = c.ffn_hidden_size, f1 = c.fc1_out();
   const void* w1 = p.fc1_weight;
@@ -165,10 +230,10 @@ absl::Status CudaMlpBlock::Forward(const CudaMlpBlockParams& p, int64_t rows,
   s.norm_out = x;
   if (c.norm != NormType::kNone) {
     ASSIGN_OR_RETURN(s.norm_out_buf, Alloc(b * in, t));
-    ASSIGN_OR_RETURN(s.rstd, Alloc(b, DataType::kFloat32));
+    ASSIGN_OR_RETURN(s.rstd, Alloc(b, DType::kFloat32));
     s.norm_out = s.norm_out_buf.data();
     if (c.norm == NormType::kLayerNorm) {
-      ASSIGN_OR_RETURN(s.mean, Alloc(b, DataType::kFloat32));
+      ASSIGN_OR_RETURN(s.mean, Alloc(b, DType::kFloat32));
       RETURN_IF_ERROR(LayerNormForward(t, b, in, x, p.norm_weight, p.norm_bias,
                                        c.norm_eps, s.norm_out_buf.data(),
                                        s.mean.as<float>(), s.rstd.as<float>(),
@@ -179,26 +244,69 @@ absl::Status CudaMlpBlock::Forward(const CudaMlpBlockParams& p, int64_t rows,
                                      stream));
     }
   }
-  // fc1: [b, f1] = norm_out [b, in] @ fc1.weight^T.
-  ASSIGN_OR_RETURN(s.fc1_out, Alloc(b * f1, t));
+  // fc1: [b, f1] = norm_out [b, in] @ fc1.weight^T (+ bias), then act.
   ASSIGN_OR_RETURN(s.act_out, Alloc(b * ffn, t));
-  RETURN_IF_ERROR(Gemm(false, true, b, f1, in, s.norm_out, in, w1, in, 0.0f,
-                       nullptr, s.fc1_out.data(), f1, t, stream));
   const float* b1 = c.bias ? p.fc1_bias : nullptr;
-  if (c.activation == Activation::kSwiglu) {
-    RETURN_IF_ERROR(BiasSwigluForward(t, b, ffn, b1, s.fc1_out.data(),
-                                      s.act_out.data(), stream));
-  } else {
-    RETURN_IF_ERROR(BiasActivationForward(ToActKind(c.activation), t, b, ffn,
-                                          b1, s.fc1_out.data(),
-                                          s.act_out.data(), stream));
+  const bool relu = c.activation == Activation::kRelu;
+  bool fc1_fused = false;
+  if ((relu || c.activation == Activation::kGeluTanh) &&
+      MayFuse(kFc1Forward, b)) {
+    // D = act_out directly; aux keeps what the backward needs: the relu
+    // bitmask, or the gelu_tanh pre-activation (f1 == ffn here).
+    GemmArgs g = Args(false, true, b, ffn, in, s.norm_out, in, w1, in, 0.0f,
+                      nullptr, s.act_out.data(), ffn, t);
+    g.bias = b1;
+    DeviceBuffer aux;
+    if (relu) {
+      g.ld_aux = RoundUp(ffn, 128);  // bits
+      ASSIGN_OR_RETURN(aux, DeviceBuffer::Allocate(device_, b * g.ld_aux / 8));
+      g.epilogue = c.bias ? GemmEpilogue::kReluAuxBias : GemmEpilogue::kReluAux;
+    } else {
+      g.ld_aux = ffn;
+      ASSIGN_OR_RETURN(aux, Alloc(b * ffn, t));
+      g.epilogue =
+          c.bias ? GemmEpilogue::kGeluTanhAuxBias : GemmEpilogue::kGeluTanhAux;
+    }
+    g.aux = aux.data();
+    ASSIGN_OR_RETURN(fc1_fused, RunFused(kFc1Forward, b, g, stream));
+    if (fc1_fused && relu) {
+      s.relu_mask = std::move(aux);
+      s.relu_mask_ld = g.ld_aux;
+    } else if (fc1_fused) {
+      s.fc1_out = std::move(aux);
+    }
   }
-  // fc2: y [b, out] = act_out @ fc2.weight^T (+ x) (+ bias).
-  RETURN_IF_ERROR(Gemm(false, true, b, out, ffn, s.act_out.data(), ffn, w2, ffn,
-                       c.residual ? 1.0f : 0.0f, c.residual ? x : nullptr, y,
-                       out, t, stream));
-  if (c.bias) {
-    RETURN_IF_ERROR(AddBiasResidual(t, b, out, p.fc2_bias, nullptr, y, stream));
+  if (!fc1_fused) {
+    ASSIGN_OR_RETURN(s.fc1_out, Alloc(b * f1, t));
+    RETURN_IF_ERROR(RunGemm(Args(false, true, b, f1, in, s.norm_out, in, w1, in,
+                                 0.0f, nullptr, s.fc1_out.data(), f1, t),
+                            stream));
+    if (c.activation == Activation::kSwiglu) {
+      RETURN_IF_ERROR(BiasSwigluForward(t, b, ffn, b1, s.fc1_out.data(),
+                                        s.act_out.data(), stream));
+    } else {
+      RETURN_IF_ERROR(BiasActivationForward(c.activation, t, b, ffn, b1,
+                                            s.fc1_out.data(), s.act_out.data(),
+                                            stream));
+    }
+  }
+  // fc2: y [b, out] = act_out @ fc2.weight^T (+ x as C) (+ bias).
+  GemmArgs g2 =
+      Args(false, true, b, out, ffn, s.act_out.data(), ffn, w2, ffn,
+           c.residual ? 1.0f : 0.0f, c.residual ? x : nullptr, y, out, t);
+  bool fc2_fused = false;
+  if (c.bias && MayFuse(kFc2Forward, b)) {
+    GemmArgs fused = g2;
+    fused.epilogue = GemmEpilogue::kBias;
+    fused.bias = p.fc2_bias;
+    ASSIGN_OR_RETURN(fc2_fused, RunFused(kFc2Forward, b, fused, stream));
+  }
+  if (!fc2_fused) {
+    RETURN_IF_ERROR(RunGemm(g2, stream));
+    if (c.bias) {
+      RETURN_IF_ERROR(
+          AddBiasResidual(t, b, out, p.fc2_bias, nullptr, y, stream));
+    }
   }
   *saved = std::move(s);
   return absl::OkStatus();
@@ -210,12 +318,12 @@ absl::Status CudaMlpBlock::BackwardInput(const CudaMlpBlockParams& p,
                                          Stream stream) {
   const MlpBlockConfig& c = config_;
   RETURN_IF_ERROR(CheckParams(c, p));
-  if (saved->fc1_out.empty() && saved->rows > 0) {
+  if (saved->act_out.empty() && saved->rows > 0) {
     return absl::FailedPreconditionError(
         "CudaMlpBlock::BackwardInput: saved tensors are empty (Forward not "
         "run, or BackwardWeight already released them)");
   }
-  const DataType t = activation_type();
+  const DType t = activation_type();
   const int64_t b = saved->rows, in = c.in_features, out = c.out_features,
                 ffn = c.ffn_hidden_size, f1 = c.fc1_out();
   if (b > 0) RETURN_IF_ERROR(Need("block output gradient d_out", d_out));
@@ -224,20 +332,57 @@ absl::Status CudaMlpBlock::BackwardInput(const CudaMlpBlockParams& p,
   if (mode_ == ComputeMode::kBFloat16)
     RETURN_IF_ERROR(Bf16Weights(p, &w1, &w2, stream));
 
-  // d_act [b, ffn] = d_out [b, out] @ fc2.weight [out, ffn].
-  ASSIGN_OR_RETURN(DeviceBuffer d_act, Alloc(b * ffn, t));
-  RETURN_IF_ERROR(Gemm(false, false, b, ffn, out, d_out, out, w2, ffn, 0.0f,
-                       nullptr, d_act.data(), ffn, t, stream));
-  if (c.activation == Activation::kSwiglu) {
-    ASSIGN_OR_RETURN(saved->d_fc1_out, Alloc(b * f1, t));
-    RETURN_IF_ERROR(SwigluBackward(t, b, ffn, saved->fc1_out.data(),
-                                   d_act.data(), saved->d_fc1_out.data(),
-                                   stream));
-  } else {
-    RETURN_IF_ERROR(ActivationBackward(ToActKind(c.activation), t, b * ffn,
-                                       saved->fc1_out.data(), d_act.data(),
-                                       d_act.data(), stream));
-    saved->d_fc1_out = std::move(d_act);
+  // d_act [b, ffn] = d_out [b, out] @ fc2.weight [out, ffn]; then
+  // d_fc1 [b, f1] = d_act * act'(pre).
+  const GemmArgs g = Args(false, false, b, ffn, out, d_out, out, w2, ffn, 0.0f,
+                          nullptr, nullptr, ffn, t);
+  const bool relu = c.activation == Activation::kRelu;
+  const bool gelu_tanh = c.activation == Activation::kGeluTanh;
+  // The fused backward needs the forward's aux: the relu bitmask (only
+  // there when the relu forward was fused) or the pre-activation.
+  const bool have_aux = (relu && !saved->relu_mask.empty()) ||
+                        (gelu_tanh && !saved->fc1_out.empty());
+  bool fused = false;
+  if (have_aux && MayFuse(kFc1Backward, b)) {
+    ASSIGN_OR_RETURN(DeviceBuffer d_fc1, Alloc(b * ffn, t));
+    DeviceBuffer bias_grad;
+    if (c.bias) {
+      ASSIGN_OR_RETURN(bias_grad, Alloc(ffn, DType::kFloat32));
+    }
+    GemmArgs gf = g;
+    gf.d = d_fc1.data();
+    gf.aux = relu ? saved->relu_mask.data() : saved->fc1_out.data();
+    gf.ld_aux = relu ? saved->relu_mask_ld : ffn;
+    gf.epilogue =
+        relu ? (c.bias ? GemmEpilogue::kDReluBiasGrad : GemmEpilogue::kDRelu)
+             : (c.bias ? GemmEpilogue::kDGeluTanhBiasGrad
+                       : GemmEpilogue::kDGeluTanh);
+    gf.bias_grad = bias_grad.as<float>();
+    ASSIGN_OR_RETURN(fused, RunFused(kFc1Backward, b, gf, stream));
+    if (fused) {
+      saved->d_fc1_out = std::move(d_fc1);
+      saved->d_fc1_bias = std::move(bias_grad);
+    }
+  }
+  if (!fused) {
+    ASSIGN_OR_RETURN(DeviceBuffer d_act, Alloc(b * ffn, t));
+    GemmArgs ge = g;
+    ge.d = d_act.data();
+    RETURN_IF_ERROR(RunGemm(ge, stream));
+    if (c.activation == Activation::kSwiglu) {
+      ASSIGN_OR_RETURN(saved->d_fc1_out, Alloc(b * f1, t));
+      RETURN_IF_ERROR(SwigluBackward(t, b, ffn, saved->fc1_out.data(),
+                                     d_act.data(), saved->d_fc1_out.data(),
+                                     stream));
+    } else {
+      // A fused relu forward kept no pre-activation; relu'(x) is
+      // [relu(x) > 0], so act_out serves.
+      const void* pre = saved->fc1_out.empty() ? saved->act_out.data()
+                                               : saved->fc1_out.data();
+      RETURN_IF_ERROR(ActivationBackward(c.activation, t, b * ffn, pre,
+                                         d_act.data(), d_act.data(), stream));
+      saved->d_fc1_out = std::move(d_act);
+    }
   }
   saved->d_out = d_out;
   saved->has_grads = true;
@@ -245,14 +390,16 @@ absl::Status CudaMlpBlock::BackwardInput(const CudaMlpBlockParams& p,
   if (!need_d_norm_out && dx == nullptr) return absl::OkStatus();
   // d_norm_out [b, in] = d_fc1 [b, f1] @ fc1.weight [f1, in].
   if (c.norm == NormType::kNone) {
-    return Gemm(false, false, b, in, f1, saved->d_fc1_out.data(), f1, w1, in,
-                c.residual ? 1.0f : 0.0f, c.residual ? d_out : nullptr, dx, in,
-                t, stream);
+    return RunGemm(
+        Args(false, false, b, in, f1, saved->d_fc1_out.data(), f1, w1, in,
+             c.residual ? 1.0f : 0.0f, c.residual ? d_out : nullptr, dx, in, t),
+        stream);
   }
   ASSIGN_OR_RETURN(saved->d_norm_out, Alloc(b * in, t));
-  RETURN_IF_ERROR(Gemm(false, false, b, in, f1, saved->d_fc1_out.data(), f1, w1,
-                       in, 0.0f, nullptr, saved->d_norm_out.data(), in, t,
-                       stream));
+  RETURN_IF_ERROR(
+      RunGemm(Args(false, false, b, in, f1, saved->d_fc1_out.data(), f1, w1, in,
+                   0.0f, nullptr, saved->d_norm_out.data(), in, t),
+              stream));
   if (dx == nullptr) return absl::OkStatus();
   const void* residual = c.residual ? d_out : nullptr;
   if (c.norm == NormType::kLayerNorm) {
@@ -286,21 +433,65 @@ absl::Status CudaMlpBlock::BackwardWeight(CudaMlpBlockSaved* saved,
     RETURN_IF_ERROR(Need("grad norm.weight", g.norm_weight));
   if (c.norm == NormType::kLayerNorm)
     RETURN_IF_ERROR(Need("grad norm.bias", g.norm_bias));
-  const DataType t = activation_type();
+  const DType t = activation_type();
   const int64_t b = saved->rows, in = c.in_features, out = c.out_features,
                 ffn = c.ffn_hidden_size, f1 = c.fc1_out();
   const float beta = accumulate ? 1.0f : 0.0f;
-  // fc2.weight [out, ffn] (+)= d_out^T [out, b] @ act_out [b, ffn].
-  RETURN_IF_ERROR(Gemm(true, false, out, ffn, b, saved->d_out, out,
-                       saved->act_out.data(), ffn, beta, g.fc2_weight,
-                       g.fc2_weight, ffn, DataType::kFloat32, stream));
-  // fc1.weight [f1, in] (+)= d_fc1^T [f1, b] @ norm_out [b, in].
-  RETURN_IF_ERROR(Gemm(true, false, f1, in, b, saved->d_fc1_out.data(), f1,
-                       saved->norm_out, in, beta, g.fc1_weight, g.fc1_weight,
-                       in, DataType::kFloat32, stream));
-  if (c.bias) {
+  if (c.bias && bias_grad_scratch_.empty()) {
+    ASSIGN_OR_RETURN(bias_grad_scratch_,
+                     Alloc(std::max(out, f1), DType::kFloat32));
+  }
+  float* scratch = bias_grad_scratch_.as<float>();
+
+  // fc2.weight [out, ffn] (+)= d_out^T [out, b] @ act_out [b, ffn]; with
+  // BGRADB its bias gradient (sum over rows of d_out) comes along. The
+  // epilogue overwrites, so it lands in the scratch and is folded in.
+  const GemmArgs g2 =
+      Args(true, false, out, ffn, b, saved->d_out, out, saved->act_out.data(),
+           ffn, beta, g.fc2_weight, g.fc2_weight, ffn, DType::kFloat32);
+  bool fc2_bias_done = false;
+  if (c.bias && MayFuse(kFc2WeightGrad, b)) {
+    GemmArgs fused = g2;
+    fused.epilogue = GemmEpilogue::kBiasGradA;
+    fused.bias_grad = scratch;
+    ASSIGN_OR_RETURN(fc2_bias_done, RunFused(kFc2WeightGrad, b, fused, stream));
+    if (fc2_bias_done) {
+      RETURN_IF_ERROR(
+          FoldBiasGrad(scratch, out, accumulate, g.fc2_bias, stream));
+    }
+  }
+  if (!fc2_bias_done) RETURN_IF_ERROR(RunGemm(g2, stream));
+
+  // fc1.weight [f1, in] (+)= d_fc1^T [f1, b] @ norm_out [b, in]. fc1's bias
+  // gradient: from BackwardInput's fused epilogue, else BGRADB here.
+  const GemmArgs g1 =
+      Args(true, false, f1, in, b, saved->d_fc1_out.data(), f1, saved->norm_out,
+           in, beta, g.fc1_weight, g.fc1_weight, in, DType::kFloat32);
+  bool fc1_bias_done = false;
+  if (c.bias && !saved->d_fc1_bias.empty()) {
+    RETURN_IF_ERROR(FoldBiasGrad(saved->d_fc1_bias.as<float>(), f1, accumulate,
+                                 g.fc1_bias, stream));
+    fc1_bias_done = true;
+  }
+  bool fc1_fused = false;
+  if (c.bias && !fc1_bias_done && MayFuse(kFc1WeightGrad, b)) {
+    GemmArgs fused = g1;
+    fused.epilogue = GemmEpilogue::kBiasGradA;
+    fused.bias_grad = scratch;
+    ASSIGN_OR_RETURN(fc1_fused, RunFused(kFc1WeightGrad, b, fused, stream));
+    if (fc1_fused) {
+      RETURN_IF_ERROR(
+          FoldBiasGrad(scratch, f1, accumulate, g.fc1_bias, stream));
+      fc1_bias_done = true;
+    }
+  }
+  if (!fc1_fused) RETURN_IF_ERROR(RunGemm(g1, stream));
+
+  if (c.bias && !fc2_bias_done) {
     RETURN_IF_ERROR(
         ColumnSums(t, b, out, saved->d_out, accumulate, g.fc2_bias, stream));
+  }
+  if (c.bias && !fc1_bias_done) {
     RETURN_IF_ERROR(ColumnSums(t, b, f1, saved->d_fc1_out.data(), accumulate,
                                g.fc1_bias, stream));
   }

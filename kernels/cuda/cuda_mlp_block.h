@@ -10,18 +10,41 @@
 // Forward/BackwardInput into the block's own cache. Activations x, y,
 // d_out, dx are float32 (kFloat32/kTf32) or bfloat16 (kBFloat16).
 //
+// cuBLASLt epilogues (kernels/cuda/gemm_lt.h) replace separate kernels
+// where they apply: fc1 forward with bias + gelu_tanh (aux = the
+// pre-activation) or bias + relu (aux = cuBLASLt's relu bitmask, which only
+// the fused backward reads; an unfused relu backward uses act_out, as
+// relu'(x) = [relu(x) > 0]); fc2 forward with bias (the residual stays
+// beta = 1, C = x); the d_act GEMM of BackwardInput with dgelu_tanh / drelu
+// and fc1's bias gradient; the weight-gradient GEMMs with their bias
+// gradient (BGRADB) instead of ColumnSums. Exact-erf gelu and swiglu keep
+// the element-wise kernels. When GemmLt has no algorithm for a fused GEMM
+// (Unimplemented: alignment, ld_aux not a multiple of 8 / 128, an
+// unsupported combination) that GEMM falls back to today's element-wise
+// path, decided once per (GEMM, rows) and cached, so the step loop asks
+// cuBLASLt at most once per shape and a shape always takes the same path.
+// The two paths round differently (both within the tolerances of
+// docs/GPU.md) and are each deterministic run to run; see gemm_lt.h for
+// what cuBLAS promises about its bias-gradient reductions.
+//
 // Saved tensors live in DeviceBuffers from the caching allocator; x and
 // d_out are NOT copied: the caller keeps them alive and unchanged until
-// BackwardWeight. Everything is enqueued on `stream`; nothing synchronises.
-// Not thread-safe (one GemmLt inside); use one block per stream.
+// BackwardWeight. Parameter pointers should stay the same across calls
+// (cuBLASLt plans depend on their alignment). Everything is enqueued on
+// `stream`; nothing synchronises. Not thread-safe (one GemmLt inside); use
+// one block per stream.
 #ifndef TRAINYARD_KERNELS_CUDA_CUDA_MLP_BLOCK_H_
 #define TRAINYARD_KERNELS_CUDA_CUDA_MLP_BLOCK_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/tensor.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/gemm_lt.h"
@@ -58,12 +81,25 @@ struct CudaMlpBlockSaved {
   const void* norm_out = nullptr;  // x or norm_out_buf
   DeviceBuffer norm_out_buf;       // [b, in]
   DeviceBuffer mean, rstd;         // [b] float32
-  DeviceBuffer fc1_out;            // [b, fc1_out] pre-activation
+  DeviceBuffer fc1_out;            // [b, fc1_out] pre-activation; empty
+                                   // when relu_mask holds the relu forward
+  DeviceBuffer relu_mask;          // cuBLASLt relu bitmask (fused relu)
+  int64_t relu_mask_ld = 0;        // its leading dimension, in bits
   DeviceBuffer act_out;            // [b, ffn]
   const void* d_out = nullptr;     // [b, out] caller-owned
   DeviceBuffer d_fc1_out;          // [b, fc1_out]
+  DeviceBuffer d_fc1_bias;         // [fc1_out] float32, when BackwardInput's
+                                   // fused epilogue computed it
   DeviceBuffer d_norm_out;         // [b, in]
   bool has_grads = false;
+};
+
+// How a block's GEMMs ran so far (for tests and benchmarks).
+struct CudaMlpBlockEpilogueStats {
+  int64_t fused_gemms = 0;  // GEMMs run with a cuBLASLt epilogue
+  // (GEMM, rows) pairs that fell back to the element-wise path; cuBLASLt
+  // was asked once for each.
+  int64_t fallbacks = 0;
 };
 
 class CudaMlpBlock {
@@ -73,10 +109,20 @@ class CudaMlpBlock {
       const MlpBlockConfig& config, ComputeMode mode, int device);
 
   const MlpBlockConfig& config() const { return config_; }
-  DataType activation_type() const {
-    return mode_ == ComputeMode::kBFloat16 ? DataType::kBFloat16
-                                           : DataType::kFloat32;
+  DType activation_type() const {
+    return mode_ == ComputeMode::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
   }
+
+  // Whether GEMMs may use cuBLASLt epilogues (default true). false forces
+  // the element-wise path everywhere (tests compare both paths; benchmarks
+  // measure the difference). May change between calls: a microbatch in
+  // flight finishes correctly either way.
+  void set_use_epilogues(bool use) { use_epilogues_ = use; }
+  bool use_epilogues() const { return use_epilogues_; }
+  const CudaMlpBlockEpilogueStats& epilogue_stats() const { return stats_; }
+  // One line per (GEMM, rows) decided so far, e.g. "fc1 forward, 64 rows:
+  // gelu_tanh_aux_bias" or "fc1 backward, 9 rows: element-wise (<why>)".
+  std::string EpilogueReport() const;
 
   // y [rows, out] = block(x [rows, in]); fills *saved.
   absl::Status Forward(const CudaMlpBlockParams& params, int64_t rows,
@@ -96,20 +142,42 @@ class CudaMlpBlock {
   CudaMlpBlock(const MlpBlockConfig& c, ComputeMode m, int device,
                std::unique_ptr<GemmLt> gemm)
       : config_(c), mode_(m), device_(device), gemm_(std::move(gemm)) {}
-  absl::Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                    const void* a, int64_t lda, const void* b, int64_t ldb,
-                    float beta, const void* c, void* d, int64_t ldd,
-                    DataType d_type, Stream stream);
+  // D [m, n] = op(A) op(B) (+ C when beta != 0), row-major, no epilogue.
+  GemmArgs Args(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                const void* a, int64_t lda, const void* b, int64_t ldb,
+                float beta, const void* c, void* d, int64_t ldd,
+                DType d_type) const;
+  // Runs `g` (its epilogue must be kNone); k == 0 gives D = beta * C.
+  absl::Status RunGemm(const GemmArgs& g, Stream stream);
+  // Whether GEMM `site` with `rows` rows may still try its epilogue.
+  bool MayFuse(int site, int64_t rows) const;
+  // Runs `g` with its epilogue. true: it ran; false: GemmLt returned
+  // Unimplemented (nothing was enqueued), recorded for (site, rows), and
+  // the caller takes the element-wise path. Other errors are returned.
+  absl::StatusOr<bool> RunFused(int site, int64_t rows, const GemmArgs& g,
+                                Stream stream);
+  // dst [n] = src [n] (accumulate: dst += src), float32, on `stream`.
+  absl::Status FoldBiasGrad(const float* src, int64_t n, bool accumulate,
+                            float* dst, Stream stream);
   // bf16 weights for kBFloat16 (the caller's, or cast into w*_bf16_).
   absl::Status Bf16Weights(const CudaMlpBlockParams& p, const void** w1,
                            const void** w2, Stream stream);
-  absl::StatusOr<DeviceBuffer> Alloc(int64_t elements, DataType t);
+  absl::StatusOr<DeviceBuffer> Alloc(int64_t elements, DType t);
+
+  struct EpilogueDecision {
+    bool fused = false;
+    std::string what;  // the epilogue's name, or why it fell back
+  };
 
   MlpBlockConfig config_;
   ComputeMode mode_;
   int device_;
   std::unique_ptr<GemmLt> gemm_;
   DeviceBuffer w1_bf16_, w2_bf16_;
+  DeviceBuffer bias_grad_scratch_;  // float32, max(out, fc1_out)
+  bool use_epilogues_ = true;
+  absl::flat_hash_map<std::pair<int, int64_t>, EpilogueDecision> decisions_;
+  CudaMlpBlockEpilogueStats stats_;
 };
 
 }  // namespace gpu

@@ -1,13 +1,9 @@
 #include "kernels/cuda/device.h"
 
-#include "kernels/cuda/cuda_status.h"
+#include "core/cuda_status.h"
 
 namespace trainyard {
 namespace gpu {
-
-const char* DataTypeName(DataType t) {
-  return t == DataType::kFloat32 ? "float32" : "bfloat16";
-}
 
 absl::StatusOr<int> DeviceCount() {
   int n = 0;

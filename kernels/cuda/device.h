@@ -13,6 +13,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/tensor.h"
 
 // The CUDA runtime's stream handle type is `CUstream_st*` (cudaStream_t);
 // declaring the struct here keeps CUDA headers out of our headers.
@@ -23,13 +26,19 @@ namespace gpu {
 
 using Stream = CUstream_st*;  // == cudaStream_t; nullptr is the legacy stream
 
-// Element types of device activations. Parameters, their gradients and
-// optimizer state are always float32 (master weights).
-enum class DataType { kFloat32, kBFloat16 };
-inline size_t DataTypeSize(DataType t) {
-  return t == DataType::kFloat32 ? 4 : 2;
+// Device activations are DType::kFloat32 or DType::kBFloat16 (the engine's
+// DType, core/tensor.h). Parameters, their gradients and optimizer state
+// are always float32 (master weights). OK for those two; otherwise
+// InvalidArgument "<what>: dtype <name> is not supported (float32 or
+// bfloat16)". Every launcher that takes a DType checks it with this.
+inline absl::Status CheckActivationDType(absl::string_view what, DType dtype) {
+  if (dtype == DType::kFloat32 || dtype == DType::kBFloat16) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": dtype ", DTypeName(dtype),
+                   " is not supported (float32 or bfloat16)"));
 }
-const char* DataTypeName(DataType t);  // "float32" / "bfloat16"
 
 // Number of visible CUDA devices. Errors: FailedPrecondition with the CUDA
 // error (e.g. cudaErrorNoDevice, cudaErrorInsufficientDriver when there is

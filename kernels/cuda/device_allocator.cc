@@ -7,7 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "kernels/cuda/cuda_status.h"
+#include "core/cuda_status.h"
 
 namespace trainyard {
 namespace gpu {
@@ -96,11 +96,10 @@ absl::StatusOr<void*> DeviceAllocator::Allocate(size_t bytes) {
     }
     if (e != cudaSuccess) {
       cudaGetLastError();
-      return internal::CudaErrorToStatus(
+      return CudaErrorToStatus(
           e,
           absl::StrCat("cudaMalloc(", size, " bytes) on cuda:", device_,
-                       " with ", st.bytes_in_use, " bytes in use")
-              .c_str(),
+                       " with ", st.bytes_in_use, " bytes in use"),
           __FILE__, __LINE__);
     }
     ++st.device_mallocs;

@@ -30,8 +30,8 @@ TEST(DeviceAllocatorTest, SteadyStateLoopDoesNotCallCudaMalloc) {
 TEST(DeviceAllocatorTest, CopiesRoundTripAndFreeRejectsForeignPointer) {
   SKIP_WITHOUT_CUDA_DEVICE();
   std::vector<float> v = {1, 2, 3, 4.5f};
-  DeviceBuffer b = testing::Upload(v, DataType::kFloat32);
-  EXPECT_EQ(testing::Download(b, 4, DataType::kFloat32), v);
+  DeviceBuffer b = testing::Upload(v, DType::kFloat32);
+  EXPECT_EQ(testing::Download(b, 4, DType::kFloat32), v);
   DeviceAllocator* a = *DeviceAllocator::ForDevice(0);
   int host = 0;
   EXPECT_EQ(a->Free(&host).code(), absl::StatusCode::kInvalidArgument);

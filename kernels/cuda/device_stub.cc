@@ -10,9 +10,6 @@ absl::Status NoCuda(const char* what) {
 }
 }  // namespace
 
-const char* DataTypeName(DataType t) {
-  return t == DataType::kFloat32 ? "float32" : "bfloat16";
-}
 absl::StatusOr<int> DeviceCount() { return NoCuda("DeviceCount"); }
 absl::Status CheckDevice(int) { return NoCuda("CheckDevice"); }
 absl::Status SetDevice(int) { return NoCuda("SetDevice"); }

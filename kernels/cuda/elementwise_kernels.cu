@@ -1,6 +1,6 @@
 // Kernels first, then the launchers of elementwise_kernels.h.
+#include "core/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise_kernels.h"
 
 namespace trainyard {
@@ -17,18 +17,18 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
-template <ActKind A>
+template <Activation A>
 __device__ __forceinline__ float Act(float x) {
-  if (A == ActKind::kRelu) return x > 0.0f ? x : 0.0f;
-  if (A == ActKind::kGelu) return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+  if (A == Activation::kRelu) return x > 0.0f ? x : 0.0f;
+  if (A == Activation::kGelu) return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
   const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
   return 0.5f * x * (1.0f + tanhf(u));
 }
 
-template <ActKind A>
+template <Activation A>
 __device__ __forceinline__ float ActGrad(float x) {
-  if (A == ActKind::kRelu) return x > 0.0f ? 1.0f : 0.0f;
-  if (A == ActKind::kGelu) {
+  if (A == Activation::kRelu) return x > 0.0f ? 1.0f : 0.0f;
+  if (A == Activation::kGelu) {
     return 0.5f * (1.0f + erff(x * kInvSqrt2)) +
            x * kInvSqrt2Pi * expf(-0.5f * x * x);
   }
@@ -42,7 +42,7 @@ __device__ __forceinline__ float Sigmoid(float x) {
   return 1.0f / (1.0f + expf(-x));
 }
 
-template <ActKind A, typename T>
+template <Activation A, typename T>
 __global__ void BiasActForwardKernel(int64_t rows, int64_t cols,
                                      const float* __restrict__ bias,
                                      T* __restrict__ pre, T* __restrict__ out) {
@@ -59,7 +59,7 @@ __global__ void BiasActForwardKernel(int64_t rows, int64_t cols,
   }
 }
 
-template <ActKind A, typename T>
+template <Activation A, typename T>
 __global__ void ActBackwardKernel(int64_t n, const T* __restrict__ pre,
                                   const T* d_out, T* d_pre) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -122,15 +122,39 @@ __global__ void AddBiasResidualKernel(int64_t rows, int64_t cols,
   }
 }
 
+// Block: kColTile columns x kRowLanes row lanes. Lane l of column c sums
+// rows l, l + kRowLanes, ... in increasing order (double); the lane sums
+// are then added in lane order. The order depends only on `rows`.
+constexpr int kColTile = 32;
+constexpr int kRowLanes = 16;
+
 template <typename T>
 __global__ void ColumnSumsKernel(int64_t rows, int64_t cols,
                                  const T* __restrict__ x, bool accumulate,
                                  float* __restrict__ out) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= cols) return;
-  double s = 0.0;
-  for (int64_t r = 0; r < rows; ++r) s += Load(x, r * cols + c);
-  out[c] = accumulate ? static_cast<float>(out[c] + s) : static_cast<float>(s);
+  __shared__ double partial[kRowLanes][kColTile];
+  const int tx = threadIdx.x % kColTile;
+  const int lane = threadIdx.x / kColTile;
+  // Grid-stride over column tiles; the loop condition is the same for every
+  // thread of a block, so all of them reach the barriers.
+  for (int64_t tile = blockIdx.x; tile * kColTile < cols; tile += gridDim.x) {
+    const int64_t c = tile * kColTile + tx;
+    double s = 0.0;
+    if (c < cols) {
+      for (int64_t r = lane; r < rows; r += kRowLanes) {
+        s += Load(x, r * cols + c);
+      }
+    }
+    partial[lane][tx] = s;
+    __syncthreads();
+    if (lane == 0 && c < cols) {
+      double total = partial[0][tx];
+      for (int l = 1; l < kRowLanes; ++l) total += partial[l][tx];
+      out[c] = accumulate ? static_cast<float>(out[c] + total)
+                          : static_cast<float>(total);
+    }
+    __syncthreads();  // `partial` is rewritten for the next tile
+  }
 }
 
 __global__ void CastToBf16Kernel(int64_t n, const float* __restrict__ src,
@@ -149,12 +173,12 @@ __global__ void CastToFloatKernel(int64_t n, const bf16* __restrict__ src,
   }
 }
 
-template <ActKind A>
-absl::Status LaunchBiasAct(DataType dtype, int64_t rows, int64_t cols,
+template <Activation A>
+absl::Status LaunchBiasAct(DType dtype, int64_t rows, int64_t cols,
                            const float* bias, void* pre, void* out,
                            Stream stream) {
   const unsigned grid = GridFor(rows * cols, kThreads);
-  if (dtype == DataType::kFloat32) {
+  if (dtype == DType::kFloat32) {
     BiasActForwardKernel<A, float><<<grid, kThreads, 0, stream>>>(
         rows, cols, bias, static_cast<float*>(pre), static_cast<float*>(out));
   } else {
@@ -165,11 +189,11 @@ absl::Status LaunchBiasAct(DataType dtype, int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
-template <ActKind A>
-absl::Status LaunchActBackward(DataType dtype, int64_t n, const void* pre,
+template <Activation A>
+absl::Status LaunchActBackward(DType dtype, int64_t n, const void* pre,
                                const void* d_out, void* d_pre, Stream stream) {
   const unsigned grid = GridFor(n, kThreads);
-  if (dtype == DataType::kFloat32) {
+  if (dtype == DType::kFloat32) {
     ActBackwardKernel<A, float><<<grid, kThreads, 0, stream>>>(
         n, static_cast<const float*>(pre), static_cast<const float*>(d_out),
         static_cast<float*>(d_pre));
@@ -182,63 +206,90 @@ absl::Status LaunchActBackward(DataType dtype, int64_t n, const void* pre,
   return absl::OkStatus();
 }
 
+// kRelu, kGelu and kGeluTanh have element-wise kernels here; SwiGLU has its
+// own launchers (its pre-activation is twice as wide).
+absl::Status CheckAct(const char* kernel, Activation act) {
+  switch (act) {
+    case Activation::kRelu:
+    case Activation::kGelu:
+    case Activation::kGeluTanh:
+      return absl::OkStatus();
+    case Activation::kSwiglu:
+      return absl::InvalidArgumentError(
+          absl::StrCat(kernel,
+                       ": activation swiglu is not supported here (use "
+                       "BiasSwigluForward / SwigluBackward)"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(kernel, ": unknown activation ", static_cast<int>(act)));
+}
+
 }  // namespace
 
 using internal::CheckPtr;
 using internal::CheckSizes;
 
-absl::Status BiasActivationForward(ActKind act, DataType dtype, int64_t rows,
+absl::Status BiasActivationForward(Activation act, DType dtype, int64_t rows,
                                    int64_t cols, const float* bias, void* pre,
                                    void* out, Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("BiasActivationForward", dtype));
+  TY_RETURN_IF_ERROR(CheckAct("BiasActivationForward", act));
   TY_RETURN_IF_ERROR(CheckSizes("BiasActivationForward", rows, cols));
   if (rows * cols == 0) return absl::OkStatus();
   TY_RETURN_IF_ERROR(CheckPtr("BiasActivationForward", "pre", pre));
   TY_RETURN_IF_ERROR(CheckPtr("BiasActivationForward", "out", out));
   switch (act) {
-    case ActKind::kRelu:
-      return LaunchBiasAct<ActKind::kRelu>(dtype, rows, cols, bias, pre, out,
-                                           stream);
-    case ActKind::kGelu:
-      return LaunchBiasAct<ActKind::kGelu>(dtype, rows, cols, bias, pre, out,
-                                           stream);
-    case ActKind::kGeluTanh:
-      return LaunchBiasAct<ActKind::kGeluTanh>(dtype, rows, cols, bias, pre,
-                                               out, stream);
+    case Activation::kRelu:
+      return LaunchBiasAct<Activation::kRelu>(dtype, rows, cols, bias, pre, out,
+                                              stream);
+    case Activation::kGelu:
+      return LaunchBiasAct<Activation::kGelu>(dtype, rows, cols, bias, pre, out,
+                                              stream);
+    case Activation::kGeluTanh:
+      return LaunchBiasAct<Activation::kGeluTanh>(dtype, rows, cols, bias, pre,
+                                                  out, stream);
+    case Activation::kSwiglu:
+      break;  // rejected by CheckAct
   }
-  return absl::InvalidArgumentError("BiasActivationForward: unknown act");
+  return absl::InternalError("BiasActivationForward: unreachable");
 }
 
-absl::Status ActivationBackward(ActKind act, DataType dtype, int64_t n,
+absl::Status ActivationBackward(Activation act, DType dtype, int64_t n,
                                 const void* pre, const void* d_out, void* d_pre,
                                 Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("ActivationBackward", dtype));
+  TY_RETURN_IF_ERROR(CheckAct("ActivationBackward", act));
   TY_RETURN_IF_ERROR(CheckSizes("ActivationBackward", n, 0));
   if (n == 0) return absl::OkStatus();
   TY_RETURN_IF_ERROR(CheckPtr("ActivationBackward", "pre", pre));
   TY_RETURN_IF_ERROR(CheckPtr("ActivationBackward", "d_out", d_out));
   TY_RETURN_IF_ERROR(CheckPtr("ActivationBackward", "d_pre", d_pre));
   switch (act) {
-    case ActKind::kRelu:
-      return LaunchActBackward<ActKind::kRelu>(dtype, n, pre, d_out, d_pre,
-                                               stream);
-    case ActKind::kGelu:
-      return LaunchActBackward<ActKind::kGelu>(dtype, n, pre, d_out, d_pre,
-                                               stream);
-    case ActKind::kGeluTanh:
-      return LaunchActBackward<ActKind::kGeluTanh>(dtype, n, pre, d_out, d_pre,
-                                                   stream);
+    case Activation::kRelu:
+      return LaunchActBackward<Activation::kRelu>(dtype, n, pre, d_out, d_pre,
+                                                  stream);
+    case Activation::kGelu:
+      return LaunchActBackward<Activation::kGelu>(dtype, n, pre, d_out, d_pre,
+                                                  stream);
+    case Activation::kGeluTanh:
+      return LaunchActBackward<Activation::kGeluTanh>(dtype, n, pre, d_out,
+                                                      d_pre, stream);
+    case Activation::kSwiglu:
+      break;  // rejected by CheckAct
   }
-  return absl::InvalidArgumentError("ActivationBackward: unknown act");
+  return absl::InternalError("ActivationBackward: unreachable");
 }
 
-absl::Status BiasSwigluForward(DataType dtype, int64_t rows, int64_t ffn,
+absl::Status BiasSwigluForward(DType dtype, int64_t rows, int64_t ffn,
                                const float* bias, void* pre, void* out,
                                Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("BiasSwigluForward", dtype));
   TY_RETURN_IF_ERROR(CheckSizes("BiasSwigluForward", rows, ffn));
   if (rows * ffn == 0) return absl::OkStatus();
   TY_RETURN_IF_ERROR(CheckPtr("BiasSwigluForward", "pre", pre));
   TY_RETURN_IF_ERROR(CheckPtr("BiasSwigluForward", "out", out));
   const unsigned grid = GridFor(rows * ffn, kThreads);
-  if (dtype == DataType::kFloat32) {
+  if (dtype == DType::kFloat32) {
     BiasSwigluForwardKernel<float><<<grid, kThreads, 0, stream>>>(
         rows, ffn, bias, static_cast<float*>(pre), static_cast<float*>(out));
   } else {
@@ -249,16 +300,17 @@ absl::Status BiasSwigluForward(DataType dtype, int64_t rows, int64_t ffn,
   return absl::OkStatus();
 }
 
-absl::Status SwigluBackward(DataType dtype, int64_t rows, int64_t ffn,
+absl::Status SwigluBackward(DType dtype, int64_t rows, int64_t ffn,
                             const void* pre, const void* d_out, void* d_pre,
                             Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("SwigluBackward", dtype));
   TY_RETURN_IF_ERROR(CheckSizes("SwigluBackward", rows, ffn));
   if (rows * ffn == 0) return absl::OkStatus();
   TY_RETURN_IF_ERROR(CheckPtr("SwigluBackward", "pre", pre));
   TY_RETURN_IF_ERROR(CheckPtr("SwigluBackward", "d_out", d_out));
   TY_RETURN_IF_ERROR(CheckPtr("SwigluBackward", "d_pre", d_pre));
   const unsigned grid = GridFor(rows * ffn, kThreads);
-  if (dtype == DataType::kFloat32) {
+  if (dtype == DType::kFloat32) {
     SwigluBackwardKernel<float><<<grid, kThreads, 0, stream>>>(
         rows, ffn, static_cast<const float*>(pre),
         static_cast<const float*>(d_out), static_cast<float*>(d_pre));
@@ -271,16 +323,17 @@ absl::Status SwigluBackward(DataType dtype, int64_t rows, int64_t ffn,
   return absl::OkStatus();
 }
 
-absl::Status AddBiasResidual(DataType dtype, int64_t rows, int64_t cols,
+absl::Status AddBiasResidual(DType dtype, int64_t rows, int64_t cols,
                              const float* bias, const void* residual, void* y,
                              Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("AddBiasResidual", dtype));
   TY_RETURN_IF_ERROR(CheckSizes("AddBiasResidual", rows, cols));
   if (rows * cols == 0 || (bias == nullptr && residual == nullptr)) {
     return absl::OkStatus();
   }
   TY_RETURN_IF_ERROR(CheckPtr("AddBiasResidual", "y", y));
   const unsigned grid = GridFor(rows * cols, kThreads);
-  if (dtype == DataType::kFloat32) {
+  if (dtype == DType::kFloat32) {
     AddBiasResidualKernel<float><<<grid, kThreads, 0, stream>>>(
         rows, cols, bias, static_cast<const float*>(residual),
         static_cast<float*>(y));
@@ -293,19 +346,20 @@ absl::Status AddBiasResidual(DataType dtype, int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
-absl::Status ColumnSums(DataType dtype, int64_t rows, int64_t cols,
-                        const void* x, bool accumulate, float* out,
-                        Stream stream) {
+absl::Status ColumnSums(DType dtype, int64_t rows, int64_t cols, const void* x,
+                        bool accumulate, float* out, Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("ColumnSums", dtype));
   TY_RETURN_IF_ERROR(CheckSizes("ColumnSums", rows, cols));
   if (cols == 0) return absl::OkStatus();
   TY_RETURN_IF_ERROR(CheckPtr("ColumnSums", "out", out));
   if (rows > 0) TY_RETURN_IF_ERROR(CheckPtr("ColumnSums", "x", x));
-  const unsigned grid = static_cast<unsigned>((cols + kThreads - 1) / kThreads);
-  if (dtype == DataType::kFloat32) {
-    ColumnSumsKernel<float><<<grid, kThreads, 0, stream>>>(
+  const unsigned grid = GridFor(cols, kColTile);
+  constexpr int kBlock = kColTile * kRowLanes;
+  if (dtype == DType::kFloat32) {
+    ColumnSumsKernel<float><<<grid, kBlock, 0, stream>>>(
         rows, cols, static_cast<const float*>(x), accumulate, out);
   } else {
-    ColumnSumsKernel<bf16><<<grid, kThreads, 0, stream>>>(
+    ColumnSumsKernel<bf16><<<grid, kBlock, 0, stream>>>(
         rows, cols, static_cast<const bf16*>(x), accumulate, out);
   }
   CUDA_RETURN_IF_LAUNCH_ERROR("ColumnSumsKernel");

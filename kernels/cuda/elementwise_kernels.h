@@ -5,8 +5,11 @@
 // x/2 (1 + erf(x/sqrt 2)) computed with erff (cuBLASLt has no epilogue for
 // it); gelu_tanh; swiglu silu(a) * b over the two halves of each row.
 //
-// Activations are float32 or bfloat16 (`dtype`); bfloat16 values are
-// computed in float32 and rounded once. Bias vectors and sums are float32.
+// Activations are DType::kFloat32 or DType::kBFloat16 (`dtype`; any other
+// DType is InvalidArgument naming it); bfloat16 values are computed in
+// float32 and rounded once. Bias vectors and sums are float32. `act` is the
+// engine's Activation (kernels/mlp_block.h): kRelu, kGelu or kGeluTanh here;
+// kSwiglu has its own launchers and is InvalidArgument elsewhere.
 // Every launcher enqueues on `stream`, checks its arguments (InvalidArgument
 // naming the argument) and the launch (the CUDA error). Thread-safe.
 #ifndef TRAINYARD_KERNELS_CUDA_ELEMENTWISE_KERNELS_H_
@@ -15,46 +18,48 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "core/tensor.h"
 #include "kernels/cuda/device.h"
+#include "kernels/mlp_block.h"
 
 namespace trainyard {
 namespace gpu {
 
-enum class ActKind { kRelu, kGelu, kGeluTanh };
-
 // pre [rows, cols] += bias [cols] (skipped when bias is null);
 // out [rows, cols] = act(pre).
-absl::Status BiasActivationForward(ActKind act, DataType dtype, int64_t rows,
+absl::Status BiasActivationForward(Activation act, DType dtype, int64_t rows,
                                    int64_t cols, const float* bias, void* pre,
                                    void* out, Stream stream);
 
 // d_pre [n] = d_out [n] * act'(pre [n]); d_pre may equal d_out.
-absl::Status ActivationBackward(ActKind act, DataType dtype, int64_t n,
+absl::Status ActivationBackward(Activation act, DType dtype, int64_t n,
                                 const void* pre, const void* d_out, void* d_pre,
                                 Stream stream);
 
 // pre [rows, 2*ffn] += bias [2*ffn] (skipped when null);
 // out [rows, ffn] = silu(pre[:, :ffn]) * pre[:, ffn:].
-absl::Status BiasSwigluForward(DataType dtype, int64_t rows, int64_t ffn,
+absl::Status BiasSwigluForward(DType dtype, int64_t rows, int64_t ffn,
                                const float* bias, void* pre, void* out,
                                Stream stream);
 
 // d_pre [rows, 2*ffn] from d_out [rows, ffn] and pre [rows, 2*ffn].
-absl::Status SwigluBackward(DataType dtype, int64_t rows, int64_t ffn,
+absl::Status SwigluBackward(DType dtype, int64_t rows, int64_t ffn,
                             const void* pre, const void* d_out, void* d_pre,
                             Stream stream);
 
 // y [rows, cols] += bias [cols] (when non-null) + residual [rows, cols]
 // (when non-null).
-absl::Status AddBiasResidual(DataType dtype, int64_t rows, int64_t cols,
+absl::Status AddBiasResidual(DType dtype, int64_t rows, int64_t cols,
                              const float* bias, const void* residual, void* y,
                              Stream stream);
 
 // out [cols] (+)= sum over rows of x [rows, cols], accumulated in double in
-// row order (one thread per column: deterministic).
-absl::Status ColumnSums(DataType dtype, int64_t rows, int64_t cols,
-                        const void* x, bool accumulate, float* out,
-                        Stream stream);
+// a fixed order that depends only on `rows` (per column, 16 interleaved
+// partial sums over rows r = l, l + 16, ... in increasing order, then added
+// in order l = 0..15, then rounded once to float32): the same bits on every
+// run and device. One block per 32 columns, reads coalesced across columns.
+absl::Status ColumnSums(DType dtype, int64_t rows, int64_t cols, const void* x,
+                        bool accumulate, float* out, Stream stream);
 
 // dst [n] = src [n] rounded to bfloat16 (nearest even) / widened to float32.
 absl::Status CastFloatToBf16(int64_t n, const float* src, void* dst,

@@ -10,39 +10,38 @@ absl::Status NoCuda(const char* what) {
 }
 }  // namespace
 
-absl::Status BiasActivationForward(ActKind act, DataType dtype, int64_t rows,
+absl::Status BiasActivationForward(Activation act, DType dtype, int64_t rows,
                                    int64_t cols, const float* bias, void* pre,
                                    void* out, Stream stream) {
   return NoCuda("BiasActivationForward");
 }
 
-absl::Status ActivationBackward(ActKind act, DataType dtype, int64_t n,
+absl::Status ActivationBackward(Activation act, DType dtype, int64_t n,
                                 const void* pre, const void* d_out, void* d_pre,
                                 Stream stream) {
   return NoCuda("ActivationBackward");
 }
 
-absl::Status BiasSwigluForward(DataType dtype, int64_t rows, int64_t ffn,
+absl::Status BiasSwigluForward(DType dtype, int64_t rows, int64_t ffn,
                                const float* bias, void* pre, void* out,
                                Stream stream) {
   return NoCuda("BiasSwigluForward");
 }
 
-absl::Status SwigluBackward(DataType dtype, int64_t rows, int64_t ffn,
+absl::Status SwigluBackward(DType dtype, int64_t rows, int64_t ffn,
                             const void* pre, const void* d_out, void* d_pre,
                             Stream stream) {
   return NoCuda("SwigluBackward");
 }
 
-absl::Status AddBiasResidual(DataType dtype, int64_t rows, int64_t cols,
+absl::Status AddBiasResidual(DType dtype, int64_t rows, int64_t cols,
                              const float* bias, const void* residual, void* y,
                              Stream stream) {
   return NoCuda("AddBiasResidual");
 }
 
-absl::Status ColumnSums(DataType dtype, int64_t rows, int64_t cols,
-                        const void* x, bool accumulate, float* out,
-                        Stream stream) {
+absl::Status ColumnSums(DType dtype, int64_t rows, int64_t cols, const void* x,
+                        bool accumulate, float* out, Stream stream) {
   return NoCuda("ColumnSums");
 }
 

@@ -2,6 +2,8 @@
 // kernels/linear.h) on random odd sizes, outputs poisoned with NaN first.
 #include "kernels/cuda/elementwise_kernels.h"
 
+#include <cstring>
+
 #include "gtest/gtest.h"
 #include "kernels/activation.h"
 #include "kernels/cuda/test_util.h"
@@ -18,39 +20,40 @@ std::vector<double> D(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());
 }
 
-void CpuBiasAct(ActKind a, int64_t r, int64_t c, const float* bias, float* pre,
-                float* out) {
-  if (a == ActKind::kRelu) BiasReluForward(r, c, bias, pre, out);
-  if (a == ActKind::kGelu) BiasGeluForward(r, c, bias, pre, out);
-  if (a == ActKind::kGeluTanh) BiasGeluTanhForward(r, c, bias, pre, out);
+void CpuBiasAct(Activation a, int64_t r, int64_t c, const float* bias,
+                float* pre, float* out) {
+  if (a == Activation::kRelu) BiasReluForward(r, c, bias, pre, out);
+  if (a == Activation::kGelu) BiasGeluForward(r, c, bias, pre, out);
+  if (a == Activation::kGeluTanh) BiasGeluTanhForward(r, c, bias, pre, out);
 }
-void CpuActBack(ActKind a, int64_t n, const float* pre, float* g) {
-  if (a == ActKind::kRelu) ReluBackward(n, pre, g);
-  if (a == ActKind::kGelu) GeluBackward(n, pre, g);
-  if (a == ActKind::kGeluTanh) GeluTanhBackward(n, pre, g);
+void CpuActBack(Activation a, int64_t n, const float* pre, float* g) {
+  if (a == Activation::kRelu) ReluBackward(n, pre, g);
+  if (a == Activation::kGelu) GeluBackward(n, pre, g);
+  if (a == Activation::kGeluTanh) GeluTanhBackward(n, pre, g);
 }
 
 TEST(ElementwiseKernelsTest, BiasActivationForwardAndBackwardMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   Rng rng(7);
-  for (DataType t : {DataType::kFloat32, DataType::kBFloat16}) {
+  for (DType t : {DType::kFloat32, DType::kBFloat16}) {
     const double tol =
-        t == DataType::kFloat32 ? testing::kFp32Tol : testing::kBf16Tol;
-    for (ActKind a : {ActKind::kRelu, ActKind::kGelu, ActKind::kGeluTanh}) {
+        t == DType::kFloat32 ? testing::kFp32Tol : testing::kBf16Tol;
+    for (Activation a :
+         {Activation::kRelu, Activation::kGelu, Activation::kGeluTanh}) {
       for (auto [rows, cols] :
            {std::pair<int64_t, int64_t>{1, 1}, {3, 17}, {17, 1009}}) {
         SCOPED_TRACE(::testing::Message()
-                     << "act " << static_cast<int>(a) << " " << DataTypeName(t)
+                     << "act " << static_cast<int>(a) << " " << DTypeName(t)
                      << " " << rows << "x" << cols);
         std::vector<float> pre = testing::RandomFloats(&rng, rows * cols, 2);
         std::vector<float> bias = testing::RandomFloats(&rng, cols, 1);
         std::vector<float> dout = testing::RandomFloats(&rng, rows * cols, 1);
-        if (t == DataType::kBFloat16) {
+        if (t == DType::kBFloat16) {
           pre = testing::RoundToBf16(pre);
           dout = testing::RoundToBf16(dout);
         }
         DeviceBuffer d_pre = Upload(pre, t);
-        DeviceBuffer d_bias = Upload(bias, DataType::kFloat32);
+        DeviceBuffer d_bias = Upload(bias, DType::kFloat32);
         DeviceBuffer d_out = Poisoned(rows * cols, t);
         ASSERT_TRUE(BiasActivationForward(a, t, rows, cols, d_bias.as<float>(),
                                           d_pre.data(), d_out.data(), nullptr)
@@ -84,10 +87,10 @@ TEST(ElementwiseKernelsTest, SwigluMatchesCpu) {
     std::vector<float> pre = testing::RandomFloats(&rng, rows * 2 * ffn, 2);
     std::vector<float> bias = testing::RandomFloats(&rng, 2 * ffn, 1);
     std::vector<float> dout = testing::RandomFloats(&rng, rows * ffn, 1);
-    DeviceBuffer d_pre = Upload(pre, DataType::kFloat32);
-    DeviceBuffer d_bias = Upload(bias, DataType::kFloat32);
-    DeviceBuffer d_out = Poisoned(rows * ffn, DataType::kFloat32);
-    ASSERT_TRUE(BiasSwigluForward(DataType::kFloat32, rows, ffn,
+    DeviceBuffer d_pre = Upload(pre, DType::kFloat32);
+    DeviceBuffer d_bias = Upload(bias, DType::kFloat32);
+    DeviceBuffer d_out = Poisoned(rows * ffn, DType::kFloat32);
+    ASSERT_TRUE(BiasSwigluForward(DType::kFloat32, rows, ffn,
                                   d_bias.as<float>(), d_pre.data(),
                                   d_out.data(), nullptr)
                     .ok());
@@ -95,18 +98,18 @@ TEST(ElementwiseKernelsTest, SwigluMatchesCpu) {
     ::trainyard::BiasSwigluForward(rows, ffn, bias.data(), cpu_pre.data(),
                                    cpu_out.data());
     EXPECT_TRUE(testing::AllClose(
-        "swiglu out", Download(d_out, rows * ffn, DataType::kFloat32),
-        D(cpu_out), testing::kFp32Tol, testing::kFp32Tol));
-    DeviceBuffer d_g = Upload(dout, DataType::kFloat32);
-    DeviceBuffer d_dpre = Poisoned(rows * 2 * ffn, DataType::kFloat32);
-    ASSERT_TRUE(SwigluBackward(DataType::kFloat32, rows, ffn, d_pre.data(),
+        "swiglu out", Download(d_out, rows * ffn, DType::kFloat32), D(cpu_out),
+        testing::kFp32Tol, testing::kFp32Tol));
+    DeviceBuffer d_g = Upload(dout, DType::kFloat32);
+    DeviceBuffer d_dpre = Poisoned(rows * 2 * ffn, DType::kFloat32);
+    ASSERT_TRUE(SwigluBackward(DType::kFloat32, rows, ffn, d_pre.data(),
                                d_g.data(), d_dpre.data(), nullptr)
                     .ok());
     std::vector<float> cpu_dpre(rows * 2 * ffn);
     ::trainyard::SwigluBackward(rows, ffn, cpu_pre.data(), dout.data(),
                                 cpu_dpre.data());
     EXPECT_TRUE(testing::AllClose(
-        "swiglu d_pre", Download(d_dpre, rows * 2 * ffn, DataType::kFloat32),
+        "swiglu d_pre", Download(d_dpre, rows * 2 * ffn, DType::kFloat32),
         D(cpu_dpre), testing::kFp32Tol, testing::kFp32Tol));
   }
 }
@@ -117,9 +120,9 @@ TEST(ElementwiseKernelsTest, ColumnSumsAccumulateInDouble) {
   const int64_t rows = 1009, cols = 17;
   std::vector<float> x = testing::RandomFloats(&rng, rows * cols, 1);
   std::vector<float> init = testing::RandomFloats(&rng, cols, 1);
-  DeviceBuffer d_x = Upload(x, DataType::kFloat32);
-  DeviceBuffer d_out = Upload(init, DataType::kFloat32);
-  ASSERT_TRUE(ColumnSums(DataType::kFloat32, rows, cols, d_x.data(), true,
+  DeviceBuffer d_x = Upload(x, DType::kFloat32);
+  DeviceBuffer d_out = Upload(init, DType::kFloat32);
+  ASSERT_TRUE(ColumnSums(DType::kFloat32, rows, cols, d_x.data(), true,
                          d_out.as<float>(), nullptr)
                   .ok());
   std::vector<double> ref(cols);
@@ -128,8 +131,54 @@ TEST(ElementwiseKernelsTest, ColumnSumsAccumulateInDouble) {
     for (int64_t r = 0; r < rows; ++r) ref[c] += x[r * cols + c];
   }
   EXPECT_TRUE(testing::AllClose("colsum",
-                                Download(d_out, cols, DataType::kFloat32), ref,
+                                Download(d_out, cols, DType::kFloat32), ref,
                                 testing::kFp32Tol, 1e-5));
+}
+
+// Many rows (16 lanes x 512 rows each), columns spanning several 32-wide
+// tiles with a partial last one, both dtypes: the double sums round once to
+// float32, and a second run gives the same bits.
+TEST(ElementwiseKernelsTest, ColumnSumsOfManyRowsAreExactAndReproducible) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  Rng rng(10);
+  const int64_t rows = 8193, cols = 1000;
+  for (DType t : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(t));
+    std::vector<float> x = testing::RandomFloats(&rng, rows * cols, 1);
+    if (t == DType::kBFloat16) x = testing::RoundToBf16(x);
+    DeviceBuffer d_x = Upload(x, t);
+    std::vector<double> ref(cols, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) ref[c] += x[r * cols + c];
+    }
+    std::vector<float> got[2];
+    for (int run = 0; run < 2; ++run) {
+      DeviceBuffer d_out = Poisoned(cols, DType::kFloat32);
+      ASSERT_TRUE(ColumnSums(t, rows, cols, d_x.data(), false,
+                             d_out.as<float>(), nullptr)
+                      .ok());
+      got[run] = Download(d_out, cols, DType::kFloat32);
+    }
+    // Sums of 8193 N(0, 1) values are O(100); float32 rounding of the
+    // double sum is 2^-24 relative.
+    EXPECT_TRUE(testing::AllClose("colsum", got[0], ref, 1e-6, 1e-9));
+    EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), cols * sizeof(float)),
+              0);
+  }
+}
+
+TEST(ElementwiseKernelsTest, ColumnSumsOfNoRowsKeepOrZero) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<float> init = {1.5f, -2.0f, 3.0f};
+  DeviceBuffer d_out = Upload(init, DType::kFloat32);
+  ASSERT_TRUE(ColumnSums(DType::kFloat32, 0, 3, nullptr, true,
+                         d_out.as<float>(), nullptr)
+                  .ok());
+  EXPECT_EQ(Download(d_out, 3, DType::kFloat32), init);
+  ASSERT_TRUE(ColumnSums(DType::kFloat32, 0, 3, nullptr, false,
+                         d_out.as<float>(), nullptr)
+                  .ok());
+  EXPECT_EQ(Download(d_out, 3, DType::kFloat32), (std::vector<float>{0, 0, 0}));
 }
 
 }  // namespace

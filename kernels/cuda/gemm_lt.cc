@@ -6,7 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_status.h"
+#include "core/cuda_status.h"
 #include "kernels/cuda/device_allocator.h"
 
 namespace trainyard {
@@ -44,6 +44,14 @@ const char* GemmEpilogueName(GemmEpilogue e) {
       return "dgelu_tanh_bgrad";
     case GemmEpilogue::kBiasGradA:
       return "bgrad_a";
+    case GemmEpilogue::kReluAux:
+      return "relu_aux";
+    case GemmEpilogue::kGeluTanhAux:
+      return "gelu_tanh_aux";
+    case GemmEpilogue::kDRelu:
+      return "drelu";
+    case GemmEpilogue::kDGeluTanh:
+      return "dgelu_tanh";
   }
   return "?";
 }
@@ -72,6 +80,14 @@ cublasLtEpilogue_t ToLt(GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_DGELU_BGRAD;
     case GemmEpilogue::kBiasGradA:
       return CUBLASLT_EPILOGUE_BGRADB;
+    case GemmEpilogue::kReluAux:
+      return CUBLASLT_EPILOGUE_RELU_AUX;
+    case GemmEpilogue::kGeluTanhAux:
+      return CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::kDRelu:
+      return CUBLASLT_EPILOGUE_DRELU;
+    case GemmEpilogue::kDGeluTanh:
+      return CUBLASLT_EPILOGUE_DGELU;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -85,12 +101,18 @@ bool UsesBiasGrad(GemmEpilogue e) {
   return e == GemmEpilogue::kDReluBiasGrad ||
          e == GemmEpilogue::kDGeluTanhBiasGrad || e == GemmEpilogue::kBiasGradA;
 }
-bool UsesAux(GemmEpilogue e) {
-  return e == GemmEpilogue::kReluAuxBias ||
-         e == GemmEpilogue::kGeluTanhAuxBias ||
-         e == GemmEpilogue::kDReluBiasGrad ||
-         e == GemmEpilogue::kDGeluTanhBiasGrad;
+// The ReLU bitmask (ld_aux in bits, a multiple of 128).
+bool UsesReluMask(GemmEpilogue e) {
+  return e == GemmEpilogue::kReluAuxBias || e == GemmEpilogue::kReluAux ||
+         e == GemmEpilogue::kDReluBiasGrad || e == GemmEpilogue::kDRelu;
 }
+// The GELU pre-activation matrix (ld_aux in elements, a multiple of 8).
+bool UsesGeluAux(GemmEpilogue e) {
+  return e == GemmEpilogue::kGeluTanhAuxBias ||
+         e == GemmEpilogue::kGeluTanhAux ||
+         e == GemmEpilogue::kDGeluTanhBiasGrad || e == GemmEpilogue::kDGeluTanh;
+}
+bool UsesAux(GemmEpilogue e) { return UsesReluMask(e) || UsesGeluAux(e); }
 
 // Largest power of two <= 16 dividing the address.
 int Alignment(const void* p) {
@@ -123,8 +145,11 @@ absl::Status Validate(const GemmArgs& g) {
   if (g.beta != 0.0f && (g.c == nullptr || g.ldc < g.n)) {
     return bad("beta != 0 needs c with ldc >= n");
   }
-  if (g.d_type == DataType::kBFloat16 &&
-      g.precision != GemmPrecision::kBFloat16) {
+  if (g.d_type != DType::kFloat32 && g.d_type != DType::kBFloat16) {
+    return bad(absl::StrCat("d_type ", DTypeName(g.d_type),
+                            " is not supported (float32 or bfloat16)"));
+  }
+  if (g.d_type == DType::kBFloat16 && g.precision != GemmPrecision::kBFloat16) {
     return bad("bfloat16 output needs bfloat16 precision");
   }
   if (UsesBias(g.epilogue) && g.bias == nullptr) return bad("bias is null");
@@ -135,6 +160,21 @@ absl::Status Validate(const GemmArgs& g) {
     return bad("aux is null or ld_aux < n");
   }
   return absl::OkStatus();
+}
+
+// cuBLASLt's rule for ld_aux (CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD in
+// cublasLt.h), checked here so that breaking it is Unimplemented, not
+// whatever the heuristic makes of it.
+absl::Status CheckAuxLd(const GemmArgs& g) {
+  const int64_t multiple = UsesReluMask(g.epilogue)  ? 128
+                           : UsesGeluAux(g.epilogue) ? 8
+                                                     : 1;
+  if (g.ld_aux % multiple == 0) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat("GemmLt (m=", g.m, " n=", g.n, " k=", g.k, ", epilogue ",
+                   GemmEpilogueName(g.epilogue),
+                   "): cuBLASLt needs ld_aux to be a multiple of ", multiple,
+                   ", got ", g.ld_aux));
 }
 
 struct Plan {
@@ -156,7 +196,8 @@ std::string PlanKey(const GemmArgs& g) {
       static_cast<int>(g.precision), ",", g.lda, ",", g.ldb, ",", g.ldc, ",",
       g.ldd, ",", static_cast<int>(g.d_type), ",", static_cast<int>(g.epilogue),
       ",", g.ld_aux, ",", g.beta != 0.0f, ",", Alignment(g.a), Alignment(g.b),
-      Alignment(g.c), Alignment(g.d));
+      Alignment(g.c), Alignment(g.d), Alignment(g.bias), Alignment(g.bias_grad),
+      Alignment(g.aux));
 }
 
 }  // namespace
@@ -197,11 +238,13 @@ absl::Status GemmLt::Run(const GemmArgs& g, Stream stream) {
   absl::Status valid = Validate(g);
   if (!valid.ok()) return valid;
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
+  valid = CheckAuxLd(g);
+  if (!valid.ok()) return valid;
 
   const cudaDataType_t ab_type =
       g.precision == GemmPrecision::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
   const cudaDataType_t cd_type =
-      g.d_type == DataType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+      g.d_type == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
   const cublasLtEpilogue_t epilogue = ToLt(g.epilogue);
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -291,7 +334,7 @@ absl::Status GemmLt::Run(const GemmArgs& g, Stream stream) {
       return absl::UnimplementedError(absl::StrCat(
           "GemmLt: cuBLASLt has no algorithm for m=", g.m, " n=", g.n,
           " k=", g.k, " trans_a=", g.trans_a, " trans_b=", g.trans_b, " ",
-          GemmPrecisionName(g.precision), " -> ", DataTypeName(g.d_type),
+          GemmPrecisionName(g.precision), " -> ", DTypeName(g.d_type),
           ", epilogue ", GemmEpilogueName(g.epilogue), " (",
           st == CUBLAS_STATUS_SUCCESS ? "no result" : cublasGetStatusString(st),
           ")"));

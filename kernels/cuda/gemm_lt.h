@@ -11,8 +11,8 @@
 // Precision: kFloat32 (fp32 inputs, fp32 compute), kTf32 (fp32 inputs,
 // CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to TF32 in the tensor
 // cores), kBFloat16 (bf16 inputs, fp32 accumulate). D and C share
-// `d_type`: float32 or bfloat16 (bf16 only with kBFloat16). Bias vectors are
-// float32.
+// `d_type`: DType::kFloat32 or DType::kBFloat16 (bf16 only with kBFloat16;
+// any other DType is InvalidArgument naming it). Bias vectors are float32.
 //
 // Epilogues (cuBLASLt's, named here in row-major terms):
 //   kBias             D = AB + bias[n] (broadcast over rows)
@@ -21,25 +21,38 @@
 //                     approximation (torch approximate="tanh"); exact-erf
 //                     "gelu" has no epilogue and uses elementwise_kernels.
 //   kReluAuxBias      as kReluBias, and aux <- a BITMASK of (AB+bias > 0)
-//                     (cuBLASLt's RELU_AUX format; ld_aux in elements, a
-//                     multiple of 128) for kDReluBiasGrad.
+//                     in cuBLASLt's RELU_AUX format, read only by kDRelu /
+//                     kDReluBiasGrad: ld_aux is in bits (>= n, a multiple
+//                     of 128), the buffer holds m * ld_aux / 8 bytes.
 //   kGeluTanhAuxBias  as kGeluTanhBias, and aux [m, ld_aux] <- AB + bias
 //                     (the pre-activation, d_type), ld_aux a multiple of 8.
-//   kDReluBiasGrad    D = AB * relu'(aux bitmask); bias_grad[n] = column
-//                     sums of D (float32).
-//   kDGeluTanhBiasGrad D = AB * gelu_tanh'(aux); bias_grad[n] = column sums
-//                     of D.
+//   kReluAux, kGeluTanhAux  the same without bias.
+//   kDRelu            D = AB * relu'(aux bitmask).
+//   kDGeluTanh        D = AB * gelu_tanh'(aux), aux the pre-activation.
+//   kDReluBiasGrad    as kDRelu, and bias_grad[n] = column sums of D
+//                     (float32).
+//   kDGeluTanhBiasGrad as kDGeluTanh, and bias_grad[n] = column sums of D.
 //   kBiasGradA        D = AB; bias_grad[m] = sum over k of op(A) (the bias
 //                     gradient of a weight-gradient GEMM: dW = dY^T X with
 //                     A = dY, trans_a). cuBLASLt's BGRADB.
 // The bias-gradient epilogues overwrite bias_grad (no accumulation).
 // Whether cuBLASLt has an algorithm for an epilogue depends on the shapes,
-// alignments and operations; when it has none, Run returns Unimplemented
-// and callers fall back to separate kernels.
+// alignments (of every pointer, bias and aux included) and operations;
+// when it has none, or ld_aux breaks the multiple-of-8 / multiple-of-128
+// rule, Run returns Unimplemented and enqueues nothing, and callers fall
+// back to separate kernels.
 //
-// Each distinct problem (shapes, types, transposes, epilogue, alignments) is
-// planned once: layouts, descriptors and the heuristic's first algorithm are
-// cached. The workspace (32 MiB) comes from the DeviceAllocator.
+// Each distinct problem (shapes, types, transposes, epilogue, alignments of
+// every pointer) is planned once: layouts, descriptors and the heuristic's
+// first algorithm are cached, so a problem always runs the same algorithm.
+// Determinism: cuBLAS documents bitwise run-to-run reproducibility of its
+// routines for one toolkit version, GPU architecture and SM count when
+// each stream has its own workspace (ours: one GemmLt per stream, its own
+// workspace). The bias-gradient epilogues are part of cublasLtMatmul and
+// are covered by that statement as we read it; NVIDIA does not document
+// their reduction order separately, so this is not independently verified,
+// and their sums do not equal ColumnSums' bit for bit. The workspace
+// (32 MiB) comes from the DeviceAllocator.
 //
 // Thread safety: not thread-safe; use one GemmLt per thread/stream.
 #ifndef TRAINYARD_KERNELS_CUDA_GEMM_LT_H_
@@ -50,6 +63,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/tensor.h"
 #include "kernels/cuda/device.h"
 
 namespace trainyard {
@@ -68,6 +82,10 @@ enum class GemmEpilogue {
   kDReluBiasGrad,
   kDGeluTanhBiasGrad,
   kBiasGradA,
+  kReluAux,
+  kGeluTanhAux,
+  kDRelu,
+  kDGeluTanh,
 };
 const char* GemmEpilogueName(GemmEpilogue e);
 
@@ -86,7 +104,7 @@ struct GemmArgs {
   int64_t ldc = 0;
   void* d = nullptr;
   int64_t ldd = 0;
-  DataType d_type = DataType::kFloat32;  // type of C and D
+  DType d_type = DType::kFloat32;  // type of C and D
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   const float* bias = nullptr;  // [n], forward bias epilogues
   float* bias_grad = nullptr;   // [n] or [m] (kBiasGradA), gradient epilogues
@@ -103,8 +121,9 @@ class GemmLt {
 
   // Enqueues the GEMM on `stream`. Errors: InvalidArgument for bad sizes,
   // leading dimensions, missing pointers or type combinations (naming the
-  // field); Unimplemented when cuBLASLt has no algorithm for the problem;
-  // cuBLAS errors otherwise.
+  // field); Unimplemented (nothing enqueued) when cuBLASLt has no algorithm
+  // for the problem or ld_aux breaks cuBLASLt's rule; cuBLAS errors
+  // otherwise.
   absl::Status Run(const GemmArgs& args, Stream stream);
 
   // Number of planned problems (for tests of the cache).

@@ -13,7 +13,7 @@ namespace {
 
 using testing::Download;
 using testing::Upload;
-constexpr DataType kF = DataType::kFloat32;
+constexpr DType kF = DType::kFloat32;
 
 TEST(LossKernelsTest, MseMatchesReference) {
   SKIP_WITHOUT_CUDA_DEVICE();

@@ -1,6 +1,7 @@
-// MLP block forward+backward throughput on one GPU, bf16 and tf32, against
-// a plain cuBLASLt GEMM of the same shape (the ceiling). Prints one JSON
-// line per measurement. Usage: mlp_benchmark [--hidden=8192 --tokens=8192
+// MLP block forward+backward throughput on one GPU, bf16 and tf32, with the
+// cuBLASLt epilogues and with the element-wise path, against a plain
+// cuBLASLt GEMM of the same shape (the ceiling). Prints one JSON line per
+// measurement. Usage: mlp_benchmark [--hidden=8192 --tokens=8192
 // --iters=10]. Exits 1 (with the reason) without a device.
 #include <cstdio>
 #include <cstdlib>
@@ -29,14 +30,14 @@ namespace {
     }                                                                 \
   } while (0)
 
-DeviceBuffer RandomDevice(int64_t n, DataType t, uint64_t seed) {
+DeviceBuffer RandomDevice(int64_t n, DType t, uint64_t seed) {
   absl::StatusOr<DeviceBuffer> b = DeviceBuffer::Allocate(0, n * 4);
   BENCH_CHECK(b.status());
   std::vector<float> h(n);
   Rng rng(seed);
   for (float& x : h) x = rng.Uniform(-0.02f, 0.02f);
   BENCH_CHECK(b->CopyFromHost(h.data(), n * 4));
-  if (t == DataType::kFloat32) return std::move(*b);
+  if (t == DType::kFloat32) return std::move(*b);
   absl::StatusOr<DeviceBuffer> h16 = DeviceBuffer::Allocate(0, n * 2);
   BENCH_CHECK(h16.status());
   BENCH_CHECK(CastFloatToBf16(n, b->as<float>(), h16->data(), nullptr));
@@ -44,8 +45,8 @@ DeviceBuffer RandomDevice(int64_t n, DataType t, uint64_t seed) {
   return std::move(*h16);
 }
 
-void RunMlp(ComputeMode mode, const char* name, int64_t h, int64_t tokens,
-            int iters) {
+void RunMlp(ComputeMode mode, const char* name, bool epilogues, int64_t h,
+            int64_t tokens, int iters) {
   MlpBlockConfig c;
   c.in_features = c.out_features = h;
   c.ffn_hidden_size = 4 * h;
@@ -53,16 +54,17 @@ void RunMlp(ComputeMode mode, const char* name, int64_t h, int64_t tokens,
   c.bias = true;
   auto block = CudaMlpBlock::Create(c, mode, 0);
   BENCH_CHECK(block.status());
-  const DataType at =
-      mode == ComputeMode::kBFloat16 ? DataType::kBFloat16 : DataType::kFloat32;
-  DeviceBuffer w1 = RandomDevice(4 * h * h, DataType::kFloat32, 1);
-  DeviceBuffer w2 = RandomDevice(4 * h * h, DataType::kFloat32, 2);
-  DeviceBuffer b1 = RandomDevice(4 * h, DataType::kFloat32, 3);
-  DeviceBuffer b2 = RandomDevice(h, DataType::kFloat32, 4);
-  DeviceBuffer g1 = RandomDevice(4 * h * h, DataType::kFloat32, 5);
-  DeviceBuffer g2 = RandomDevice(4 * h * h, DataType::kFloat32, 6);
-  DeviceBuffer gb1 = RandomDevice(4 * h, DataType::kFloat32, 7);
-  DeviceBuffer gb2 = RandomDevice(h, DataType::kFloat32, 8);
+  (*block)->set_use_epilogues(epilogues);
+  const DType at =
+      mode == ComputeMode::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
+  DeviceBuffer w1 = RandomDevice(4 * h * h, DType::kFloat32, 1);
+  DeviceBuffer w2 = RandomDevice(4 * h * h, DType::kFloat32, 2);
+  DeviceBuffer b1 = RandomDevice(4 * h, DType::kFloat32, 3);
+  DeviceBuffer b2 = RandomDevice(h, DType::kFloat32, 4);
+  DeviceBuffer g1 = RandomDevice(4 * h * h, DType::kFloat32, 5);
+  DeviceBuffer g2 = RandomDevice(4 * h * h, DType::kFloat32, 6);
+  DeviceBuffer gb1 = RandomDevice(4 * h, DType::kFloat32, 7);
+  DeviceBuffer gb2 = RandomDevice(h, DType::kFloat32, 8);
   DeviceBuffer x = RandomDevice(tokens * h, at, 9);
   DeviceBuffer dy = RandomDevice(tokens * h, at, 10);
   DeviceBuffer y = RandomDevice(tokens * h, at, 11);
@@ -89,11 +91,16 @@ void RunMlp(ComputeMode mode, const char* name, int64_t h, int64_t tokens,
   const double flops = 6.0 * 2.0 * tokens * h * (4.0 * h);
   DeviceAllocator* a = *DeviceAllocator::ForDevice(0);
   std::printf(
-      "{\"bench\":\"mlp_fwd_bwd\",\"compute\":\"%s\",\"hidden\":%lld,"
-      "\"ffn\":%lld,\"tokens\":%lld,\"ms\":%.3f,\"tflops\":%.1f,"
+      "{\"bench\":\"mlp_fwd_bwd\",\"compute\":\"%s\",\"epilogues\":%s,"
+      "\"fused_gemms_per_step\":%lld,\"hidden\":%lld,\"ffn\":%lld,"
+      "\"tokens\":%lld,\"ms\":%.3f,\"tflops\":%.1f,"
       "\"device_mallocs\":%lld}\n",
-      name, (long long)h, (long long)(4 * h), (long long)tokens, sec * 1e3,
+      name, epilogues ? "true" : "false",
+      (long long)((*block)->epilogue_stats().fused_gemms / (iters + 1)),
+      (long long)h, (long long)(4 * h), (long long)tokens, sec * 1e3,
       flops / sec / 1e12, (long long)a->stats().device_mallocs);
+  std::fprintf(stderr, "%s, epilogues %s:\n%s", name, epilogues ? "on" : "off",
+               (*block)->EpilogueReport().c_str());
 }
 
 void RunGemm(GemmPrecision prec, const char* name, int64_t h, int64_t tokens,
@@ -101,9 +108,9 @@ void RunGemm(GemmPrecision prec, const char* name, int64_t h, int64_t tokens,
   auto gemm = GemmLt::Create(0);
   BENCH_CHECK(gemm.status());
   const int64_t m = tokens, n = 4 * h, k = h;
-  DeviceBuffer a = RandomDevice(m * k, DataType::kFloat32, 21);
-  DeviceBuffer b = RandomDevice(n * k, DataType::kFloat32, 22);
-  DeviceBuffer d = RandomDevice(m * n, DataType::kFloat32, 23);
+  DeviceBuffer a = RandomDevice(m * k, DType::kFloat32, 21);
+  DeviceBuffer b = RandomDevice(n * k, DType::kFloat32, 22);
+  DeviceBuffer d = RandomDevice(m * n, DType::kFloat32, 23);
   GemmArgs g;
   g.trans_b = true;
   g.m = m;
@@ -116,8 +123,8 @@ void RunGemm(GemmPrecision prec, const char* name, int64_t h, int64_t tokens,
   g.ldb = k;
   g.d = d.data();
   g.ldd = n;
-  g.d_type = prec == GemmPrecision::kBFloat16 ? DataType::kBFloat16
-                                              : DataType::kFloat32;
+  g.d_type =
+      prec == GemmPrecision::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
   BENCH_CHECK((*gemm)->Run(g, nullptr));
   BENCH_CHECK(StreamSynchronize(nullptr));
   const absl::Time t0 = absl::Now();
@@ -158,7 +165,9 @@ int main(int argc, char** argv) {
   }
   RunGemm(GemmPrecision::kBFloat16, "bfloat16", h, tokens, iters);
   RunGemm(GemmPrecision::kTf32, "tf32", h, tokens, iters);
-  RunMlp(ComputeMode::kBFloat16, "bfloat16", h, tokens, iters);
-  RunMlp(ComputeMode::kTf32, "tf32", h, tokens, iters);
+  for (bool epilogues : {true, false}) {
+    RunMlp(ComputeMode::kBFloat16, "bfloat16", epilogues, h, tokens, iters);
+    RunMlp(ComputeMode::kTf32, "tf32", epilogues, h, tokens, iters);
+  }
   return 0;
 }

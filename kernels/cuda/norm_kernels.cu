@@ -1,6 +1,6 @@
 // Kernels first, then the launchers of norm_kernels.h.
+#include "core/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/norm_kernels.h"
 
 namespace trainyard {
@@ -130,10 +130,10 @@ unsigned ColGrid(int64_t cols) {
 }
 
 template <bool RMS>
-absl::Status Forward(DataType dtype, int64_t rows, int64_t cols, const void* x,
+absl::Status Forward(DType dtype, int64_t rows, int64_t cols, const void* x,
                      const float* w, const float* b, float eps, void* y,
                      float* mean, float* rstd, Stream stream) {
-  if (dtype == DataType::kFloat32) {
+  if (dtype == DType::kFloat32) {
     NormForwardKernel<RMS, float><<<RowGrid(rows), kThreads, 0, stream>>>(
         rows, cols, static_cast<const float*>(x), w, b, eps,
         static_cast<float*>(y), mean, rstd);
@@ -147,11 +147,11 @@ absl::Status Forward(DataType dtype, int64_t rows, int64_t cols, const void* x,
 }
 
 template <bool RMS>
-absl::Status BackwardInput(DataType dtype, int64_t rows, int64_t cols,
+absl::Status BackwardInput(DType dtype, int64_t rows, int64_t cols,
                            const void* x, const float* w, const float* mean,
                            const float* rstd, const void* dy,
                            const void* residual, void* dx, Stream stream) {
-  if (dtype == DataType::kFloat32) {
+  if (dtype == DType::kFloat32) {
     NormBackwardInputKernel<RMS, float><<<RowGrid(rows), kThreads, 0, stream>>>(
         rows, cols, static_cast<const float*>(x), w, mean, rstd,
         static_cast<const float*>(dy), static_cast<const float*>(residual),
@@ -167,11 +167,11 @@ absl::Status BackwardInput(DataType dtype, int64_t rows, int64_t cols,
 }
 
 template <bool RMS>
-absl::Status BackwardParams(DataType dtype, int64_t rows, int64_t cols,
+absl::Status BackwardParams(DType dtype, int64_t rows, int64_t cols,
                             const void* x, const float* mean, const float* rstd,
                             const void* dy, bool accumulate, float* dw,
                             float* db, Stream stream) {
-  if (dtype == DataType::kFloat32) {
+  if (dtype == DType::kFloat32) {
     NormBackwardParamsKernel<RMS, float>
         <<<ColGrid(cols), kThreads, 0, stream>>>(
             rows, cols, static_cast<const float*>(x), mean, rstd,
@@ -187,10 +187,11 @@ absl::Status BackwardParams(DataType dtype, int64_t rows, int64_t cols,
 
 }  // namespace
 
-absl::Status LayerNormForward(DataType dtype, int64_t rows, int64_t cols,
+absl::Status LayerNormForward(DType dtype, int64_t rows, int64_t cols,
                               const void* x, const float* weight,
                               const float* bias, float eps, void* y,
                               float* mean, float* rstd, Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("LayerNormForward", dtype));
   TY_RETURN_IF_ERROR(CheckArgs("LayerNormForward", rows, cols, x, weight, y));
   TY_RETURN_IF_ERROR(CheckArgs("LayerNormForward", rows, cols, mean, rstd, y));
   if (rows == 0) return absl::OkStatus();
@@ -198,11 +199,12 @@ absl::Status LayerNormForward(DataType dtype, int64_t rows, int64_t cols,
                         stream);
 }
 
-absl::Status LayerNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
+absl::Status LayerNormBackwardInput(DType dtype, int64_t rows, int64_t cols,
                                     const void* x, const float* weight,
                                     const float* mean, const float* rstd,
                                     const void* dy, const void* residual,
                                     void* dx, Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("LayerNormBackwardInput", dtype));
   TY_RETURN_IF_ERROR(
       CheckArgs("LayerNormBackwardInput", rows, cols, x, weight, dx));
   TY_RETURN_IF_ERROR(
@@ -212,11 +214,12 @@ absl::Status LayerNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
                               residual, dx, stream);
 }
 
-absl::Status LayerNormBackwardParams(DataType dtype, int64_t rows, int64_t cols,
+absl::Status LayerNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
                                      const void* x, const float* mean,
                                      const float* rstd, const void* dy,
                                      bool accumulate, float* d_weight,
                                      float* d_bias, Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("LayerNormBackwardParams", dtype));
   TY_RETURN_IF_ERROR(
       internal::CheckSizes("LayerNormBackwardParams", rows, cols));
   if (cols == 0) return absl::OkStatus();
@@ -231,9 +234,10 @@ absl::Status LayerNormBackwardParams(DataType dtype, int64_t rows, int64_t cols,
                                d_weight, d_bias, stream);
 }
 
-absl::Status RmsNormForward(DataType dtype, int64_t rows, int64_t cols,
+absl::Status RmsNormForward(DType dtype, int64_t rows, int64_t cols,
                             const void* x, const float* weight, float eps,
                             void* y, float* rstd, Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("RmsNormForward", dtype));
   TY_RETURN_IF_ERROR(CheckArgs("RmsNormForward", rows, cols, x, weight, y));
   TY_RETURN_IF_ERROR(CheckArgs("RmsNormForward", rows, cols, rstd, rstd, y));
   if (rows == 0) return absl::OkStatus();
@@ -241,11 +245,12 @@ absl::Status RmsNormForward(DataType dtype, int64_t rows, int64_t cols,
                        rstd, stream);
 }
 
-absl::Status RmsNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
+absl::Status RmsNormBackwardInput(DType dtype, int64_t rows, int64_t cols,
                                   const void* x, const float* weight,
                                   const float* rstd, const void* dy,
                                   const void* residual, void* dx,
                                   Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("RmsNormBackwardInput", dtype));
   TY_RETURN_IF_ERROR(
       CheckArgs("RmsNormBackwardInput", rows, cols, x, weight, dx));
   TY_RETURN_IF_ERROR(
@@ -255,10 +260,11 @@ absl::Status RmsNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
                              residual, dx, stream);
 }
 
-absl::Status RmsNormBackwardParams(DataType dtype, int64_t rows, int64_t cols,
+absl::Status RmsNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
                                    const void* x, const float* rstd,
                                    const void* dy, bool accumulate,
                                    float* d_weight, Stream stream) {
+  TY_RETURN_IF_ERROR(CheckActivationDType("RmsNormBackwardParams", dtype));
   TY_RETURN_IF_ERROR(internal::CheckSizes("RmsNormBackwardParams", rows, cols));
   if (cols == 0) return absl::OkStatus();
   TY_RETURN_IF_ERROR(

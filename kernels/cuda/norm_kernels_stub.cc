@@ -10,14 +10,14 @@ absl::Status NoCuda(const char* what) {
 }
 }  // namespace
 
-absl::Status LayerNormForward(DataType dtype, int64_t rows, int64_t cols,
+absl::Status LayerNormForward(DType dtype, int64_t rows, int64_t cols,
                               const void* x, const float* weight,
                               const float* bias, float eps, void* y,
                               float* mean, float* rstd, Stream stream) {
   return NoCuda("LayerNormForward");
 }
 
-absl::Status LayerNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
+absl::Status LayerNormBackwardInput(DType dtype, int64_t rows, int64_t cols,
                                     const void* x, const float* weight,
                                     const float* mean, const float* rstd,
                                     const void* dy, const void* residual,
@@ -25,7 +25,7 @@ absl::Status LayerNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
   return NoCuda("LayerNormBackwardInput");
 }
 
-absl::Status LayerNormBackwardParams(DataType dtype, int64_t rows, int64_t cols,
+absl::Status LayerNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
                                      const void* x, const float* mean,
                                      const float* rstd, const void* dy,
                                      bool accumulate, float* d_weight,
@@ -33,13 +33,13 @@ absl::Status LayerNormBackwardParams(DataType dtype, int64_t rows, int64_t cols,
   return NoCuda("LayerNormBackwardParams");
 }
 
-absl::Status RmsNormForward(DataType dtype, int64_t rows, int64_t cols,
+absl::Status RmsNormForward(DType dtype, int64_t rows, int64_t cols,
                             const void* x, const float* weight, float eps,
                             void* y, float* rstd, Stream stream) {
   return NoCuda("RmsNormForward");
 }
 
-absl::Status RmsNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
+absl::Status RmsNormBackwardInput(DType dtype, int64_t rows, int64_t cols,
                                   const void* x, const float* weight,
                                   const float* rstd, const void* dy,
                                   const void* residual, void* dx,
@@ -47,7 +47,7 @@ absl::Status RmsNormBackwardInput(DataType dtype, int64_t rows, int64_t cols,
   return NoCuda("RmsNormBackwardInput");
 }
 
-absl::Status RmsNormBackwardParams(DataType dtype, int64_t rows, int64_t cols,
+absl::Status RmsNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
                                    const void* x, const float* rstd,
                                    const void* dy, bool accumulate,
                                    float* d_weight, Stream stream) {

@@ -12,7 +12,7 @@ namespace {
 using testing::Download;
 using testing::Poisoned;
 using testing::Upload;
-constexpr DataType kF = DataType::kFloat32;
+constexpr DType kF = DType::kFloat32;
 
 std::vector<double> D(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());
@@ -21,13 +21,13 @@ std::vector<double> D(const std::vector<float>& v) {
 TEST(NormKernelsTest, LayerNormAndRmsNormMatchCpu) {
   SKIP_WITHOUT_CUDA_DEVICE();
   Rng rng(11);
-  for (DataType t : {DataType::kFloat32, DataType::kBFloat16}) {
+  for (DType t : {DType::kFloat32, DType::kBFloat16}) {
     const double tol = t == kF ? testing::kFp32Tol : testing::kBf16Tol;
     for (auto [rows, cols] :
          {std::pair<int64_t, int64_t>{1, 1}, {3, 17}, {17, 1009}}) {
       for (bool rms : {false, true}) {
         SCOPED_TRACE(::testing::Message()
-                     << (rms ? "rms " : "ln ") << DataTypeName(t) << " " << rows
+                     << (rms ? "rms " : "ln ") << DTypeName(t) << " " << rows
                      << "x" << cols);
         std::vector<float> x = testing::RandomFloats(&rng, rows * cols, 1);
         std::vector<float> dy = testing::RandomFloats(&rng, rows * cols, 1);

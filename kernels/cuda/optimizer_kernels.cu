@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/optimizer_kernels.h"
 
 namespace trainyard {

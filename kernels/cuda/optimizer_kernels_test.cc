@@ -15,7 +15,7 @@ namespace {
 
 using testing::Download;
 using testing::Upload;
-constexpr DataType kF = DataType::kFloat32;
+constexpr DType kF = DType::kFloat32;
 
 std::vector<ParamSegment> CpuSegments() {
   return {{"a", {1}, 0, true},
@@ -59,7 +59,7 @@ TEST(OptimizerKernelsTest, AdamWMatchesStageOptimizerBitwise) {
   std::vector<float> p = testing::RandomFloats(&rng, kTotal, 1);
   std::vector<float> zeros(kTotal, 0.0f);
   DeviceBuffer dp = Upload(p, kF), m = Upload(zeros, kF), v = Upload(zeros, kF);
-  DeviceBuffer p16 = testing::Poisoned(kTotal, DataType::kBFloat16);
+  DeviceBuffer p16 = testing::Poisoned(kTotal, DType::kBFloat16);
   for (int step = 1; step <= 3; ++step) {
     std::vector<float> g = testing::RandomFloats(&rng, kTotal, 1);
     DeviceBuffer dg = Upload(g, kF);
@@ -79,7 +79,7 @@ TEST(OptimizerKernelsTest, AdamWMatchesStageOptimizerBitwise) {
   }
   std::vector<float> got = Download(dp, kTotal, kF);
   ExpectBitwiseEqual("params", got, p.data());
-  std::vector<float> got16 = Download(p16, kTotal, DataType::kBFloat16);
+  std::vector<float> got16 = Download(p16, kTotal, DType::kBFloat16);
   EXPECT_EQ(got16, testing::RoundToBf16(p));
 }
 

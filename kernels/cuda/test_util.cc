@@ -34,12 +34,12 @@ std::vector<float> RandomFloats(Rng* rng, int64_t n, float scale) {
   return v;
 }
 
-DeviceBuffer Upload(const std::vector<float>& v, DataType type) {
+DeviceBuffer Upload(const std::vector<float>& v, DType type) {
   absl::StatusOr<DeviceBuffer> b =
-      DeviceBuffer::Allocate(0, v.size() * DataTypeSize(type));
+      DeviceBuffer::Allocate(0, v.size() * DTypeSize(type));
   EXPECT_TRUE(b.ok()) << b.status();
   if (!b.ok()) return DeviceBuffer();
-  if (type == DataType::kFloat32) {
+  if (type == DType::kFloat32) {
     EXPECT_TRUE(b->CopyFromHost(v.data(), v.size() * 4).ok());
   } else {
     std::vector<uint16_t> h(v.size());
@@ -49,18 +49,18 @@ DeviceBuffer Upload(const std::vector<float>& v, DataType type) {
   return std::move(*b);
 }
 
-DeviceBuffer Poisoned(int64_t n, DataType type) {
+DeviceBuffer Poisoned(int64_t n, DType type) {
   absl::StatusOr<DeviceBuffer> b =
-      DeviceBuffer::Allocate(0, n * DataTypeSize(type));
+      DeviceBuffer::Allocate(0, n * DTypeSize(type));
   EXPECT_TRUE(b.ok()) << b.status();
   if (!b.ok()) return DeviceBuffer();
   EXPECT_TRUE(b->Fill(0xFF).ok());
   return std::move(*b);
 }
 
-std::vector<float> Download(const DeviceBuffer& b, int64_t n, DataType type) {
+std::vector<float> Download(const DeviceBuffer& b, int64_t n, DType type) {
   std::vector<float> out(n);
-  if (type == DataType::kFloat32) {
+  if (type == DType::kFloat32) {
     absl::Status s = b.CopyToHost(out.data(), n * 4);
     EXPECT_TRUE(s.ok()) << s;
   } else {

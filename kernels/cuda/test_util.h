@@ -4,12 +4,11 @@
 #define TRAINYARD_KERNELS_CUDA_TEST_UTIL_H_
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/random.h"
-#include <cstdlib>
-#include <string>
-
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
@@ -18,17 +17,17 @@
 // device, naming the CUDA error (or "built without CUDA"). With
 // TRAINYARD_REQUIRE_GPU=1 in the environment (tools/gpu_check.sh sets it on
 // GPU machines) a missing device fails the test instead.
-#define SKIP_WITHOUT_CUDA_DEVICE()                                        \
-  do {                                                                    \
-    const ::absl::Status _ty_dev = ::trainyard::gpu::CheckDevice(0);      \
-    if (!_ty_dev.ok()) {                                                  \
-      const char* _ty_req = std::getenv("TRAINYARD_REQUIRE_GPU");         \
-      if (_ty_req != nullptr && std::string(_ty_req) == "1") {            \
-        FAIL() << "TRAINYARD_REQUIRE_GPU=1 but no CUDA device: "          \
-               << _ty_dev.message();                                      \
-      }                                                                   \
-      GTEST_SKIP() << "no CUDA device: " << _ty_dev.message();            \
-    }                                                                     \
+#define SKIP_WITHOUT_CUDA_DEVICE()                                   \
+  do {                                                               \
+    const ::absl::Status _ty_dev = ::trainyard::gpu::CheckDevice(0); \
+    if (!_ty_dev.ok()) {                                             \
+      const char* _ty_req = std::getenv("TRAINYARD_REQUIRE_GPU");    \
+      if (_ty_req != nullptr && std::string(_ty_req) == "1") {       \
+        FAIL() << "TRAINYARD_REQUIRE_GPU=1 but no CUDA device: "     \
+               << _ty_dev.message();                                 \
+      }                                                              \
+      GTEST_SKIP() << "no CUDA device: " << _ty_dev.message();       \
+    }                                                                \
   } while (0)
 
 namespace trainyard {
@@ -44,10 +43,10 @@ std::vector<float> RoundToBf16(const std::vector<float>& v);
 std::vector<float> RandomFloats(Rng* rng, int64_t n, float scale);
 
 // Device copy of `v` as `type` (bfloat16 rounds).
-DeviceBuffer Upload(const std::vector<float>& v, DataType type);
+DeviceBuffer Upload(const std::vector<float>& v, DType type);
 // A device buffer of n elements of `type`, every byte 0xFF (NaN).
-DeviceBuffer Poisoned(int64_t n, DataType type);
-std::vector<float> Download(const DeviceBuffer& b, int64_t n, DataType type);
+DeviceBuffer Poisoned(int64_t n, DType type);
+std::vector<float> Download(const DeviceBuffer& b, int64_t n, DType type);
 
 // |a - e| <= atol + rtol |e| for all elements; names `what` and the worst.
 ::testing::AssertionResult AllClose(const char* what,
