@@ -579,7 +579,7 @@ absl::Status NcclTransportImpl::Send(int peer, Message message) {
   for (size_t i = 0; i < message.tensors.size(); ++i) {
     const Tensor& t = message.tensors[i].second;
     if (t.nbytes() == 0) continue;
-    const void* src = t.device().is_cpu() ? buf + offsets[i] : t.raw_data();
+    const void* src = t.device().is_cpu() ? buf + offsets[i] : t.ptr();
     NCCL_RETURN_IF_ERROR(
         ncclSend(src, t.nbytes(), ncclUint8, peer, comm, stream), where_);
   }
