@@ -154,31 +154,43 @@ absl::StatusOr<Tensor> ExecContext::ToDevice(const Tensor& t) const {
 
 absl::StatusOr<Tensor> ExecContext::Cast(const Tensor& t, DType dtype) const {
   if (t.dtype() == dtype) return t;
-  if (t.device() != device_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cast of a tensor on ", t.device().ToString(),
-                     " in a context on ", device_.ToString()));
+  ASSIGN_OR_RETURN(Tensor out, Empty(dtype, t.shape()));
+  RETURN_IF_ERROR(CastInto(t, &out));
+  return out;
+}
+
+absl::Status ExecContext::CastInto(const Tensor& src, Tensor* dst) const {
+  if (src.dtype() == dst->dtype()) return CopyInto(src, dst);
+  if (src.device() != device_ || dst->device() != device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cast of a tensor on ", src.device().ToString(), " into one on ",
+        dst->device().ToString(), " in a context on ", device_.ToString()));
   }
-  const bool widen = t.dtype() == DType::kBFloat16 && dtype == DType::kFloat32;
-  const bool narrow = t.dtype() == DType::kFloat32 && dtype == DType::kBFloat16;
-  if (!widen && !narrow) {
+  if (src.numel() != dst->numel()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cast from ", DTypeName(t.dtype()), " to ",
-                     DTypeName(dtype), ": only float32 <-> bfloat16"));
+        absl::StrCat("cast of ", ShapeToString(src.shape()), " into ",
+                     ShapeToString(dst->shape())));
+  }
+  const bool widen =
+      src.dtype() == DType::kBFloat16 && dst->dtype() == DType::kFloat32;
+  const bool narrow =
+      src.dtype() == DType::kFloat32 && dst->dtype() == DType::kBFloat16;
+  if (!widen && !narrow) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cast from ", DTypeName(src.dtype()), " to ", DTypeName(dst->dtype()),
+        ": only float32 <-> bfloat16"));
   }
   if (device_.is_cpu()) {
     return absl::InvalidArgumentError(
         "bfloat16 tensors are not computed on the CPU (precision fp32)");
   }
-  ASSIGN_OR_RETURN(Tensor out, Empty(dtype, t.shape()));
   if (narrow) {
-    RETURN_IF_ERROR(gpu::CastFloatToBf16(
-        t.numel(), static_cast<const float*>(t.ptr()), out.ptr(), stream()));
-  } else {
-    RETURN_IF_ERROR(gpu::CastBf16ToFloat(
-        t.numel(), t.ptr(), static_cast<float*>(out.ptr()), stream()));
+    return gpu::CastFloatToBf16(src.numel(),
+                                static_cast<const float*>(src.ptr()),
+                                dst->ptr(), stream());
   }
-  return out;
+  return gpu::CastBf16ToFloat(src.numel(), src.ptr(),
+                              static_cast<float*>(dst->ptr()), stream());
 }
 
 absl::Status ExecContext::Synchronize() const {

@@ -74,6 +74,9 @@ class ExecContext {
   // `t` converted to `dtype` (float32 <-> bfloat16, or the same dtype: `t`
   // itself) on `t`'s device, which must be this context's.
   absl::StatusOr<Tensor> Cast(const Tensor& t, DType dtype) const;
+  // Writes src converted to dst's dtype into *dst (same element count, both
+  // on this context's device; float32 <-> bfloat16, or a plain copy).
+  absl::Status CastInto(const Tensor& src, Tensor* dst) const;
   // Copies src into *dst (same dtype and element count; any devices).
   absl::Status CopyInto(const Tensor& src, Tensor* dst) const;
   // Waits for the work queued on the stream.

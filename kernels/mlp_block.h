@@ -74,6 +74,12 @@ struct MlpBlockParams {
   Tensor fc1_bias;     // [fc1_out]
   Tensor fc2_weight;   // [out, ffn]
   Tensor fc2_bias;     // [out]
+  // Optional, GPU only: bfloat16 copies of fc1_weight and fc2_weight (the
+  // float32 weights rounded), written by the optimizer with each update.
+  // bf16 blocks read them instead of casting the weights on every call.
+  // Not parameters: InOrder does not list them.
+  Tensor fc1_weight_bf16;  // [fc1_out, in]
+  Tensor fc2_weight_bf16;  // [out, ffn]
 
   // Pointers to the tensors above in BlockParamInfos order.
   std::vector<Tensor*> InOrder(const MlpBlockConfig& config);

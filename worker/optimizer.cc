@@ -179,10 +179,24 @@ absl::Status StageOptimizer::CheckFlat(const char* what,
 }
 
 absl::Status StageOptimizer::Step(Tensor* params, const Tensor& grads,
-                                  double lr, double grad_scale) {
+                                  double lr, double grad_scale,
+                                  Tensor* params_bf16) {
   RETURN_IF_ERROR(CheckFlat("params", *params));
   RETURN_IF_ERROR(CheckFlat("grads", grads));
-  if (ctx_ != nullptr) return StepOnDevice(params, grads, lr, grad_scale);
+  void* low = nullptr;
+  if (params_bf16 != nullptr && params_bf16->defined()) {
+    if (ctx_ == nullptr || params_bf16->dtype() != DType::kBFloat16 ||
+        params_bf16->numel() != total_size_ ||
+        params_bf16->device() != ctx_->device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer: params_bf16 is ", DTypeName(params_bf16->dtype()),
+          ShapeToString(params_bf16->shape()), " on ",
+          params_bf16->device().ToString(), ", expected bfloat16[",
+          total_size_, "] on the optimizer's GPU"));
+    }
+    low = params_bf16->ptr();
+  }
+  if (ctx_ != nullptr) return StepOnDevice(params, grads, lr, grad_scale, low);
   Step(params->data<float>(), grads.data<float>(), lr, grad_scale);
   return absl::OkStatus();
 }
@@ -206,7 +220,8 @@ std::vector<gpu::FlatSegment> FlatSegments(
 }  // namespace
 
 absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
-                                          double lr, double grad_scale) {
+                                          double lr, double grad_scale,
+                                          void* params_bf16) {
   const std::vector<gpu::FlatSegment> segs = FlatSegments(segments_);
   float* p = static_cast<float*>(params->ptr());
   const float* g = static_cast<const float*>(grads.ptr());
@@ -222,7 +237,7 @@ absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
     RETURN_IF_ERROR(gpu::FusedAdamW(segs, hp, p, g,
                                     static_cast<float*>(state1_.ptr()),
                                     static_cast<float*>(state2_.ptr()),
-                                    /*params_bf16=*/nullptr, ctx_->stream()));
+                                    params_bf16, ctx_->stream()));
   } else {
     gpu::SgdStep hp;
     hp.lr = lr;
@@ -235,7 +250,7 @@ absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
     float* buf =
         state1_.defined() ? static_cast<float*>(state1_.ptr()) : nullptr;
     RETURN_IF_ERROR(
-        gpu::FusedSgd(segs, hp, p, g, buf, nullptr, ctx_->stream()));
+        gpu::FusedSgd(segs, hp, p, g, buf, params_bf16, ctx_->stream()));
   }
   ++step_count_;
   return absl::OkStatus();

@@ -62,8 +62,10 @@ class StageOptimizer {
   // One update of `params` [total_size] from raw `grads` [total_size], both
   // on the optimizer's device: effective gradient = grads * grad_scale,
   // learning rate `lr`. Errors: the tensors do not fit; a CUDA failure.
+  // `params_bf16` (GPU only; may be null or undefined) receives the
+  // updated parameters rounded to bfloat16.
   absl::Status Step(Tensor* params, const Tensor& grads, double lr,
-                    double grad_scale);
+                    double grad_scale, Tensor* params_bf16 = nullptr);
   // Sum of squares of each segment of `grads` (on the optimizer's device),
   // in segment order, in double; waits for the device.
   absl::StatusOr<std::vector<double>> GradSumsOfSquares(
@@ -95,7 +97,7 @@ class StageOptimizer {
   StageOptimizer() = default;
   absl::Status CheckFlat(const char* what, const Tensor& t) const;
   absl::Status StepOnDevice(Tensor* params, const Tensor& grads, double lr,
-                            double grad_scale);
+                            double grad_scale, void* params_bf16);
 
   trainyard::v1::OptimizerSpec spec_;
   const ExecContext* ctx_ = nullptr;  // null: the host

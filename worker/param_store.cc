@@ -30,6 +30,12 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
   }
   ASSIGN_OR_RETURN(store.params_, ctx->Zeros(DType::kFloat32, {total}));
   ASSIGN_OR_RETURN(store.grads_, ctx->Zeros(DType::kFloat32, {total}));
+  const bool bf16_copy =
+      ctx->device().is_cuda() && ctx->precision() == Precision::kBf16;
+  if (bf16_copy) {
+    ASSIGN_OR_RETURN(store.params_bf16_,
+                     ctx->Zeros(DType::kBFloat16, {total}));
+  }
   size_t seg = 0;
   for (int b = plan.stage_begin[stage]; b < plan.stage_begin[stage + 1]; ++b) {
     MlpBlockParams params, grads;
@@ -42,6 +48,13 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
           store.params_.Rows(s.offset, s.offset + s.size()).View(s.shape);
       *g_slots[i] =
           store.grads_.Rows(s.offset, s.offset + s.size()).View(s.shape);
+      if (bf16_copy && (p_slots[i] == &params.fc1_weight ||
+                        p_slots[i] == &params.fc2_weight)) {
+        Tensor low =
+            store.params_bf16_.Rows(s.offset, s.offset + s.size()).View(s.shape);
+        (p_slots[i] == &params.fc1_weight ? params.fc1_weight_bf16
+                                          : params.fc2_weight_bf16) = low;
+      }
     }
     store.block_params_.push_back(params);
     store.block_grads_.push_back(grads);
@@ -92,7 +105,12 @@ absl::Status ParamStore::Load(const std::map<std::string, Tensor>& tensors,
     Tensor alias = dst;
     RETURN_IF_ERROR(ctx_->CopyInto(src, &alias));
   }
-  return absl::OkStatus();
+  return RefreshLowPrecisionCopy();
+}
+
+absl::Status ParamStore::RefreshLowPrecisionCopy() {
+  if (!params_bf16_.defined()) return absl::OkStatus();
+  return ctx_->CastInto(params_, &params_bf16_);
 }
 
 absl::Status ParamStore::Init(const JobPlan& plan) {
@@ -129,7 +147,7 @@ absl::Status ParamStore::Init(const JobPlan& plan) {
     for (int64_t k = 0; k < n; ++k) p[k] = rng.Uniform(-bound, bound);
   }
   if (!ctx_->device().is_cpu()) RETURN_IF_ERROR(ctx_->CopyInto(host, &params_));
-  return absl::OkStatus();
+  return RefreshLowPrecisionCopy();
 }
 
 }  // namespace trainyard

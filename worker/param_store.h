@@ -39,6 +39,10 @@ class ParamStore {
 
   Tensor& params() { return params_; }  // [total]
   Tensor& grads() { return grads_; }    // [total]
+  // bf16 on a GPU: the parameters rounded to bfloat16 [total], which the
+  // blocks read for their GEMMs and the optimizer rewrites with each update;
+  // undefined otherwise.
+  Tensor& params_bf16() { return params_bf16_; }
   MlpBlockParams& block_params(int b) { return block_params_[b]; }
   MlpBlockParams& block_grads(int b) { return block_grads_[b]; }
 
@@ -61,7 +65,10 @@ class ParamStore {
   const ExecContext* ctx_ = nullptr;
   std::vector<ParamSegment> segments_;
   std::vector<int> global_index_;
-  Tensor params_, grads_;
+  // After params_ changed outside the optimizer (init, restore).
+  absl::Status RefreshLowPrecisionCopy();
+
+  Tensor params_, grads_, params_bf16_;
   std::vector<MlpBlockParams> block_params_, block_grads_;
 };
 

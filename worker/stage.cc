@@ -385,7 +385,7 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
   report->grad_norm = totals.grad_norm;
   report->lr = LearningRate(plan_.spec.optimizer(), step);
   return optimizer_->Step(&store_->params(), store_->grads(), report->lr,
-                          totals.grad_scale);
+                          totals.grad_scale, &store_->params_bf16());
 }
 
 absl::StatusOr<StepReport> Stage::RunStep() {
