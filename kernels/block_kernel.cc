@@ -123,8 +123,10 @@ class CudaBlockKernel final : public BlockKernel {
     c.fc1_bias = Float(p.fc1_bias);
     c.fc2_weight = Float(p.fc2_weight);
     c.fc2_bias = Float(p.fc2_bias);
-    if (p.fc1_weight_bf16.defined()) c.fc1_weight_bf16 = p.fc1_weight_bf16.ptr();
-    if (p.fc2_weight_bf16.defined()) c.fc2_weight_bf16 = p.fc2_weight_bf16.ptr();
+    if (p.fc1_weight_bf16.defined())
+      c.fc1_weight_bf16 = p.fc1_weight_bf16.ptr();
+    if (p.fc2_weight_bf16.defined())
+      c.fc2_weight_bf16 = p.fc2_weight_bf16.ptr();
     return c;
   }
   absl::Status CheckActivation(const char* what, const Tensor& t,

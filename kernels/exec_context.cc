@@ -176,9 +176,9 @@ absl::Status ExecContext::CastInto(const Tensor& src, Tensor* dst) const {
   const bool narrow =
       src.dtype() == DType::kFloat32 && dst->dtype() == DType::kBFloat16;
   if (!widen && !narrow) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cast from ", DTypeName(src.dtype()), " to ", DTypeName(dst->dtype()),
-        ": only float32 <-> bfloat16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cast from ", DTypeName(src.dtype()), " to ",
+                     DTypeName(dst->dtype()), ": only float32 <-> bfloat16"));
   }
   if (device_.is_cpu()) {
     return absl::InvalidArgumentError(

@@ -12,6 +12,12 @@ FLOPs are counted as in our kernel benchmark: forward + backward is 6 GEMMs
 2 * T * h * ffn flops each; the GEMM ceiling is 1 GEMM. Bias, GELU and the
 optimizer are not counted (they are timed, though).
 
+Also times one full training step of the model of Trainyard's
+worker/gpu_train_step_benchmark (2 blocks of pre-LayerNorm, fc1, GELU (tanh),
+fc2, residual; fp32 master weights under bf16 autocast; MSE; clip_grad_norm_;
+fused AdamW) and reports its model FLOPs utilisation against --peak_tflops
+(989.4: H100 SXM dense bf16), the figure ours is compared with.
+
 Output: one JSON line per measurement on stdout.
 
   python3 tools/bench_gpu_mlp.py                  # on a GPU machine
@@ -117,6 +123,48 @@ def run_case(torch, args, name, dtype, device):
     return results
 
 
+def train_step_case(torch, args, device):
+    """One training step of the 2-block model, as our GPU benchmark runs it."""
+    h, ffn, t = args.hidden, args.ffn, args.tokens
+    blocks = torch.nn.ModuleList()
+    for _ in range(2):
+        blocks.append(torch.nn.ModuleDict({
+            "norm": torch.nn.LayerNorm(h, device=device),
+            "fc1": torch.nn.Linear(h, ffn, device=device),
+            "fc2": torch.nn.Linear(ffn, h, device=device),
+        }))
+    params = [p for b in blocks for p in b.parameters()]
+    try:
+        opt = torch.optim.AdamW(params, lr=1e-5, fused=device == "cuda")
+    except TypeError:  # torch without fused AdamW
+        opt = torch.optim.AdamW(params, lr=1e-5)
+    x = torch.randn(t, h, device=device)
+    target = torch.randn(t, h, device=device)
+    gelu = torch.nn.functional.gelu
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            y = x
+            for b in blocks:
+                y = y + b["fc2"](gelu(b["fc1"](b["norm"](y)), approximate="tanh"))
+            loss = torch.nn.functional.mse_loss(y.float(), target)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    if device == "cuda":
+        seconds = time_cuda(torch, step, args.warmup, args.iters)
+    else:
+        seconds = time_cpu(step, args.warmup, args.iters)
+    flops = 2 * mlp_flops(t, h, ffn)
+    return {"bench": "train_step", "mode": "bf16", "blocks": 2, "hidden": h,
+            "ffn": ffn, "tokens": t, "step_ms": seconds * 1e3,
+            "samples_per_sec": t / seconds, "tflops": flops / seconds / 1e12,
+            "mfu": flops / seconds / (args.peak_tflops * 1e12),
+            "torch": torch.__version__}
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=int, default=8192)
@@ -125,6 +173,9 @@ def main(argv):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--modes", default="bf16,tf32")
+    p.add_argument("--peak_tflops", type=float, default=989.4)
+    p.add_argument("--no-train-step", action="store_true",
+                   help="skip the full training-step measurement")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, tiny sizes (h=64, T=48 unless given), fp32: "
                    "checks shapes and FLOP bookkeeping only")
@@ -168,6 +219,8 @@ def main(argv):
             print(json.dumps(r), flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
+    if not args.no_train_step:
+        print(json.dumps(train_step_case(torch, args, device)), flush=True)
     return 0
 
 

@@ -191,8 +191,8 @@ absl::Status StageOptimizer::Step(Tensor* params, const Tensor& grads,
       return absl::InvalidArgumentError(absl::StrCat(
           "optimizer: params_bf16 is ", DTypeName(params_bf16->dtype()),
           ShapeToString(params_bf16->shape()), " on ",
-          params_bf16->device().ToString(), ", expected bfloat16[",
-          total_size_, "] on the optimizer's GPU"));
+          params_bf16->device().ToString(), ", expected bfloat16[", total_size_,
+          "] on the optimizer's GPU"));
     }
     low = params_bf16->ptr();
   }
@@ -234,10 +234,9 @@ absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
     hp.weight_decay = spec_.weight_decay();
     hp.step = step_count_ + 1;
     hp.grad_scale = grad_scale;
-    RETURN_IF_ERROR(gpu::FusedAdamW(segs, hp, p, g,
-                                    static_cast<float*>(state1_.ptr()),
-                                    static_cast<float*>(state2_.ptr()),
-                                    params_bf16, ctx_->stream()));
+    RETURN_IF_ERROR(gpu::FusedAdamW(
+        segs, hp, p, g, static_cast<float*>(state1_.ptr()),
+        static_cast<float*>(state2_.ptr()), params_bf16, ctx_->stream()));
   } else {
     gpu::SgdStep hp;
     hp.lr = lr;

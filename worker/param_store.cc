@@ -33,8 +33,7 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
   const bool bf16_copy =
       ctx->device().is_cuda() && ctx->precision() == Precision::kBf16;
   if (bf16_copy) {
-    ASSIGN_OR_RETURN(store.params_bf16_,
-                     ctx->Zeros(DType::kBFloat16, {total}));
+    ASSIGN_OR_RETURN(store.params_bf16_, ctx->Zeros(DType::kBFloat16, {total}));
   }
   size_t seg = 0;
   for (int b = plan.stage_begin[stage]; b < plan.stage_begin[stage + 1]; ++b) {
@@ -50,8 +49,8 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
           store.grads_.Rows(s.offset, s.offset + s.size()).View(s.shape);
       if (bf16_copy && (p_slots[i] == &params.fc1_weight ||
                         p_slots[i] == &params.fc2_weight)) {
-        Tensor low =
-            store.params_bf16_.Rows(s.offset, s.offset + s.size()).View(s.shape);
+        Tensor low = store.params_bf16_.Rows(s.offset, s.offset + s.size())
+                         .View(s.shape);
         (p_slots[i] == &params.fc1_weight ? params.fc1_weight_bf16
                                           : params.fc2_weight_bf16) = low;
       }
