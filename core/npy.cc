@@ -296,9 +296,13 @@ absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path) {
 absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
   ASSIGN_OR_RETURN(NpyHeader header, ParseHeader(path, bytes, bytes.size()));
-  Tensor t = Tensor::Empty(header.dtype, header.shape);
-  if (t.nbytes() > 0) {
-    std::memcpy(t.raw_data(), bytes.data() + header.data_offset, t.nbytes());
+  absl::StatusOr<Tensor> t = Tensor::Create(header.dtype, header.shape);
+  if (!t.ok()) {
+    return absl::Status(t.status().code(),
+                        absl::StrCat(path, ": ", t.status().message()));
+  }
+  if (t->nbytes() > 0) {
+    std::memcpy(t->raw_data(), bytes.data() + header.data_offset, t->nbytes());
   }
   return t;
 }

@@ -217,9 +217,12 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
           absl::StrCat("truncated: data_offsets end at ", e.end,
                        " but the data section has only ", data_size, " bytes"));
     }
-    Tensor t = Tensor::Empty(e.dtype, e.shape);
-    if (t.nbytes() > 0) std::memcpy(t.raw_data(), data + e.begin, t.nbytes());
-    file.tensors.emplace_back(e.name, std::move(t));
+    absl::StatusOr<Tensor> t = Tensor::Create(e.dtype, e.shape);
+    if (!t.ok()) return BadTensor(source, e.name, t.status().message());
+    if (t->nbytes() > 0) {
+      std::memcpy(t->raw_data(), data + e.begin, t->nbytes());
+    }
+    file.tensors.emplace_back(e.name, *std::move(t));
     expect = e.end;
   }
   if (expect != data_size) {

@@ -368,7 +368,9 @@ absl::StatusOr<Frame> ReadFrame(int fd, absl::Duration io_timeout,
   uint32_t crc = Crc32cExtend(0, prefix_bytes, kFramePrefixSize);
   crc = Crc32cExtend(crc, rest.data(), rest.size());
   for (const TensorDesc& d : frame.header.tensors) {
-    Tensor t = Tensor::Empty(d.dtype, d.shape);
+    absl::StatusOr<Tensor> created = Tensor::Create(d.dtype, d.shape);
+    if (!created.ok()) return mid_frame(created.status(), total);
+    Tensor t = *std::move(created);
     char* p = static_cast<char*>(t.raw_data());
     size_t n = t.nbytes();
     while (n > 0) {
