@@ -1165,8 +1165,7 @@ absl::Status TcpTransport::AllReduceSum(std::vector<double>* values,
   // v1 + ... so that both give bitwise the same sums.
   std::vector<double> sum(values->size(), 0.0);
   for (int r = 0; r < n; ++r) {
-    const double* v = r == 0 ? values->data()
-                             : parts[r].data<double>();
+    const double* v = r == 0 ? values->data() : parts[r].data<double>();
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
   }
   *values = std::move(sum);

@@ -50,4 +50,16 @@ cat >"$tmp/plugin.json" <<'JSON'
 JSON
 expect unknown_plugin 1 "no_such_plugin" "libno_such_plugin.so" -- train --spec "$tmp/plugin.json"
 
+expect bad_device 2 '--device: device "gpu": expected "cpu" or "cuda:N"' -- \
+  train --spec "$tmp/plugin.json" --device gpu
+expect bf16_on_cpu 2 'precision: bf16 needs device "cuda", got device "cpu"' -- \
+  train --spec "$tmp/plugin.json" --precision bf16
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  # No GPU here: a GPU job fails at once, saying why (not a crash, no hang).
+  expect no_gpu 1 "cuda:0 is not usable" -- \
+    train --spec "$tmp/plugin.json" --device cuda:0
+else
+  echo "skip no_gpu: this machine has a GPU"
+fi
+
 exit $fail

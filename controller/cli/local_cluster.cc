@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -116,9 +117,12 @@ absl::Status LocalCluster::Start() {
   address_ = absl::StrCat("127.0.0.1:", port);
   for (int i = 0; i < options_.workers; ++i) {
     std::vector<std::string> argv = {
-        options_.worker_bin, "--controller=" + address_, "--listen=127.0.0.1:0",
+        options_.worker_bin,
+        "--controller=" + address_,
+        "--listen=127.0.0.1:0",
         absl::StrCat("--name=worker-", i),
-        absl::StrCat("--threads=", options_.threads_per_worker)};
+        absl::StrCat("--threads=", options_.threads_per_worker),
+        "--device=" + options_.device};
     if (!options_.plugin_dir.empty()) {
       argv.push_back("--plugin_dir=" + options_.plugin_dir);
     }
@@ -128,6 +132,29 @@ absl::Status LocalCluster::Start() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The last non-empty line of a child's log (at most 300 bytes of it), so a
+// crash at start-up says why without opening the file.
+std::string LastLogLine(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
+  const std::streamoff size = in.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - 4096);
+  in.seekg(from);
+  std::string tail(static_cast<size_t>(size - from), '\0');
+  in.read(&tail[0], static_cast<std::streamsize>(tail.size()));
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) {
+    tail.pop_back();
+  }
+  const size_t nl = tail.rfind('\n');
+  std::string line = nl == std::string::npos ? tail : tail.substr(nl + 1);
+  if (line.size() > 300) line = line.substr(0, 300) + "...";
+  return line;
+}
+
+}  // namespace
+
 absl::Status LocalCluster::CheckChildren() {
   for (Child& c : children_) {
     if (c.pid <= 0) continue;
@@ -135,11 +162,12 @@ absl::Status LocalCluster::CheckChildren() {
     pid_t r = waitpid(c.pid, &status, WNOHANG);
     if (r == c.pid) {
       c.pid = -1;
+      const std::string last = LastLogLine(c.log);
       return absl::UnavailableError(absl::StrCat(
           c.name, " exited (",
           WIFEXITED(status) ? absl::StrCat("status ", WEXITSTATUS(status))
                             : absl::StrCat("signal ", WTERMSIG(status)),
-          "); see ", c.log));
+          ")", last.empty() ? "" : absl::StrCat(": ", last), "; see ", c.log));
     }
   }
   return absl::OkStatus();

@@ -24,6 +24,7 @@ struct LocalClusterOptions {
   std::string plugin_dir;      // for the workers; empty = their default
   std::string data_dir;        // controller state and logs go here
   int workers = 3;
+  std::string device = "cpu";  // every worker's --device ("cpu", "cuda:N")
   int threads_per_worker = 1;
   absl::Duration start_timeout = absl::Seconds(30);
 };

@@ -30,6 +30,7 @@
 #include "controller/cli/local_cluster.h"
 #include "core/device.h"
 #include "core/job_plan.h"
+#include "core/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/blas.h"
 #include "worker/local_job.h"
@@ -43,8 +44,8 @@ ABSL_FLAG(std::string, plugin_dir, "",
 ABSL_FLAG(int, threads, 0, "BLAS threads (0 = one per core).");
 ABSL_FLAG(std::string, device, "",
           "train: where every stage runs, \"cpu\" or \"cuda:N\" (default: "
-          "the spec's device; cuda means cuda:0). Overrides the spec's "
-          "device kind.");
+          "the spec's device; cuda means cuda:0). up: every worker's device "
+          "(default cpu). Overrides the --spec / --run spec's device kind.");
 ABSL_FLAG(std::string, precision, "",
           "train: fp32, tf32 or bf16 (default: the spec's precision).");
 ABSL_FLAG(int, stages, 0,
@@ -101,7 +102,8 @@ constexpr char kUsage[] =
     "  cancel JOB_ID                cancel a job\n"
     "  watch JOB_ID [--from_step N] follow a job's steps until it ends\n"
     "  workers                      list the registered workers\n"
-    "  up [--workers N] [--run FILE] start a local cluster (Ctrl-C stops "
+    "  up [--workers N] [--device D] [--run FILE]\n"
+    "                               start a local cluster (Ctrl-C stops "
     "it)\n";
 
 std::string Dirname(const std::string& path) {
@@ -472,12 +474,14 @@ int Workers() {
 }
 
 // Waits until `count` workers have registered (bounded).
+// Gives up at once when a child process died (`cluster`'s reason).
 absl::Status WaitForWorkers(JobClient& client, int count,
-                            absl::Duration timeout) {
+                            absl::Duration timeout, LocalCluster* cluster) {
   const absl::Time deadline = absl::Now() + timeout;
   int seen = 0;
   while (absl::Now() < deadline) {
     if (g_stop.load()) return absl::CancelledError("interrupted");
+    RETURN_IF_ERROR(cluster->CheckChildren());
     auto resp = client.ListWorkers();
     if (resp.ok()) {
       seen = resp->workers_size();
@@ -516,6 +520,14 @@ int Up() {
     std::cerr << "trainyard up: --workers must be >= 1\n";
     return 2;
   }
+  if (!absl::GetFlag(FLAGS_device).empty()) {
+    absl::StatusOr<Device> d = ParseDevice(absl::GetFlag(FLAGS_device));
+    if (!d.ok()) {
+      std::cerr << "trainyard up: --device: " << d.status().message() << "\n";
+      return 2;
+    }
+    opts.device = d->ToString();
+  }
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
   opts.threads_per_worker =
       std::max<int>(1, static_cast<int>(cores) / opts.workers);
@@ -538,6 +550,9 @@ int Up() {
       return 2;
     }
     run_spec = spec->first;
+    if (!absl::GetFlag(FLAGS_device).empty()) {
+      run_spec->set_device(ParseDevice(opts.device)->KindName());
+    }
   }
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
@@ -548,7 +563,7 @@ int Up() {
   }
   JobClient client(cluster.controller_address());
   if (absl::Status st =
-          WaitForWorkers(client, opts.workers, opts.start_timeout);
+          WaitForWorkers(client, opts.workers, opts.start_timeout, &cluster);
       !st.ok()) {
     std::cerr << "trainyard up: " << st.message() << "; see the logs in "
               << opts.data_dir << "/logs\n";
