@@ -201,28 +201,11 @@ absl::Status StageOptimizer::Step(Tensor* params, const Tensor& grads,
   return absl::OkStatus();
 }
 
-namespace {
-
-// The CUDA kernels' view of the segments (offsets, sizes, decay flags).
-std::vector<gpu::FlatSegment> FlatSegments(
-    const std::vector<ParamSegment>& segments) {
-  std::vector<gpu::FlatSegment> out;
-  for (const ParamSegment& s : segments) {
-    gpu::FlatSegment f;
-    f.offset = s.offset;
-    f.size = s.size();
-    f.decay = s.decay;
-    out.push_back(f);
-  }
-  return out;
-}
-
-}  // namespace
 
 absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
                                           double lr, double grad_scale,
                                           void* params_bf16) {
-  const std::vector<gpu::FlatSegment> segs = FlatSegments(segments_);
+  const std::vector<ParamSegment>& segs = segments_;
   float* p = static_cast<float*>(params->ptr());
   const float* g = static_cast<const float*>(grads.ptr());
   if (adamw_) {
@@ -267,7 +250,7 @@ absl::StatusOr<std::vector<double>> StageOptimizer::GradSumsOfSquares(
           {static_cast<int64_t>(gpu::GradSumsOfSquaresWorkspaceBytes(n))}));
   ASSIGN_OR_RETURN(Tensor sums, ctx_->Empty(DType::kFloat64, {n}));
   RETURN_IF_ERROR(gpu::GradSumsOfSquares(
-      FlatSegments(segments_), static_cast<const float*>(grads.ptr()),
+      segments_, static_cast<const float*>(grads.ptr()),
       workspace.ptr(), static_cast<double*>(sums.ptr()), ctx_->stream()));
   ASSIGN_OR_RETURN(Tensor host, ctx_->ToHost(sums));
   return std::vector<double>(host.data<double>(), host.data<double>() + n);

@@ -32,21 +32,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/param_segment.h"
 #include "core/tensor.h"
 #include "kernels/exec_context.h"
 #include "proto/job_spec.pb.h"
 
 namespace trainyard {
-
-// One parameter tensor inside a stage's flat buffer.
-struct ParamSegment {
-  std::string name;  // "blocks.3.fc1.weight"
-  Shape shape;
-  int64_t offset = 0;  // elements into the flat buffer
-  bool decay = true;   // weight decay applies
-
-  int64_t size() const { return NumElements(shape); }
-};
 
 class StageOptimizer {
  public:

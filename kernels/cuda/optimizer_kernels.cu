@@ -133,26 +133,26 @@ __global__ void SumSquaresFinalKernel(const double* __restrict__ partial,
 // Builds the table for segments [first, first + count) with per-segment
 // `scalar(segment)`; returns the total blocks.
 template <typename F>
-int64_t BuildTable(const std::vector<FlatSegment>& segs, size_t first,
+int64_t BuildTable(const std::vector<ParamSegment>& segs, size_t first,
                    int count, F scalar, SegmentTable* t) {
   t->count = count;
   int64_t blocks = 0;
   for (int i = 0; i < count; ++i) {
-    const FlatSegment& s = segs[first + i];
+    const ParamSegment& s = segs[first + i];
     t->offset[i] = s.offset;
-    t->size[i] = s.size;
+    t->size[i] = s.size();
     t->scalar[i] = scalar(s);
     t->block_start[i] = blocks;
-    blocks += (s.size + kElemsPerBlock - 1) / kElemsPerBlock;
+    blocks += (s.size() + kElemsPerBlock - 1) / kElemsPerBlock;
   }
   t->block_start[count] = blocks;
   return blocks;
 }
 
 absl::Status CheckSegments(const char* what,
-                           const std::vector<FlatSegment>& segs) {
+                           const std::vector<ParamSegment>& segs) {
   for (size_t i = 0; i < segs.size(); ++i) {
-    if (segs[i].offset < 0 || segs[i].size < 0) {
+    if (segs[i].offset < 0 || segs[i].size() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": segment ", i, " has negative offset or size"));
     }
@@ -162,7 +162,7 @@ absl::Status CheckSegments(const char* what,
 
 }  // namespace
 
-absl::Status FusedAdamW(const std::vector<FlatSegment>& segments,
+absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
                         const AdamWStep& hp, float* params, const float* grads,
                         float* exp_avg, float* exp_avg_sq, void* params_bf16,
                         Stream stream) {
@@ -187,7 +187,7 @@ absl::Status FusedAdamW(const std::vector<FlatSegment>& segments,
     SegmentTable t;
     const int64_t blocks = BuildTable(
         segments, first, count,
-        [&](const FlatSegment& s) {
+        [&](const ParamSegment& s) {
           const double wd = s.decay ? hp.weight_decay : 0.0;
           return static_cast<float>(1.0 - hp.lr * wd);
         },
@@ -204,7 +204,7 @@ absl::Status FusedAdamW(const std::vector<FlatSegment>& segments,
   return absl::OkStatus();
 }
 
-absl::Status FusedSgd(const std::vector<FlatSegment>& segments,
+absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
                       const SgdStep& hp, float* params, const float* grads,
                       float* momentum_buffer, void* params_bf16,
                       Stream stream) {
@@ -225,7 +225,7 @@ absl::Status FusedSgd(const std::vector<FlatSegment>& segments,
     SegmentTable t;
     const int64_t blocks = BuildTable(
         segments, first, count,
-        [&](const FlatSegment& s) {
+        [&](const ParamSegment& s) {
           return static_cast<float>(s.decay ? hp.weight_decay : 0.0);
         },
         &t);
@@ -244,7 +244,7 @@ size_t GradSumsOfSquaresWorkspaceBytes(int num_segments) {
   return static_cast<size_t>(num_segments) * kNormBlocks * sizeof(double);
 }
 
-absl::Status GradSumsOfSquares(const std::vector<FlatSegment>& segments,
+absl::Status GradSumsOfSquares(const std::vector<ParamSegment>& segments,
                                const float* grads, void* workspace, double* out,
                                Stream stream) {
   TY_RETURN_IF_ERROR(CheckSegments("GradSumsOfSquares", segments));
@@ -259,7 +259,7 @@ absl::Status GradSumsOfSquares(const std::vector<FlatSegment>& segments,
         std::min<size_t>(kMaxSegments, segments.size() - first));
     SegmentTable t;
     BuildTable(
-        segments, first, count, [](const FlatSegment&) { return 0.0f; }, &t);
+        segments, first, count, [](const ParamSegment&) { return 0.0f; }, &t);
     SumSquaresPartialKernel<<<dim3(kNormBlocks, count), kThreads, 0, stream>>>(
         t, grads, partial, static_cast<int>(first));
     CUDA_RETURN_IF_LAUNCH_ERROR("SumSquaresPartialKernel");

@@ -18,16 +18,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/param_segment.h"
 #include "kernels/cuda/device.h"
 
 namespace trainyard {
 namespace gpu {
-
-struct FlatSegment {
-  int64_t offset = 0;  // elements into the flat buffers
-  int64_t size = 0;
-  bool decay = true;  // weight decay applies
-};
 
 struct AdamWStep {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
@@ -42,13 +37,13 @@ struct SgdStep {
   double grad_scale = 1.0;
 };
 
-absl::Status FusedAdamW(const std::vector<FlatSegment>& segments,
+absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
                         const AdamWStep& hp, float* params, const float* grads,
                         float* exp_avg, float* exp_avg_sq, void* params_bf16,
                         Stream stream);
 
 // momentum_buffer may be null only when hp.momentum == 0.
-absl::Status FusedSgd(const std::vector<FlatSegment>& segments,
+absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
                       const SgdStep& hp, float* params, const float* grads,
                       float* momentum_buffer, void* params_bf16, Stream stream);
 
@@ -58,7 +53,7 @@ size_t GradSumsOfSquaresWorkspaceBytes(int num_segments);
 // out [segments.size()] (device, double) = sum of squares of each segment
 // of the raw gradients. Fixed grid and fixed reduction tree, double
 // accumulation, no atomics: the same bits on every run and device.
-absl::Status GradSumsOfSquares(const std::vector<FlatSegment>& segments,
+absl::Status GradSumsOfSquares(const std::vector<ParamSegment>& segments,
                                const float* grads, void* workspace, double* out,
                                Stream stream);
 

@@ -10,14 +10,14 @@ absl::Status NoCuda(const char* what) {
 }
 }  // namespace
 
-absl::Status FusedAdamW(const std::vector<FlatSegment>& segments,
+absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
                         const AdamWStep& hp, float* params, const float* grads,
                         float* exp_avg, float* exp_avg_sq, void* params_bf16,
                         Stream stream) {
   return NoCuda("FusedAdamW");
 }
 
-absl::Status FusedSgd(const std::vector<FlatSegment>& segments,
+absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
                       const SgdStep& hp, float* params, const float* grads,
                       float* momentum_buffer, void* params_bf16,
                       Stream stream) {
@@ -26,7 +26,7 @@ absl::Status FusedSgd(const std::vector<FlatSegment>& segments,
 
 size_t GradSumsOfSquaresWorkspaceBytes(int num_segments) { return 0; }
 
-absl::Status GradSumsOfSquares(const std::vector<FlatSegment>& segments,
+absl::Status GradSumsOfSquares(const std::vector<ParamSegment>& segments,
                                const float* grads, void* workspace, double* out,
                                Stream stream) {
   return NoCuda("GradSumsOfSquares");

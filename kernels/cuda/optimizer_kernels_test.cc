@@ -23,13 +23,8 @@ std::vector<ParamSegment> CpuSegments() {
           {"c", {5000}, 52, true},
           {"d", {1009}, 5052, false}};
 }
-std::vector<FlatSegment> GpuSegments() {
-  std::vector<FlatSegment> out;
-  for (const ParamSegment& s : CpuSegments()) {
-    out.push_back({s.offset, s.size(), s.decay});
-  }
-  return out;
-}
+// The CPU optimizer and the kernels take the same segments.
+std::vector<ParamSegment> GpuSegments() { return CpuSegments(); }
 constexpr int64_t kTotal = 6061;
 
 void ExpectBitwiseEqual(const char* what, const std::vector<float>& a,
@@ -122,7 +117,7 @@ TEST(OptimizerKernelsTest, GradSumsOfSquaresDeterministicAndAccurate) {
   Rng rng(23);
   std::vector<float> g = testing::RandomFloats(&rng, kTotal, 3);
   DeviceBuffer dg = Upload(g, kF);
-  const std::vector<FlatSegment> segs = GpuSegments();
+  const std::vector<ParamSegment> segs = GpuSegments();
   DeviceBuffer ws =
       *DeviceBuffer::Allocate(0, GradSumsOfSquaresWorkspaceBytes(segs.size()));
   std::vector<double> runs[2];
@@ -136,7 +131,7 @@ TEST(OptimizerKernelsTest, GradSumsOfSquaresDeterministicAndAccurate) {
   }
   for (size_t s = 0; s < segs.size(); ++s) {
     double ref = 0;
-    for (int64_t i = 0; i < segs[s].size; ++i) {
+    for (int64_t i = 0; i < segs[s].size(); ++i) {
       const double x = g[segs[s].offset + i];
       ref += x * x;
     }
