@@ -12,6 +12,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/file_util.h"
 #include "core/sha256.h"
 #include "core/status_macros.h"
@@ -31,6 +34,11 @@ constexpr char kStageSuffix[] = ".safetensors";
 
 std::string StageFileName(int stage) {
   return absl::StrCat(kStagePrefix, stage, kStageSuffix);
+}
+
+bool Exists(const std::string& path) {
+  std::error_code ec;
+  return fs::exists(path, ec);
 }
 
 std::string ManifestPath(const std::string& dir, int64_t step) {
@@ -356,6 +364,57 @@ absl::StatusOr<SafetensorsFile> ReadStageFile(const std::string& dir,
   auto file = ParseSafetensors(*bytes, path);
   if (!file.ok()) return absl::DataLossError(file.status().message());
   return file;
+}
+
+absl::Status VerifyCheckpoint(const std::string& dir, int64_t step) {
+  ASSIGN_OR_RETURN(CheckpointManifest manifest,
+                   ReadCheckpointManifest(dir, step));
+  for (int k = 0; k < manifest.num_stages; ++k) {
+    RETURN_IF_ERROR(ReadStageFile(dir, step, k, manifest.num_stages).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VerifiedCheckpoint> LatestVerifiedCheckpoint(
+    const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListStepDirs(dir));
+  VerifiedCheckpoint out;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const int64_t step = *it;
+    if (!Exists(ManifestPath(dir, step))) continue;  // never committed
+    absl::Status verified = VerifyCheckpoint(dir, step);
+    if (verified.ok()) {
+      out.step = step;
+      return out;
+    }
+    if (absl::IsNotFound(verified) && !Exists(CheckpointStepDir(dir, step))) {
+      continue;  // another process set it aside while we read it
+    }
+    const std::string from = CheckpointStepDir(dir, step);
+    const std::string to = absl::StrCat(
+        from, ".bad-",
+        absl::FormatTime("%Y%m%dT%H%M%S", absl::Now(), absl::UTCTimeZone()),
+        "-", ::getpid());
+    std::string where;
+    if (::rename(from.c_str(), to.c_str()) == 0) {
+      RETURN_IF_ERROR(SyncDirectory(dir));
+      where = absl::StrCat("moved to ", to);
+    } else if (errno == ENOENT) {
+      where = "moved aside by another process";
+    } else {
+      return absl::InternalError(absl::StrCat(
+          from, ": cannot set the bad checkpoint aside: ", std::strerror(errno),
+          " (it failed verification: ", verified.message(), ")"));
+    }
+    out.set_aside.push_back(
+        absl::StrCat("step ", step, ": ", verified.message(), "; ", where));
+  }
+  if (!out.set_aside.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no checkpoint in ", dir,
+                     " verifies: ", absl::StrJoin(out.set_aside, " | ")));
+  }
+  return out;
 }
 
 absl::Status PruneCheckpoints(const std::string& dir, int keep_last) {

@@ -84,6 +84,31 @@ absl::StatusOr<std::vector<int64_t>> ListCompleteCheckpoints(
 // The newest complete checkpoint, or nullopt if there is none.
 absl::StatusOr<std::optional<int64_t>> LatestCheckpoint(const std::string& dir);
 
+// Checks checkpoint `step` as a resume would read it: the manifest parses
+// and every stage file has the manifest's size and SHA-256 and parses.
+// Errors as ReadCheckpointManifest / ReadStageFile, naming the file.
+absl::Status VerifyCheckpoint(const std::string& dir, int64_t step);
+
+// The checkpoint to resume from, and what was set aside to find it.
+struct VerifiedCheckpoint {
+  std::optional<int64_t> step;  // nullopt: `dir` holds no checkpoint
+  // One line per checkpoint moved aside, newest first:
+  // "step 40: <why it failed>; moved to <path>".
+  std::vector<std::string> set_aside;
+};
+
+// The newest checkpoint in `dir` that verifies (VerifyCheckpoint). Newer
+// step folders that have a manifest but fail verification (a truncated or
+// altered stage file, an unparsable manifest) are set aside: renamed to
+// "step_<N>.bad-<UTC time>-<pid>", never deleted, so that no later resume
+// or prune looks at them again. Step folders without a manifest (a write in
+// progress, or interrupted before its commit) are left alone. Safe to run
+// from several processes at once (a folder another process moved first
+// counts as moved). Errors: FailedPrecondition when checkpoints exist but
+// none verifies (every reason listed); I/O errors naming the path.
+absl::StatusOr<VerifiedCheckpoint> LatestVerifiedCheckpoint(
+    const std::string& dir);
+
 // Reads stage `stage` of complete checkpoint `step`, verified against the
 // manifest. `num_stages` is the reader's pipeline depth; it must match the
 // checkpoint's (resharding is not supported). Errors (each naming the file):

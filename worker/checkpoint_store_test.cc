@@ -3,8 +3,11 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "core/file_util.h"
 #include "gmock/gmock.h"
@@ -169,6 +172,94 @@ TEST(CheckpointStoreTest, TruncatedStageFileNamesSizes) {
   EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(read.status().message(), HasSubstr(path));
   EXPECT_THAT(read.status().message(), HasSubstr("(truncated)"));
+}
+
+// The folders of `dir` whose names start with `prefix`.
+std::vector<std::string> FoldersStartingWith(const std::string& dir,
+                                             const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) out.push_back(name);
+  }
+  return out;
+}
+
+TEST(CheckpointStoreTest, BadNewestCheckpointsAreSetAsideNotDeleted) {
+  std::string dir = FreshDir("setaside");
+  WriteCheckpoint(dir, 10, 2);
+  WriteCheckpoint(dir, 20, 2);
+  WriteCheckpoint(dir, 30, 2);
+  // 30: a flipped bit; 20: truncated.
+  std::string p30 = CheckpointStagePath(dir, 30, 1);
+  std::string bytes = *ReadFileToString(p30);
+  bytes[bytes.size() - 3] ^= 0x01;
+  ASSERT_TRUE(WriteFileAtomically(p30, bytes).ok());
+  std::string p20 = CheckpointStagePath(dir, 20, 0);
+  bytes = *ReadFileToString(p20);
+  ASSERT_TRUE(WriteFileAtomically(p20, bytes.substr(0, 10)).ok());
+
+  auto v = LatestVerifiedCheckpoint(dir);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->step, std::optional<int64_t>(10));
+  ASSERT_EQ(v->set_aside.size(), 2u);
+  EXPECT_THAT(v->set_aside[0], HasSubstr("step 30: "));
+  EXPECT_THAT(v->set_aside[0], HasSubstr("checksum mismatch"));
+  EXPECT_THAT(v->set_aside[0],
+              HasSubstr("moved to " + dir + "/step_00000030.bad-"));
+  EXPECT_THAT(v->set_aside[1], HasSubstr("step 20: "));
+  EXPECT_THAT(v->set_aside[1], HasSubstr("(truncated)"));
+  // Kept, with their files, under names no resume or prune looks at.
+  EXPECT_FALSE(Exists(CheckpointStepDir(dir, 30)));
+  ASSERT_EQ(FoldersStartingWith(dir, "step_00000030.bad-").size(), 1u);
+  const std::string kept =
+      dir + "/" + FoldersStartingWith(dir, "step_00000030.bad-")[0];
+  EXPECT_TRUE(Exists(kept + "/stage_1.safetensors"));
+  EXPECT_TRUE(Exists(kept + "/manifest.json"));
+  EXPECT_THAT(*ListCompleteCheckpoints(dir), ElementsAre(10));
+  ASSERT_TRUE(PruneCheckpoints(dir, 1).ok());
+  EXPECT_EQ(FoldersStartingWith(dir, "step_00000030.bad-").size(), 1u);
+  EXPECT_EQ(FoldersStartingWith(dir, "step_00000020.bad-").size(), 1u);
+  // A second look finds 10 at once.
+  v = LatestVerifiedCheckpoint(dir);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->step, std::optional<int64_t>(10));
+  EXPECT_TRUE(v->set_aside.empty());
+}
+
+TEST(CheckpointStoreTest, UnparsableManifestIsSetAsideButUncommittedIsLeft) {
+  std::string dir = FreshDir("setaside_manifest");
+  WriteCheckpoint(dir, 1, 1);
+  WriteCheckpoint(dir, 2, 1);
+  ASSERT_TRUE(
+      WriteFileAtomically(CheckpointStepDir(dir, 2) + "/manifest.json", "{\"st")
+          .ok());
+  // Step 3 was being written when the process died: no manifest.
+  ASSERT_TRUE(WriteStageFile(dir, 3, 0, StageContents(3, 0)).ok());
+  auto v = LatestVerifiedCheckpoint(dir);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->step, std::optional<int64_t>(1));
+  ASSERT_EQ(v->set_aside.size(), 1u);
+  EXPECT_THAT(v->set_aside[0], HasSubstr("step 2: "));
+  EXPECT_THAT(v->set_aside[0], HasSubstr("manifest.json"));
+  EXPECT_TRUE(Exists(CheckpointStepDir(dir, 3)));
+}
+
+TEST(CheckpointStoreTest, NoneVerifiesIsAnErrorListingEveryReason) {
+  std::string dir = FreshDir("setaside_none");
+  WriteCheckpoint(dir, 4, 1);
+  std::string p = CheckpointStagePath(dir, 4, 0);
+  ASSERT_TRUE(WriteFileAtomically(p, "garbage").ok());
+  auto v = LatestVerifiedCheckpoint(dir);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(v.status().message(),
+              HasSubstr("no checkpoint in " + dir + " verifies: step 4: "));
+  EXPECT_THAT(v.status().message(), HasSubstr("stage_0.safetensors"));
+  // An empty folder just has no checkpoint.
+  auto empty = LatestVerifiedCheckpoint(FreshDir("setaside_empty"));
+  ASSERT_TRUE(empty.ok());
+  EXPECT_FALSE(empty->step.has_value());
 }
 
 TEST(CheckpointStoreTest, MissingStageFileAfterCommit) {

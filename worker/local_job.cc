@@ -96,6 +96,11 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
     ASSIGN_OR_RETURN(StartedStage started,
                      StartStage(plan, s, hub.rank(s), stage_options));
     resume_step = started.resume_step;
+    if (options.on_log) {
+      for (const std::string& line : started.set_aside) {
+        options.on_log("checkpoint set aside: " + line);
+      }
+    }
     stages.push_back(std::move(started.stage));
   }
   if (resume_step > 0 && options.on_log) {

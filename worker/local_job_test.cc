@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 
 #include "absl/synchronization/mutex.h"
@@ -106,6 +108,35 @@ TEST(LocalJobTest, StopAndResumeIsBitwiseTheUninterruptedRun) {
   EXPECT_EQ(second.params, full.params);
 }
 
+// A corrupt newest checkpoint (one flipped bit) is set aside and the job
+// resumes from the one before, still bitwise the uninterrupted run.
+TEST(LocalJobTest, CorruptNewestCheckpointFallsBackBitwise) {
+  const std::string dir = TempDir() + "/ckpt_fallback";
+  auto spec = WithPipeline(ClassificationSpec(), 2, 4, "1f1b");
+  spec.set_steps(20);
+  RunResult full = RunJob(spec);
+  ASSERT_TRUE(full.status.ok()) << full.status;
+  spec.mutable_checkpoint()->set_dir(dir);
+  spec.mutable_checkpoint()->set_every(5);
+  spec.mutable_checkpoint()->set_resume("latest");
+  ASSERT_TRUE(RunJob(spec, /*stop_after=*/15).status.ok());
+  const std::string path = CheckpointStagePath(dir, 15, 1);
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+  in.close();
+  ASSERT_GT(bytes.size(), 100u);
+  bytes[bytes.size() - 7] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+
+  RunResult rest = RunJob(spec);
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  ASSERT_EQ(rest.losses.size(), 10u);  // steps 11..20: resumed from 10
+  EXPECT_EQ(std::vector<double>(full.losses.begin() + 10, full.losses.end()),
+            rest.losses);
+  EXPECT_EQ(rest.params, full.params);
+}
+
 TEST(LocalJobTest, ResumeIntoAnotherStageSplitIsBitwise) {
   const std::string dir = TempDir() + "/ckpt_resplit";
   auto spec = WithPipeline(ClassificationSpec(), 4, 4, "gpipe");
@@ -201,7 +232,9 @@ TEST(LocalJobTest, PluginFailureMidRunKeepsEarlierCheckpoints) {
   EXPECT_EQ(again.losses.size(), 2u);
 }
 
-TEST(LocalJobTest, CorruptCheckpointIsNamedOnResume) {
+// The only checkpoint is corrupt: nothing to fall back to, so the job fails
+// naming the file and why (and the bad checkpoint is kept, set aside).
+TEST(LocalJobTest, CorruptOnlyCheckpointFailsNamingIt) {
   const std::string dir = TempDir() + "/ckpt_corrupt";
   auto spec = WithPipeline(ClassificationSpec(), 2, 4, "1f1b");
   spec.mutable_checkpoint()->set_dir(dir);
@@ -217,8 +250,10 @@ TEST(LocalJobTest, CorruptCheckpointIsNamedOnResume) {
     std::fclose(f);
   }
   RunResult r = RunJob(spec);
-  EXPECT_EQ(r.status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status.message(), HasSubstr("no checkpoint in " + dir));
   EXPECT_THAT(r.status.message(), HasSubstr(victim));
+  EXPECT_THAT(r.status.message(), HasSubstr("checksum mismatch"));
   EXPECT_TRUE(r.losses.empty());
 }
 

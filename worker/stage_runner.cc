@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "core/npy.h"
 #include "core/status_macros.h"
+#include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/checkpoint_store.h"
 #include "worker/dataset.h"
@@ -75,7 +76,8 @@ absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage) {
   return out;
 }
 
-absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan) {
+absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan,
+                                   std::vector<std::string>* set_aside) {
   const auto& ckpt = plan.spec.checkpoint();
   if (ckpt.dir().empty()) return 0;
   ASSIGN_OR_RETURN(std::optional<int64_t> latest, LatestCheckpoint(ckpt.dir()));
@@ -87,7 +89,13 @@ absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan) {
         "); set checkpoint.resume to \"latest\" to continue from it, or use "
         "an empty folder"));
   }
-  return *latest;
+  ASSIGN_OR_RETURN(VerifiedCheckpoint verified,
+                   LatestVerifiedCheckpoint(ckpt.dir()));
+  for (const std::string& line : verified.set_aside) {
+    LOG(WARNING) << "checkpoint set aside: " << line;
+    if (set_aside != nullptr) set_aside->push_back(line);
+  }
+  return verified.step.value_or(0);
 }
 
 std::string PlanMetadataJson(const JobPlan& plan, int64_t step) {
@@ -109,7 +117,7 @@ absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
   ASSIGN_OR_RETURN(StageData data, LoadStageData(plan, index));
   ASSIGN_OR_RETURN(out.stage, Stage::Create(plan, index, transport, options,
                                             std::move(data)));
-  ASSIGN_OR_RETURN(out.resume_step, ResumeStep(plan));
+  ASSIGN_OR_RETURN(out.resume_step, ResumeStep(plan, &out.set_aside));
   if (out.resume_step > 0) {
     RETURN_IF_ERROR(out.stage->RestoreCheckpoint(plan.spec.checkpoint().dir(),
                                                  out.resume_step));

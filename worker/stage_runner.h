@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,10 +33,13 @@ absl::StatusOr<int64_t> EvalRows(const JobPlan& plan);
 absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage);
 
 // The completed-step count to resume from: 0 for a fresh start, or the
-// newest complete checkpoint when checkpoint.resume is "latest".
-// FailedPrecondition if checkpoint.dir holds checkpoints and resume is not
-// "latest" (nothing is overwritten).
-absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan);
+// newest checkpoint that verifies when checkpoint.resume is "latest" (newer
+// ones that fail verification are set aside, never deleted: see
+// LatestVerifiedCheckpoint; each is logged and, when `set_aside` is given,
+// described there). FailedPrecondition if checkpoint.dir holds checkpoints
+// and resume is not "latest" (nothing is overwritten), or if none verifies.
+absl::StatusOr<int64_t> ResumeStep(
+    const JobPlan& plan, std::vector<std::string>* set_aside = nullptr);
 
 // Checkpoint manifest metadata: the step, stage count and normalized spec.
 std::string PlanMetadataJson(const JobPlan& plan, int64_t step);
@@ -44,6 +48,8 @@ std::string PlanMetadataJson(const JobPlan& plan, int64_t step);
 struct StartedStage {
   std::unique_ptr<Stage> stage;
   int64_t resume_step = 0;  // 0: freshly initialised
+  // Checkpoints found bad and set aside on the way (see ResumeStep).
+  std::vector<std::string> set_aside;
 };
 
 // Stage start-up, the same for `trainyard train` and the worker daemon:
