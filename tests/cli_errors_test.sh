@@ -62,4 +62,21 @@ else
   echo "skip no_gpu: this machine has a GPU"
 fi
 
+# No controller listening: submit fails fast (exit 3), it does not wait out
+# its deadline.
+cat >"$tmp/ok.json" <<'JSON'
+{"steps": 2,
+ "model": {"blocks": [{"outFeatures": 3, "ffnHiddenSize": 8}]},
+ "optimizer": {"lr": 0.1},
+ "task": {"plugin": "cross_entropy"},
+ "data": {"train": {"synthetic": {"kind": "gaussian_blobs", "numSamples": 64, "numFeatures": 4, "numOutputs": 3, "noise": 1}},
+          "batchSize": 8}}
+JSON
+start=$SECONDS
+expect submit_no_controller 3 "127.0.0.1:1" -- \
+  submit --controller 127.0.0.1:1 --spec "$tmp/ok.json"
+if [ $((SECONDS - start)) -gt 5 ]; then
+  echo "FAIL submit_no_controller: took $((SECONDS - start)) s (limit 5)"; fail=1
+fi
+
 exit $fail

@@ -238,6 +238,12 @@ int ReportRpcError(const char* command, const JobClient& client,
   std::cerr << "trainyard " << command << ": " << client.address() << ": "
             << absl::StatusCodeToString(st.code()) << ": " << st.message()
             << "\n";
+  if (absl::IsUnavailable(st)) {
+    std::cerr << "trainyard " << command << ": no controller answers at "
+              << client.address()
+              << "; start trainyard-controller there, or point --controller "
+                 "(or $TRAINYARD_CONTROLLER) at one\n";
+  }
   if (absl::IsInvalidArgument(st) || absl::IsNotFound(st) ||
       absl::IsFailedPrecondition(st)) {
     return 2;
