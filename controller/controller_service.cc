@@ -17,10 +17,11 @@ using v1::ControllerMessage;
 using v1::JobEvent;
 using v1::WorkerMessage;
 
-// WatchJob: the current state, then the job's steps/evals from from_step on
-// (replayed from the event log), then live events; ends after the terminal
-// state. Reads the shared JobEventLog with its own cursor; at most one write
-// is in flight, so a slow client only holds back its own cursor.
+// WatchJob: the current state, then the job's steps/evals/notes from
+// from_step on (replayed from the event log), then live events; ends after
+// the terminal state. Reads the shared JobEventLog with its own cursor; at
+// most one write is in flight, so a slow client only holds back its own
+// cursor.
 //
 // Lifetime: owned by itself through self_ from creation to OnDone; the log
 // holds only a weak_ptr, so a notification racing with OnDone finds either
@@ -97,6 +98,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
         if (ev.step().step() < from_step_) continue;
       } else if (ev.has_eval()) {
         if (ev.eval().step() < from_step_) continue;
+      } else if (ev.has_note()) {
+        if (ev.note().step() < from_step_) continue;
       } else {
         continue;
       }

@@ -168,6 +168,33 @@ class FakeWorker {
     }
     Send(m);
   }
+  void RendezvousPut(const std::string& job, int64_t id, const std::string& key,
+                     const std::string& value) {
+    WorkerMessage m;
+    m.mutable_rendezvous_put()->set_request_id(id);
+    m.mutable_rendezvous_put()->set_job_id(job);
+    m.mutable_rendezvous_put()->set_key(key);
+    m.mutable_rendezvous_put()->set_value(value);
+    Send(m);
+  }
+  void RendezvousGet(const std::string& job, int64_t id, const std::string& key,
+                     int64_t timeout_ms) {
+    WorkerMessage m;
+    m.mutable_rendezvous_get()->set_request_id(id);
+    m.mutable_rendezvous_get()->set_job_id(job);
+    m.mutable_rendezvous_get()->set_key(key);
+    m.mutable_rendezvous_get()->set_timeout_ms(timeout_ms);
+    Send(m);
+  }
+  void ReportTransport(const std::string& job, int stage,
+                       const std::string& reason) {
+    WorkerMessage m;
+    m.mutable_transport()->set_job_id(job);
+    m.mutable_transport()->set_stage(stage);
+    m.mutable_transport()->set_kind("nccl");
+    m.mutable_transport()->set_reason(reason);
+    Send(m);
+  }
   void Done(const std::string& job, int stage, bool ok = true,
             const std::string& error = "", bool cancelled = false) {
     WorkerMessage m;
@@ -545,6 +572,106 @@ TEST_F(ControllerTest, WatchersSeeEveryStepExactlyOnceInOrder) {
   // The late watcher started while RUNNING; a and b saw QUEUED or RUNNING
   // first, then RUNNING, then SUCCEEDED.
   EXPECT_EQ(late->events().front().state().state(), v1::RUNNING);
+}
+
+// Two ranks exchange the NCCL id through the controller over their real
+// Connect streams; a worker outside the job is refused; cancelling the job
+// answers a Get still waiting at once.
+TEST_F(ControllerTest, RendezvousOverTheWorkerStreams) {
+  auto w0 = NewWorker("gpu0", "cuda:0");
+  auto w1 = NewWorker("gpu1", "cuda:1");
+  auto outsider = NewWorker("gpu2", "cuda:2");
+  Job job = Submit("nccl", Spec(2, 20, "cuda"));
+  const std::string id = job.job_id();
+  for (FakeWorker* w : {w0.get(), w1.get()}) {
+    auto m = w->Next();
+    ASSERT_TRUE(m && m->has_assign()) << w->name();
+    ASSERT_EQ(m->assign().placements_size(), 2);
+    EXPECT_EQ(m->assign().placements(0).device(), "cuda:0");
+    EXPECT_EQ(m->assign().placements(1).device(), "cuda:1");
+    // FakeWorker registers no hostname: the peer address's host.
+    EXPECT_EQ(m->assign().placements(1).host(), "gpu1.peer");
+  }
+  const std::string key = id + "/nccl_id";
+  const std::string unique_ids(384, '\x5a');
+  w1->RendezvousGet(id, 1, key, 30000);
+  EXPECT_FALSE(w1->Next(absl::Milliseconds(100)).has_value());  // waits
+  w0->RendezvousPut(id, 1, key, unique_ids);
+  auto put = w0->Next();
+  ASSERT_TRUE(put && put->has_rendezvous_reply());
+  EXPECT_EQ(put->rendezvous_reply().request_id(), 1);
+  EXPECT_EQ(put->rendezvous_reply().code(), 0)
+      << put->rendezvous_reply().error();
+  auto got = w1->Next();
+  ASSERT_TRUE(got && got->has_rendezvous_reply());
+  EXPECT_EQ(got->rendezvous_reply().request_id(), 1);
+  EXPECT_EQ(got->rendezvous_reply().code(), 0);
+  EXPECT_EQ(got->rendezvous_reply().value(), unique_ids);
+
+  outsider->RendezvousGet(id, 9, key, 0);
+  auto refused = outsider->Next();
+  ASSERT_TRUE(refused && refused->has_rendezvous_reply());
+  EXPECT_EQ(refused->rendezvous_reply().code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(refused->rendezvous_reply().error(),
+            absl::StrCat("rendezvous of job ", id, ": worker ", outsider->id(),
+                         " (gpu2) runs no stage of it"));
+
+  w0->RendezvousGet(id, 2, id + "/never_put", 60000);
+  EXPECT_FALSE(w0->Next(absl::Milliseconds(100)).has_value());
+  const absl::Time start = absl::Now();
+  Job cancelled;
+  ASSERT_TRUE(Cancel(id, &cancelled, "operator").ok());
+  std::optional<ControllerMessage> aborted;
+  // The cancel and the reply travel on the same stream, in either order.
+  for (int i = 0; i < 2; ++i) {
+    auto m = w0->Next();
+    ASSERT_TRUE(m.has_value());
+    if (m->has_rendezvous_reply()) aborted = m;
+  }
+  ASSERT_TRUE(aborted.has_value());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(aborted->rendezvous_reply().request_id(), 2);
+  EXPECT_EQ(aborted->rendezvous_reply().code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(aborted->rendezvous_reply().error(),
+            absl::StrCat("rendezvous of job ", id,
+                         ": closed, the job ended CANCELLED: cancelled by "
+                         "request: operator"));
+}
+
+// The transport a job's stages chose is in its history: watchers see it
+// (once) before the steps, and a watcher resuming from a later step does
+// not see it again.
+TEST_F(ControllerTest, TransportNoteIsPartOfTheHistory) {
+  auto w0 = NewWorker("s0");
+  auto w1 = NewWorker("s1");
+  Job job = Submit("noted", Spec(2, 3));
+  ASSERT_TRUE(w0->Next()->has_assign());
+  ASSERT_TRUE(w1->Next()->has_assign());
+  const std::string reason = "all 2 stages are on distinct GPUs: using NCCL";
+  w0->ReportTransport(job.job_id(), 0, reason);
+  w1->ReportTransport(job.job_id(), 1, reason);
+  for (int step = 1; step <= 3; ++step) {
+    w0->Step(job.job_id(), 0, step, 1);
+    w1->Step(job.job_id(), 1, step, 1);
+  }
+  w0->Done(job.job_id(), 0);
+  w1->Done(job.job_id(), 1);
+  WaitState(job.job_id(), v1::SUCCEEDED);
+  auto notes_of = [](Watcher& w) {
+    std::vector<std::string> notes;
+    for (const JobEvent& e : w.events()) {
+      if (e.has_note()) notes.push_back(e.note().text());
+    }
+    return notes;
+  };
+  Watcher all(jobs_.get(), job.job_id());
+  ASSERT_TRUE(all.Wait().ok());
+  EXPECT_EQ(notes_of(all), std::vector<std::string>{"transport: " + reason});
+  Watcher resumed(jobs_.get(), job.job_id(), /*from_step=*/2);
+  ASSERT_TRUE(resumed.Wait().ok());
+  EXPECT_TRUE(notes_of(resumed).empty());
+  EXPECT_EQ(resumed.steps(), Range(2, 3));
 }
 
 TEST_F(ControllerTest, ReconnectFromStepMissesNothing) {

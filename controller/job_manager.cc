@@ -37,6 +37,41 @@ std::string WorkerLabel(const std::string& id, const std::string& name) {
   return absl::StrCat(id, " (", name, ")");
 }
 
+// "10.0.0.5" of "10.0.0.5:7100", "::1" of "[::1]:7100".
+std::string HostOfAddress(const std::string& address) {
+  if (!address.empty() && address[0] == '[') {
+    const size_t end = address.find(']');
+    return end == std::string::npos ? address : address.substr(1, end - 1);
+  }
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+// Where a worker's stages run, for the transport choice of its jobs: the
+// hostname it registered (the same for every interface of one machine),
+// else the host it advertises to peers.
+v1::StagePlacement PlacementOf(const v1::WorkerCapabilities& caps) {
+  v1::StagePlacement p;
+  p.set_host(caps.hostname().empty() ? HostOfAddress(caps.peer_address())
+                                     : caps.hostname());
+  p.set_device(caps.device().empty() ? "cpu" : caps.device());
+  return p;
+}
+
+v1::ControllerMessage RendezvousRefusal(int64_t request_id,
+                                        const absl::Status& why) {
+  v1::ControllerMessage msg;
+  v1::RendezvousReply* reply = msg.mutable_rendezvous_reply();
+  reply->set_request_id(request_id);
+  reply->set_code(static_cast<int32_t>(why.code()));
+  reply->set_error(std::string(why.message()));
+  return msg;
+}
+
+// Longest note text kept in a job's history; a worker's reason is cut
+// there.
+constexpr size_t kMaxNoteBytes = 1024;
+
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
 constexpr char kTokenPrefix[] = "before:";
@@ -95,7 +130,9 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
 
 JobManager::JobManager(const JobManagerOptions& options,
                        std::unique_ptr<JobStore> store)
-    : options_(options), store_(std::move(store)) {}
+    : options_(options),
+      store_(std::move(store)),
+      rendezvous_(options.rendezvous_limits) {}
 
 JobManager::~JobManager() { Shutdown(); }
 
@@ -154,6 +191,7 @@ void JobManager::LivenessLoop() {
     if (shutting_down_) break;
     const absl::Time now = absl::Now();
     SettleFailuresLocked(now);
+    SendRendezvousRepliesLocked(rendezvous_.Expire(now));
     std::vector<std::pair<std::string, absl::Duration>> lost;
     for (const auto& [id, w] : workers_) {
       absl::Duration silent = now - w.last_seen;
@@ -276,6 +314,13 @@ void JobManager::FinishJobLocked(JobEntry& e, JobState state,
   }
   e.pending_steps.clear();
   queued_.erase(e.job.job_id());
+  // Ranks still waiting for a key fail now, naming why, instead of waiting
+  // out their timeouts.
+  SendRendezvousRepliesLocked(rendezvous_.Close(
+      e.job.job_id(),
+      absl::AbortedError(absl::StrCat(
+          "rendezvous of job ", e.job.job_id(), ": closed, the job ended ",
+          v1::JobState_Name(state), reason.empty() ? "" : ": ", reason))));
   SetStateLocked(e, state, reason);
 }
 
@@ -331,10 +376,14 @@ void JobManager::StartJobLocked(JobEntry& e,
     w.stage = static_cast<int>(k);
     e.job.add_workers(w.id);
     assign.add_peer_addresses(w.caps.peer_address());
+    *assign.add_placements() = PlacementOf(w.caps);
   }
   e.stage_done.assign(worker_ids.size(), 0);
+  e.transport_reported.assign(worker_ids.size(), false);
+  e.notes.clear();
   e.first_cancel_error.clear();
   e.pending_steps.clear();
+  rendezvous_.Open(job_id);
   SetStateLocked(e, v1::RUNNING, "");
   for (size_t k = 0; k < worker_ids.size(); ++k) {
     v1::ControllerMessage msg;
@@ -543,6 +592,15 @@ void JobManager::OnWorkerMessage(const std::string& worker_id,
       case v1::WorkerMessage::kDone:
         HandleDoneLocked(w, msg.done());
         break;
+      case v1::WorkerMessage::kTransport:
+        HandleTransportLocked(w, msg.transport());
+        break;
+      case v1::WorkerMessage::kRendezvousPut:
+        HandleRendezvousPutLocked(w, msg.rendezvous_put());
+        break;
+      case v1::WorkerMessage::kRendezvousGet:
+        HandleRendezvousGetLocked(w, msg.rendezvous_get());
+        break;
       default:
         break;  // heartbeat (or a repeated register): liveness only
     }
@@ -685,6 +743,87 @@ void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
     }
   }
   ScheduleLocked();
+}
+
+void JobManager::HandleTransportLocked(WorkerEntry& w,
+                                       const v1::StageTransport& t) {
+  JobEntry* e = RunningJobOfLocked(w, t.job_id(), t.stage());
+  if (e == nullptr || t.stage() < 0 ||
+      t.stage() >= static_cast<int>(e->transport_reported.size()) ||
+      e->transport_reported[t.stage()]) {
+    return;
+  }
+  e->transport_reported[t.stage()] = true;
+  std::string text =
+      absl::StrCat("transport: ", t.reason().empty() ? t.kind() : t.reason());
+  if (text.size() > kMaxNoteBytes) text.resize(kMaxNoteBytes);
+  // Every rank decides from the same placements, so normally only stage
+  // 0's note is new; a differing one is kept (it explains a failure).
+  if (!e->notes.insert(text).second) return;
+  LOG(INFO) << "job " << e->job.job_id() << " stage " << t.stage() << " on "
+            << WorkerLabel(w.id, w.name) << ": " << text;
+  JobEvent event;
+  v1::JobNote* note = event.mutable_note();
+  note->set_stage(t.stage());
+  note->set_step(e->job.steps_completed());
+  note->set_text(text);
+  CommitLocked(*e, &event);
+}
+
+absl::Status JobManager::CheckRendezvousCallerLocked(
+    const WorkerEntry& w, const std::string& job_id) {
+  if (job_id.empty()) {
+    return absl::InvalidArgumentError("rendezvous: job_id is empty");
+  }
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("rendezvous of job ", job_id, ": no such job"));
+  }
+  const Job& job = it->second->job;
+  if (job.state() != v1::RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rendezvous of job ", job_id, ": the job is ",
+                     v1::JobState_Name(job.state()), ", not RUNNING",
+                     job.reason().empty() ? "" : ": ", job.reason()));
+  }
+  if (w.job_id != job_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rendezvous of job ", job_id, ": worker ",
+                     WorkerLabel(w.id, w.name), " runs no stage of it"));
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::HandleRendezvousPutLocked(WorkerEntry& w,
+                                           const v1::RendezvousPut& put) {
+  absl::Status allowed = CheckRendezvousCallerLocked(w, put.job_id());
+  if (!allowed.ok()) {
+    SendLocked(w.link, RendezvousRefusal(put.request_id(), allowed));
+    return;
+  }
+  SendRendezvousRepliesLocked(rendezvous_.Put(w.id, put));
+}
+
+void JobManager::HandleRendezvousGetLocked(WorkerEntry& w,
+                                           const v1::RendezvousGet& get) {
+  absl::Status allowed = CheckRendezvousCallerLocked(w, get.job_id());
+  if (!allowed.ok()) {
+    SendLocked(w.link, RendezvousRefusal(get.request_id(), allowed));
+    return;
+  }
+  SendRendezvousRepliesLocked(rendezvous_.Get(w.id, get, absl::Now()));
+}
+
+void JobManager::SendRendezvousRepliesLocked(
+    std::vector<RendezvousTable::Reply> replies) {
+  for (RendezvousTable::Reply& r : replies) {
+    auto it = workers_.find(r.worker_id);
+    if (it == workers_.end()) continue;  // lost; its stream is closed
+    v1::ControllerMessage msg;
+    *msg.mutable_rendezvous_reply() = std::move(r.reply);
+    SendLocked(it->second.link, std::move(msg));
+  }
 }
 
 absl::Duration JobManager::FailureGrace() const {

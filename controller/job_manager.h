@@ -4,6 +4,10 @@
 // (controller/scheduler.h), the per-job event logs WatchJob reads, and the
 // liveness checker thread that declares silent workers lost.
 //
+// It also serves the rendezvous of running jobs (controller/rendezvous_table.h)
+// to the workers running their stages, and records the transport each job's
+// stages chose as a JobNote in the job's history.
+//
 // Workers are reached through WorkerLink (the gRPC layer implements it over
 // the Connect stream; tests may fake it). Messages to workers are queued
 // while the manager's lock is held and delivered, in order, after it is
@@ -31,6 +35,7 @@
 #include "absl/time/time.h"
 #include "controller/job_event_log.h"
 #include "controller/job_store.h"
+#include "controller/rendezvous_table.h"
 #include "proto/trainyard.pb.h"
 
 namespace trainyard {
@@ -49,6 +54,8 @@ struct JobManagerOptions {
   std::string data_dir;  // required
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // Bounds on what workers may store in a job's rendezvous.
+  RendezvousLimits rendezvous_limits;
 };
 
 class JobManager {
@@ -87,6 +94,10 @@ class JobManager {
   absl::StatusOr<std::string> RegisterWorker(const v1::RegisterWorker& reg,
                                              std::shared_ptr<WorkerLink> link);
   // Any message from a registered worker (counts as a heartbeat).
+  // RendezvousPut / RendezvousGet are answered (RendezvousReply, now or
+  // when the key appears, times out, or the job ends) only for a worker
+  // that runs a stage of that RUNNING job: NotFound for an unknown job,
+  // FailedPrecondition otherwise.
   void OnWorkerMessage(const std::string& worker_id,
                        const v1::WorkerMessage& msg);
   // The worker's stream ended (`why` says how); the worker is lost at once.
@@ -123,6 +134,10 @@ class JobManager {
     // lost worker the cause, and the reason should name the cause.
     std::string pending_failure;
     absl::Time failure_deadline = absl::InfiniteFuture();
+    // Per stage: its StageTransport was recorded (one per stage, so a
+    // worker cannot grow the history), and the notes recorded so far.
+    std::vector<bool> transport_reported;
+    std::set<std::string> notes;
   };
   struct WorkerEntry {
     std::string id;
@@ -174,6 +189,20 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleTransportLocked(WorkerEntry& w, const v1::StageTransport& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleRendezvousPutLocked(WorkerEntry& w, const v1::RendezvousPut& put)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleRendezvousGetLocked(WorkerEntry& w, const v1::RendezvousGet& get)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when `w` runs a stage of the RUNNING job `job_id`; otherwise why it
+  // may not use that job's rendezvous.
+  absl::Status CheckRendezvousCallerLocked(const WorkerEntry& w,
+                                           const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues each reply to its worker (dropped for a worker gone since).
+  void SendRendezvousRepliesLocked(std::vector<RendezvousTable::Reply> replies)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The running job `w` works on for (job_id, stage), or null if stale.
   JobEntry* RunningJobOfLocked(const WorkerEntry& w, const std::string& job_id,
                                int stage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -191,6 +220,7 @@ class JobManager {
   std::map<std::string, WorkerEntry> workers_ ABSL_GUARDED_BY(mu_);
   int64_t next_worker_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
+  RendezvousTable rendezvous_ ABSL_GUARDED_BY(mu_);
   bool delivering_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread liveness_;

@@ -4,10 +4,15 @@
 
 #include <stdlib.h>
 
+#include <map>
 #include <mutex>
+#include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "core/job_plan.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace trainyard {
@@ -71,12 +76,14 @@ class JobManagerTest : public ::testing::Test {
     ASSERT_TRUE(m.ok()) << m.status();
     manager_ = *std::move(m);
   }
-  std::string Register(const std::string& name,
-                       std::shared_ptr<FakeLink> link) {
+  std::string Register(const std::string& name, std::shared_ptr<FakeLink> link,
+                       const std::string& device = "cpu",
+                       const std::string& hostname = "") {
     v1::RegisterWorker reg;
     reg.set_name(name);
-    reg.mutable_capabilities()->set_device("cpu");
+    reg.mutable_capabilities()->set_device(device);
     reg.mutable_capabilities()->set_peer_address(name + ":1");
+    reg.mutable_capabilities()->set_hostname(hostname);
     auto id = manager_->RegisterWorker(reg, link);
     EXPECT_TRUE(id.ok());
     return *id;
@@ -90,8 +97,63 @@ class JobManagerTest : public ::testing::Test {
     m.mutable_step()->mutable_step()->add_stages()->set_comm_s(stage + 0.5);
     manager_->OnWorkerMessage(worker, m);
   }
+  // Submits a `stages`-stage job on `device` and returns its id.
+  std::string SubmitRunning(int stages, const std::string& device = "cpu") {
+    v1::SubmitJobRequest req;
+    req.set_request_id(absl::StrCat("r", ++submitted_));
+    *req.mutable_spec() = Spec(stages);
+    req.mutable_spec()->set_device(device);
+    auto job = manager_->SubmitJob(req);
+    EXPECT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->state(), v1::RUNNING);
+    return job->job_id();
+  }
+  void RendezvousPut(const std::string& worker, const std::string& job,
+                     int64_t request_id, const std::string& key,
+                     const std::string& value) {
+    v1::WorkerMessage m;
+    m.mutable_rendezvous_put()->set_request_id(request_id);
+    m.mutable_rendezvous_put()->set_job_id(job);
+    m.mutable_rendezvous_put()->set_key(key);
+    m.mutable_rendezvous_put()->set_value(value);
+    manager_->OnWorkerMessage(worker, m);
+  }
+  void RendezvousGet(const std::string& worker, const std::string& job,
+                     int64_t request_id, const std::string& key,
+                     int64_t timeout_ms) {
+    v1::WorkerMessage m;
+    m.mutable_rendezvous_get()->set_request_id(request_id);
+    m.mutable_rendezvous_get()->set_job_id(job);
+    m.mutable_rendezvous_get()->set_key(key);
+    m.mutable_rendezvous_get()->set_timeout_ms(timeout_ms);
+    manager_->OnWorkerMessage(worker, m);
+  }
   std::unique_ptr<JobManager> manager_;
+  int submitted_ = 0;
 };
+
+// The rendezvous replies `link` received, by request id.
+std::map<int64_t, v1::RendezvousReply> Replies(FakeLink& link) {
+  std::map<int64_t, v1::RendezvousReply> out;
+  for (const v1::ControllerMessage& m : link.sent()) {
+    if (m.has_rendezvous_reply()) {
+      out[m.rendezvous_reply().request_id()] = m.rendezvous_reply();
+    }
+  }
+  return out;
+}
+
+// Waits (the liveness thread answers timeouts) for reply `id` on `link`.
+std::optional<v1::RendezvousReply> WaitReply(
+    FakeLink& link, int64_t id, absl::Duration timeout = absl::Seconds(5)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto replies = Replies(link);
+    if (replies.count(id)) return replies.at(id);
+    if (absl::Now() > deadline) return std::nullopt;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
 
 TEST_F(JobManagerTest, StepEventCarriesTimingsOfAllStagesThatReported) {
   auto l0 = std::make_shared<FakeLink>();
@@ -173,6 +235,160 @@ TEST_F(JobManagerTest, StreamEndLosesWorkerAndUpdatesQueuedReason) {
   EXPECT_TRUE(manager_->ListWorkers().empty());
   EXPECT_EQ(manager_->GetJob(job->job_id())->reason(),
             "needs 2 idle cpu workers; none registered");
+}
+
+using ::testing::HasSubstr;
+
+TEST_F(JobManagerTest, AssignmentCarriesEveryStagesPlacement) {
+  auto l0 = std::make_shared<FakeLink>();
+  auto l1 = std::make_shared<FakeLink>();
+  Register("a", l0, "cuda:0", "gpu-host-1");
+  Register("b", l1, "cuda:1");  // no hostname: its peer address's host
+  SubmitRunning(2, "cuda");
+  for (auto* link : {l0.get(), l1.get()}) {
+    ASSERT_EQ(link->sent().size(), 2u);
+    const v1::StageAssignment a = link->sent()[1].assign();
+    ASSERT_EQ(a.placements_size(), 2);
+    EXPECT_EQ(a.placements(0).host(), "gpu-host-1");
+    EXPECT_EQ(a.placements(0).device(), "cuda:0");
+    EXPECT_EQ(a.placements(1).host(), "b");
+    EXPECT_EQ(a.placements(1).device(), "cuda:1");
+    EXPECT_EQ(a.peer_addresses(1), "b:1");  // the old field stays
+  }
+}
+
+TEST_F(JobManagerTest, RendezvousGetWaitsForThePut) {
+  auto l0 = std::make_shared<FakeLink>();
+  auto l1 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  std::string w1 = Register("b", l1);
+  const std::string job = SubmitRunning(2);
+  const std::string key = job + "/nccl_id";
+  RendezvousGet(w1, job, 11, key, 60000);
+  EXPECT_TRUE(Replies(*l1).empty());  // waits
+  RendezvousPut(w0, job, 7, key, std::string("\x00id", 3));
+  auto put = Replies(*l0);
+  ASSERT_EQ(put.count(7), 1u);
+  EXPECT_EQ(put[7].code(), 0) << put[7].error();
+  auto got = Replies(*l1);
+  ASSERT_EQ(got.count(11), 1u);
+  EXPECT_EQ(got[11].code(), 0) << got[11].error();
+  EXPECT_EQ(got[11].value(), std::string("\x00id", 3));
+  // Write-once.
+  RendezvousPut(w1, job, 12, key, "other");
+  auto again = Replies(*l1);
+  ASSERT_EQ(again.count(12), 1u);
+  EXPECT_EQ(again[12].code(),
+            static_cast<int>(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(again[12].error(), HasSubstr(key));
+}
+
+TEST_F(JobManagerTest, RendezvousGetTimesOut) {
+  auto l0 = std::make_shared<FakeLink>();
+  auto l1 = std::make_shared<FakeLink>();
+  Register("a", l0);
+  std::string w1 = Register("b", l1);
+  const std::string job = SubmitRunning(2);
+  const absl::Time start = absl::Now();
+  RendezvousGet(w1, job, 3, job + "/nccl_id", 200);
+  std::optional<v1::RendezvousReply> r = WaitReply(*l1, 3);
+  ASSERT_TRUE(r.has_value());
+  // The liveness thread answers it, within its period (<= 100 ms) of the
+  // deadline.
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  EXPECT_EQ(r->code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(r->error(), absl::StrCat("rendezvous of job ", job, ": key \"", job,
+                                     "/nccl_id\" was not put within "
+                                     "200ms"));
+}
+
+TEST_F(JobManagerTest, JobEndAbortsWaitingRendezvousGets) {
+  auto l0 = std::make_shared<FakeLink>();
+  auto l1 = std::make_shared<FakeLink>();
+  Register("a", l0);
+  std::string w1 = Register("b", l1);
+  const std::string job = SubmitRunning(2);
+  RendezvousGet(w1, job, 4, job + "/nccl_id", 60000);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job);
+  cancel.set_reason("user gave up");
+  ASSERT_TRUE(manager_->CancelJob(cancel).ok());
+  auto r = Replies(*l1);
+  ASSERT_EQ(r.count(4), 1u);  // at once, not after 60 s
+  EXPECT_EQ(r[4].code(), static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_EQ(r[4].error(),
+            absl::StrCat("rendezvous of job ", job,
+                         ": closed, the job ended CANCELLED: cancelled by "
+                         "request: user gave up"));
+  // The store is gone with the job.
+  RendezvousGet(w1, job, 5, job + "/nccl_id", 0);
+  r = Replies(*l1);
+  ASSERT_EQ(r.count(5), 1u);
+  EXPECT_EQ(r[5].code(),
+            static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(r[5].error(), HasSubstr("the job is CANCELLED, not RUNNING"));
+}
+
+TEST_F(JobManagerTest, RendezvousRefusesWorkersOutsideTheJob) {
+  auto l0 = std::make_shared<FakeLink>();
+  auto l1 = std::make_shared<FakeLink>();
+  auto l2 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  Register("b", l1);
+  const std::string job = SubmitRunning(2);
+  std::string idle = Register("c", l2);
+  RendezvousPut(idle, job, 1, job + "/nccl_id", "forged");
+  RendezvousGet(idle, job, 2, job + "/nccl_id", 1000);
+  RendezvousGet(w0, "job-999", 3, "job-999/nccl_id", 1000);
+  auto r = Replies(*l2);
+  ASSERT_EQ(r.size(), 2u);
+  for (int64_t id : {1, 2}) {
+    EXPECT_EQ(r[id].code(),
+              static_cast<int>(absl::StatusCode::kFailedPrecondition));
+    EXPECT_EQ(r[id].error(),
+              absl::StrCat("rendezvous of job ", job, ": worker ", idle,
+                           " (c) runs no stage of it"));
+  }
+  auto unknown = Replies(*l0);
+  ASSERT_EQ(unknown.count(3), 1u);
+  EXPECT_EQ(unknown[3].code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_EQ(unknown[3].error(), "rendezvous of job job-999: no such job");
+  // The refused Put stored nothing.
+  RendezvousGet(w0, job, 4, job + "/nccl_id", 0);
+  EXPECT_EQ(Replies(*l0)[4].code(),
+            static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST_F(JobManagerTest, TransportChoiceIsNotedOnceInTheHistory) {
+  auto l0 = std::make_shared<FakeLink>();
+  auto l1 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  std::string w1 = Register("b", l1);
+  const std::string job = SubmitRunning(2);
+  auto report = [&](const std::string& worker, int stage,
+                    const std::string& reason) {
+    v1::WorkerMessage m;
+    m.mutable_transport()->set_job_id(job);
+    m.mutable_transport()->set_stage(stage);
+    m.mutable_transport()->set_kind("tcp");
+    m.mutable_transport()->set_reason(reason);
+    manager_->OnWorkerMessage(worker, m);
+  };
+  report(w0, 0, "every stage is on cpu: using TCP");
+  report(w1, 1, "every stage is on cpu: using TCP");  // same: not repeated
+  report(w1, 1, "something else");  // a second report of a stage: ignored
+  report(w0, 1, "not w0's stage");  // not its stage: ignored
+  auto log = manager_->WatchJob(job);
+  ASSERT_TRUE(log.ok());
+  std::vector<v1::JobNote> notes;
+  v1::JobEvent ev;
+  for (int64_t i = 0; (*log)->Read(i, &ev); ++i) {
+    if (ev.has_note()) notes.push_back(ev.note());
+  }
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].stage(), 0);
+  EXPECT_EQ(notes[0].step(), 0);
+  EXPECT_EQ(notes[0].text(), "transport: every stage is on cpu: using TCP");
 }
 
 }  // namespace

@@ -11,18 +11,30 @@ import time
 
 from cluster import CLI_BIN, Cluster, pb, small_spec, spec_from_json, wait_for
 
+
+def first_line(proc):
+    """Waits for the watch's first line: it has read the job (an RPC without
+    retries) and its stream is open, so killing the controller now tests the
+    reconnect rather than that first call. A fixed sleep was not enough on a
+    loaded machine."""
+    line = proc.stdout.readline()
+    assert line, "watch printed nothing"
+    return line
+
+
 cluster = Cluster(workers=2)
 job = cluster.submit(spec_from_json(small_spec(stages=2, steps=100000, name="watched",
                                                samples=2048, features=64, batch=128)))
 wait_for(lambda: cluster.get(job.job_id).steps_completed >= 5, 60, "5 steps")
 watch = subprocess.Popen([CLI_BIN, "watch", job.job_id, f"--controller={cluster.address}"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-time.sleep(1.0)
+head = first_line(watch)
 port = int(cluster.address.rsplit(":", 1)[1])
 cluster.kill_controller(signal.SIGKILL)
 time.sleep(0.5)
 cluster.start_controller(port=port)
 out, _ = watch.communicate(timeout=120)
+out = head + out
 print(out[-2000:])
 steps = [int(m) for m in re.findall(r"^step (\d+)/", out, re.M)]
 assert steps, "no steps printed"
@@ -44,10 +56,11 @@ wait_for(lambda: cluster.get(job2.job_id).steps_completed >= 3, 60, "3 steps")
 watch = subprocess.Popen([CLI_BIN, "watch", job2.job_id, f"--controller={cluster.address}",
                           "--reconnect_s=3"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-time.sleep(1.0)
+head = first_line(watch)
 cluster.kill_controller(signal.SIGKILL)
 t0 = time.time()
 out, _ = watch.communicate(timeout=60)
+out = head + out
 took = time.time() - t0
 assert watch.returncode == 3, (watch.returncode, out[-500:])
 assert "cannot reach" in out, out[-500:]

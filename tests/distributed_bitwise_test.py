@@ -33,6 +33,10 @@ print("distributed:", dist_losses[:4], "...")
 assert [s.step for s in steps] == list(range(1, 17)), [s.step for s in steps]
 assert dist_losses == local_losses, "per-step losses differ"
 assert dist_evals == local_evals, (dist_evals, local_evals)
+# Every rank chose the transport from the placements in its assignment;
+# the choice and its reason are in the job's history, once.
+notes = [e.note.text for e in events if e.WhichOneof("event") == "note"]
+assert notes == ["transport: every stage is on cpu: using TCP"], notes
 stages_seen = {t.stage for s in steps for t in s.stages}
 assert stages_seen == {0, 1, 2, 3}, stages_seen
 job = cluster.get(job.job_id)

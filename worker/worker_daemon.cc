@@ -20,8 +20,11 @@
 #include "absl/time/clock.h"
 #include "core/device.h"
 #include "core/job_plan.h"
+#include "core/nccl_transport.h"
+#include "core/rendezvous.h"
 #include "core/status_macros.h"
 #include "core/tcp_transport.h"
+#include "core/transport_select.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -99,8 +102,10 @@ class ActiveJob {
   const std::atomic<bool>* cancel_flag() const { return &cancel_; }
 
   // Stops the stage: RunStage sees the flag before its next step, the
-  // transport fails every wait at once, and a transport still connecting
-  // (it polls the flag) gives up. The first reason wins.
+  // transport fails every wait at once (an NCCL one aborts its
+  // communicators), a TCP transport still connecting (it polls the flag)
+  // gives up, and an NCCL transport being created stops waiting for the
+  // rendezvous. The first reason wins.
   void Abort(const absl::Status& reason, bool cancelled) {
     absl::MutexLock lock(&mu_);
     if (reason_.ok()) {
@@ -109,6 +114,7 @@ class ActiveJob {
     }
     cancel_.store(true);
     if (transport_ != nullptr) transport_->Abort(reason);
+    if (rendezvous_ != nullptr) rendezvous_->Abort(reason);
   }
 
   // Registers the transport to abort (null to unregister before it dies).
@@ -116,6 +122,37 @@ class ActiveJob {
     absl::MutexLock lock(&mu_);
     transport_ = transport;
     if (transport_ != nullptr && !reason_.ok()) transport_->Abort(reason_);
+  }
+
+  // Registers the rendezvous of a transport being created (null to
+  // unregister before it dies), which receives the controller's replies.
+  void SetRendezvous(RemoteRendezvous* rendezvous) {
+    absl::MutexLock lock(&mu_);
+    rendezvous_ = rendezvous;
+    if (rendezvous_ != nullptr && !reason_.ok()) rendezvous_->Abort(reason_);
+  }
+
+  // Hands a RendezvousReply to the registered rendezvous; false when there
+  // is none (a reply for a call that is over).
+  bool DeliverRendezvousReply(const trainyard::v1::RendezvousReply& reply) {
+    absl::MutexLock lock(&mu_);
+    if (rendezvous_ == nullptr) return false;
+    if (reply.code() == 0) {
+      rendezvous_->OnReply(reply.request_id(), reply.value());
+      return true;
+    }
+    const absl::StatusCode code =
+        reply.code() > 0 && reply.code() <= 16
+            ? static_cast<absl::StatusCode>(reply.code())
+            : absl::StatusCode::kUnknown;
+    rendezvous_->OnReply(
+        reply.request_id(),
+        absl::Status(code, reply.error().empty()
+                               ? absl::StrCat("rendezvous: the controller "
+                                              "refused, code ",
+                                              reply.code())
+                               : reply.error()));
+    return true;
   }
 
   // The abort reason (OK if none) and whether it was a cancellation.
@@ -130,6 +167,7 @@ class ActiveJob {
   std::atomic<bool> cancel_{false};
   mutable absl::Mutex mu_;
   Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
+  RemoteRendezvous* rendezvous_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Status reason_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -187,6 +225,36 @@ WorkerMessage DoneMessage(const std::string& job_id, int stage, bool ok,
   return m;
 }
 
+WorkerMessage TransportMessage(const std::string& job_id, int stage,
+                               const TransportChoice& choice) {
+  WorkerMessage m;
+  auto* t = m.mutable_transport();
+  t->set_job_id(job_id);
+  t->set_stage(stage);
+  t->set_kind(TransportKindName(choice.kind));
+  t->set_reason(choice.reason);
+  return m;
+}
+
+WorkerMessage RendezvousMessage(const std::string& job_id,
+                                const RemoteRendezvous::Request& request) {
+  WorkerMessage m;
+  if (request.kind == RemoteRendezvous::Request::Kind::kPut) {
+    auto* put = m.mutable_rendezvous_put();
+    put->set_request_id(request.id);
+    put->set_job_id(job_id);
+    put->set_key(request.key);
+    put->set_value(request.value);
+  } else {
+    auto* get = m.mutable_rendezvous_get();
+    get->set_request_id(request.id);
+    get->set_job_id(job_id);
+    get->set_key(request.key);
+    get->set_timeout_ms(absl::ToInt64Milliseconds(request.timeout));
+  }
+  return m;
+}
+
 // How long OnAssign waits for an aborted job to finish before refusing the
 // next assignment: at least 15 s, and longer than a peer connect can take.
 absl::Duration AbortedJobWait(absl::Duration peer_connect_timeout) {
@@ -198,6 +266,32 @@ absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
 }
 
 }  // namespace
+
+absl::StatusOr<TransportChoice> ChooseAssignmentTransport(
+    const v1::StageAssignment& assignment, int num_stages, bool nccl_built) {
+  if (assignment.placements_size() == 0) {
+    TransportChoice choice;
+    choice.kind = TransportKind::kTcp;
+    choice.reason =
+        "the assignment names no stage placements (a controller older than "
+        "this worker): using TCP";
+    return choice;
+  }
+  if (assignment.placements_size() != num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageAssignment.placements: the job has ", num_stages, " stages, got ",
+        assignment.placements_size(), " placements"));
+  }
+  std::vector<StagePlacement> stages;
+  for (const v1::StagePlacement& p : assignment.placements()) {
+    stages.push_back({p.host(), p.device()});
+  }
+  absl::StatusOr<TransportChoice> choice = ChooseTransport(stages, nccl_built);
+  if (!choice.ok()) {
+    return Prefixed(choice.status(), "StageAssignment.placements: ");
+  }
+  return choice;
+}
 
 absl::StatusOr<WorkerOptions> ValidateWorkerOptions(WorkerOptions options) {
   if (options.controller.empty()) {
@@ -284,6 +378,17 @@ class Worker::Impl {
               std::shared_ptr<ActiveJob> job);
   absl::Status RunAssignment(Session* session,
                              const StageAssignment& assignment, ActiveJob* job);
+  // The transport of a multi-stage job: chosen from the placements,
+  // reported, then connected (TCP) or created (NCCL).
+  absl::StatusOr<std::unique_ptr<Transport>> ConnectTransport(
+      Session* session, const StageAssignment& assignment, int num_stages,
+      ActiveJob* job);
+  // CreateNcclTransport (or the injected factory) with a rendezvous through
+  // the controller on `session`.
+  absl::StatusOr<std::unique_ptr<Transport>> CreateNccl(
+      Session* session, const std::string& job_id, int rank, int world_size,
+      ActiveJob* job);
+  void OnRendezvousReply(const trainyard::v1::RendezvousReply& reply);
   // Aborts the running stage (if any) and joins its thread.
   void StopJob(const absl::Status& reason);
 
@@ -292,6 +397,7 @@ class Worker::Impl {
   std::string peer_address_;
   std::unique_ptr<PeerListener> listener_;
   TransportFactory connect_transport_;
+  NcclTransportFactory create_nccl_transport_;
   std::unique_ptr<grpc::Server> health_server_;
   int health_port_ = 0;
 
@@ -310,7 +416,7 @@ class Worker::Impl {
 };
 
 absl::Status Worker::Impl::Init() {
-  if (device_.is_cuda()) {
+  if (device_.is_cuda() && options_.check_device) {
     // Fail at start, not at the first assignment, when the GPU is unusable.
     absl::StatusOr<std::unique_ptr<ExecContext>> probe =
         ExecContext::Create(device_, Precision::kFp32);
@@ -321,6 +427,19 @@ absl::Status Worker::Impl::Init() {
     }
   }
   if (options_.threads > 0) SetBlasThreads(options_.threads);
+  if (options_.create_nccl_transport) {
+    create_nccl_transport_ = options_.create_nccl_transport;
+  } else {
+    create_nccl_transport_ = [](const NcclTransportOptions& nccl)
+        -> absl::StatusOr<std::unique_ptr<Transport>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<NcclTransport> transport,
+                       CreateNcclTransport(nccl));
+      // The stage's kernels run on the device's legacy default stream
+      // (kernels/exec_context.h), which is also the transport's default
+      // compute stream, so no SetComputeStream call is needed.
+      return std::unique_ptr<Transport>(std::move(transport));
+    };
+  }
   if (options_.connect_transport) {
     connect_transport_ = options_.connect_transport;
     peer_address_ = options_.peer_address;
@@ -477,6 +596,8 @@ bool Worker::Impl::RunSession(int attempt) {
       OnAssign(session.get(), message.assign());
     } else if (message.has_cancel()) {
       OnCancel(message.cancel());
+    } else if (message.has_rendezvous_reply()) {
+      OnRendezvousReply(message.rendezvous_reply());
     } else {
       LOG(WARNING) << "trainyard-worker: ignoring an unknown controller "
                       "message (field "
@@ -625,6 +746,16 @@ void Worker::Impl::OnCancel(const CancelStage& cancel) {
   job_->Abort(absl::CancelledError(reason), /*cancelled=*/true);
 }
 
+void Worker::Impl::OnRendezvousReply(
+    const trainyard::v1::RendezvousReply& reply) {
+  absl::MutexLock lock(&mu_);
+  if (job_ == nullptr || job_finished_ ||
+      !job_->DeliverRendezvousReply(reply)) {
+    LOG(INFO) << "trainyard-worker " << options_.name << ": rendezvous reply "
+              << reply.request_id() << " came after its call ended; dropped";
+  }
+}
+
 void Worker::Impl::StopJob(const absl::Status& reason) {
   std::thread thread;
   {
@@ -695,20 +826,8 @@ absl::Status Worker::Impl::RunAssignment(Session* session,
 
   std::unique_ptr<Transport> transport;
   if (num_stages > 1) {
-    if (assignment.peer_addresses_size() != num_stages) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "StageAssignment.peer_addresses: the job has ", num_stages,
-          " stages, got ", assignment.peer_addresses_size(), " addresses"));
-    }
-    std::vector<std::string> peers(assignment.peer_addresses().begin(),
-                                   assignment.peer_addresses().end());
-    if (job->cancel_flag()->load()) return job->abort_reason().first;
-    absl::StatusOr<std::unique_ptr<Transport>> connected =
-        connect_transport_(assignment.job_id(), s, peers, job->cancel_flag());
-    if (!connected.ok()) {
-      return Prefixed(connected.status(), "connecting to the other stages: ");
-    }
-    transport = std::move(*connected);
+    ASSIGN_OR_RETURN(transport,
+                     ConnectTransport(session, assignment, num_stages, job));
     job->SetTransport(transport.get());
   }
 
@@ -749,6 +868,86 @@ absl::Status Worker::Impl::RunAssignment(Session* session,
   }
   job->SetTransport(nullptr);
   return status;
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::ConnectTransport(
+    Session* session, const StageAssignment& assignment, int num_stages,
+    ActiveJob* job) {
+  const std::string& job_id = assignment.job_id();
+  const int s = assignment.stage();
+  if (assignment.peer_addresses_size() != num_stages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "StageAssignment.peer_addresses: the job has ", num_stages,
+        " stages, got ", assignment.peer_addresses_size(), " addresses"));
+  }
+  ASSIGN_OR_RETURN(
+      const TransportChoice choice,
+      ChooseAssignmentTransport(assignment, num_stages, NcclTransportBuilt()));
+  if (assignment.placements_size() > 0) {
+    // The other ranks chose from this placement: it must be where this
+    // worker really computes.
+    const std::string& mine = assignment.placements(s).device();
+    absl::StatusOr<Device> placed = ParseDevice(mine);
+    if (!placed.ok() || *placed != device_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageAssignment.placements[", s, "].device: \"", mine,
+                       "\", but this worker runs on ", device_.ToString()));
+    }
+  }
+  LOG(INFO) << "trainyard-worker " << options_.name << ": job " << job_id
+            << " stage " << s << " transport " << TransportKindName(choice.kind)
+            << ": " << choice.reason;
+  session->Write(TransportMessage(job_id, s, choice));
+  if (job->cancel_flag()->load()) return job->abort_reason().first;
+
+  if (choice.kind == TransportKind::kNccl) {
+    absl::StatusOr<std::unique_ptr<Transport>> created =
+        CreateNccl(session, job_id, s, num_stages, job);
+    if (!created.ok()) {
+      return Prefixed(created.status(),
+                      "creating the NCCL transport to the other stages: ");
+    }
+    return created;
+  }
+  std::vector<std::string> peers(assignment.peer_addresses().begin(),
+                                 assignment.peer_addresses().end());
+  absl::StatusOr<std::unique_ptr<Transport>> connected =
+      connect_transport_(job_id, s, peers, job->cancel_flag());
+  if (!connected.ok()) {
+    return Prefixed(connected.status(), "connecting to the other stages: ");
+  }
+  return connected;
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::CreateNccl(
+    Session* session, const std::string& job_id, int rank, int world_size,
+    ActiveJob* job) {
+  // The session outlives the job (RunSession joins the job's thread before
+  // it ends), so the sender may use it for the whole creation.
+  RemoteRendezvous rendezvous(
+      absl::StrCat("controller ", options_.controller),
+      [session, job_id](const RemoteRendezvous::Request& request) {
+        return session->Write(RendezvousMessage(job_id, request));
+      });
+  job->SetRendezvous(&rendezvous);
+  NcclTransportOptions nccl;
+  nccl.job_id = job_id;
+  nccl.rank = rank;
+  nccl.world_size = world_size;
+  nccl.device = device_.index;
+  nccl.rendezvous = &rendezvous;
+  // Creation is the NCCL form of connecting to the peers: bounded like a
+  // TCP connect (and never longer than a stage's wait for a neighbour), so
+  // an aborted job whose creation cannot be interrupted (NCCL's own join)
+  // still ends within the time OnAssign gives it.
+  nccl.init_timeout =
+      std::min(options_.stage_timeout, options_.peer_connect_timeout);
+  nccl.payload_timeout = options_.stage_timeout;
+  nccl.shutdown_timeout = options_.stage_timeout;
+  absl::StatusOr<std::unique_ptr<Transport>> created =
+      create_nccl_transport_(nccl);
+  job->SetRendezvous(nullptr);
+  return created;
 }
 
 Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -11,6 +11,17 @@
 // running stage is aborted (its job is lost anyway), and the worker retries
 // with bounded exponential backoff and registers again.
 //
+// Multi-stage jobs: every rank chooses the same transport from the
+// placements in its assignment (ChooseAssignmentTransport below, which
+// applies core/transport_select.h), logs the choice and its reason and
+// reports it to the controller (StageTransport, kept in the job's history).
+// TCP: the worker's PeerListener and core/tcp_transport. NCCL (every stage
+// on its own GPU): core/nccl_transport, whose unique ids rank 0 puts and
+// the others get through the controller (a RemoteRendezvous over this
+// worker's stream, replies matched by request id). A cancel or failure
+// aborts whichever is in use: the rendezvous while the transport is being
+// created, then the transport itself (ncclCommAbort for NCCL).
+//
 // A worker survives bad input: an assignment that cannot run (a spec that
 // fails PlanJob, an unknown plugin, a missing data file, peers that do not
 // connect) ends as StageDone{ok=false, error=<what and why>} and the worker
@@ -33,7 +44,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "core/nccl_transport.h"
 #include "core/transport.h"
+#include "core/transport_select.h"
+#include "proto/trainyard.pb.h"
 
 namespace trainyard {
 
@@ -47,6 +61,13 @@ using TransportFactory =
         const std::string& job_id, int rank,
         const std::vector<std::string>& peer_addresses,
         const std::atomic<bool>* cancel)>;
+
+// Creates an NCCL transport (core/nccl_transport.h's CreateNcclTransport
+// by default). `options.rendezvous` is the worker's rendezvous through the
+// controller, valid for the call.
+using NcclTransportFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Transport>>(
+        const NcclTransportOptions& options)>;
 
 struct WorkerOptions {
   // host:port of the controller's WorkerService. Required.
@@ -82,9 +103,10 @@ struct WorkerOptions {
   // cuts the wait short.
   absl::Duration peer_connect_timeout = absl::Seconds(30);
 
-  // How multi-stage jobs reach their peers. Null = the TCP transport over
-  // a PeerListener bound to `listen` (core/tcp_transport.h). Tests inject
-  // fakes here; `peer_address` must then be set too.
+  // How multi-stage jobs whose transport choice is TCP reach their peers.
+  // Null = the TCP transport over a PeerListener bound to `listen`
+  // (core/tcp_transport.h). Tests inject fakes here; `peer_address` must
+  // then be set too.
   TransportFactory connect_transport;
   // The address reported to the controller when connect_transport is set.
   std::string peer_address;
@@ -92,7 +114,24 @@ struct WorkerOptions {
   // (e.g. --listen=0.0.0.0:7100 in a pod, advertised as $(POD_IP):7100).
   // Empty = the bound address.
   std::string advertise_address;
+  // How jobs whose transport choice is NCCL create it. Null =
+  // CreateNcclTransport. Tests inject fakes here.
+  NcclTransportFactory create_nccl_transport;
+  // Start fails when `device` is a GPU this process cannot use. Tests of
+  // the GPU path's error handling turn this off on machines without a GPU
+  // (the worker then registers, and its stages fail when they start).
+  bool check_device = true;
 };
+
+// The transport the stages of a multi-stage assignment use, from its
+// placements (the same on every rank, so every rank decides the same):
+// core/transport_select.h's ChooseTransport with `nccl_built`
+// (NcclTransportBuilt() in the daemon). An assignment without placements
+// (from a controller older than that field) uses TCP. Errors:
+// InvalidArgument naming StageAssignment.placements when their number is
+// not `num_stages` or one names a bad device or an empty host.
+absl::StatusOr<TransportChoice> ChooseAssignmentTransport(
+    const v1::StageAssignment& assignment, int num_stages, bool nccl_built);
 
 // Checks the options a user can get wrong (controller, device, plugin_dir)
 // and fills in defaults (name, memory). InvalidArgument names the flag.
