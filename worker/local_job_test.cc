@@ -210,11 +210,15 @@ TEST(LocalJobTest, NonFiniteGradientRefusesTheStepNamingStageAndParameter) {
   EXPECT_TRUE(r.losses.empty());
 }
 
+// Checkpoints are written and committed in the background, so the newest
+// committed one when step 8 fails is step 4 or 6 (4 at the latest: a
+// checkpoint still pending when the next is due is finished first). What a
+// failure must never do is lose or damage a committed checkpoint.
 TEST(LocalJobTest, PluginFailureMidRunKeepsEarlierCheckpoints) {
   const std::string dir = TempDir() + "/ckpt_plugin_failure";
   auto spec = MisbehavingSpec("loss_error_at_step", 7);  // 0-based step 7
   spec.mutable_checkpoint()->set_dir(dir);
-  spec.mutable_checkpoint()->set_every(5);
+  spec.mutable_checkpoint()->set_every(2);
   spec.mutable_checkpoint()->set_resume("latest");
   RunResult r = RunJob(spec, 0, PluginDir() + "/testdata");
   EXPECT_FALSE(r.status.ok());
@@ -224,12 +228,12 @@ TEST(LocalJobTest, PluginFailureMidRunKeepsEarlierCheckpoints) {
   auto latest = LatestCheckpoint(dir);
   ASSERT_TRUE(latest.ok());
   ASSERT_TRUE(latest->has_value());
-  EXPECT_EQ(**latest, 5);
-  // The saved checkpoint still loads: the rerun resumes at step 6 and fails
+  EXPECT_TRUE(**latest == 4 || **latest == 6) << **latest;
+  // The saved checkpoint still loads: the rerun resumes after it and fails
   // at the same place again.
   RunResult again = RunJob(spec, 0, PluginDir() + "/testdata");
   EXPECT_THAT(again.status.message(), HasSubstr("injected failure at step 7"));
-  EXPECT_EQ(again.losses.size(), 2u);
+  EXPECT_EQ(static_cast<int64_t>(again.losses.size()), 7 - **latest);
 }
 
 // The only checkpoint is corrupt: nothing to fall back to, so the job fails

@@ -201,7 +201,6 @@ absl::Status StageOptimizer::Step(Tensor* params, const Tensor& grads,
   return absl::OkStatus();
 }
 
-
 absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
                                           double lr, double grad_scale,
                                           void* params_bf16) {
@@ -250,8 +249,8 @@ absl::StatusOr<std::vector<double>> StageOptimizer::GradSumsOfSquares(
           {static_cast<int64_t>(gpu::GradSumsOfSquaresWorkspaceBytes(n))}));
   ASSIGN_OR_RETURN(Tensor sums, ctx_->Empty(DType::kFloat64, {n}));
   RETURN_IF_ERROR(gpu::GradSumsOfSquares(
-      segments_, static_cast<const float*>(grads.ptr()),
-      workspace.ptr(), static_cast<double*>(sums.ptr()), ctx_->stream()));
+      segments_, static_cast<const float*>(grads.ptr()), workspace.ptr(),
+      static_cast<double*>(sums.ptr()), ctx_->stream()));
   ASSIGN_OR_RETURN(Tensor host, ctx_->ToHost(sums));
   return std::vector<double>(host.data<double>(), host.data<double>() + n);
 }

@@ -38,7 +38,8 @@ class ParamStore {
   int64_t total() const { return params_.numel(); }
 
   Tensor& params() { return params_; }  // [total]
-  Tensor& grads() { return grads_; }    // [total]
+  const Tensor& params() const { return params_; }
+  Tensor& grads() { return grads_; }  // [total]
   // bf16 on a GPU: the parameters rounded to bfloat16 [total], which the
   // blocks read for their GEMMs and the optimizer rewrites with each update;
   // undefined otherwise.

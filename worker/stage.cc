@@ -372,6 +372,7 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
     mine.params.push_back(store_->global_index(static_cast<int>(i)));
   }
   mine.is_last = is_last();
+  mine.checkpoint_file_written = checkpoint_file_written_;
   if (is_last()) {
     mine.weight_sum = loss_->weight_sum();
     mine.loss_sum = loss_->loss_sum();
@@ -383,6 +384,7 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
   Timer t(&report->times.optimizer);
   report->loss = totals.loss;
   report->grad_norm = totals.grad_norm;
+  report->checkpoint_files_written = totals.checkpoint_files_written;
   report->lr = LearningRate(plan_.spec.optimizer(), step);
   return optimizer_->Step(&store_->params(), store_->grads(), report->lr,
                           totals.grad_scale, &store_->params_bf16());
@@ -460,11 +462,23 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
   return report;
 }
 
-absl::StatusOr<std::string> Stage::WriteCheckpointFile(const std::string& dir) {
+absl::StatusOr<SafetensorsFile> Stage::CheckpointContents() const {
   SafetensorsFile file;
-  ASSIGN_OR_RETURN(file.tensors, store_->NamedOnHost());
+  // Copies: the step loop goes on changing the live buffers while the file
+  // is written (ToHost copies from a GPU; on the CPU the views are cloned).
+  auto copy = [&](const Tensor& t) -> absl::StatusOr<Tensor> {
+    if (!t.device().is_cpu()) return ctx_->ToHost(t);
+    ASSIGN_OR_RETURN(Tensor c, Tensor::Create(t.dtype(), t.shape()));
+    if (c.nbytes() > 0) std::memcpy(c.raw_data(), t.raw_data(), c.nbytes());
+    return c;
+  };
+  ASSIGN_OR_RETURN(Tensor params, copy(store_->params()));
+  for (const ParamSegment& s : store_->segments()) {
+    file.tensors.push_back(
+        {s.name, params.Rows(s.offset, s.offset + s.size()).View(s.shape)});
+  }
   for (auto& [name, t] : optimizer_->StateTensors()) {
-    ASSIGN_OR_RETURN(Tensor host, ctx_->ToHost(t));
+    ASSIGN_OR_RETURN(Tensor host, copy(t));
     file.tensors.push_back({name, host});
   }
   if (task_ != nullptr) {
@@ -484,6 +498,11 @@ absl::StatusOr<std::string> Stage::WriteCheckpointFile(const std::string& dir) {
   if (is_first()) {
     file.metadata["data_position"] = absl::StrCat(sampler_->position());
   }
+  return file;
+}
+
+absl::StatusOr<std::string> Stage::WriteCheckpointFile(const std::string& dir) {
+  ASSIGN_OR_RETURN(SafetensorsFile file, CheckpointContents());
   return WriteStageFile(dir, completed_steps_, index_, file);
 }
 

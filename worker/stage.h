@@ -30,6 +30,7 @@
 #define TRAINYARD_WORKER_STAGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/job_plan.h"
+#include "core/safetensors.h"
 #include "core/schedule.h"
 #include "core/transport.h"
 #include "kernels/block_kernel.h"
@@ -87,6 +89,9 @@ struct StepReport {
   // The task plugin's metrics (last stage only).
   std::vector<std::pair<std::string, double>> metrics;
   StageTimes times;
+  // Stages that reported their file of the pending checkpoint written
+  // (set_checkpoint_file_written), summed by the step's all-reduce.
+  int checkpoint_files_written = 0;
 };
 
 struct EvalReport {
@@ -114,9 +119,18 @@ class Stage {
   // Forward-only pass over the whole eval set (batches of data.batch_size).
   absl::StatusOr<EvalReport> RunEval();
 
-  // Writes this stage's file of the checkpoint for the completed step
-  // count (see docs/CHECKPOINT_FORMAT.md). Returns its SHA-256.
+  // This stage's file of the checkpoint for the completed step count, as
+  // host copies that later steps do not change (see
+  // docs/CHECKPOINT_FORMAT.md): parameters, optimizer state, task state,
+  // metadata.
+  absl::StatusOr<SafetensorsFile> CheckpointContents() const;
+  // Writes CheckpointContents() into `dir`. Returns its SHA-256.
   absl::StatusOr<std::string> WriteCheckpointFile(const std::string& dir);
+  // What this stage tells the next step's all-reduce about the pending
+  // asynchronous checkpoint (StepReport::checkpoint_files_written).
+  void set_checkpoint_file_written(bool written) {
+    checkpoint_file_written_ = written;
+  }
 
   // Loads the parameters, optimizer state, data position and task state of
   // checkpoint `step` in `dir`. Parameters are found by name in any of the
@@ -182,6 +196,7 @@ class Stage {
   std::vector<Microbatch> microbatches_;
   int64_t completed_steps_ = 0;
   bool finalized_ = false;
+  bool checkpoint_file_written_ = false;
 };
 
 }  // namespace trainyard

@@ -10,6 +10,7 @@
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/checkpoint_store.h"
+#include "worker/checkpoint_writer.h"
 #include "worker/dataset.h"
 
 namespace trainyard {
@@ -138,6 +139,46 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
                            ? std::min(options.stop_after_step, last_step)
                            : last_step;
   ASSIGN_OR_RETURN(const int64_t eval_rows, EvalRows(plan));
+
+  // Asynchronous checkpoints. When one is due after step N, the stage copies
+  // its state (CheckpointContents) and its writer thread writes the file
+  // while training goes on. Each later step's all-reduce counts the stages
+  // whose file is on disk; once all S are, the first stage's writer commits
+  // the manifest (and prunes), also in the background. Every decision here
+  // depends only on step numbers and that reduced count, so all stages take
+  // the same branches and call the all-reduce equally often. A checkpoint
+  // still pending when the next one is due, or at the run's end, is finished
+  // at once: wait for the file, a barrier, the commit. A failure before the
+  // commit loses that checkpoint (a resume takes the one before); the writer
+  // finishes its queue (a commit included) before the stage returns.
+  int64_t pending_step = 0;  // 0: none
+  int64_t pending_task = 0;  // the writer's sequence number of its file
+  auto commit = [&, dir = ckpt.dir()](int64_t step) -> absl::Status {
+    RETURN_IF_ERROR(
+        CommitCheckpoint(dir, step, S, PlanMetadataJson(plan, step)));
+    RETURN_IF_ERROR(PruneCheckpoints(dir, ckpt.keep_last()));
+    if (options.on_checkpoint) options.on_checkpoint(step, dir);
+    return absl::OkStatus();
+  };
+  // Declared after what its tasks use: its destructor, which finishes the
+  // queued tasks, runs first.
+  CheckpointWriter writer;
+  auto all_written = [&]() -> absl::Status {
+    if (stage.is_first()) {
+      writer.Submit([&commit, s = pending_step] { return commit(s); });
+    }
+    pending_step = 0;
+    return stage.NotifyTask(TRAINYARD_EVENT_CHECKPOINT_SAVED, ckpt.dir());
+  };
+  auto finish_now = [&]() -> absl::Status {
+    RETURN_IF_ERROR(writer.WaitFor(pending_task));
+    if (S > 1) {
+      std::vector<double> done = {1.0};
+      RETURN_IF_ERROR(transport->AllReduceSum(&done, options.timeout));
+    }
+    return all_written();
+  };
+
   absl::Time step_start = absl::Now();
   while (stage.completed_steps() < stop) {
     if (options.cancel != nullptr && options.cancel->load()) {
@@ -145,8 +186,14 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
                                                " cancelled after step ",
                                                stage.completed_steps()));
     }
+    RETURN_IF_ERROR(writer.status());
+    stage.set_checkpoint_file_written(pending_step > 0 &&
+                                      writer.completed() >= pending_task);
     ASSIGN_OR_RETURN(StepReport report, stage.RunStep());
     const int64_t step = report.step;
+    if (pending_step > 0 && report.checkpoint_files_written == S) {
+      RETURN_IF_ERROR(all_written());
+    }
     if (options.on_step) {
       options.on_step(report, absl::ToDoubleSeconds(absl::Now() - step_start));
     }
@@ -155,23 +202,20 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
       if (options.on_eval) options.on_eval(step, eval);
     }
     if (!ckpt.dir().empty() && CheckpointDue(step, ckpt.every(), last_step)) {
-      RETURN_IF_ERROR(stage.WriteCheckpointFile(ckpt.dir()).status());
-      // Barrier: the manifest goes in only after every stage file is there.
-      if (S > 1) {
-        std::vector<double> done = {1.0};
-        RETURN_IF_ERROR(transport->AllReduceSum(&done, options.timeout));
-      }
-      if (stage.is_first()) {
-        RETURN_IF_ERROR(CommitCheckpoint(ckpt.dir(), step, S,
-                                         PlanMetadataJson(plan, step)));
-        RETURN_IF_ERROR(PruneCheckpoints(ckpt.dir(), ckpt.keep_last()));
-        if (options.on_checkpoint) options.on_checkpoint(step, ckpt.dir());
-      }
-      RETURN_IF_ERROR(
-          stage.NotifyTask(TRAINYARD_EVENT_CHECKPOINT_SAVED, ckpt.dir()));
+      if (pending_step > 0) RETURN_IF_ERROR(finish_now());
+      ASSIGN_OR_RETURN(SafetensorsFile contents, stage.CheckpointContents());
+      pending_step = step;
+      pending_task =
+          writer.Submit([dir = ckpt.dir(), step, k = stage.index(),
+                         file = std::move(contents)]() -> absl::Status {
+            return WriteStageFile(dir, step, k, file).status();
+          });
+      if (step == stop) RETURN_IF_ERROR(finish_now());
     }
     step_start = absl::Now();
   }
+  if (pending_step > 0) RETURN_IF_ERROR(finish_now());
+  RETURN_IF_ERROR(writer.Drain());
   RETURN_IF_ERROR(stage.NotifyTask(
       TRAINYARD_EVENT_JOB_END, stop == last_step ? "completed" : "stopped"));
   return stage.Finalize();

@@ -70,7 +70,9 @@ struct StageRunOptions {
   std::function<void(const StepReport&, double step_seconds)> on_step;
   // Per eval pass, on every stage (metrics only on the last).
   std::function<void(int64_t step, const EvalReport&)> on_eval;
-  // On the first stage, after a checkpoint is committed.
+  // On the first stage, after a checkpoint is committed; called from the
+  // stage's thread or its checkpoint writer's thread (checkpoints are
+  // written in the background), one call at a time.
   std::function<void(int64_t step, const std::string& dir)> on_checkpoint;
 };
 

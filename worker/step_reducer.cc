@@ -14,7 +14,7 @@ absl::StatusOr<StepTotals> ReduceStep(const JobPlan& plan,
                                       const std::string& where,
                                       double* comm_seconds) {
   const int num_params = static_cast<int>(plan.params.size());
-  std::vector<double> reduce(num_params + 2, 0.0);
+  std::vector<double> reduce(num_params + 3, 0.0);
   for (size_t i = 0; i < mine.params.size(); ++i) {
     reduce[mine.params[i]] = mine.sums_of_squares[i];
   }
@@ -22,6 +22,7 @@ absl::StatusOr<StepTotals> ReduceStep(const JobPlan& plan,
     reduce[num_params] = mine.weight_sum;
     reduce[num_params + 1] = mine.loss_sum;
   }
+  reduce[num_params + 2] = mine.checkpoint_file_written ? 1.0 : 0.0;
   if (transport != nullptr && transport->world_size() > 1) {
     const absl::Time start = absl::Now();
     absl::Status st = transport->AllReduceSum(&reduce, timeout);
@@ -51,6 +52,7 @@ absl::StatusOr<StepTotals> ReduceStep(const JobPlan& plan,
   t.loss = reduce[num_params + 1] / weight;
   t.grad_norm = std::sqrt(sumsq) / weight;
   t.grad_scale = 1.0 / weight;
+  t.checkpoint_files_written = static_cast<int>(reduce[num_params + 2]);
   const double clip = plan.spec.optimizer().clip_grad();
   if (clip > 0) {
     const double coef = clip / (t.grad_norm + 1e-6);

@@ -4,7 +4,8 @@
 //
 //   vector = [sum of squares of each parameter's raw gradient, one slot per
 //             parameter of the whole model] ++ [sum of loss weights,
-//             sum of weight * loss]
+//             sum of weight * loss, stages whose file of the pending
+//             checkpoint is written]
 //
 // Each slot has exactly one contributor (the stage owning the parameter;
 // the last stage for the loss sums), so the reduction is exact and the
@@ -34,6 +35,9 @@ struct StepTotals {
   double loss = 0;
   double grad_norm = 0;
   double grad_scale = 1;  // applied to the raw accumulated gradients
+  // How many stages have written their file of the pending checkpoint (the
+  // asynchronous checkpoints of worker/stage_runner.cc).
+  int checkpoint_files_written = 0;
 };
 
 struct StepContributions {
@@ -44,6 +48,7 @@ struct StepContributions {
   bool is_last = false;
   double weight_sum = 0;  // last stage only
   double loss_sum = 0;
+  bool checkpoint_file_written = false;  // this stage's, of the pending one
 };
 
 // `transport` may be null for a one-stage job. `step` is 0-based; `where`
