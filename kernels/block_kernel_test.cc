@@ -113,11 +113,20 @@ MlpBlockParams ToDevice(const ExecContext& ctx, const MlpBlockConfig& c,
   return d;
 }
 
+// max |got - want| / (|want| + max |want|): relative where values are
+// large, and for values near zero relative to the tensor's scale (as
+// atol = rtol * scale), so rounding differences near zero do not count as
+// errors.
 double MaxRelErr(const Tensor& got, const Tensor& want) {
+  double scale = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    scale =
+        std::max(scale, std::abs(static_cast<double>(want.data<float>()[i])));
+  }
   double worst = 0;
   for (int64_t i = 0; i < want.numel(); ++i) {
     const double w = want.data<float>()[i], g = got.data<float>()[i];
-    worst = std::max(worst, std::abs(g - w) / (1e-3 + std::abs(w)));
+    worst = std::max(worst, std::abs(g - w) / (std::abs(w) + scale + 1e-30));
   }
   return worst;
 }

@@ -307,7 +307,7 @@ job_cluster() {
   local d=$WORK/cluster port="" i n w
   mkdir -p "$d/db"
   py spec "$SPEC" "$LOGS/cluster_spec.json" --blocks 4 --stages 4 --device cuda \
-    --dtype float32 || return 1
+    --precision fp32 || return 1
   "$HERE/bin/trainyard-controller" --data_dir "$d/db" --listen 127.0.0.1:0 \
     --port_file "$d/port" >"$LOGS/cluster_controller.log" 2>&1 &
   DAEMONS+=($!)

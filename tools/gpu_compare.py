@@ -10,10 +10,10 @@ Python 3 standard library only: the GPU machine may have nothing else.
       Prints one line starting PASS or FAIL; exit 0 (pass), 1 (fail),
       2 (unreadable input).
   gpu_compare.py spec IN.json OUT.json [--blocks N] [--stages S]
-                 [--device D] [--dtype T]
+                 [--device D] [--precision P]
       Writes a variant of a job spec: at least N blocks (extra blocks are
       copies of a residual block, so layer widths do not change), S pipeline
-      stages (an explicit split is dropped), the given device and dtype.
+      stages (an explicit split is dropped), the given device and precision.
       Relative data and init paths become absolute (relative to IN's folder),
       so OUT may live anywhere.
   gpu_compare.py summary RUN.jsonl
@@ -132,7 +132,7 @@ def _get(d, *names):
 
 
 def rewrite_spec(spec, base_dir, blocks=None, stages=None, device=None,
-                 dtype=None):
+                 precision=None):
     """Returns a rewritten copy of a job spec (see the module comment)."""
     spec = copy.deepcopy(spec)
     model = spec.setdefault("model", {})
@@ -160,8 +160,8 @@ def rewrite_spec(spec, base_dir, blocks=None, stages=None, device=None,
         par.pop("split", None)
     if device is not None:
         spec["device"] = device
-    if dtype is not None:
-        spec["dtype"] = dtype
+    if precision is not None:
+        spec["precision"] = precision
 
     def absolute(p):
         return p if not p or os.path.isabs(p) else os.path.normpath(
@@ -224,7 +224,7 @@ def main(argv):
     s.add_argument("--blocks", type=int)
     s.add_argument("--stages", type=int)
     s.add_argument("--device")
-    s.add_argument("--dtype")
+    s.add_argument("--precision")
     m = sub.add_parser("summary")
     m.add_argument("run")
     b = sub.add_parser("bench")
@@ -247,7 +247,7 @@ def main(argv):
                 spec = json.load(f)
             out = rewrite_spec(spec, os.path.dirname(os.path.abspath(
                 args.input)), args.blocks, args.stages, args.device,
-                args.dtype)
+                args.precision)
         except (OSError, ValueError) as e:
             print("gpu_compare spec: %s: %s" % (args.input, e),
                   file=sys.stderr)

@@ -60,7 +60,7 @@ expect "low accuracy" 1 "FAIL: weak.jsonl last eval_accuracy 0.9000 < 0.95" \
 expect "unreadable" 2 "FAIL: " compare "$T/ref.jsonl" "$T/absent.jsonl" --rtol 1e-5
 
 expect "4-block spec" 0 "4 blocks, 4 stages, device cuda" \
-  spec "$DIGITS" "$T/spec4.json" --blocks 4 --stages 4 --device cuda --dtype float32
+  spec "$DIGITS" "$T/spec4.json" --blocks 4 --stages 4 --device cuda --precision fp32
 python3 - "$T/spec4.json" "$(dirname "$DIGITS")" <<'EOF' || fail "4-block spec content"
 import json, os, sys
 spec = json.load(open(sys.argv[1]))
@@ -69,7 +69,7 @@ widths = [b["outFeatures"] for b in blocks]
 assert widths == [128, 128, 128, 10], widths
 assert blocks[2] == blocks[1] and blocks[2]["residual"], blocks
 assert spec["parallelism"]["stages"] == 4, spec["parallelism"]
-assert spec["device"] == "cuda" and spec["dtype"] == "float32"
+assert spec["device"] == "cuda" and spec["precision"] == "fp32"
 path = spec["data"]["train"]["npy"]["features"]
 assert path == os.path.join(sys.argv[2], "digits/train_features.npy"), path
 print("ok: 4-block spec content")

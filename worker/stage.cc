@@ -306,6 +306,7 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         }
         if (!is_last()) break;
         // The loss belongs to the last stage's forward.
+        Timer t(&times->loss);
         ASSIGN_OR_RETURN(mb->grad_output,
                          loss_->Compute(mb->output, mb->state, completed_steps_,
                                         mb->index, num_microbatches, is_eval));

@@ -78,6 +78,7 @@ struct StageTimes {
   double comm = 0;       // sends, all-reduce
   double idle = 0;       // waiting to receive (the pipeline bubble)
   double optimizer = 0;  // norm, clip and update
+  double loss = 0;       // the last stage's loss head (task plugin, copies)
 };
 
 struct StepReport {

@@ -249,7 +249,7 @@ absl::Status CudaMlpBlock::Forward(const CudaMlpBlockParams& p, int64_t rows,
   const float* b1 = c.bias ? p.fc1_bias : nullptr;
   const bool relu = c.activation == Activation::kRelu;
   bool fc1_fused = false;
-  if ((relu || c.activation == Activation::kGeluTanh) &&
+  if ((relu || (c.activation == Activation::kGeluTanh && !exact_fp32())) &&
       MayFuse(kFc1Forward, b)) {
     // D = act_out directly; aux keeps what the backward needs: the relu
     // bitmask, or the gelu_tanh pre-activation (f1 == ffn here).
@@ -337,7 +337,7 @@ absl::Status CudaMlpBlock::BackwardInput(const CudaMlpBlockParams& p,
   const GemmArgs g = Args(false, false, b, ffn, out, d_out, out, w2, ffn, 0.0f,
                           nullptr, nullptr, ffn, t);
   const bool relu = c.activation == Activation::kRelu;
-  const bool gelu_tanh = c.activation == Activation::kGeluTanh;
+  const bool gelu_tanh = c.activation == Activation::kGeluTanh && !exact_fp32();
   // The fused backward needs the forward's aux: the relu bitmask (only
   // there when the relu forward was fused) or the pre-activation.
   const bool have_aux = (relu && !saved->relu_mask.empty()) ||

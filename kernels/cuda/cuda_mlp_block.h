@@ -163,6 +163,10 @@ class CudaMlpBlock {
   absl::Status Bf16Weights(const CudaMlpBlockParams& p, const void** w1,
                            const void** w2, Stream stream);
   absl::StatusOr<DeviceBuffer> Alloc(int64_t elements, DType t);
+  // fp32 mode promises float32 results close to the CPU's: cuBLASLt's
+  // GELU epilogues may evaluate tanh approximately, so fp32 keeps gelu_tanh
+  // on our element-wise kernels (bias and bias-gradient epilogues stay).
+  bool exact_fp32() const { return mode_ == ComputeMode::kFloat32; }
 
   struct EpilogueDecision {
     bool fused = false;

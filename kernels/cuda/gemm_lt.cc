@@ -177,6 +177,25 @@ absl::Status CheckAuxLd(const GemmArgs& g) {
                    ", got ", g.ld_aux));
 }
 
+// cuBLASLt's heuristic is told the alignment of A, B, C and D only; its
+// epilogue kernels may assume 16-byte aligned bias, bias-gradient and aux
+// pointers and fault on others (a fault poisons the whole CUDA context). A
+// stage's biases are views into one flat parameter buffer, so they can sit
+// at any 4-byte offset: such a call is Unimplemented, and the caller takes
+// its element-wise path.
+absl::Status CheckEpiloguePointers(const GemmArgs& g) {
+  const void* const pointers[] = {g.bias, g.bias_grad, g.aux};
+  for (const void* p : pointers) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      return absl::UnimplementedError(
+          absl::StrCat("GemmLt (m=", g.m, " n=", g.n, " k=", g.k, ", epilogue ",
+                       GemmEpilogueName(g.epilogue),
+                       "): a bias or aux pointer is not 16-byte aligned"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
@@ -239,6 +258,8 @@ absl::Status GemmLt::Run(const GemmArgs& g, Stream stream) {
   if (!valid.ok()) return valid;
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
   valid = CheckAuxLd(g);
+  if (!valid.ok()) return valid;
+  valid = CheckEpiloguePointers(g);
   if (!valid.ok()) return valid;
 
   const cudaDataType_t ab_type =
