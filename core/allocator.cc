@@ -1,35 +1,126 @@
 #include "core/allocator.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace trainyard {
 namespace {
 
-class AlignedHostAllocator final : public Allocator {
+// 64-byte aligned host memory that keeps freed blocks of 64 KiB to 256 MiB
+// for reuse by the next request of the same (4 KiB-rounded) size. A step
+// loop allocates the same activation sizes every step; without the cache,
+// glibc returns large blocks to the kernel and the next step pays page
+// faults to get them back (about 6% of a CPU training step, measured in
+// docs/BENCHMARKS.md). Cached bytes are capped; beyond the cap, and for
+// small or huge blocks, memory goes straight back to malloc.
+class CachingHostAllocator final : public Allocator {
  public:
+  CachingHostAllocator() {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGE_SIZE);
+    const size_t physical =
+        pages > 0 && page > 0 ? static_cast<size_t>(pages) * page : 0;
+    cap_ = std::max<size_t>(size_t{1} << 30, physical / 8);
+  }
+
   Device device() const override { return Device::Cpu(); }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     if (bytes == 0) return nullptr;
-    // aligned_alloc needs a size that is a multiple of the alignment.
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = rounded < bytes ? nullptr : std::aligned_alloc(64, rounded);
+    const size_t size = RoundSize(bytes);
+    if (size < bytes) return Exhausted(bytes);  // overflow
+    if (Cached(size)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(size);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= size;
+        sizes_[p] = size;
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(64, size);
     if (p == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("out of host memory allocating ", bytes, " bytes"));
+      // Give the cache back and try once more before refusing.
+      EmptyCache();
+      p = std::aligned_alloc(64, size);
+      if (p == nullptr) return Exhausted(bytes);
+    }
+    if (Cached(size)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      sizes_[p] = size;
     }
     return p;
   }
 
-  void Deallocate(void* ptr) override { std::free(ptr); }
+  void Deallocate(void* ptr) override {
+    if (ptr == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sizes_.find(ptr);
+      if (it != sizes_.end()) {
+        const size_t size = it->second;
+        sizes_.erase(it);
+        if (cached_bytes_ + size <= cap_) {
+          free_[size].push_back(ptr);
+          cached_bytes_ += size;
+          return;
+        }
+      }
+    }
+    std::free(ptr);
+  }
+
+ private:
+  static constexpr size_t kMinCached = size_t{64} << 10;
+  static constexpr size_t kMaxCached = size_t{256} << 20;
+
+  // aligned_alloc needs a multiple of the alignment; cached sizes are
+  // rounded to 4 KiB so that near-equal requests share a free list.
+  static size_t RoundSize(size_t bytes) {
+    const size_t align = bytes >= kMinCached ? 4096 : 64;
+    return (bytes + align - 1) / align * align;
+  }
+  static bool Cached(size_t size) {
+    return size >= kMinCached && size <= kMaxCached;
+  }
+  static absl::Status Exhausted(size_t bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of host memory allocating ", bytes, " bytes"));
+  }
+
+  void EmptyCache() {
+    std::vector<void*> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [size, list] : free_) {
+        blocks.insert(blocks.end(), list.begin(), list.end());
+      }
+      free_.clear();
+      cached_bytes_ = 0;
+    }
+    for (void* p : blocks) std::free(p);
+  }
+
+  std::mutex mu_;
+  std::unordered_map<void*, size_t> sizes_;  // live cacheable blocks
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t cached_bytes_ = 0;
+  size_t cap_ = 0;
 };
 
 }  // namespace
 
 Allocator* HostAllocator() {
-  static Allocator* const kHost = new AlignedHostAllocator();
+  static Allocator* const kHost = new CachingHostAllocator();
   return kHost;
 }
 

@@ -98,6 +98,20 @@ TEST(TensorTest, AllocationFailureIsAStatusNamingTheTensor) {
       << t.status();
 }
 
+TEST(TensorTest, HostAllocatorReusesFreedBlocksOfTheSameSize) {
+  void* first;
+  {
+    Tensor t = Tensor::Empty(DType::kFloat32, {256, 1024});  // 1 MiB
+    first = t.raw_data();
+  }
+  Tensor again = Tensor::Empty(DType::kFloat32, {1024, 256});
+  EXPECT_EQ(again.raw_data(), first);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(again.raw_data()) % 64, 0u);
+  // A different size gets other memory while `again` is alive.
+  Tensor other = Tensor::Empty(DType::kFloat32, {512, 1024});
+  EXPECT_NE(other.raw_data(), first);
+}
+
 TEST(TensorDeathTest, HostAccessToADeviceTensorIsABug) {
   FakeDeviceAllocator alloc;
   Tensor t = *Tensor::Create(DType::kFloat32, {2}, &alloc);
