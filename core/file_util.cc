@@ -163,6 +163,13 @@ absl::Status CreateDirectories(const std::string& path) {
   return absl::OkStatus();
 }
 
+std::string ExecutableDir() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  return Dirname(std::string(buf, static_cast<size_t>(n)));
+}
+
 std::string Dirname(const std::string& path) {
   size_t end = path.size();
   while (end > 1 && path[end - 1] == '/') --end;  // ignore trailing slashes

@@ -42,6 +42,10 @@ std::string Dirname(const std::string& path);
 // Joins with exactly one '/' between non-empty parts.
 std::string JoinPath(absl::string_view a, absl::string_view b);
 
+// The folder of the running binary (from /proc/self/exe; "." if that
+// cannot be read).
+std::string ExecutableDir();
+
 }  // namespace trainyard
 
 #endif  // TRAINYARD_CORE_FILE_UTIL_H_

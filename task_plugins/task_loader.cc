@@ -12,9 +12,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/file_util.h"
 #include "core/status_macros.h"
 
 namespace trainyard {
+
+std::string DefaultPluginDir() {
+  std::string dir = ExecutableDir();
+  for (int up = 0; up < 3; ++up) {
+    for (const char* name : {"task_plugins", "plugins"}) {
+      const std::string candidate = JoinPath(dir, name);
+      struct stat st;
+      if (::stat(JoinPath(candidate, "libmse.so").c_str(), &st) == 0) {
+        return candidate;
+      }
+    }
+    dir = Dirname(dir);
+  }
+  return JoinPath(Dirname(ExecutableDir()), "task_plugins");
+}
 namespace {
 
 // Refuse single allocations and per-call totals beyond these: a plugin asking

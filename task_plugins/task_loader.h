@@ -37,6 +37,13 @@
 
 namespace trainyard {
 
+// Where the shipped task plugins are, seen from the running binary: the
+// nearest "task_plugins" (Bazel: bazel-bin/task_plugins beside
+// bazel-bin/<package>/<binary>) or "plugins" (the GPU bundle: plugins/
+// beside bin/) folder holding libmse.so, looking up to three folders up;
+// else <binary's folder>/../task_plugins.
+std::string DefaultPluginDir();
+
 // A loaded, validated plugin library. Immutable after Load.
 class TaskPlugin {
  public:

@@ -20,8 +20,6 @@
 // computes the loss on the host (docs/GPU.md), which for this wide MSE head
 // copies [8192, 8192] floats each way per step; mfu_without_loss_head is
 // the figure with that time taken out.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +33,7 @@
 #include "core/job_plan.h"
 #include "core/npy.h"
 #include "core/random.h"
+#include "task_plugins/task_loader.h"
 #include "worker/local_job.h"
 
 ABSL_FLAG(int64_t, hidden, 8192, "h: block width.");
@@ -57,23 +56,11 @@ ABSL_FLAG(std::string, only, "",
 namespace trainyard {
 namespace {
 
-std::string SelfDir() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string exe(buf, n);
-  return exe.substr(0, exe.rfind('/'));
-}
-
 std::string PluginDir() {
   if (!absl::GetFlag(FLAGS_plugin_dir).empty()) {
     return absl::GetFlag(FLAGS_plugin_dir);
   }
-  const std::string up = SelfDir() + "/..";
-  for (const std::string& dir : {up + "/plugins", up + "/task_plugins"}) {
-    if (access((dir + "/libmse.so").c_str(), R_OK) == 0) return dir;
-  }
-  return up + "/task_plugins";
+  return DefaultPluginDir();
 }
 
 // Random features and targets, written once.

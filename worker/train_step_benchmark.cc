@@ -33,15 +33,6 @@ namespace {
 constexpr int64_t kHidden = 1024, kFfn = 4096, kBatch = 256, kBlocks = 4;
 constexpr double kStepFlops = 6.0 * 2.0 * kBatch * kHidden * kFfn * kBlocks;
 
-std::string PluginDir() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  CHECK_GT(n, 0);
-  std::string exe(buf, n);
-  exe = exe.substr(0, exe.rfind('/'));  // .../worker
-  return exe.substr(0, exe.rfind('/')) + "/task_plugins";
-}
-
 void BM_SgemmCeiling(benchmark::State& state) {
   SetBlasThreads(static_cast<int>(state.range(0)));
   // The forward fc1 shape: [B, h] x [h, ffn]^T.
@@ -90,7 +81,7 @@ void BM_TrainStep(benchmark::State& state, const char* optimizer,
   CHECK_OK(train.status());
   data.train = std::make_shared<Dataset>(std::move(*train));
   StageOptions options;
-  options.plugin_dir = PluginDir();
+  options.plugin_dir = DefaultPluginDir();
   auto stage = Stage::Create(*plan, 0, nullptr, options, data);
   CHECK_OK(stage.status());
   CHECK_OK((*stage)->InitParameters());

@@ -19,6 +19,7 @@
 #include "core/file_util.h"
 #include "core/stop_signals.h"
 #include "glog/logging.h"
+#include "task_plugins/task_loader.h"
 #include "worker/worker_daemon.h"
 
 ABSL_FLAG(std::string, controller, "",
@@ -51,22 +52,6 @@ ABSL_FLAG(std::string, health_listen, "127.0.0.1:0",
           "none.");
 ABSL_FLAG(std::string, port_file, "",
           "Write the health server's port here once it listens.");
-
-namespace trainyard {
-namespace {
-
-// <dir of binary>/../task_plugins: bazel-bin/worker/trainyard-worker ->
-// bazel-bin/task_plugins, like the `trainyard` CLI.
-std::string DefaultPluginDir() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "task_plugins";
-  buf[n] = '\0';
-  return Dirname(Dirname(buf)) + "/task_plugins";
-}
-
-}  // namespace
-}  // namespace trainyard
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(

@@ -29,6 +29,7 @@
 #include "controller/cli/job_client.h"
 #include "controller/cli/local_cluster.h"
 #include "core/device.h"
+#include "core/file_util.h"
 #include "core/job_plan.h"
 #include "core/status_macros.h"
 #include "google/protobuf/util/json_util.h"
@@ -106,27 +107,10 @@ constexpr char kUsage[] =
     "                               start a local cluster (Ctrl-C stops "
     "it)\n";
 
-std::string Dirname(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string SelfDir() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  buf[n] = '\0';
-  return Dirname(buf);
-}
-
 // Bazel lays binaries out as bazel-bin/controller/cli/trainyard,
-// bazel-bin/controller/trainyard-controller, bazel-bin/worker/
-// trainyard-worker and bazel-bin/task_plugins/lib*.so.
-std::string DefaultPluginDir() {
-  return Dirname(Dirname(SelfDir())) + "/task_plugins";
-}
+// bazel-bin/controller/trainyard-controller and bazel-bin/worker/
+// trainyard-worker.
+std::string BazelBinDir() { return Dirname(Dirname(ExecutableDir())); }
 
 int Train() {
   const std::string spec_path = absl::GetFlag(FLAGS_spec);
@@ -511,7 +495,7 @@ int Watch(const std::vector<char*>& args) {
 
 int Up() {
   LocalClusterOptions opts;
-  const std::string bazel_bin = Dirname(Dirname(SelfDir()));
+  const std::string bazel_bin = BazelBinDir();
   opts.controller_bin = absl::GetFlag(FLAGS_controller_bin);
   if (opts.controller_bin.empty()) {
     opts.controller_bin = bazel_bin + "/controller/trainyard-controller";
