@@ -6,13 +6,18 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <system_error>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/file_util.h"
@@ -31,6 +36,8 @@ constexpr char kFormat[] = "trainyard.checkpoint.v1";
 constexpr char kStepPrefix[] = "step_";
 constexpr char kStagePrefix[] = "stage_";
 constexpr char kStageSuffix[] = ".safetensors";
+// Beside each stage file: "<sha256 hex> <size>\n" of its bytes.
+constexpr char kDigestSuffix[] = ".sha256";
 
 std::string StageFileName(int stage) {
   return absl::StrCat(kStagePrefix, stage, kStageSuffix);
@@ -166,10 +173,39 @@ absl::StatusOr<std::string> WriteStageFile(const std::string& dir, int64_t step,
   const std::string step_dir = CheckpointStepDir(dir, step);
   RETURN_IF_ERROR(CreateDirectories(step_dir));
   RETURN_IF_ERROR(RemoveIfExists(JoinPath(step_dir, kManifest)));
+  // The digest file goes first and comes back last, so it never describes
+  // other bytes than the stage file beside it.
+  const std::string digest_path = path + kDigestSuffix;
+  RETURN_IF_ERROR(RemoveIfExists(digest_path));
   const std::string bytes = SerializeSafetensors(contents);
   RETURN_IF_ERROR(WriteFileAtomically(path, bytes));
-  return Sha256Hex(bytes);
+  std::string sha = Sha256Hex(bytes);
+  RETURN_IF_ERROR(WriteFileAtomically(
+      digest_path, absl::StrCat(sha, " ", bytes.size(), "\n")));
+  return sha;
 }
+
+namespace {
+
+// The size and SHA-256 that WriteStageFile recorded beside `path`, if its
+// digest file is there and agrees with the file's size.
+std::optional<std::pair<int64_t, std::string>> RecordedDigest(
+    const std::string& path) {
+  auto text = ReadFileToString(path + kDigestSuffix);
+  if (!text.ok()) return std::nullopt;
+  std::vector<std::string> parts =
+      absl::StrSplit(absl::StripTrailingAsciiWhitespace(*text), ' ');
+  int64_t size = 0;
+  if (parts.size() != 2 || parts[0].size() != 64 ||
+      !absl::SimpleAtoi(parts[1], &size)) {
+    return std::nullopt;
+  }
+  auto actual = FileSize(path);
+  if (!actual.ok() || *actual != size) return std::nullopt;
+  return std::make_pair(size, parts[0]);
+}
+
+}  // namespace
 
 absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
                               int num_stages,
@@ -193,7 +229,11 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
   // only the manifest makes a checkpoint, so remove it rather than refuse.
   for (const std::string& name : *names) {
     int k;
-    if (ParseStageFileName(name, &k) && k >= num_stages) {
+    const std::string stage_name =
+        absl::EndsWith(name, kDigestSuffix)
+            ? name.substr(0, name.size() - std::strlen(kDigestSuffix))
+            : name;
+    if (ParseStageFileName(stage_name, &k) && k >= num_stages) {
       const std::string path = JoinPath(step_dir, name);
       if (std::remove(path.c_str()) != 0) {
         return absl::InternalError(absl::StrCat(
@@ -209,6 +249,17 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
   json stages = json::array();
   for (int k = 0; k < num_stages; ++k) {
     const std::string path = CheckpointStagePath(dir, step, k);
+    if (auto recorded = RecordedDigest(path)) {
+      // Written by WriteStageFile from a validated SafetensorsFile, which
+      // hashed the bytes as it wrote them: no need to read them back.
+      json entry = json::object();
+      entry["stage"] = k;
+      entry["file"] = StageFileName(k);
+      entry["size"] = recorded->first;
+      entry["sha256"] = recorded->second;
+      stages.push_back(std::move(entry));
+      continue;
+    }
     auto bytes = ReadFileToString(path);
     if (absl::IsNotFound(bytes.status())) {
       return absl::FailedPreconditionError(

@@ -51,16 +51,20 @@ struct CheckpointManifest {
 };
 
 // Writes stage `stage`'s file of checkpoint `step` atomically, creating the
-// folders. If that step was already committed its manifest is removed first
-// (the step is incomplete until CommitCheckpoint runs again). Returns the
-// file's SHA-256 (hex). InvalidArgument for step < 0, stage < 0 or invalid
-// contents (see ValidateSafetensors); I/O errors name the path.
+// folders, and beside it "stage_<k>.safetensors.sha256" with the bytes'
+// SHA-256 and size (so the commit need not read them back). If that step was
+// already committed its manifest is removed first (the step is incomplete until
+// CommitCheckpoint runs again). Returns the file's SHA-256 (hex).
+// InvalidArgument for step < 0, stage < 0 or invalid contents (see
+// ValidateSafetensors); I/O errors name the path.
 absl::StatusOr<std::string> WriteStageFile(const std::string& dir, int64_t step,
                                            int stage,
                                            const SafetensorsFile& contents);
 
 // Commits checkpoint `step`: every stage_<k>.safetensors for k < num_stages
-// must exist and parse as safetensors; records their sizes and checksums
+// must exist; a file with a digest written by WriteStageFile (matching its
+// size) is taken as recorded, any other must parse as safetensors and is
+// hashed. Records their sizes and checksums
 // and `job_metadata_json` (any string; the engine stores its job JSON) in
 // manifest.json, written atomically. FailedPrecondition naming the file if a
 // stage file is missing or a stage_<k> with k >= num_stages exists;

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -260,6 +261,38 @@ TEST(CheckpointStoreTest, NoneVerifiesIsAnErrorListingEveryReason) {
   auto empty = LatestVerifiedCheckpoint(FreshDir("setaside_empty"));
   ASSERT_TRUE(empty.ok());
   EXPECT_FALSE(empty->step.has_value());
+}
+
+TEST(CheckpointStoreTest, CommitTakesTheDigestTheWriterRecorded) {
+  std::string dir = FreshDir("digest");
+  auto sha = WriteStageFile(dir, 3, 0, StageContents(3, 0));
+  ASSERT_TRUE(sha.ok());
+  const std::string path = CheckpointStagePath(dir, 3, 0);
+  auto digest = ReadFileToString(path + ".sha256");
+  ASSERT_TRUE(digest.ok());
+  EXPECT_EQ(*digest, *sha + " " + std::to_string(*FileSize(path)) + "\n");
+  // The commit does not read the file back: a digest of the right size is
+  // taken as written (here a wrong one, so the load's check catches it).
+  ASSERT_TRUE(WriteFileAtomically(path + ".sha256",
+                                  std::string(64, 'a') + " " +
+                                      std::to_string(*FileSize(path)) + "\n")
+                  .ok());
+  ASSERT_TRUE(CommitCheckpoint(dir, 3, 1, "{}").ok());
+  EXPECT_EQ(ReadCheckpointManifest(dir, 3)->stages[0].sha256,
+            std::string(64, 'a'));
+  EXPECT_THAT(ReadStageFile(dir, 3, 0, 1).status().message(),
+              HasSubstr("checksum mismatch"));
+}
+
+TEST(CheckpointStoreTest, CommitHashesFilesWithoutADigest) {
+  std::string dir = FreshDir("nodigest");
+  auto sha = WriteStageFile(dir, 4, 0, StageContents(4, 0));
+  ASSERT_TRUE(sha.ok());
+  const std::string path = CheckpointStagePath(dir, 4, 0);
+  ASSERT_EQ(std::remove((path + ".sha256").c_str()), 0);
+  ASSERT_TRUE(CommitCheckpoint(dir, 4, 1, "{}").ok());
+  EXPECT_EQ(ReadCheckpointManifest(dir, 4)->stages[0].sha256, *sha);
+  EXPECT_TRUE(ReadStageFile(dir, 4, 0, 1).ok());
 }
 
 TEST(CheckpointStoreTest, MissingStageFileAfterCommit) {
