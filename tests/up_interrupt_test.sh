@@ -71,6 +71,9 @@ for c in $children; do
 done
 [ $rc = 1 ] || { echo "FAIL: exit status $rc, want 1"; tail "$log2"; exit 1; }
 grep -q "interrupted; cancelling" "$log2" || { echo "FAIL: no interrupt message"; exit 1; }
+# The watch shows why the stages talk TCP (the job's transport note).
+grep -q "^note (stage [01]): transport: every stage is on cpu: using TCP$" "$log2" ||
+  { echo "FAIL: no transport note in the watch output"; grep -n note "$log2"; exit 1; }
 echo "ok: SIGINT during --run cancelled the job and stopped the cluster in ${took} s; exit 1"
 
 # 3. SIGKILL of `trainyard up` itself: its daemons die with it.

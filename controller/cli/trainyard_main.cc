@@ -314,6 +314,12 @@ class WatchPrinter {
                 << FormatMetrics(ev.metrics(), "") << std::endl;
       last_eval_ = ev;
       has_eval_ = true;
+    } else if (e.has_note()) {
+      // What the service decided on the job's behalf (e.g. the transport
+      // between its stages and why).
+      EndBar();
+      std::cout << "note (stage " << e.note().stage()
+                << "): " << e.note().text() << std::endl;
     }
   }
 
