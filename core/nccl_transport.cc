@@ -384,6 +384,11 @@ absl::Status NcclTransportImpl::WaitComm(int comm, absl::Time deadline,
       AbortComms();
       return AbortedStatus();
     }
+    if (options_.cancel != nullptr && options_.cancel->load()) {
+      return Fail(absl::CancelledError(absl::StrCat(
+          where_, ": ", what, " on communicator \"", kCommNames[comm],
+          "\": the job was cancelled; communicators aborted")));
+    }
     ncclResult_t async = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(comms_[comm], &async);
     if (r != ncclSuccess) async = r;

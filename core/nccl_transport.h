@@ -77,6 +77,7 @@
 #ifndef TRAINYARD_CORE_NCCL_TRANSPORT_H_
 #define TRAINYARD_CORE_NCCL_TRANSPORT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -145,6 +146,11 @@ struct NcclTransportOptions {
   // Longest the destructor waits for queued sends to finish before it
   // aborts the communicators instead of finalizing them.
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // Optional (not owned; must outlive the transport): when it becomes true
+  // (the job was cancelled or failed) every wait, the communicators' join
+  // during creation included, aborts the communicators and fails with
+  // Cancelled within one poll interval.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 class NcclTransport : public Transport {

@@ -944,6 +944,7 @@ absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::CreateNccl(
       std::min(options_.stage_timeout, options_.peer_connect_timeout);
   nccl.payload_timeout = options_.stage_timeout;
   nccl.shutdown_timeout = options_.stage_timeout;
+  nccl.cancel = job->cancel_flag();
   absl::StatusOr<std::unique_ptr<Transport>> created =
       create_nccl_transport_(nccl);
   job->SetRendezvous(nullptr);
