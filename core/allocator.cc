@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -23,11 +24,24 @@ namespace {
 class CachingHostAllocator final : public Allocator {
  public:
   CachingHostAllocator() {
+    cap_ = std::max<size_t>(size_t{256} << 20, UsableMemory() / 8);
+  }
+
+  // Physical memory, or the cgroup's limit when it is lower (a pod).
+  static size_t UsableMemory() {
     const long pages = sysconf(_SC_PHYS_PAGES);
     const long page = sysconf(_SC_PAGE_SIZE);
-    const size_t physical =
+    size_t usable =
         pages > 0 && page > 0 ? static_cast<size_t>(pages) * page : 0;
-    cap_ = std::max<size_t>(size_t{1} << 30, physical / 8);
+    for (const char* path : {"/sys/fs/cgroup/memory.max",
+                             "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+      std::ifstream in(path);
+      unsigned long long limit = 0;
+      if (in >> limit && limit > 0 && (usable == 0 || limit < usable)) {
+        usable = static_cast<size_t>(limit);
+      }
+    }
+    return usable;
   }
 
   Device device() const override { return Device::Cpu(); }
@@ -97,7 +111,7 @@ class CachingHostAllocator final : public Allocator {
         absl::StrCat("out of host memory allocating ", bytes, " bytes"));
   }
 
-  void EmptyCache() {
+  void EmptyCache() override {
     std::vector<void*> blocks;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -118,6 +132,8 @@ class CachingHostAllocator final : public Allocator {
 };
 
 }  // namespace
+
+void Allocator::EmptyCache() {}
 
 Allocator* HostAllocator() {
   static Allocator* const kHost = new CachingHostAllocator();

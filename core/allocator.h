@@ -29,12 +29,18 @@ class Allocator {
 
   // Returns memory from Allocate; nullptr is a no-op.
   virtual void Deallocate(void* ptr) = 0;
+
+  // Gives cached free memory back to the system (a no-op for allocators
+  // that keep none). Jobs call it when they end, so a long-lived worker
+  // does not keep an earlier job's free blocks.
+  virtual void EmptyCache();
 };
 
 // The process-wide host allocator: 64-byte aligned memory; freed blocks of
-// 64 KiB to 256 MiB are kept (up to max(1 GiB, physical memory / 8)) for
-// the next request of the same size, so a step loop does not fault its
-// activations' pages in again every step.
+// 64 KiB to 256 MiB are kept (up to max(256 MiB, usable memory / 8), where
+// usable is physical memory or the cgroup's limit if lower) for the next
+// request of the same size, so a step loop does not fault its activations'
+// pages in again every step.
 Allocator* HostAllocator();
 
 }  // namespace trainyard

@@ -73,7 +73,7 @@ cat >"$tmp/ok.json" <<'JSON'
           "batchSize": 8}}
 JSON
 start=$SECONDS
-expect submit_no_controller 3 "127.0.0.1:1" -- \
+expect submit_no_controller 3 "127.0.0.1:1" "add --request_id" -- \
   submit --controller 127.0.0.1:1 --spec "$tmp/ok.json"
 if [ $((SECONDS - start)) -gt 5 ]; then
   echo "FAIL submit_no_controller: took $((SECONDS - start)) s (limit 5)"; fail=1

@@ -426,6 +426,27 @@ absl::Status VerifyCheckpoint(const std::string& dir, int64_t step) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<int64_t>> NewestCommittedStep(
+    const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListStepDirs(dir));
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (Exists(ManifestPath(dir, *it))) return std::optional<int64_t>(*it);
+  }
+  return std::optional<int64_t>();
+}
+
+namespace {
+
+// Verification failures that mean the checkpoint itself is bad (set it
+// aside); anything else (EIO, EACCES, too many open files) is passed up
+// rather than taken as a reason to move a good checkpoint away.
+bool MeansBadCheckpoint(const absl::Status& st) {
+  return absl::IsDataLoss(st) || absl::IsNotFound(st) ||
+         absl::IsInvalidArgument(st);
+}
+
+}  // namespace
+
 absl::StatusOr<VerifiedCheckpoint> LatestVerifiedCheckpoint(
     const std::string& dir) {
   ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListStepDirs(dir));
@@ -440,6 +461,12 @@ absl::StatusOr<VerifiedCheckpoint> LatestVerifiedCheckpoint(
     }
     if (absl::IsNotFound(verified) && !Exists(CheckpointStepDir(dir, step))) {
       continue;  // another process set it aside while we read it
+    }
+    if (!MeansBadCheckpoint(verified)) {
+      return absl::Status(
+          verified.code(),
+          absl::StrCat("verifying checkpoint ", CheckpointStepDir(dir, step),
+                       ": ", verified.message()));
     }
     const std::string from = CheckpointStepDir(dir, step);
     const std::string to = absl::StrCat(

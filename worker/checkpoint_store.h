@@ -66,9 +66,10 @@ absl::StatusOr<std::string> WriteStageFile(const std::string& dir, int64_t step,
 // size) is taken as recorded, any other must parse as safetensors and is
 // hashed. Records their sizes and checksums
 // and `job_metadata_json` (any string; the engine stores its job JSON) in
-// manifest.json, written atomically. FailedPrecondition naming the file if a
-// stage file is missing or a stage_<k> with k >= num_stages exists;
-// DataLoss naming the file if one does not parse.
+// manifest.json, written atomically. A stage_<k> with k >= num_stages (a
+// leftover of an earlier attempt with more stages) is deleted first.
+// FailedPrecondition naming the file if a stage file is missing; DataLoss
+// naming the file if one without a digest does not parse.
 absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
                               int num_stages,
                               const std::string& job_metadata_json);
@@ -85,6 +86,10 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
 absl::StatusOr<std::vector<int64_t>> ListCompleteCheckpoints(
     const std::string& dir);
 
+// The newest step folder that holds a manifest.json at all (whether it
+// parses or not): the newest checkpoint that was committed, or nullopt.
+absl::StatusOr<std::optional<int64_t>> NewestCommittedStep(
+    const std::string& dir);
 // The newest complete checkpoint, or nullopt if there is none.
 absl::StatusOr<std::optional<int64_t>> LatestCheckpoint(const std::string& dir);
 

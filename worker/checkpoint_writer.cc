@@ -30,6 +30,11 @@ int64_t CheckpointWriter::completed() const {
   return completed_;
 }
 
+bool CheckpointWriter::Succeeded(int64_t seq) const {
+  absl::MutexLock lock(&mu_);
+  return completed_ >= seq && status_.ok();
+}
+
 absl::Status CheckpointWriter::WaitFor(int64_t seq) {
   absl::MutexLock lock(&mu_);
   auto done = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

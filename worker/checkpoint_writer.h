@@ -35,6 +35,8 @@ class CheckpointWriter {
   absl::Status status() const;
   // Tasks finished (run or skipped) so far.
   int64_t completed() const;
+  // Task `seq` finished and no task so far failed (one consistent look).
+  bool Succeeded(int64_t seq) const;
   // Waits until task `seq` (from Submit) finished; returns status().
   absl::Status WaitFor(int64_t seq);
   // Waits until every submitted task finished; returns status().

@@ -140,6 +140,8 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   for (int s = 1; s < S; ++s) threads.emplace_back(run_stage, s);
   run_stage(0);
   for (auto& t : threads) t.join();
+  stages.clear();
+  HostAllocator()->EmptyCache();
   absl::MutexLock lock(&mu);
   return first_error;
 }

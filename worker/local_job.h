@@ -35,7 +35,9 @@ struct LocalJobOptions {
   std::function<void(const StepReport&, double step_seconds)> on_step;
   // Called after each eval pass with the completed step count.
   std::function<void(int64_t step, const EvalReport&)> on_eval;
-  // Called when a checkpoint has been committed.
+  // Called when a checkpoint has been committed, from the first stage's
+  // checkpoint writer thread (checkpoints commit in the background), at the
+  // same time as on_step / on_eval may run: synchronise shared state.
   std::function<void(int64_t step, const std::string& dir)> on_checkpoint;
   // Called by each stage when it finishes, with its parameters on the host
   // (views that die with the job: copy what you keep). May run

@@ -137,6 +137,29 @@ TEST(LocalJobTest, CorruptNewestCheckpointFallsBackBitwise) {
   EXPECT_EQ(rest.params, full.params);
 }
 
+// A damaged manifest does not make a checkpoint disappear: the job does not
+// start over from step 0, it reports the bad checkpoint.
+TEST(LocalJobTest, DamagedManifestOfTheOnlyCheckpointIsNotIgnored) {
+  const std::string dir = TempDir() + "/ckpt_bad_manifest";
+  auto spec = WithPipeline(ClassificationSpec(), 2, 4, "1f1b");
+  spec.mutable_checkpoint()->set_dir(dir);
+  spec.mutable_checkpoint()->set_every(5);
+  spec.mutable_checkpoint()->set_resume("latest");
+  ASSERT_TRUE(RunJob(spec, 5).status.ok());
+  const std::string manifest = CheckpointStepDir(dir, 5) + "/manifest.json";
+  std::ofstream(manifest, std::ios::trunc) << "{\"format\": ";
+  auto never = spec;
+  never.mutable_checkpoint()->set_resume("never");
+  RunResult refused = RunJob(never);
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status.message(), HasSubstr("already holds checkpoints"));
+  RunResult r = RunJob(spec);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status.message(), HasSubstr("no checkpoint in " + dir));
+  EXPECT_THAT(r.status.message(), HasSubstr("manifest.json"));
+  EXPECT_TRUE(r.losses.empty());
+}
+
 TEST(LocalJobTest, ResumeIntoAnotherStageSplitIsBitwise) {
   const std::string dir = TempDir() + "/ckpt_resplit";
   auto spec = WithPipeline(ClassificationSpec(), 4, 4, "gpipe");

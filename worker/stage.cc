@@ -559,8 +559,13 @@ absl::Status Stage::RestoreCheckpoint(const std::string& dir, int64_t step) {
 
 absl::Status Stage::NotifyTask(TrainyardEventKind kind,
                                const std::string& detail) {
+  return NotifyTask(kind, detail, completed_steps_);
+}
+
+absl::Status Stage::NotifyTask(TrainyardEventKind kind,
+                               const std::string& detail, int64_t step) {
   if (task_ == nullptr) return absl::OkStatus();
-  return task_->OnEvent(kind, completed_steps_, detail);
+  return task_->OnEvent(kind, step, detail);
 }
 
 absl::Status Stage::Finalize() {

@@ -141,6 +141,10 @@ class Stage {
 
   // Tells the task plugin (if any) about a lifecycle event.
   absl::Status NotifyTask(TrainyardEventKind kind, const std::string& detail);
+  // The same for an event about step `step` (e.g. the checkpoint taken
+  // after it) rather than the current one.
+  absl::Status NotifyTask(TrainyardEventKind kind, const std::string& detail,
+                          int64_t step);
   // Calls the task's finalize (once).
   absl::Status Finalize();
 

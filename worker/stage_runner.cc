@@ -1,8 +1,10 @@
 #include "worker/stage_runner.h"
 
+#include <atomic>
 #include <cmath>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/npy.h"
@@ -81,7 +83,11 @@ absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan,
                                    std::vector<std::string>* set_aside) {
   const auto& ckpt = plan.spec.checkpoint();
   if (ckpt.dir().empty()) return 0;
-  ASSIGN_OR_RETURN(std::optional<int64_t> latest, LatestCheckpoint(ckpt.dir()));
+  // Any committed checkpoint counts here, even one whose manifest no longer
+  // parses: it must be set aside (and reported), never silently ignored
+  // by a run that would then start over.
+  ASSIGN_OR_RETURN(std::optional<int64_t> latest,
+                   NewestCommittedStep(ckpt.dir()));
   if (!latest.has_value()) return 0;
   if (ckpt.resume() != "latest") {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -153,7 +159,12 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
   // finishes its queue (a commit included) before the stage returns.
   int64_t pending_step = 0;  // 0: none
   int64_t pending_task = 0;  // the writer's sequence number of its file
+  // Set when the stage leaves with an error: a queued commit (and prune) is
+  // then dropped, so a failed or cancelled job never changes the checkpoint
+  // folder after it returned (a resubmitted job may be reading it).
+  std::atomic<bool> abandoned{false};
   auto commit = [&, dir = ckpt.dir()](int64_t step) -> absl::Status {
+    if (abandoned.load()) return absl::OkStatus();
     RETURN_IF_ERROR(
         CommitCheckpoint(dir, step, S, PlanMetadataJson(plan, step)));
     RETURN_IF_ERROR(PruneCheckpoints(dir, ckpt.keep_last()));
@@ -163,12 +174,19 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
   // Declared after what its tasks use: its destructor, which finishes the
   // queued tasks, runs first.
   CheckpointWriter writer;
+  bool succeeded = false;
+  absl::Cleanup drop_commits = [&] {
+    if (!succeeded) abandoned.store(true);
+  };
+  // Every stage's file of the pending checkpoint is on disk: the first
+  // stage's writer commits it next, and the task hears of it now.
   auto all_written = [&]() -> absl::Status {
+    const int64_t step = pending_step;
     if (stage.is_first()) {
-      writer.Submit([&commit, s = pending_step] { return commit(s); });
+      writer.Submit([&commit, step] { return commit(step); });
     }
     pending_step = 0;
-    return stage.NotifyTask(TRAINYARD_EVENT_CHECKPOINT_SAVED, ckpt.dir());
+    return stage.NotifyTask(TRAINYARD_EVENT_CHECKPOINT_SAVED, ckpt.dir(), step);
   };
   auto finish_now = [&]() -> absl::Status {
     RETURN_IF_ERROR(writer.WaitFor(pending_task));
@@ -179,6 +197,20 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
     return all_written();
   };
 
+  // Every stage chose its resume point on its own (ResumeStep): make sure
+  // they agree before the first step.
+  if (S > 1) {
+    std::vector<double> resumed = {
+        static_cast<double>(stage.completed_steps())};
+    RETURN_IF_ERROR(transport->AllReduceSum(&resumed, options.timeout));
+    if (resumed[0] != static_cast<double>(S) * stage.completed_steps()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage ", stage.index(), " resumed after step ",
+          stage.completed_steps(),
+          " but the stages did not all resume from the same checkpoint (a "
+          "checkpoint was set aside while they started?); resubmit the job"));
+    }
+  }
   absl::Time step_start = absl::Now();
   while (stage.completed_steps() < stop) {
     if (options.cancel != nullptr && options.cancel->load()) {
@@ -188,7 +220,7 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
     }
     RETURN_IF_ERROR(writer.status());
     stage.set_checkpoint_file_written(pending_step > 0 &&
-                                      writer.completed() >= pending_task);
+                                      writer.Succeeded(pending_task));
     ASSIGN_OR_RETURN(StepReport report, stage.RunStep());
     const int64_t step = report.step;
     if (pending_step > 0 && report.checkpoint_files_written == S) {
@@ -216,6 +248,7 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
   }
   if (pending_step > 0) RETURN_IF_ERROR(finish_now());
   RETURN_IF_ERROR(writer.Drain());
+  succeeded = true;
   RETURN_IF_ERROR(stage.NotifyTask(
       TRAINYARD_EVENT_JOB_END, stop == last_step ? "completed" : "stopped"));
   return stage.Finalize();

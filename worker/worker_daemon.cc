@@ -867,6 +867,9 @@ absl::Status Worker::Impl::RunAssignment(Session* session,
                      absl::StrCat("stage ", s, " failed: ", status.message())));
   }
   job->SetTransport(nullptr);
+  // The stage is gone: give its cached host blocks back (the next job may
+  // have other shapes).
+  HostAllocator()->EmptyCache();
   return status;
 }
 

@@ -388,7 +388,18 @@ int Submit() {
   if (request_id.empty()) request_id = NewRequestId();
   auto job =
       client.Submit(spec->first, request_id, absl::GetFlag(FLAGS_priority));
-  if (!job.ok()) return ReportRpcError("submit", client, job.status());
+  if (!job.ok()) {
+    const int rc = ReportRpcError("submit", client, job.status());
+    if (absl::IsUnavailable(job.status()) ||
+        absl::IsDeadlineExceeded(job.status())) {
+      // The controller may have stored the job before the reply was lost:
+      // the same request id returns that job instead of a second one.
+      std::cerr << "trainyard submit: to retry without risking a duplicate "
+                   "job, add --request_id "
+                << request_id << "\n";
+    }
+    return rc;
+  }
   std::cout << job->job_id() << std::endl;
   std::cerr << "trainyard submit: job " << job->job_id() << " "
             << JobStateName(job->state())
@@ -548,6 +559,8 @@ int Up() {
     run_spec = spec->first;
     if (!absl::GetFlag(FLAGS_device).empty()) {
       run_spec->set_device(ParseDevice(opts.device)->KindName());
+    } else if (run_spec->device() == "cuda") {
+      opts.device = "cuda:0";  // a cuda job needs cuda workers
     }
   }
   signal(SIGINT, OnSignal);
