@@ -18,6 +18,11 @@ struct ParamSegment {
   int64_t offset = 0;  // elements into the flat buffer
   bool decay = true;   // weight decay applies
   int64_t size() const { return NumElements(shape); }
+  // This parameter's view of a flat [total] buffer laid out like the
+  // parameters (parameters, gradients, optimizer state, their copies).
+  Tensor Of(const Tensor& flat) const {
+    return flat.Rows(offset, offset + size()).View(shape);
+  }
 };
 
 }  // namespace trainyard

@@ -138,11 +138,15 @@ absl::Status ExecContext::CopyInto(const Tensor& src, Tensor* dst) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> ExecContext::ToHost(const Tensor& t) const {
-  if (t.device().is_cpu()) return t;
+absl::StatusOr<Tensor> ExecContext::HostCopy(const Tensor& t) const {
   ASSIGN_OR_RETURN(Tensor host, Tensor::Create(t.dtype(), t.shape()));
   RETURN_IF_ERROR(CopyInto(t, &host));
   return host;
+}
+
+absl::StatusOr<Tensor> ExecContext::ToHost(const Tensor& t) const {
+  if (t.device().is_cpu()) return t;
+  return HostCopy(t);
 }
 
 absl::StatusOr<Tensor> ExecContext::ToDevice(const Tensor& t) const {

@@ -68,6 +68,9 @@ class ExecContext {
   // `t` on the host: as it is when it is already there, else a copy made
   // after the work queued on the stream (the call waits for it).
   absl::StatusOr<Tensor> ToHost(const Tensor& t) const;
+  // A new host tensor holding a copy of `t` (from any device; on the host
+  // too), after the work queued on the stream.
+  absl::StatusOr<Tensor> HostCopy(const Tensor& t) const;
   // `t` on this context's device: as it is when it is already there, else
   // a copy (the host tensor may be released when this returns).
   absl::StatusOr<Tensor> ToDevice(const Tensor& t) const;

@@ -268,19 +268,15 @@ std::vector<double> StageOptimizer::GradSumsOfSquares(
   return out;
 }
 
-std::vector<std::pair<std::string, Tensor>> StageOptimizer::StateTensors()
-    const {
-  std::vector<std::pair<std::string, Tensor>> out;
+NamedTensors StageOptimizer::StateTensors() const {
+  NamedTensors out;
   for (const ParamSegment& s : segments_) {
-    auto slice = [&](const Tensor& t) {
-      return t.Rows(s.offset, s.offset + s.size()).View(s.shape);
-    };
     if (adamw_) {
-      out.push_back({"optimizer." + s.name + ".exp_avg", slice(state1_)});
-      out.push_back({"optimizer." + s.name + ".exp_avg_sq", slice(state2_)});
+      out.push_back({"optimizer." + s.name + ".exp_avg", s.Of(state1_)});
+      out.push_back({"optimizer." + s.name + ".exp_avg_sq", s.Of(state2_)});
     } else if (state1_.defined()) {
       out.push_back(
-          {"optimizer." + s.name + ".momentum_buffer", slice(state1_)});
+          {"optimizer." + s.name + ".momentum_buffer", s.Of(state1_)});
     }
   }
   return out;

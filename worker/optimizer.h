@@ -76,7 +76,7 @@ class StageOptimizer {
   // State tensors for checkpoints, named optimizer.<param>.exp_avg and
   // .exp_avg_sq (AdamW) or .momentum_buffer (SGD with momentum). They
   // alias the optimizer's buffers (on its device).
-  std::vector<std::pair<std::string, Tensor>> StateTensors() const;
+  NamedTensors StateTensors() const;
 
   // Restores state saved by StateTensors from `tensors` (host or device;
   // looked up by name; shapes must match) and the step count. Errors name

@@ -43,14 +43,11 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
     for (size_t i = 0; i < p_slots.size(); ++i, ++seg) {
       if (seg >= store.segments_.size()) break;
       const ParamSegment& s = store.segments_[seg];
-      *p_slots[i] =
-          store.params_.Rows(s.offset, s.offset + s.size()).View(s.shape);
-      *g_slots[i] =
-          store.grads_.Rows(s.offset, s.offset + s.size()).View(s.shape);
+      *p_slots[i] = s.Of(store.params_);
+      *g_slots[i] = s.Of(store.grads_);
       if (bf16_copy && (p_slots[i] == &params.fc1_weight ||
                         p_slots[i] == &params.fc2_weight)) {
-        Tensor low = store.params_bf16_.Rows(s.offset, s.offset + s.size())
-                         .View(s.shape);
+        Tensor low = s.Of(store.params_bf16_);
         (p_slots[i] == &params.fc1_weight ? params.fc1_weight_bf16
                                           : params.fc2_weight_bf16) = low;
       }
@@ -66,24 +63,17 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
   return store;
 }
 
-NamedTensors ParamStore::Named() const {
+NamedTensors ParamStore::Slice(const Tensor& flat) const {
   NamedTensors out;
-  for (const ParamSegment& s : segments_) {
-    out.push_back(
-        {s.name, params_.Rows(s.offset, s.offset + s.size()).View(s.shape)});
-  }
+  for (const ParamSegment& s : segments_) out.push_back({s.name, s.Of(flat)});
   return out;
 }
 
+NamedTensors ParamStore::Named() const { return Slice(params_); }
+
 absl::StatusOr<NamedTensors> ParamStore::NamedOnHost() const {
-  if (ctx_->device().is_cpu()) return Named();
   ASSIGN_OR_RETURN(Tensor host, ctx_->ToHost(params_));
-  NamedTensors out;
-  for (const ParamSegment& s : segments_) {
-    out.push_back(
-        {s.name, host.Rows(s.offset, s.offset + s.size()).View(s.shape)});
-  }
-  return out;
+  return Slice(host);
 }
 
 absl::Status ParamStore::Load(const std::map<std::string, Tensor>& tensors,

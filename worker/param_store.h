@@ -49,6 +49,9 @@ class ParamStore {
 
   // The parameters as views of the flat buffer (on the device).
   NamedTensors Named() const;
+  // Any flat [total] tensor laid out like the parameters (a host copy of
+  // them, say), cut into named views.
+  NamedTensors Slice(const Tensor& flat) const;
   // Host copies of the parameters (the views themselves on the CPU).
   absl::StatusOr<NamedTensors> NamedOnHost() const;
 

@@ -466,20 +466,11 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
 absl::StatusOr<SafetensorsFile> Stage::CheckpointContents() const {
   SafetensorsFile file;
   // Copies: the step loop goes on changing the live buffers while the file
-  // is written (ToHost copies from a GPU; on the CPU the views are cloned).
-  auto copy = [&](const Tensor& t) -> absl::StatusOr<Tensor> {
-    if (!t.device().is_cpu()) return ctx_->ToHost(t);
-    ASSIGN_OR_RETURN(Tensor c, Tensor::Create(t.dtype(), t.shape()));
-    if (c.nbytes() > 0) std::memcpy(c.raw_data(), t.raw_data(), c.nbytes());
-    return c;
-  };
-  ASSIGN_OR_RETURN(Tensor params, copy(store_->params()));
-  for (const ParamSegment& s : store_->segments()) {
-    file.tensors.push_back(
-        {s.name, params.Rows(s.offset, s.offset + s.size()).View(s.shape)});
-  }
+  // is written.
+  ASSIGN_OR_RETURN(Tensor params, ctx_->HostCopy(store_->params()));
+  file.tensors = store_->Slice(params);
   for (auto& [name, t] : optimizer_->StateTensors()) {
-    ASSIGN_OR_RETURN(Tensor host, copy(t));
+    ASSIGN_OR_RETURN(Tensor host, ctx_->HostCopy(t));
     file.tensors.push_back({name, host});
   }
   if (task_ != nullptr) {
