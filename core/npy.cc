@@ -298,8 +298,7 @@ absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   ASSIGN_OR_RETURN(NpyHeader header, ParseHeader(path, bytes, bytes.size()));
   absl::StatusOr<Tensor> t = Tensor::Create(header.dtype, header.shape);
   if (!t.ok()) {
-    return absl::Status(t.status().code(),
-                        absl::StrCat(path, ": ", t.status().message()));
+    return Prefixed(t.status(), absl::StrCat(path, ": "));
   }
   if (t->nbytes() > 0) {
     std::memcpy(t->raw_data(), bytes.data() + header.data_offset, t->nbytes());

@@ -5,6 +5,20 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace trainyard {
+
+// `status` with `prefix` put before its message (same code): the caller
+// says where an error from below happened.
+inline absl::Status Prefixed(const absl::Status& status,
+                             absl::string_view prefix) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+}  // namespace trainyard
 
 #define TY_CONCAT_INNER_(a, b) a##b
 #define TY_CONCAT_(a, b) TY_CONCAT_INNER_(a, b)

@@ -26,6 +26,7 @@ class CudaTensorAllocator final : public Allocator {
   void Deallocate(void* ptr) override {
     if (ptr != nullptr) cache_->Free(ptr).IgnoreError();
   }
+  void EmptyCache() override { cache_->EmptyCache().IgnoreError(); }
 
  private:
   const int index_;

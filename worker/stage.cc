@@ -52,10 +52,6 @@ std::vector<std::pair<int64_t, int64_t>> SplitRows(int64_t rows, int parts) {
   return out;
 }
 
-absl::Status Prefixed(const absl::Status& st, const std::string& prefix) {
-  return absl::Status(st.code(), absl::StrCat(prefix, st.message()));
-}
-
 const char* TaskStateKey(bool first_only) {
   return first_only ? "task.first_stage.state" : "task.last_stage.state";
 }

@@ -155,8 +155,9 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
   // the same branches and call the all-reduce equally often. A checkpoint
   // still pending when the next one is due, or at the run's end, is finished
   // at once: wait for the file, a barrier, the commit. A failure before the
-  // commit loses that checkpoint (a resume takes the one before); the writer
-  // finishes its queue (a commit included) before the stage returns.
+  // commit loses that checkpoint (a resume takes the one before): the writer
+  // finishes its file writes before the stage returns but drops a queued
+  // commit (see `abandoned`).
   int64_t pending_step = 0;  // 0: none
   int64_t pending_task = 0;  // the writer's sequence number of its file
   // Set when the stage leaves with an error: a queued commit (and prune) is

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 
 namespace trainyard {
 
@@ -28,8 +29,7 @@ absl::StatusOr<StepTotals> ReduceStep(const JobPlan& plan,
     absl::Status st = transport->AllReduceSum(&reduce, timeout);
     *comm_seconds += absl::ToDoubleSeconds(absl::Now() - start);
     if (!st.ok()) {
-      return absl::Status(st.code(),
-                          absl::StrCat(where, ": all-reduce: ", st.message()));
+      return Prefixed(st, absl::StrCat(where, ": all-reduce: "));
     }
   }
   const double weight = reduce[num_params];

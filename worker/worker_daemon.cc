@@ -261,10 +261,6 @@ absl::Duration AbortedJobWait(absl::Duration peer_connect_timeout) {
   return std::max(absl::Seconds(15), peer_connect_timeout + absl::Seconds(5));
 }
 
-absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
-  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
-}
-
 }  // namespace
 
 absl::StatusOr<TransportChoice> ChooseAssignmentTransport(
@@ -421,9 +417,8 @@ absl::Status Worker::Impl::Init() {
     absl::StatusOr<std::unique_ptr<ExecContext>> probe =
         ExecContext::Create(device_, Precision::kFp32);
     if (!probe.ok()) {
-      return absl::Status(probe.status().code(),
-                          absl::StrCat("--device ", device_.ToString(), ": ",
-                                       probe.status().message()));
+      return Prefixed(probe.status(),
+                      absl::StrCat("--device ", device_.ToString(), ": "));
     }
   }
   if (options_.threads > 0) SetBlasThreads(options_.threads);
