@@ -29,7 +29,11 @@ ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
           "How often workers are told to send a heartbeat.");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000,
           "A worker silent for this long is declared lost and its job "
-          "fails.");
+          "restarts (JobSpec.recovery) or fails.");
+ABSL_FLAG(int64_t, adopt_timeout_ms, 10000,
+          "After a restart, how long a job that was RUNNING waits for its "
+          "workers to reconnect and reclaim their stages before it is "
+          "restarted from its newest checkpoint instead.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once the "
           "server is serving.");
@@ -76,6 +80,8 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
   options.heartbeat_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+  options.adopt_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_adopt_timeout_ms));
   if (options.data_dir.empty()) {
     fprintf(stderr, "trainyard-controller: --data_dir is required\n");
     return 2;

@@ -100,6 +100,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
         if (ev.eval().step() < from_step_) continue;
       } else if (ev.has_note()) {
         if (ev.note().step() < from_step_) continue;
+      } else if (ev.has_recovery()) {
+        if (ev.recovery().step() < from_step_) continue;
       } else {
         continue;
       }
@@ -354,6 +356,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   mopts.data_dir = options.data_dir;
   mopts.heartbeat_interval = options.heartbeat_interval;
   mopts.heartbeat_timeout = options.heartbeat_timeout;
+  mopts.adopt_timeout = options.adopt_timeout;
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
       JobManager::Create(mopts);
   if (!manager.ok()) return manager.status();

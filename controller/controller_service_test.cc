@@ -35,8 +35,10 @@ std::string TempDir() {
   return tmpl;
 }
 
-// A valid spec with `stages` pipeline stages on `device`.
-v1::JobSpec Spec(int stages, int steps = 20, const std::string& device = "") {
+// A valid spec with `stages` pipeline stages on `device`; max_restarts >= 0
+// sets recovery.max_restarts (with no backoff).
+v1::JobSpec Spec(int stages, int steps = 20, const std::string& device = "",
+                 int max_restarts = -1) {
   std::string blocks;
   for (int i = 0; i < stages; ++i) {
     absl::StrAppend(&blocks, i ? "," : "",
@@ -49,9 +51,12 @@ v1::JobSpec Spec(int stages, int steps = 20, const std::string& device = "") {
           "task": {"plugin": "cross_entropy"},
           "data": {"train": {"synthetic": {"kind": "gaussian_blobs",
               "numSamples": 64, "numFeatures": 8, "numOutputs": 8}},
-              "batchSize": 8}%s})",
+              "batchSize": 8}%s%s})",
       steps, blocks, stages,
-      device.empty() ? "" : absl::StrCat(R"(, "device": ")", device, "\""));
+      device.empty() ? "" : absl::StrCat(R"(, "device": ")", device, "\""),
+      max_restarts < 0 ? ""
+                       : absl::StrCat(R"(, "recovery": {"maxRestarts": )",
+                                      max_restarts, R"(, "backoffMs": 0})"));
   auto spec = ParseJobSpecJson(json, "test spec");
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
@@ -61,8 +66,11 @@ v1::JobSpec Spec(int stages, int steps = 20, const std::string& device = "") {
 // everything the controller sends, optional heartbeats.
 class FakeWorker {
  public:
+  // `previous_id` and `claim` (when its job_id is set) are what a
+  // reconnecting worker sends in RegisterWorker.
   FakeWorker(const std::shared_ptr<grpc::Channel>& channel, std::string name,
-             std::string device = "cpu")
+             std::string device = "cpu", const std::string& previous_id = "",
+             const v1::StageClaim& claim = v1::StageClaim())
       : name_(std::move(name)),
         peer_(absl::StrCat(name_, ".peer:9000")),
         stub_(v1::WorkerService::NewStub(channel)) {
@@ -82,6 +90,9 @@ class FakeWorker {
     reg.mutable_register_()->set_name(name_);
     reg.mutable_register_()->mutable_capabilities()->set_device(device);
     reg.mutable_register_()->mutable_capabilities()->set_peer_address(peer_);
+    reg.mutable_register_()->set_worker_id(previous_id);
+    if (!claim.job_id().empty())
+      *reg.mutable_register_()->mutable_running() = claim;
     Send(reg);
     std::optional<ControllerMessage> m = Next();
     EXPECT_TRUE(m && m->has_registered());
@@ -196,13 +207,22 @@ class FakeWorker {
     Send(m);
   }
   void Done(const std::string& job, int stage, bool ok = true,
-            const std::string& error = "", bool cancelled = false) {
+            const std::string& error = "", bool cancelled = false,
+            absl::StatusCode code = absl::StatusCode::kUnknown) {
     WorkerMessage m;
     m.mutable_done()->set_job_id(job);
     m.mutable_done()->set_stage(stage);
     m.mutable_done()->set_ok(ok);
     m.mutable_done()->set_error(error);
     m.mutable_done()->set_cancelled(cancelled);
+    if (!ok) m.mutable_done()->set_code(static_cast<int>(code));
+    Send(m);
+  }
+  void Started(const std::string& job, int stage, int64_t resume_step) {
+    WorkerMessage m;
+    m.mutable_started()->set_job_id(job);
+    m.mutable_started()->set_stage(stage);
+    m.mutable_started()->set_resume_step(resume_step);
     Send(m);
   }
 
@@ -308,11 +328,12 @@ class ControllerTest : public ::testing::Test {
   }
   void TearDown() override { server_.reset(); }
 
-  void StartServer() {
+  void StartServer(absl::Duration adopt_timeout = absl::Seconds(10)) {
     ControllerOptions opts;
     opts.data_dir = dir_;
     opts.heartbeat_interval = absl::Milliseconds(100);
     opts.heartbeat_timeout = absl::Milliseconds(800);
+    opts.adopt_timeout = adopt_timeout;
     auto server = ControllerServer::Start(opts);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -762,7 +783,8 @@ TEST_F(ControllerTest, WorkerLostMidJobFailsJobAndFreesSurvivors) {
   auto w0 = NewWorker("pod-0");
   auto w1 = NewWorker("pod-1");
   auto w2 = NewWorker("pod-2");
-  Job job = Submit("doomed", Spec(3));
+  // Recovery off: today's fail-fast behaviour.
+  Job job = Submit("doomed", Spec(3, 20, "", /*max_restarts=*/0));
   Job next = Submit("next", Spec(2));
   for (FakeWorker* w : {w0.get(), w1.get(), w2.get()}) {
     ASSERT_TRUE(w->Next()->has_assign());
@@ -788,7 +810,7 @@ TEST_F(ControllerTest, WorkerLostMidJobFailsJobAndFreesSurvivors) {
 
 TEST_F(ControllerTest, SilentWorkerIsLostAfterHeartbeatTimeout) {
   auto w = NewWorker("quiet");
-  Job job = Submit("hb", Spec(1));
+  Job job = Submit("hb", Spec(1, 20, "", /*max_restarts=*/0));
   ASSERT_TRUE(w->Next()->has_assign());
   absl::Time t0 = absl::Now();
   w->StopHeartbeats();
@@ -808,11 +830,16 @@ TEST_F(ControllerTest, StageFailureFailsJobWithItsError) {
   Job job = Submit("fails", Spec(2));
   ASSERT_TRUE(w0->Next()->has_assign());
   ASSERT_TRUE(w1->Next()->has_assign());
-  w1->Done(job.job_id(), 1, false, "plugin \"xent\" not found");
+  // NOT_FOUND would fail again: no restart, although restarts are on.
+  w1->Done(job.job_id(), 1, false, "plugin \"xent\" not found", false,
+           absl::StatusCode::kNotFound);
   Job failed = WaitState(job.job_id(), v1::FAILED);
   EXPECT_NE(failed.reason().find("plugin \"xent\" not found"),
             std::string::npos);
   EXPECT_NE(failed.reason().find("stage 1"), std::string::npos);
+  EXPECT_NE(failed.reason().find("not restarted"), std::string::npos)
+      << failed.reason();
+  EXPECT_EQ(failed.restarts(), 0);
   auto m = w0->Next();
   ASSERT_TRUE(m && m->has_cancel());
 }
@@ -869,25 +896,194 @@ TEST_F(ControllerTest, RestartKeepsJobsAndHistories) {
     WaitState(running, v1::RUNNING);
     server_.reset();  // workers still connected: the streams are cut
   }
-  StartServer();
+  StartServer(/*adopt_timeout=*/absl::Milliseconds(300));
   Job f = Get(finished);
   EXPECT_EQ(f.state(), v1::SUCCEEDED);
   EXPECT_EQ(f.steps_completed(), 5);
   EXPECT_EQ(Get(queued).state(), v1::QUEUED);
-  Job r = Get(running);
-  EXPECT_EQ(r.state(), v1::FAILED);
-  EXPECT_EQ(r.reason(), kRestartedReason);
+  // The running job waits for its worker to reclaim its stage; none does
+  // (the worker is gone), so it is restarted.
+  Job r = WaitState(running, v1::RECOVERING);
+  EXPECT_NE(r.reason().find("stage(s) 0 were not reclaimed"), std::string::npos)
+      << r.reason();
   Watcher replay(jobs_.get(), finished);
   EXPECT_TRUE(replay.Wait().ok());
   EXPECT_EQ(replay.steps(), Range(1, 5));
   EXPECT_EQ(Submit("finished", Spec(1)).job_id(), finished);
   EXPECT_EQ(Submit("queued", Spec(3)).job_id(), queued);
-  // The queued job still runs once its gang is there.
+  // The queued job still runs once its gang is there; the restarted
+  // one-stage job backfills the first worker.
   auto a = NewWorker("x");
+  WaitState(running, v1::RUNNING);
   auto b = NewWorker("y");
   auto c = NewWorker("z");
-  ASSERT_TRUE(c->Next()->has_assign());
+  auto d = NewWorker("zz");
+  ASSERT_TRUE(d->Next()->has_assign());
   WaitState(queued, v1::RUNNING);
+}
+
+TEST_F(ControllerTest, LostWorkerRestartsTheJobOnASpare) {
+  auto w0 = NewWorker("pod-0");
+  auto w1 = NewWorker("pod-1");
+  Job job = Submit("phoenix", Spec(2, 20, "", /*max_restarts=*/3));
+  const std::string& id = job.job_id();
+  for (FakeWorker* w : {w0.get(), w1.get()}) {
+    auto m = w->Next();
+    ASSERT_TRUE(m && m->has_assign());
+    EXPECT_EQ(m->assign().attempt(), 0);
+  }
+  auto spare = NewWorker("spare");
+  Watcher watch(jobs_.get(), id);
+  w0->Started(id, 0, 0);
+  w1->Started(id, 1, 0);
+  for (int step = 1; step <= 5; ++step) {
+    w0->Step(id, 0, step, step);
+    w1->Step(id, 1, step, step);
+  }
+  WaitJob(id, [](const Job& j) { return j.steps_completed() == 5; });
+  w1->Crash();
+  Job recovering = WaitState(id, v1::RECOVERING);
+  EXPECT_EQ(recovering.restarts(), 1);
+  EXPECT_NE(recovering.reason().find(
+                absl::StrCat("restart 1 of 3 after: worker ", w1->id(),
+                             " (pod-1) running stage 1 was lost")),
+            std::string::npos)
+      << recovering.reason();
+  // The survivor is stopped, and the job waits for it to stop.
+  auto cancel = w0->Next();
+  ASSERT_TRUE(cancel && cancel->has_cancel());
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(Get(id).state(), v1::RECOVERING);
+  w0->Done(id, 0, false, "cancelled", /*cancelled=*/true);
+  // The new gang: the survivor and the spare, attempt 1.
+  auto b0 = w0->Next();
+  auto b1 = spare->Next();
+  ASSERT_TRUE(b0 && b0->has_assign() && b1 && b1->has_assign());
+  EXPECT_EQ(b0->assign().stage(), 0);
+  EXPECT_EQ(b1->assign().stage(), 1);
+  EXPECT_EQ(b0->assign().attempt(), 1);
+  EXPECT_EQ(b1->assign().peer_addresses(1), spare->peer());
+  WaitState(id, v1::RUNNING);
+  w0->Started(id, 0, 3);
+  spare->Started(id, 1, 3);
+  // Steps 4 and 5 are recomputed (bitwise the same) and not published
+  // again; 6 to 8 are new.
+  for (int step = 4; step <= 8; ++step) {
+    w0->Step(id, 0, step, step);
+    spare->Step(id, 1, step, step);
+  }
+  WaitJob(id, [](const Job& j) { return j.steps_completed() == 8; });
+  w0->Done(id, 0);
+  spare->Done(id, 1);
+  Job done = WaitState(id, v1::SUCCEEDED);
+  EXPECT_EQ(done.restarts(), 1);
+  ASSERT_EQ(done.restart_reasons_size(), 1);
+  EXPECT_TRUE(watch.Wait().ok());
+  EXPECT_EQ(watch.steps(), Range(1, 8));
+  std::vector<v1::JobRecovery> recoveries;
+  std::vector<v1::JobState> states;
+  for (const JobEvent& e : watch.events()) {
+    if (e.has_recovery()) recoveries.push_back(e.recovery());
+    if (e.has_state()) states.push_back(e.state().state());
+  }
+  ASSERT_EQ(recoveries.size(), 1u);
+  EXPECT_EQ(recoveries[0].attempt(), 1);
+  EXPECT_EQ(recoveries[0].resume_step(), 3);
+  EXPECT_EQ(recoveries[0].detected_step(), 5);
+  EXPECT_NE(recoveries[0].cause().find("pod-1"), std::string::npos);
+  EXPECT_GE(recoveries[0].reschedule_s(), 0.2);
+  ASSERT_EQ(recoveries[0].workers_size(), 2);
+  EXPECT_EQ(recoveries[0].workers(1), spare->id());
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::RUNNING, v1::RECOVERING,
+                                               v1::RUNNING, v1::SUCCEEDED}));
+}
+
+TEST_F(ControllerTest, MaxRestartsExhaustedFailsWithEveryReason) {
+  Job job = Submit("fragile", Spec(1, 20, "", /*max_restarts=*/2));
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  for (int attempt = 0; attempt <= 2; ++attempt) {
+    workers.push_back(NewWorker(absl::StrCat("try-", attempt)));
+    auto m = workers.back()->Next();
+    ASSERT_TRUE(m && m->has_assign());
+    EXPECT_EQ(m->assign().attempt(), attempt);
+    workers.back()->Crash();
+    if (attempt < 2) {
+      WaitJob(job.job_id(), [&](const Job& j) {
+        return j.state() == v1::RECOVERING && j.restarts() == attempt + 1;
+      });
+    }
+  }
+  Job failed = WaitState(job.job_id(), v1::FAILED);
+  EXPECT_EQ(failed.restarts(), 2);
+  ASSERT_EQ(failed.restart_reasons_size(), 2);
+  for (const char* part :
+       {"gave up after 2 restart(s) (recovery.max_restarts = 2)",
+        "restart 1 after: worker", "(try-0)", "restart 2 after: worker",
+        "(try-1)", "then: worker", "(try-2)"}) {
+    EXPECT_NE(failed.reason().find(part), std::string::npos)
+        << part << " in: " << failed.reason();
+  }
+}
+
+TEST_F(ControllerTest, RestartedControllerReadoptsARunningJob) {
+  std::string job_id, id0, id1;
+  {
+    auto w0 = NewWorker("a");
+    auto w1 = NewWorker("b");
+    job_id = Submit("survivor", Spec(2)).job_id();
+    ASSERT_TRUE(w0->Next()->has_assign());
+    ASSERT_TRUE(w1->Next()->has_assign());
+    for (int step = 1; step <= 3; ++step) {
+      w0->Step(job_id, 0, step, step);
+      w1->Step(job_id, 1, step, step);
+    }
+    WaitJob(job_id, [](const Job& j) { return j.steps_completed() == 3; });
+    id0 = w0->id();
+    id1 = w1->id();
+    server_.reset();
+  }
+  StartServer();
+  EXPECT_EQ(Get(job_id).state(), v1::RUNNING);
+  Watcher watch(jobs_.get(), job_id);
+  v1::StageClaim c0;
+  c0.set_job_id(job_id);
+  c0.set_stage(0);
+  v1::StageClaim c1 = c0;
+  c1.set_stage(1);
+  // The workers reconnect under their ids, claim their stages and resend
+  // what they reported meanwhile; steps already published are dropped.
+  auto w0 = std::make_unique<FakeWorker>(channel_, "a", "cpu", id0, c0);
+  EXPECT_EQ(w0->id(), id0);
+  auto w1 = std::make_unique<FakeWorker>(channel_, "b", "cpu", id1, c1);
+  EXPECT_EQ(w1->id(), id1);
+  for (int step = 3; step <= 5; ++step) {
+    w0->Step(job_id, 0, step, step);
+    w1->Step(job_id, 1, step, step);
+  }
+  WaitJob(job_id, [](const Job& j) { return j.steps_completed() == 5; });
+  EXPECT_EQ(Get(job_id).state(), v1::RUNNING);
+  w0->Done(job_id, 0);
+  w1->Done(job_id, 1);
+  Job done = WaitState(job_id, v1::SUCCEEDED);
+  EXPECT_EQ(done.restarts(), 0);
+  EXPECT_TRUE(watch.Wait().ok());
+  EXPECT_EQ(watch.steps(), Range(1, 5));
+  bool noted = false;
+  for (const JobEvent& e : watch.events()) {
+    noted |=
+        e.has_note() && e.note().text().find("reclaimed") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+  // A new worker never gets an id a job's history already names.
+  auto fresh = NewWorker("c");
+  EXPECT_NE(fresh->id(), id0);
+  EXPECT_NE(fresh->id(), id1);
+  // A claim on a job that no longer runs it is answered with a cancel.
+  auto late = std::make_unique<FakeWorker>(channel_, "late", "cpu", "", c0);
+  auto m = late->Next();
+  ASSERT_TRUE(m && m->has_cancel());
+  EXPECT_EQ(m->cancel().job_id(), job_id);
+  EXPECT_NE(m->cancel().reason().find("SUCCEEDED"), std::string::npos);
 }
 
 }  // namespace

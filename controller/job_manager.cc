@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "controller/scheduler.h"
 #include "core/job_plan.h"
@@ -89,7 +90,28 @@ void RestoreSource(const v1::DataSource& submitted, v1::DataSource* out) {
   }
 }
 
+// "restart 2 of 3".
+std::string RestartLabel(const Job& job, int max_restarts) {
+  return absl::StrCat("restart ", job.restarts(), " of ", max_restarts);
+}
+
 }  // namespace
+
+bool IsRecoverableStageFailure(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kUnauthenticated:
+      return false;
+    default:
+      return true;
+  }
+}
 
 v1::JobSpec WorkerSpec(const v1::JobSpec& submitted,
                        const v1::JobSpec& plan_spec) {
@@ -116,11 +138,6 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
   }
   ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
                    JobStore::Open(options.data_dir));
-  if (store->recovered_running_jobs() > 0) {
-    LOG(WARNING) << store->recovered_running_jobs()
-                 << " job(s) were RUNNING when the previous controller "
-                    "stopped; marked FAILED";
-  }
   std::unique_ptr<JobManager> manager(
       new JobManager(options, std::move(store)));
   RETURN_IF_ERROR(manager->Load());
@@ -139,6 +156,7 @@ JobManager::~JobManager() { Shutdown(); }
 absl::Status JobManager::Load() {
   ASSIGN_OR_RETURN(std::vector<Job> jobs, store_->LoadJobs());
   absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
   int64_t order = 0;
   for (Job& job : jobs) {
     auto e = std::make_unique<JobEntry>();
@@ -147,7 +165,15 @@ absl::Status JobManager::Load() {
     job_by_request_[e->job.request_id()] = e->job.job_id();
     JobEntry& entry = *e;
     jobs_[e->job.job_id()] = std::move(e);
-    if (entry.job.state() != v1::QUEUED) continue;
+    // Worker ids stay unique across restarts, so a reconnecting worker can
+    // keep its id without colliding with a new one.
+    for (const std::string& id : entry.job.workers()) {
+      int64_t n = 0;
+      if (absl::StartsWith(id, "w-") && absl::SimpleAtoi(id.substr(2), &n)) {
+        next_worker_ = std::max(next_worker_, n + 1);
+      }
+    }
+    if (IsTerminal(entry.job.state())) continue;
     absl::StatusOr<JobPlan> plan =
         PlanJob(entry.job.spec(), ControllerPlanOptions());
     if (!plan.ok()) {
@@ -157,11 +183,45 @@ absl::Status JobManager::Load() {
                       false);
       continue;
     }
-    entry.num_stages = plan->num_stages();
-    entry.normalized = WorkerSpec(entry.job.spec(), plan->spec);
-    queued_.insert(entry.job.job_id());
+    SetPlanLocked(entry, *plan);
+    switch (entry.job.state()) {
+      case v1::RUNNING:
+        // Its workers keep training while no controller listens; wait for
+        // them to reconnect and claim their stages.
+        entry.adopting = true;
+        entry.adopt_deadline = now + options_.adopt_timeout;
+        entry.claimed.assign(entry.num_stages, false);
+        entry.stage_done.assign(entry.num_stages, 0);
+        entry.transport_reported.assign(entry.num_stages, false);
+        entry.resume_steps.assign(entry.num_stages, 0);
+        rendezvous_.Open(entry.job.job_id());
+        LOG(INFO) << "job " << entry.job.job_id()
+                  << " was RUNNING: waiting up to "
+                  << absl::FormatDuration(options_.adopt_timeout)
+                  << " for its workers to reclaim its " << entry.num_stages
+                  << " stage(s)";
+        break;
+      case v1::RECOVERING:
+        // The old gang was being stopped; restart as soon as workers are
+        // there (stale stages are cancelled when their workers reconnect).
+        entry.detected = now;
+        entry.detected_step = entry.job.steps_completed();
+        entry.restart_not_before = now;
+        queued_.insert(entry.job.job_id());
+        break;
+      default:
+        queued_.insert(entry.job.job_id());
+        break;
+    }
   }
   return absl::OkStatus();
+}
+
+void JobManager::SetPlanLocked(JobEntry& e, const JobPlan& plan) {
+  e.num_stages = plan.num_stages();
+  e.normalized = WorkerSpec(e.job.spec(), plan.spec);
+  e.max_restarts = e.normalized.recovery().max_restarts();
+  e.backoff_ms = e.normalized.recovery().backoff_ms();
 }
 
 void JobManager::Shutdown() {
@@ -290,7 +350,9 @@ void JobManager::SetStateLocked(JobEntry& e, JobState state,
                                 const std::string& reason) {
   e.job.set_state(state);
   e.job.set_reason(reason);
-  if (state == v1::RUNNING) e.job.set_start_time_ms(NowMs());
+  if (state == v1::RUNNING && e.job.start_time_ms() == 0) {
+    e.job.set_start_time_ms(NowMs());
+  }
   if (IsTerminal(state)) e.job.set_end_time_ms(NowMs());
   JobEvent event;
   event.mutable_state()->set_state(state);
@@ -313,6 +375,10 @@ void JobManager::FinishJobLocked(JobEntry& e, JobState state,
     w.stage = -1;
   }
   e.pending_steps.clear();
+  e.draining.clear();
+  e.adopting = false;
+  e.pending_failure.clear();
+  e.failure_deadline = absl::InfiniteFuture();
   queued_.erase(e.job.job_id());
   // Ranks still waiting for a key fail now, naming why, instead of waiting
   // out their timeouts.
@@ -354,8 +420,16 @@ void JobManager::ScheduleLocked() {
   for (const SchedDecision::Start& start : decision.starts) {
     StartJobLocked(*jobs_.at(start.job_id), start.worker_ids);
   }
-  for (const auto& [id, reason] : decision.waiting) {
+  for (const auto& [id, waiting] : decision.waiting) {
     JobEntry& e = *jobs_.at(id);
+    const std::string reason =
+        e.job.state() == v1::RECOVERING
+            ? absl::StrCat(RestartLabel(e.job, e.max_restarts), ": ", waiting,
+                           "; after: ",
+                           e.job.restart_reasons().empty()
+                               ? std::string("?")
+                               : *e.job.restart_reasons().rbegin())
+            : waiting;
     if (e.job.reason() == reason) continue;
     e.job.set_reason(reason);
     CommitLocked(e, nullptr);
@@ -365,11 +439,17 @@ void JobManager::ScheduleLocked() {
 void JobManager::StartJobLocked(JobEntry& e,
                                 const std::vector<std::string>& worker_ids) {
   const std::string& job_id = e.job.job_id();
+  const bool restart = e.job.state() == v1::RECOVERING;
   queued_.erase(job_id);
   e.job.clear_workers();
   v1::StageAssignment assign;
   assign.set_job_id(job_id);
   *assign.mutable_spec() = e.normalized;
+  assign.set_attempt(e.job.restarts());
+  if (restart && !e.normalized.checkpoint().dir().empty()) {
+    // Every stage resumes from the newest checkpoint that verifies.
+    assign.mutable_spec()->mutable_checkpoint()->set_resume("latest");
+  }
   for (size_t k = 0; k < worker_ids.size(); ++k) {
     WorkerEntry& w = workers_.at(worker_ids[k]);
     w.job_id = job_id;
@@ -383,8 +463,19 @@ void JobManager::StartJobLocked(JobEntry& e,
   e.notes.clear();
   e.first_cancel_error.clear();
   e.pending_steps.clear();
+  e.pending_failure.clear();
+  e.failure_deadline = absl::InfiniteFuture();
+  e.pending_recoverable = true;
+  e.resume_steps.assign(worker_ids.size(), -1);
+  e.adopting = false;
+  e.assigned = absl::Now();
+  e.recovery_reported = !restart;
   rendezvous_.Open(job_id);
-  SetStateLocked(e, v1::RUNNING, "");
+  SetStateLocked(e, v1::RUNNING,
+                 restart ? absl::StrCat(RestartLabel(e.job, e.max_restarts),
+                                        ": resuming from the newest "
+                                        "checkpoint that verifies")
+                         : std::string());
   for (size_t k = 0; k < worker_ids.size(); ++k) {
     v1::ControllerMessage msg;
     *msg.mutable_assign() = assign;
@@ -428,8 +519,7 @@ absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request) {
     auto e = std::make_unique<JobEntry>();
     e->job = std::move(created.job);
     e->order = static_cast<int64_t>(jobs_.size()) + 1;  // jobs never leave
-    e->num_stages = plan->num_stages();
-    e->normalized = WorkerSpec(request.spec(), plan->spec);
+    SetPlanLocked(*e, *plan);
     const std::string id = e->job.job_id();
     job_by_request_[request.request_id()] = id;
     jobs_[id] = std::move(e);
@@ -520,7 +610,8 @@ absl::StatusOr<Job> JobManager::CancelJob(const v1::CancelJobRequest& request) {
         request.reason().empty()
             ? std::string("cancelled by request")
             : absl::StrCat("cancelled by request: ", request.reason());
-    const bool running = e.job.state() == v1::RUNNING;
+    const bool running =
+        e.job.state() == v1::RUNNING || e.job.state() == v1::RECOVERING;
     FinishJobLocked(e, v1::CANCELLED, reason, /*cancel_workers=*/running);
     ScheduleLocked();
     result = e.job;
@@ -550,7 +641,15 @@ absl::StatusOr<std::string> JobManager::RegisterWorker(
     if (shutting_down_) {
       return absl::UnavailableError("controller shutting down");
     }
-    const int64_t n = next_worker_++;
+    // A reconnecting worker keeps its id unless a live worker holds it.
+    int64_t n = 0;
+    if (absl::StartsWith(reg.worker_id(), "w-") &&
+        absl::SimpleAtoi(reg.worker_id().substr(2), &n) && n > 0 &&
+        workers_.count(reg.worker_id()) == 0) {
+      next_worker_ = std::max(next_worker_, n + 1);
+    } else {
+      n = next_worker_++;
+    }
     id = absl::StrCat("w-", n);
     WorkerEntry& w = workers_[id];
     w.id = id;
@@ -568,6 +667,7 @@ absl::StatusOr<std::string> JobManager::RegisterWorker(
     SendLocked(link, std::move(msg));
     LOG(INFO) << "worker " << WorkerLabel(id, w.name) << " registered, device "
               << w.caps.device() << ", peer " << w.caps.peer_address();
+    if (!reg.running().job_id().empty()) ClaimStageLocked(w, reg.running());
     ScheduleLocked();
   }
   Deliver();
@@ -594,6 +694,9 @@ void JobManager::OnWorkerMessage(const std::string& worker_id,
         break;
       case v1::WorkerMessage::kTransport:
         HandleTransportLocked(w, msg.transport());
+        break;
+      case v1::WorkerMessage::kStarted:
+        HandleStartedLocked(w, msg.started());
         break;
       case v1::WorkerMessage::kRendezvousPut:
         HandleRendezvousPutLocked(w, msg.rendezvous_put());
@@ -634,11 +737,14 @@ void JobManager::LoseWorkerLocked(const std::string& worker_id,
   if (!w.job_id.empty()) {
     JobEntry& e = *jobs_.at(w.job_id);
     if (e.job.state() == v1::RUNNING) {
-      FinishJobLocked(
-          e, v1::FAILED,
+      GangBrokenLocked(
+          e,
           absl::StrCat("worker ", WorkerLabel(w.id, w.name), " running stage ",
                        w.stage, " was lost: ", why),
-          /*cancel_workers=*/true);
+          /*recoverable=*/true);
+    } else if (e.job.state() == v1::RECOVERING) {
+      e.draining.erase(w.id);
+      MaybeRequeueLocked(e, absl::Now());
     }
   }
   ScheduleLocked();
@@ -691,6 +797,10 @@ void JobManager::HandleEvalLocked(WorkerEntry& w,
                                   const v1::StageEvalReport& r) {
   JobEntry* e = RunningJobOfLocked(w, r.job_id(), r.stage());
   if (e == nullptr || r.stage() != e->num_stages - 1) return;
+  // A restarted gang recomputes evals it has already published.
+  if (e->job.has_last_eval() && r.eval().step() <= e->job.last_eval().step()) {
+    return;
+  }
   JobEvent event;
   *event.mutable_eval() = r.eval();
   *e->job.mutable_last_eval() = r.eval();
@@ -698,6 +808,18 @@ void JobManager::HandleEvalLocked(WorkerEntry& w,
 }
 
 void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
+  if (!w.job_id.empty() && w.job_id == d.job_id() && w.stage == d.stage()) {
+    JobEntry& old = *jobs_.at(w.job_id);
+    if (old.job.state() == v1::RECOVERING) {
+      // A stage of the old gang has stopped.
+      w.job_id.clear();
+      w.stage = -1;
+      old.draining.erase(w.id);
+      MaybeRequeueLocked(old, absl::Now());
+      ScheduleLocked();
+      return;
+    }
+  }
   JobEntry* e = RunningJobOfLocked(w, d.job_id(), d.stage());
   if (e == nullptr) return;
   const std::string label = WorkerLabel(w.id, w.name);
@@ -707,6 +829,10 @@ void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
         d.error().empty() ? std::string("no error given") : d.error());
     if (!d.cancelled() && e->pending_failure.empty()) {
       e->pending_failure = error;
+      e->pending_recoverable = IsRecoverableStageFailure(
+          d.code() > 0 && d.code() <= 16
+              ? static_cast<absl::StatusCode>(d.code())
+              : absl::StatusCode::kUnknown);
       e->failure_deadline = absl::Now() + FailureGrace();
       // Stop the other stages now; they report back as cancelled.
       for (auto& [id, other] : workers_) {
@@ -736,10 +862,10 @@ void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
                        e->job.steps_completed()),
           false);
     } else {
-      FinishJobLocked(*e, v1::FAILED,
-                      e->pending_failure.empty() ? e->first_cancel_error
-                                                 : e->pending_failure,
-                      false);
+      GangBrokenLocked(*e,
+                       e->pending_failure.empty() ? e->first_cancel_error
+                                                  : e->pending_failure,
+                       e->pending_recoverable);
     }
   }
   ScheduleLocked();
@@ -754,20 +880,198 @@ void JobManager::HandleTransportLocked(WorkerEntry& w,
     return;
   }
   e->transport_reported[t.stage()] = true;
-  std::string text =
-      absl::StrCat("transport: ", t.reason().empty() ? t.kind() : t.reason());
-  if (text.size() > kMaxNoteBytes) text.resize(kMaxNoteBytes);
   // Every rank decides from the same placements, so normally only stage
   // 0's note is new; a differing one is kept (it explains a failure).
-  if (!e->notes.insert(text).second) return;
-  LOG(INFO) << "job " << e->job.job_id() << " stage " << t.stage() << " on "
-            << WorkerLabel(w.id, w.name) << ": " << text;
+  NoteLocked(
+      *e, t.stage(),
+      absl::StrCat("transport: ", t.reason().empty() ? t.kind() : t.reason()));
+}
+
+void JobManager::NoteLocked(JobEntry& e, int stage, std::string text) {
+  if (text.size() > kMaxNoteBytes) text.resize(kMaxNoteBytes);
+  if (!e.notes.insert(text).second) return;
+  LOG(INFO) << "job " << e.job.job_id() << " stage " << stage << ": " << text;
   JobEvent event;
   v1::JobNote* note = event.mutable_note();
-  note->set_stage(t.stage());
-  note->set_step(e->job.steps_completed());
-  note->set_text(text);
+  note->set_stage(stage);
+  note->set_step(e.job.steps_completed());
+  note->set_text(std::move(text));
+  CommitLocked(e, &event);
+}
+
+void JobManager::HandleStartedLocked(WorkerEntry& w,
+                                     const v1::StageStarted& started) {
+  JobEntry* e = RunningJobOfLocked(w, started.job_id(), started.stage());
+  if (e == nullptr || started.stage() < 0 ||
+      started.stage() >= static_cast<int>(e->resume_steps.size())) {
+    return;
+  }
+  e->resume_steps[started.stage()] = started.resume_step();
+  if (e->recovery_reported) return;
+  for (int64_t r : e->resume_steps) {
+    if (r < 0) return;
+  }
+  // Every stage of the restarted gang has restored its state (they agree
+  // on the step: RunStage checks that before the first step).
+  e->recovery_reported = true;
+  const absl::Time now = absl::Now();
+  JobEvent event;
+  v1::JobRecovery* r = event.mutable_recovery();
+  r->set_attempt(e->job.restarts());
+  if (!e->job.restart_reasons().empty()) {
+    r->set_cause(*e->job.restart_reasons().rbegin());
+  }
+  r->set_resume_step(e->resume_steps[0]);
+  r->set_detected_step(e->detected_step);
+  r->set_reschedule_s(absl::ToDoubleSeconds(e->assigned - e->detected));
+  r->set_restore_s(absl::ToDoubleSeconds(now - e->assigned));
+  *r->mutable_workers() = e->job.workers();
+  r->set_step(e->job.steps_completed());
+  LOG(INFO) << "job " << e->job.job_id() << " "
+            << RestartLabel(e->job, e->max_restarts) << ": resumed after step "
+            << r->resume_step() << " (the loss "
+            << "was noticed after step " << r->detected_step() << "), "
+            << r->reschedule_s() << " s to reschedule, " << r->restore_s()
+            << " s to restore";
   CommitLocked(*e, &event);
+}
+
+void JobManager::GangBrokenLocked(JobEntry& e, std::string cause,
+                                  bool recoverable) {
+  if (recoverable && e.job.restarts() < e.max_restarts) {
+    BeginRecoveryLocked(e, cause);
+    return;
+  }
+  std::string reason = cause;
+  if (!recoverable && e.max_restarts > 0) {
+    reason = absl::StrCat(cause,
+                          " (not restarted: a restart would fail the "
+                          "same way)");
+  } else if (e.max_restarts > 0) {
+    std::vector<std::string> history;
+    for (int k = 0; k < e.job.restart_reasons_size(); ++k) {
+      history.push_back(absl::StrCat("restart ", k + 1,
+                                     " after: ", e.job.restart_reasons(k)));
+    }
+    reason =
+        absl::StrCat("gave up after ", e.job.restarts(),
+                     " restart(s) (recovery.max_restarts = ", e.max_restarts,
+                     "): ", absl::StrJoin(history, "; "), "; then: ", cause);
+  }
+  FinishJobLocked(e, v1::FAILED, reason, /*cancel_workers=*/true);
+}
+
+void JobManager::BeginRecoveryLocked(JobEntry& e, std::string cause) {
+  const absl::Time now = absl::Now();
+  const std::string& job_id = e.job.job_id();
+  e.job.set_restarts(e.job.restarts() + 1);
+  e.job.add_restart_reasons(cause);
+  e.detected = now;
+  e.detected_step = e.job.steps_completed();
+  e.draining.clear();
+  for (auto& [id, w] : workers_) {
+    if (w.job_id != job_id) continue;
+    if (w.stage >= 0 && w.stage < static_cast<int>(e.stage_done.size()) &&
+        e.stage_done[w.stage] == 0) {
+      // Still running (or stuck on its lost neighbour): stop it, and wait
+      // for its end before the checkpoint folder is read again.
+      v1::ControllerMessage msg;
+      msg.mutable_cancel()->set_job_id(job_id);
+      msg.mutable_cancel()->set_reason(
+          absl::StrCat("restarting job ", job_id, ": ", cause));
+      SendLocked(w.link, std::move(msg));
+      e.draining.insert(id);
+    } else {
+      w.job_id.clear();
+      w.stage = -1;
+    }
+  }
+  e.pending_steps.clear();
+  e.pending_failure.clear();
+  e.failure_deadline = absl::InfiniteFuture();
+  e.adopting = false;
+  const int k = e.job.restarts();
+  const int64_t backoff_ms =
+      k <= 1 ? 0
+             : std::min<int64_t>(kMaxRestartBackoffMs,
+                                 e.backoff_ms << std::min(k - 2, 20));
+  e.restart_not_before = now + absl::Milliseconds(backoff_ms);
+  SendRendezvousRepliesLocked(rendezvous_.Close(
+      job_id, absl::AbortedError(absl::StrCat("rendezvous of job ", job_id,
+                                              ": closed, the job is "
+                                              "restarting: ",
+                                              cause))));
+  LOG(WARNING) << "job " << job_id << " " << RestartLabel(e.job, e.max_restarts)
+               << " after step " << e.detected_step << ": " << cause
+               << "; stopping " << e.draining.size() << " stage(s), backoff "
+               << backoff_ms << " ms";
+  SetStateLocked(
+      e, v1::RECOVERING,
+      absl::StrCat(RestartLabel(e.job, e.max_restarts), " after: ", cause));
+  MaybeRequeueLocked(e, now);
+}
+
+void JobManager::MaybeRequeueLocked(JobEntry& e, absl::Time now) {
+  if (e.job.state() != v1::RECOVERING || !e.draining.empty() ||
+      now < e.restart_not_before) {
+    return;
+  }
+  queued_.insert(e.job.job_id());
+}
+
+void JobManager::ClaimStageLocked(WorkerEntry& w, const v1::StageClaim& claim) {
+  auto it = jobs_.find(claim.job_id());
+  std::string refusal;
+  if (it == jobs_.end()) {
+    refusal = "no such job";
+  } else {
+    JobEntry& e = *it->second;
+    const int k = claim.stage();
+    if (IsTerminal(e.job.state())) {
+      refusal = absl::StrCat("the job is ", v1::JobState_Name(e.job.state()));
+    } else if (!e.adopting || e.job.state() != v1::RUNNING) {
+      refusal = absl::StrCat("the job is ", v1::JobState_Name(e.job.state()),
+                             " and not waiting for its stages to be "
+                             "reclaimed");
+    } else if (claim.attempt() != e.job.restarts()) {
+      refusal = absl::StrCat("the claim is for attempt ", claim.attempt(),
+                             ", the job is at attempt ", e.job.restarts());
+    } else if (k < 0 || k >= e.num_stages || e.claimed[k]) {
+      refusal = absl::StrCat("stage ", k, " is not free to reclaim");
+    } else {
+      e.claimed[k] = true;
+      w.job_id = e.job.job_id();
+      w.stage = k;
+      while (e.job.workers_size() < e.num_stages) e.job.add_workers("");
+      e.job.set_workers(k, w.id);
+      LOG(INFO) << "job " << e.job.job_id() << ": worker "
+                << WorkerLabel(w.id, w.name) << " reclaimed stage " << k;
+      bool all = true;
+      for (bool c : e.claimed) all = all && c;
+      if (all) {
+        e.adopting = false;
+        e.adopt_deadline = absl::InfiniteFuture();
+        NoteLocked(e, k,
+                   absl::StrCat("controller restarted: every stage was "
+                                "reclaimed by its worker; the job ran on "
+                                "(steps completed while it was away are "
+                                "published as they arrive)"));
+      } else {
+        CommitLocked(e, nullptr);
+      }
+      return;
+    }
+  }
+  LOG(INFO) << "worker " << WorkerLabel(w.id, w.name) << " claims stage "
+            << claim.stage() << " of job " << claim.job_id() << " (attempt "
+            << claim.attempt() << "): refused, " << refusal;
+  v1::ControllerMessage msg;
+  msg.mutable_cancel()->set_job_id(claim.job_id());
+  msg.mutable_cancel()->set_reason(
+      absl::StrCat("the controller does not run stage ", claim.stage(),
+                   " of job ", claim.job_id(), " (attempt ", claim.attempt(),
+                   ") on this worker: ", refusal));
+  SendLocked(w.link, std::move(msg));
 }
 
 absl::Status JobManager::CheckRendezvousCallerLocked(
@@ -831,17 +1135,35 @@ absl::Duration JobManager::FailureGrace() const {
 }
 
 void JobManager::SettleFailuresLocked(absl::Time now) {
+  const size_t queued_before = queued_.size();
   bool changed = false;
   for (auto& [id, entry] : jobs_) {
     JobEntry& e = *entry;
-    if (e.job.state() != v1::RUNNING || e.pending_failure.empty() ||
-        now < e.failure_deadline) {
+    if (e.job.state() == v1::RECOVERING) {
+      MaybeRequeueLocked(e, now);
       continue;
     }
-    FinishJobLocked(e, v1::FAILED, e.pending_failure, /*cancel_workers=*/true);
+    if (e.job.state() != v1::RUNNING) continue;
+    if (e.adopting && now >= e.adopt_deadline) {
+      std::vector<std::string> missing;
+      for (int k = 0; k < e.num_stages; ++k) {
+        if (!e.claimed[k]) missing.push_back(absl::StrCat(k));
+      }
+      GangBrokenLocked(
+          e,
+          absl::StrCat("the controller restarted and stage(s) ",
+                       absl::StrJoin(missing, ", "),
+                       " were not reclaimed by their workers within ",
+                       absl::FormatDuration(options_.adopt_timeout)),
+          /*recoverable=*/true);
+      changed = true;
+      continue;
+    }
+    if (e.pending_failure.empty() || now < e.failure_deadline) continue;
+    GangBrokenLocked(e, e.pending_failure, e.pending_recoverable);
     changed = true;
   }
-  if (changed) ScheduleLocked();
+  if (changed || queued_.size() != queued_before) ScheduleLocked();
 }
 
 std::vector<JobManager::WorkerInfo> JobManager::ListWorkers() {

@@ -1,8 +1,22 @@
 // JobManager: the controller's brain, free of gRPC. It owns the JobStore,
 // every job's lifecycle (QUEUED -> RUNNING -> SUCCEEDED | FAILED |
-// CANCELLED), the registry of connected workers, gang scheduling
+// CANCELLED, with RUNNING -> RECOVERING -> RUNNING for each automatic
+// restart), the registry of connected workers, gang scheduling
 // (controller/scheduler.h), the per-job event logs WatchJob reads, and the
 // liveness checker thread that declares silent workers lost.
+//
+// Recovery (JobSpec.recovery, docs/CONTROLLER.md): when a worker of a
+// running job is lost, or a stage fails for a reason a restart may cure,
+// the job goes RECOVERING: the rest of its gang is cancelled and drained
+// (each stage reports its end or its worker is lost), then, after the
+// restart's backoff, the job is scheduled again like a queued one and every
+// stage resumes from the newest checkpoint that verifies. Past
+// max_restarts the job fails with every restart's reason.
+//
+// A restarted controller loses no running job: it loads RUNNING jobs from
+// the store and waits (adopt_timeout) for their workers to reconnect and
+// claim their stages (RegisterWorker.running); a job whose stages are all
+// claimed runs on as if nothing happened, one that is not is restarted.
 //
 // It also serves the rendezvous of running jobs (controller/rendezvous_table.h)
 // to the workers running their stages, and records the transport each job's
@@ -36,6 +50,7 @@
 #include "controller/job_event_log.h"
 #include "controller/job_store.h"
 #include "controller/rendezvous_table.h"
+#include "core/job_plan.h"
 #include "proto/trainyard.pb.h"
 
 namespace trainyard {
@@ -56,7 +71,16 @@ struct JobManagerOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   // Bounds on what workers may store in a job's rendezvous.
   RendezvousLimits rendezvous_limits;
+  // After a restart, how long a RUNNING job waits for its workers to
+  // reconnect and claim their stages before it is restarted instead.
+  absl::Duration adopt_timeout = absl::Seconds(10);
 };
+
+// Whether a stage that failed with `code` may succeed when the job is
+// restarted: not for errors in the spec, its files or the checkpoint
+// folder (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...), which
+// would fail again.
+bool IsRecoverableStageFailure(absl::StatusCode code);
 
 class JobManager {
  public:
@@ -138,6 +162,27 @@ class JobManager {
     // worker cannot grow the history), and the notes recorded so far.
     std::vector<bool> transport_reported;
     std::set<std::string> notes;
+    // Whether pending_failure may be cured by a restart.
+    bool pending_recoverable = true;
+
+    // ---- Recovery (normalized JobSpec.recovery).
+    int max_restarts = 0;
+    int64_t backoff_ms = 0;
+    // While RECOVERING: old-gang workers whose stages have not reported
+    // their end yet (each was cancelled; a lost one is dropped).
+    std::set<std::string> draining;
+    absl::Time restart_not_before = absl::InfinitePast();
+    absl::Time detected = absl::InfinitePast();  // the loss was noticed
+    int64_t detected_step = 0;
+    absl::Time assigned = absl::InfinitePast();  // the new gang got its stages
+    // Per stage of the current gang: its StageStarted resume step, or -1.
+    std::vector<int64_t> resume_steps;
+    bool recovery_reported = true;  // the JobRecovery event is recorded
+
+    // ---- Re-adoption after a controller restart.
+    bool adopting = false;
+    absl::Time adopt_deadline = absl::InfiniteFuture();
+    std::vector<bool> claimed;  // per stage
   };
   struct WorkerEntry {
     std::string id;
@@ -158,10 +203,15 @@ class JobManager {
 
   JobManager(const JobManagerOptions& options, std::unique_ptr<JobStore> store);
   absl::Status Load();
+  // Sets e's stage count, worker spec and recovery settings from its plan.
+  void SetPlanLocked(JobEntry& e, const JobPlan& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LivenessLoop();
   // How long a stage failure waits for a lost-worker event to explain it.
   absl::Duration FailureGrace() const;
-  // Fails the running jobs whose pending failure's grace has passed.
+  // Fails (or restarts) the running jobs whose pending failure's grace has
+  // passed, restarts jobs whose adoption timed out, and queues recovering
+  // jobs whose backoff has passed.
   void SettleFailuresLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends everything queued in outbox_, in order; safe to re-enter.
   void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
@@ -182,6 +232,26 @@ class JobManager {
   void StartJobLocked(JobEntry& e, const std::vector<std::string>& worker_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LoseWorkerLocked(const std::string& worker_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The running gang of `e` is broken by `cause`: restarts the job
+  // (BeginRecoveryLocked) when `recoverable` and restarts are left, else
+  // fails it with every restart's reason.
+  void GangBrokenLocked(JobEntry& e, std::string cause, bool recoverable)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginRecoveryLocked(JobEntry& e, std::string cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues a RECOVERING job for scheduling once its old gang has drained
+  // and its backoff has passed.
+  void MaybeRequeueLocked(JobEntry& e, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-attaches a reconnecting worker to the stage it claims, or tells it
+  // to stop that stage.
+  void ClaimStageLocked(WorkerEntry& w, const v1::StageClaim& claim)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleStartedLocked(WorkerEntry& w, const v1::StageStarted& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a JobNote in e's history.
+  void NoteLocked(JobEntry& e, int stage, std::string text)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleStepLocked(WorkerEntry& w, const v1::StageStepReport& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -23,7 +23,7 @@ using v1::JobEvent;
 constexpr char kJobColumns[] =
     "seq, job_id, request_id, spec, state, reason, priority, create_time_ms, "
     "start_time_ms, end_time_ms, steps_completed, last_step, last_eval, "
-    "workers";
+    "workers, recovery";
 
 // One prepared statement; finalized on destruction.
 class Stmt {
@@ -83,7 +83,26 @@ absl::Status ReadJob(Stmt& s, Job* job, int64_t* seq) {
       job->add_workers(std::string(w));
     }
   }
+  // The restart count and reasons, as a Job holding only those fields.
+  std::string recovery = s.Text(14);
+  if (!recovery.empty()) {
+    Job r;
+    if (!r.ParseFromString(recovery)) {
+      return absl::DataLossError(absl::StrCat(
+          "job ", job->job_id(), ": stored restart history does not parse"));
+    }
+    job->set_restarts(r.restarts());
+    *job->mutable_restart_reasons() = r.restart_reasons();
+  }
   return absl::OkStatus();
+}
+
+std::string RecoveryBlob(const Job& job) {
+  if (job.restarts() == 0 && job.restart_reasons_size() == 0) return "";
+  Job r;
+  r.set_restarts(job.restarts());
+  *r.mutable_restart_reasons() = job.restart_reasons();
+  return r.SerializeAsString();
 }
 
 std::string SerializeOrEmpty(const google::protobuf::Message& m, bool has) {
@@ -116,7 +135,6 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
   std::unique_ptr<JobStore> store(new JobStore(db, path));
   absl::MutexLock lock(&store->mu_);
   RETURN_IF_ERROR(store->Init());
-  RETURN_IF_ERROR(store->RecoverRunning());
   return store;
 }
 
@@ -160,80 +178,24 @@ absl::Status JobStore::Init() {
            " steps_completed INTEGER NOT NULL DEFAULT 0,"
            " last_step BLOB,"
            " last_eval BLOB,"
-           " workers TEXT NOT NULL DEFAULT '');"
+           " workers TEXT NOT NULL DEFAULT '',"
+           " recovery BLOB);"
            "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, seq);"
            "CREATE TABLE IF NOT EXISTS job_events ("
            " job_id TEXT NOT NULL,"
            " seq INTEGER NOT NULL,"
            " event BLOB NOT NULL,"
            " PRIMARY KEY (job_id, seq)) WITHOUT ROWID;"));
-  return absl::OkStatus();
-}
-
-absl::Status JobStore::RecoverRunning() {
-  std::vector<Job> running;
+  // A database from a controller older than the recovery column gains it.
+  bool has_recovery = false;
   {
-    Stmt s(db_, absl::StrCat("SELECT ", kJobColumns,
-                             " FROM jobs WHERE state = ? ORDER BY seq"));
-    if (!s.ok()) return Error("select running jobs");
-    s.Bind(1, static_cast<int64_t>(v1::RUNNING));
-    int rc;
-    while ((rc = s.Step()) == SQLITE_ROW) {
-      Job job;
-      RETURN_IF_ERROR(ReadJob(s, &job, nullptr));
-      running.push_back(std::move(job));
-    }
-    if (rc != SQLITE_DONE) return Error("select running jobs");
+    Stmt s(db_, "SELECT name FROM pragma_table_info('jobs')");
+    if (!s.ok()) return Error("read the jobs table's columns");
+    while (s.Step() == SQLITE_ROW) has_recovery |= s.Text(0) == "recovery";
   }
-  if (running.empty()) return absl::OkStatus();
-  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
-  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  for (Job& job : running) {
-    int64_t next_seq = 0;
-    {
-      Stmt s(db_,
-             "SELECT COALESCE(MAX(seq) + 1, 0) FROM job_events "
-             "WHERE job_id = ?");
-      s.Bind(1, job.job_id());
-      if (s.Step() != SQLITE_ROW) {
-        Exec("ROLLBACK").IgnoreError();
-        return Error("max event seq");
-      }
-      next_seq = s.Int(0);
-    }
-    job.set_state(v1::FAILED);
-    job.set_reason(kRestartedReason);
-    job.set_end_time_ms(now_ms);
-    JobEvent event;
-    event.set_job_id(job.job_id());
-    event.mutable_state()->set_state(v1::FAILED);
-    event.mutable_state()->set_reason(kRestartedReason);
-    absl::Status st;
-    {
-      Stmt s(db_,
-             "UPDATE jobs SET state = ?, reason = ?, end_time_ms = ? "
-             "WHERE job_id = ?");
-      s.Bind(1, static_cast<int64_t>(job.state()));
-      s.Bind(2, job.reason());
-      s.Bind(3, job.end_time_ms());
-      s.Bind(4, job.job_id());
-      if (s.Step() != SQLITE_DONE) st = Error("mark restarted job failed");
-    }
-    if (st.ok()) {
-      Stmt s(db_,
-             "INSERT INTO job_events (job_id, seq, event) VALUES (?, ?, ?)");
-      s.Bind(1, job.job_id());
-      s.Bind(2, next_seq);
-      s.BindBlob(3, event.SerializeAsString());
-      if (s.Step() != SQLITE_DONE) st = Error("append restart event");
-    }
-    if (!st.ok()) {
-      Exec("ROLLBACK").IgnoreError();
-      return st;
-    }
+  if (!has_recovery) {
+    RETURN_IF_ERROR(Exec("ALTER TABLE jobs ADD COLUMN recovery BLOB"));
   }
-  RETURN_IF_ERROR(Commit());
-  recovered_running_jobs_ = static_cast<int>(running.size());
   return absl::OkStatus();
 }
 
@@ -312,7 +274,7 @@ absl::Status JobStore::UpdateJob(const Job& job, int64_t event_seq,
     Stmt s(db_,
            "UPDATE jobs SET state = ?, reason = ?, start_time_ms = ?, "
            "end_time_ms = ?, steps_completed = ?, last_step = ?, "
-           "last_eval = ?, workers = ? WHERE job_id = ?");
+           "last_eval = ?, workers = ?, recovery = ? WHERE job_id = ?");
     s.Bind(1, static_cast<int64_t>(job.state()));
     s.Bind(2, job.reason());
     s.Bind(3, job.start_time_ms());
@@ -321,7 +283,8 @@ absl::Status JobStore::UpdateJob(const Job& job, int64_t event_seq,
     s.BindBlob(6, SerializeOrEmpty(job.last_step(), job.has_last_step()));
     s.BindBlob(7, SerializeOrEmpty(job.last_eval(), job.has_last_eval()));
     s.Bind(8, absl::StrJoin(job.workers(), ","));
-    s.Bind(9, job.job_id());
+    s.BindBlob(9, RecoveryBlob(job));
+    s.Bind(10, job.job_id());
     if (s.Step() != SQLITE_DONE) return fail(Error("update job"));
     if (sqlite3_changes(db_) == 0) {
       return fail(absl::NotFoundError(

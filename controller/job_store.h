@@ -18,9 +18,9 @@
 // commits, never corrupt the file. FULL would fsync on every step report,
 // which costs more than the training step of a small model.
 //
-// On Open, jobs left RUNNING by a previous process are marked FAILED with
-// reason "controller restarted while the job was running" (plus a matching
-// state-change event); QUEUED jobs stay queued.
+// Open changes nothing: jobs a previous process left QUEUED, RUNNING or
+// RECOVERING are loaded as they were, and the JobManager decides what
+// becomes of them (it re-adopts running jobs from their workers).
 //
 // Thread safety: all methods may be called from any thread (one internal
 // mutex serializes access to the connection).
@@ -42,9 +42,6 @@ struct sqlite3;
 
 namespace trainyard {
 
-inline constexpr char kRestartedReason[] =
-    "controller restarted while the job was running";
-
 class JobStore {
  public:
   // Opens (creating if needed) <data_dir>/controller.db; creates data_dir if
@@ -54,9 +51,6 @@ class JobStore {
   ~JobStore();
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
-
-  // Jobs marked FAILED by Open because they were RUNNING.
-  int recovered_running_jobs() const { return recovered_running_jobs_; }
 
   struct Created {
     v1::Job job;
@@ -100,14 +94,12 @@ class JobStore {
   // COMMIT, rolling back if it fails so no transaction is left open.
   absl::Status Commit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Init() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status RecoverRunning() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const std::string& what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);
   const std::string path_;
-  int recovered_running_jobs_ = 0;
 };
 
 }  // namespace trainyard

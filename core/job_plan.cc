@@ -909,6 +909,21 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
     ckpt->set_dir(ResolvePath(options.base_dir, ckpt->dir()));
   }
 
+  // ---- Recovery.
+  trainyard::v1::RecoverySpec* rec = s.mutable_recovery();
+  if (!rec->has_max_restarts()) rec->set_max_restarts(kDefaultMaxRestarts);
+  if (!rec->has_backoff_ms()) rec->set_backoff_ms(kDefaultRestartBackoffMs);
+  if (rec->max_restarts() < 0 || rec->max_restarts() > kMaxRestartsLimit) {
+    p.Add("recovery.max_restarts",
+          absl::StrCat("must be in [0, ", kMaxRestartsLimit, "], got ",
+                       rec->max_restarts()));
+  }
+  if (rec->backoff_ms() < 0 || rec->backoff_ms() > kMaxRestartBackoffMs) {
+    p.Add("recovery.backoff_ms",
+          absl::StrCat("must be in [0, ", kMaxRestartBackoffMs, "], got ",
+                       rec->backoff_ms()));
+  }
+
   // ---- Split and parameters (need valid blocks).
   const bool can_place = blocks_ok && stages_ok && split_ok;
   if (can_place) {

@@ -35,6 +35,12 @@ absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecJson(
 // the file cannot be read, naming the path.
 absl::StatusOr<trainyard::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
+// JobSpec.recovery defaults and limits (docs/SPEC.md).
+inline constexpr int kDefaultMaxRestarts = 3;
+inline constexpr int kMaxRestartsLimit = 1000;
+inline constexpr int64_t kDefaultRestartBackoffMs = 1000;
+inline constexpr int64_t kMaxRestartBackoffMs = 30000;
+
 struct PlanOptions {
   // Relative paths in the spec (data files, init safetensors, checkpoint
   // dir) resolve against this folder; empty = the current directory. The

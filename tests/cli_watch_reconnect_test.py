@@ -1,9 +1,9 @@
 """`trainyard watch` survives a dropped stream: the controller is killed
 (SIGKILL) and restarted on the same port mid-watch; the CLI reconnects,
 resumes after the last step it printed, prints no step twice and none out of
-order, and exits 1 with the job's terminal state (a job running while its
-controller died is FAILED with a reason; automatic restart is a later
-issue)."""
+order. The job itself does not notice: its workers train on while no
+controller listens, the restarted controller re-adopts it, and it SUCCEEDS
+(the watch exits 0)."""
 import re
 import signal
 import subprocess
@@ -23,7 +23,8 @@ def first_line(proc):
 
 
 cluster = Cluster(workers=2)
-job = cluster.submit(spec_from_json(small_spec(stages=2, steps=100000, name="watched",
+STEPS = 12000
+job = cluster.submit(spec_from_json(small_spec(stages=2, steps=STEPS, name="watched",
                                                samples=2048, features=64, batch=128)))
 wait_for(lambda: cluster.get(job.job_id).steps_completed >= 5, 60, "5 steps")
 watch = subprocess.Popen([CLI_BIN, "watch", job.job_id, f"--controller={cluster.address}"],
@@ -39,10 +40,12 @@ print(out[-2000:])
 steps = [int(m) for m in re.findall(r"^step (\d+)/", out, re.M)]
 assert steps, "no steps printed"
 assert steps == list(range(steps[0], steps[-1] + 1)), "a step was repeated or skipped"
-assert "FAILED" in out and "controller restarted" in out, out[-500:]
-assert watch.returncode == 1, watch.returncode
+assert steps[-1] == STEPS, steps[-1]
+assert "SUCCEEDED" in out, out[-500:]
+assert watch.returncode == 0, watch.returncode
 final = cluster.get(job.job_id)
-assert final.state == pb.FAILED, final
+assert final.state == pb.SUCCEEDED, final
+assert final.restarts == 0, final
 print(f"ok: watch printed steps {steps[0]}..{steps[-1]} once each across the "
       f"controller restart, then: {final.reason}")
 

@@ -1,6 +1,7 @@
-"""Cancel mid-run; a worker killed mid-run fails its job with a reason and
-the surviving workers run the next job; unknown plugin, bad spec and an
-impossible gang each end with a clear status."""
+"""Cancel mid-run; with recovery off (recovery.max_restarts 0), a worker
+killed mid-run fails its job at once with a reason and the surviving workers
+run the next job; unknown plugin, bad spec and an impossible gang each end
+with a clear status, and none of them is restarted."""
 import time
 
 import grpc
@@ -28,13 +29,16 @@ assert done.state == pb.SUCCEEDED, (done.state, done.reason)
 print(f"cancel: CANCELLED ({cancelled.reason}); the next job on the same two "
       f"workers completed its first step {freed_s:.2f} s after the cancel")
 
-# 2. A worker killed mid-run fails the job, naming the worker and stage.
-job = cluster.submit(spec_from_json(long_job))
+# 2. Recovery off: a worker killed mid-run fails the job, naming the worker
+# and stage (recovery_test.py covers the automatic restart).
+fail_fast = dict(long_job, recovery={"maxRestarts": 0})
+job = cluster.submit(spec_from_json(fail_fast))
 wait_for(lambda: cluster.get(job.job_id).steps_completed >= 3, 60, "3 steps")
 workers = list(cluster.get(job.job_id).workers)
 cluster.kill_worker("w1")
 failed = cluster.wait_state(job.job_id, (pb.FAILED, pb.CANCELLED, pb.SUCCEEDED), 30)
 assert failed.state == pb.FAILED, failed
+assert failed.restarts == 0, failed
 assert "stage" in failed.reason and "lost" in failed.reason, failed.reason
 assert any(w in failed.reason for w in workers), (workers, failed.reason)
 print(f"worker lost: FAILED: {failed.reason}")
@@ -47,6 +51,8 @@ assert done.state == pb.SUCCEEDED, (done.state, done.reason)
 job = cluster.submit(spec_from_json(small_spec(stages=2, steps=4, plugin="no_such_task")))
 failed = cluster.wait_state(job.job_id, (pb.FAILED, pb.SUCCEEDED, pb.CANCELLED), 60)
 assert failed.state == pb.FAILED and "no_such_task" in failed.reason, failed
+# A missing plugin would fail again: not restarted, although recovery is on.
+assert failed.restarts == 0 and "not restarted" in failed.reason, failed
 print(f"unknown plugin: FAILED: {failed.reason}")
 
 # 4. Bad spec: INVALID_ARGUMENT carrying every field path.

@@ -205,11 +205,12 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
         static_cast<double>(stage.completed_steps())};
     RETURN_IF_ERROR(transport->AllReduceSum(&resumed, options.timeout));
     if (resumed[0] != static_cast<double>(S) * stage.completed_steps()) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      // Aborted, not FailedPrecondition: a restart settles it.
+      return absl::AbortedError(absl::StrCat(
           "stage ", stage.index(), " resumed after step ",
           stage.completed_steps(),
           " but the stages did not all resume from the same checkpoint (a "
-          "checkpoint was set aside while they started?); resubmit the job"));
+          "checkpoint was set aside while they started?)"));
     }
   }
   absl::Time step_start = absl::Now();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -94,11 +95,12 @@ struct Session {
 // The stage a worker is running and how to stop it.
 class ActiveJob {
  public:
-  ActiveJob(std::string job_id, int stage)
-      : job_id_(std::move(job_id)), stage_(stage) {}
+  ActiveJob(std::string job_id, int stage, int attempt)
+      : job_id_(std::move(job_id)), stage_(stage), attempt_(attempt) {}
 
   const std::string& job_id() const { return job_id_; }
   int stage() const { return stage_; }
+  int attempt() const { return attempt_; }
   const std::atomic<bool>* cancel_flag() const { return &cancel_; }
 
   // Stops the stage: RunStage sees the flag before its next step, the
@@ -130,6 +132,13 @@ class ActiveJob {
     absl::MutexLock lock(&mu_);
     rendezvous_ = rendezvous;
     if (rendezvous_ != nullptr && !reason_.ok()) rendezvous_->Abort(reason_);
+  }
+
+  // Fails the pending and future requests of the rendezvous being used, if
+  // any (the stream it goes over broke); the stage itself goes on.
+  void FailRendezvous(const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    if (rendezvous_ != nullptr) rendezvous_->Abort(why);
   }
 
   // Hands a RendezvousReply to the registered rendezvous; false when there
@@ -164,6 +173,7 @@ class ActiveJob {
  private:
   const std::string job_id_;
   const int stage_;
+  const int attempt_;
   std::atomic<bool> cancel_{false};
   mutable absl::Mutex mu_;
   Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -213,17 +223,34 @@ WorkerMessage EvalMessage(const std::string& job_id, int stage, int64_t step,
   return m;
 }
 
-WorkerMessage DoneMessage(const std::string& job_id, int stage, bool ok,
-                          const std::string& error, bool cancelled) {
+WorkerMessage DoneMessage(const std::string& job_id, int stage,
+                          const absl::Status& status, const std::string& error,
+                          bool cancelled) {
   WorkerMessage m;
   auto* done = m.mutable_done();
   done->set_job_id(job_id);
   done->set_stage(stage);
-  done->set_ok(ok);
+  done->set_ok(status.ok());
   done->set_error(error);
   done->set_cancelled(cancelled);
+  done->set_code(static_cast<int32_t>(status.code()));
   return m;
 }
+
+WorkerMessage StartedMessage(const std::string& job_id, int stage,
+                             int64_t resume_step) {
+  WorkerMessage m;
+  auto* started = m.mutable_started();
+  started->set_job_id(job_id);
+  started->set_stage(stage);
+  started->set_resume_step(resume_step);
+  return m;
+}
+
+// The most stage reports a worker keeps for resending after it reconnects
+// (every report of its current job, normally): a controller away for
+// longer than this many reports misses the oldest ones.
+constexpr size_t kMaxKeptReports = 16384;
 
 WorkerMessage TransportMessage(const std::string& job_id, int stage,
                                const TransportChoice& choice) {
@@ -370,20 +397,22 @@ class Worker::Impl {
                     const trainyard::v1::WorkerRegistered& registered);
   void OnAssign(Session* session, const StageAssignment& assignment);
   void OnCancel(const CancelStage& cancel);
-  void RunJob(Session* session, StageAssignment assignment,
-              std::shared_ptr<ActiveJob> job);
-  absl::Status RunAssignment(Session* session,
-                             const StageAssignment& assignment, ActiveJob* job);
+  void RunJob(StageAssignment assignment, std::shared_ptr<ActiveJob> job);
+  absl::Status RunAssignment(const StageAssignment& assignment, ActiveJob* job);
+  // A stage report (step, eval, transport, start, end): kept for resending
+  // after a reconnect, and written now when a registered session is live.
+  // Stages keep running while the controller is away.
+  void Report(const WorkerMessage& message);
+  // Writes to the live registered session; false when there is none.
+  bool SendLive(const WorkerMessage& message);
   // The transport of a multi-stage job: chosen from the placements,
   // reported, then connected (TCP) or created (NCCL).
   absl::StatusOr<std::unique_ptr<Transport>> ConnectTransport(
-      Session* session, const StageAssignment& assignment, int num_stages,
-      ActiveJob* job);
+      const StageAssignment& assignment, int num_stages, ActiveJob* job);
   // CreateNcclTransport (or the injected factory) with a rendezvous through
-  // the controller on `session`.
+  // the controller on the live session.
   absl::StatusOr<std::unique_ptr<Transport>> CreateNccl(
-      Session* session, const std::string& job_id, int rank, int world_size,
-      ActiveJob* job);
+      const std::string& job_id, int rank, int world_size, ActiveJob* job);
   void OnRendezvousReply(const trainyard::v1::RendezvousReply& reply);
   // Aborts the running stage (if any) and joins its thread.
   void StopJob(const absl::Status& reason);
@@ -409,6 +438,14 @@ class Worker::Impl {
   std::shared_ptr<ActiveJob> job_ ABSL_GUARDED_BY(mu_);
   bool job_finished_ ABSL_GUARDED_BY(mu_) = true;
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
+
+  // Reports of the current job, oldest first (Report), and the registered
+  // session they go to now (null while disconnected). Lock order: mu_
+  // before report_mu_.
+  absl::Mutex report_mu_;
+  std::deque<WorkerMessage> reports_ ABSL_GUARDED_BY(report_mu_);
+  bool reports_dropped_ ABSL_GUARDED_BY(report_mu_) = false;
+  Session* live_ ABSL_GUARDED_BY(report_mu_) = nullptr;
 };
 
 absl::Status Worker::Impl::Init() {
@@ -574,6 +611,23 @@ bool Worker::Impl::RunSession(int attempt) {
           ? options_.threads
           : static_cast<int>(std::thread::hardware_concurrency()));
   caps->set_hostname(Hostname());
+  {
+    // A reconnecting worker keeps its id and claims the stage it still runs
+    // (or ran, with reports to resend): a restarted controller re-adopts it.
+    absl::MutexLock lock(&mu_);
+    reg->set_worker_id(worker_id_);
+    bool unsent;
+    {
+      absl::MutexLock rlock(&report_mu_);
+      unsent = !reports_.empty();
+    }
+    if (job_ != nullptr && (!job_finished_ || unsent)) {
+      auto* claim = reg->mutable_running();
+      claim->set_job_id(job_->job_id());
+      claim->set_stage(job_->stage());
+      claim->set_attempt(job_->attempt());
+    }
+  }
   session->Write(hello);  // a failure shows up as the end of the stream
 
   ControllerMessage message;
@@ -604,9 +658,22 @@ bool Worker::Impl::RunSession(int attempt) {
     session->done = true;
     session->cv.SignalAll();
   }
-  StopJob(absl::UnavailableError(absl::StrCat(
-      "worker ", options_.name, " lost its connection to the controller at ",
-      options_.controller)));
+  {
+    // A running stage goes on: its reports are kept until the next
+    // registration (a controller restart loses nothing).
+    absl::MutexLock lock(&report_mu_);
+    if (live_ == session.get()) live_ = nullptr;
+  }
+  {
+    // A rendezvous needs the controller: one waiting on this stream fails
+    // now instead of waiting out its timeout.
+    absl::MutexLock lock(&mu_);
+    if (job_ != nullptr && !job_finished_) {
+      job_->FailRendezvous(absl::UnavailableError(absl::StrCat(
+          "worker ", options_.name,
+          " lost its connection to the controller at ", options_.controller)));
+    }
+  }
   heartbeat.join();
   const grpc::Status status = session->stream->Finish();
   {
@@ -673,6 +740,15 @@ void Worker::Impl::OnRegistered(
     session->cv.SignalAll();
   }
   SetRegisteredHealth(true);
+  {
+    // Resend every kept report, in order, before any new one: what the old
+    // controller had already published is dropped by the new one.
+    absl::MutexLock lock(&report_mu_);
+    live_ = session;
+    for (const WorkerMessage& m : reports_) {
+      if (!session->Write(m)) break;  // the reader sees the stream end
+    }
+  }
   absl::MutexLock lock(&mu_);
   worker_id_ = registered.worker_id();
   ++registrations_;
@@ -705,13 +781,18 @@ void Worker::Impl::OnAssign(Session* session,
       busy_with = job_->job_id();
     } else {
       finished = std::move(job_thread_);
-      auto job =
-          std::make_shared<ActiveJob>(assignment.job_id(), assignment.stage());
+      auto job = std::make_shared<ActiveJob>(
+          assignment.job_id(), assignment.stage(), assignment.attempt());
       job_ = job;
       job_finished_ = false;
-      job_thread_ = std::thread([this, session, assignment, job] {
-        RunJob(session, assignment, job);
-      });
+      {
+        // The previous job's reports were resent at registration.
+        absl::MutexLock rlock(&report_mu_);
+        reports_.clear();
+        reports_dropped_ = false;
+      }
+      job_thread_ =
+          std::thread([this, assignment, job] { RunJob(assignment, job); });
     }
   }
   // The finished job has reported already; its thread is exiting.
@@ -719,10 +800,10 @@ void Worker::Impl::OnAssign(Session* session,
   if (!busy_with.empty()) {
     LOG(WARNING) << "trainyard-worker " << options_.name << ": refusing job "
                  << assignment.job_id() << ": busy with job " << busy_with;
-    session->Write(DoneMessage(
-        assignment.job_id(), assignment.stage(), false,
-        absl::StrCat("worker ", options_.name, " busy with job ", busy_with),
-        false));
+    const absl::Status busy = absl::UnavailableError(
+        absl::StrCat("worker ", options_.name, " busy with job ", busy_with));
+    session->Write(DoneMessage(assignment.job_id(), assignment.stage(), busy,
+                               std::string(busy.message()), false));
   }
 }
 
@@ -765,11 +846,12 @@ void Worker::Impl::StopJob(const absl::Status& reason) {
   if (thread.joinable()) thread.join();
 }
 
-void Worker::Impl::RunJob(Session* session, StageAssignment assignment,
+void Worker::Impl::RunJob(StageAssignment assignment,
                           std::shared_ptr<ActiveJob> job) {
   LOG(INFO) << "trainyard-worker " << options_.name << ": starting job "
-            << job->job_id() << " stage " << job->stage();
-  const absl::Status status = RunAssignment(session, assignment, job.get());
+            << job->job_id() << " stage " << job->stage() << " (attempt "
+            << job->attempt() << ")";
+  const absl::Status status = RunAssignment(assignment, job.get());
   const auto [reason, cancelled] = job->abort_reason();
   std::string error;
   bool was_cancelled = false;
@@ -795,12 +877,32 @@ void Worker::Impl::RunJob(Session* session, StageAssignment assignment,
     absl::MutexLock lock(&mu_);
     job_finished_ = true;
   }
-  session->Write(DoneMessage(job->job_id(), job->stage(), status.ok(), error,
-                             was_cancelled));
+  Report(
+      DoneMessage(job->job_id(), job->stage(), status, error, was_cancelled));
 }
 
-absl::Status Worker::Impl::RunAssignment(Session* session,
-                                         const StageAssignment& assignment,
+void Worker::Impl::Report(const WorkerMessage& message) {
+  absl::MutexLock lock(&report_mu_);
+  reports_.push_back(message);
+  if (reports_.size() > kMaxKeptReports) {
+    reports_.pop_front();
+    if (!reports_dropped_) {
+      reports_dropped_ = true;
+      LOG(WARNING) << "trainyard-worker " << options_.name << ": more than "
+                   << kMaxKeptReports
+                   << " reports kept for the controller; dropping the "
+                      "oldest";
+    }
+  }
+  if (live_ != nullptr) live_->Write(message);
+}
+
+bool Worker::Impl::SendLive(const WorkerMessage& message) {
+  absl::MutexLock lock(&report_mu_);
+  return live_ != nullptr && live_->Write(message);
+}
+
+absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
                                          ActiveJob* job) {
   if (assignment.job_id().empty()) {
     return absl::InvalidArgumentError("StageAssignment.job_id: empty");
@@ -821,8 +923,7 @@ absl::Status Worker::Impl::RunAssignment(Session* session,
 
   std::unique_ptr<Transport> transport;
   if (num_stages > 1) {
-    ASSIGN_OR_RETURN(transport,
-                     ConnectTransport(session, assignment, num_stages, job));
+    ASSIGN_OR_RETURN(transport, ConnectTransport(assignment, num_stages, job));
     job->SetTransport(transport.get());
   }
 
@@ -843,15 +944,16 @@ absl::Status Worker::Impl::RunAssignment(Session* session,
       LOG(INFO) << "trainyard-worker " << options_.name << ": job " << job_id
                 << " stage " << s << " resumed at step " << started.resume_step;
     }
+    Report(StartedMessage(job_id, s, started.resume_step));
     StageRunOptions run;
     run.timeout = options_.stage_timeout;
     run.cancel = job->cancel_flag();
     run.on_step = [&](const StepReport& report, double seconds) {
-      session->Write(StepMessage(job_id, s, report, seconds));
+      Report(StepMessage(job_id, s, report, seconds));
     };
     if (s == num_stages - 1) {
       run.on_eval = [&](int64_t step, const EvalReport& report) {
-        session->Write(EvalMessage(job_id, s, step, report));
+        Report(EvalMessage(job_id, s, step, report));
       };
     }
     return RunStage(*stage, transport.get(), *plan, run);
@@ -869,8 +971,7 @@ absl::Status Worker::Impl::RunAssignment(Session* session,
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::ConnectTransport(
-    Session* session, const StageAssignment& assignment, int num_stages,
-    ActiveJob* job) {
+    const StageAssignment& assignment, int num_stages, ActiveJob* job) {
   const std::string& job_id = assignment.job_id();
   const int s = assignment.stage();
   if (assignment.peer_addresses_size() != num_stages) {
@@ -895,12 +996,12 @@ absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::ConnectTransport(
   LOG(INFO) << "trainyard-worker " << options_.name << ": job " << job_id
             << " stage " << s << " transport " << TransportKindName(choice.kind)
             << ": " << choice.reason;
-  session->Write(TransportMessage(job_id, s, choice));
+  Report(TransportMessage(job_id, s, choice));
   if (job->cancel_flag()->load()) return job->abort_reason().first;
 
   if (choice.kind == TransportKind::kNccl) {
     absl::StatusOr<std::unique_ptr<Transport>> created =
-        CreateNccl(session, job_id, s, num_stages, job);
+        CreateNccl(job_id, s, num_stages, job);
     if (!created.ok()) {
       return Prefixed(created.status(),
                       "creating the NCCL transport to the other stages: ");
@@ -918,14 +1019,13 @@ absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::ConnectTransport(
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::CreateNccl(
-    Session* session, const std::string& job_id, int rank, int world_size,
-    ActiveJob* job) {
-  // The session outlives the job (RunSession joins the job's thread before
-  // it ends), so the sender may use it for the whole creation.
+    const std::string& job_id, int rank, int world_size, ActiveJob* job) {
+  // Through whichever session is live: a request made while none is fails
+  // (the rendezvous needs the controller).
   RemoteRendezvous rendezvous(
       absl::StrCat("controller ", options_.controller),
-      [session, job_id](const RemoteRendezvous::Request& request) {
-        return session->Write(RendezvousMessage(job_id, request));
+      [this, job_id](const RemoteRendezvous::Request& request) {
+        return SendLive(RendezvousMessage(job_id, request));
       });
   job->SetRendezvous(&rendezvous);
   NcclTransportOptions nccl;

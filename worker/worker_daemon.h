@@ -8,8 +8,12 @@
 // until Shutdown: connect, send RegisterWorker, wait for WorkerRegistered,
 // heartbeat every heartbeat_interval_ms, and serve StageAssignment /
 // CancelStage. When the stream breaks or the controller is unreachable, a
-// running stage is aborted (its job is lost anyway), and the worker retries
-// with bounded exponential backoff and registers again.
+// running stage keeps training: its reports (steps, evals, its end) are
+// kept, and the worker retries with bounded exponential backoff, registers
+// again under the same worker id, claims the stage it runs
+// (RegisterWorker.running) and resends the kept reports. A restarted
+// controller re-adopts the job from these claims; a controller that does
+// not accept a claim answers with CancelStage.
 //
 // Multi-stage jobs: every rank chooses the same transport from the
 // placements in its assignment (ChooseAssignmentTransport below, which

@@ -563,19 +563,15 @@ TEST_F(WorkerDaemonTest, CancelReachesAStageStillWaitingForItsPeers) {
   EXPECT_TRUE(next->ok()) << next->error();
 }
 
-TEST_F(WorkerDaemonTest, ReconnectsAndReregistersAfterControllerRestart) {
+TEST_F(WorkerDaemonTest, KeepsTrainingWhileTheControllerIsAwayThenResendsAll) {
   auto worker = StartWorker(TestOptions(controller_->address()));
   ASSERT_NE(worker, nullptr);
   const std::string id = controller_->WaitForRegistration(1);
-  ASSERT_TRUE(controller_->Send(id, Assign("lost", SmallSpec(1000000))));
-  ASSERT_TRUE(controller_->WaitForSteps("lost", 1));
+  constexpr int kSteps = 4000;
+  ASSERT_TRUE(controller_->Send(id, Assign("kept", SmallSpec(kSteps))));
+  ASSERT_TRUE(controller_->WaitForSteps("kept", 1));
   const std::string address = controller_->address();
   controller_->Stop();
-  // The running stage is aborted once the stream breaks.
-  for (int i = 0; i < 100 && worker->busy(); ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_FALSE(worker->busy());
   absl::SleepFor(absl::Milliseconds(300));  // a few failed attempts
 
   controller_ = std::make_unique<FakeController>(address);
@@ -583,15 +579,63 @@ TEST_F(WorkerDaemonTest, ReconnectsAndReregistersAfterControllerRestart) {
     GTEST_SKIP() << "could not rebind " << address;
   }
   ASSERT_EQ(controller_->WaitForRegistration(1), "w1");
-  // The fake counts when it replies; the worker when it reads the reply.
+  // The worker asks to keep its id and claims the stage it ran.
+  const trainyard::v1::RegisterWorker reg = controller_->registered()[0];
+  EXPECT_EQ(reg.worker_id(), id);
+  EXPECT_EQ(reg.running().job_id(), "kept");
+  EXPECT_EQ(reg.running().stage(), 0);
+  EXPECT_EQ(reg.running().attempt(), 0);
+  // The stage trained on while no controller listened, and every report
+  // of the job is resent, in order: its start, each step once, its end.
+  auto done = controller_->WaitForDone("kept");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->ok()) << done->error();
+  std::vector<int64_t> steps;
+  bool started_first = false;
+  for (const Heard& h : controller_->heard()) {
+    if (h.message.has_started() && steps.empty()) started_first = true;
+    if (h.message.has_step() && h.message.step().job_id() == "kept") {
+      steps.push_back(h.message.step().step().step());
+    }
+  }
+  EXPECT_TRUE(started_first);
+  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  for (int i = 0; i < kSteps; ++i) ASSERT_EQ(steps[i], i + 1);
   for (int i = 0; i < 100 && worker->registrations() < 2; ++i) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_EQ(worker->registrations(), 2);
   ASSERT_TRUE(controller_->Send("w1", Assign("again", SmallSpec(2))));
-  auto done = controller_->WaitForDone("again");
+  auto again = controller_->WaitForDone("again");
+  ASSERT_TRUE(again.has_value());
+  EXPECT_TRUE(again->ok()) << again->error();
+}
+
+TEST_F(WorkerDaemonTest, RefusedClaimStopsTheStage) {
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  ASSERT_TRUE(controller_->Send(id, Assign("stale", SmallSpec(100000000))));
+  ASSERT_TRUE(controller_->WaitForSteps("stale", 1));
+  const std::string address = controller_->address();
+  controller_->Stop();
+  controller_ = std::make_unique<FakeController>(address);
+  if (!controller_->ok()) {
+    GTEST_SKIP() << "could not rebind " << address;
+  }
+  ASSERT_EQ(controller_->WaitForRegistration(1), "w1");
+  EXPECT_EQ(controller_->registered()[0].running().job_id(), "stale");
+  EXPECT_TRUE(worker->busy());
+  // What a controller that does not accept the claim answers.
+  ASSERT_TRUE(controller_->Send("w1", Cancel("stale", "not adopted")));
+  auto done = controller_->WaitForDone("stale");
   ASSERT_TRUE(done.has_value());
-  EXPECT_TRUE(done->ok()) << done->error();
+  EXPECT_TRUE(done->cancelled());
+  EXPECT_EQ(done->error(), "not adopted");
+  for (int i = 0; i < 100 && worker->busy(); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_FALSE(worker->busy());
 }
 
 TEST_F(WorkerDaemonTest, NoRegistrationReplyTimesOutAndRetries) {

@@ -144,6 +144,7 @@ absl::StatusOr<JobStateChange> JobClient::Watch(
     absl::Duration reconnect_for, const std::atomic<bool>* stop) {
   int64_t last_step = from_step - 1;  // last step event delivered
   int64_t last_eval = from_step - 1;  // last eval event delivered
+  int32_t last_recovery = 0;          // last recovery attempt delivered
   JobState last_state = trainyard::v1::JOB_STATE_UNSPECIFIED;
   auto stopped = [&] { return stop != nullptr && stop->load(); };
   // The current stream's context, so the stop watcher can cancel it.
@@ -202,6 +203,9 @@ absl::StatusOr<JobStateChange> JobClient::Watch(
       } else if (event.has_eval()) {
         if (event.eval().step() <= last_eval) continue;
         last_eval = event.eval().step();
+      } else if (event.has_recovery()) {
+        if (event.recovery().attempt() <= last_recovery) continue;
+        last_recovery = event.recovery().attempt();
       } else if (event.has_state()) {
         if (event.state().state() == last_state) continue;
         last_state = event.state().state();
@@ -282,6 +286,8 @@ const char* JobStateName(JobState state) {
       return "QUEUED";
     case trainyard::v1::RUNNING:
       return "RUNNING";
+    case trainyard::v1::RECOVERING:
+      return "RECOVERING";
     case trainyard::v1::SUCCEEDED:
       return "SUCCEEDED";
     case trainyard::v1::FAILED:

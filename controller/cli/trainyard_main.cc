@@ -24,6 +24,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "controller/cli/job_client.h"
@@ -320,6 +321,17 @@ class WatchPrinter {
       EndBar();
       std::cout << "note (stage " << e.note().stage()
                 << "): " << e.note().text() << std::endl;
+    } else if (e.has_recovery()) {
+      EndBar();
+      const auto& r = e.recovery();
+      std::cout << absl::StrFormat(
+                       "restart %d: resumed after step %d (the loss was "
+                       "noticed after step %d; rescheduled in %.2f s, "
+                       "restored in %.2f s) on %s; cause: %s",
+                       r.attempt(), r.resume_step(), r.detected_step(),
+                       r.reschedule_s(), r.restore_s(),
+                       absl::StrJoin(r.workers(), ","), r.cause())
+                << std::endl;
     }
   }
 
@@ -427,8 +439,9 @@ int List() {
        absl::StrSplit(absl::GetFlag(FLAGS_state), ',', absl::SkipEmpty())) {
     trainyard::v1::JobState s;
     if (!trainyard::v1::JobState_Parse(std::string(name), &s)) {
-      std::cerr << "trainyard list: --state: unknown state \"" << name
-                << "\" (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)\n";
+      std::cerr
+          << "trainyard list: --state: unknown state \"" << name
+          << "\" (QUEUED, RUNNING, RECOVERING, SUCCEEDED, FAILED, CANCELLED)\n";
       return 2;
     }
     states.push_back(s);
