@@ -218,6 +218,13 @@ class FakeWorker {
     if (!ok) m.mutable_done()->set_code(static_cast<int>(code));
     Send(m);
   }
+  void Held(const std::string& job, int stage, int64_t step) {
+    WorkerMessage m;
+    m.mutable_held()->set_job_id(job);
+    m.mutable_held()->set_stage(stage);
+    m.mutable_held()->set_step(step);
+    Send(m);
+  }
   void Started(const std::string& job, int stage, int64_t resume_step) {
     WorkerMessage m;
     m.mutable_started()->set_job_id(job);
@@ -996,6 +1003,70 @@ TEST_F(ControllerTest, LostWorkerRestartsTheJobOnASpare) {
   EXPECT_EQ(recoveries[0].workers(1), spare->id());
   EXPECT_EQ(states, (std::vector<v1::JobState>{v1::RUNNING, v1::RECOVERING,
                                                v1::RUNNING, v1::SUCCEEDED}));
+}
+
+TEST_F(ControllerTest, RestartResumesFromTheNewestSnapshotsTheGangHolds) {
+  auto w0 = NewWorker("pod-0");
+  auto w1 = NewWorker("pod-1");
+  auto w2 = NewWorker("pod-2");
+  Job job = Submit("snap", Spec(3, 20, "", /*max_restarts=*/3));
+  const std::string& id = job.job_id();
+  for (FakeWorker* w : {w0.get(), w1.get(), w2.get()}) {
+    ASSERT_TRUE(w->Next()->has_assign());
+  }
+  auto spare = NewWorker("spare");
+  // Stage k's snapshot is kept by its worker and by stage k + 1's (the
+  // last stage's by the one before it); a checkpoint after step 4.
+  for (int64_t step : {4, 8, 12}) {
+    w0->Held(id, 0, step);
+    w1->Held(id, 1, step);
+    w1->Held(id, 0, step);
+    w2->Held(id, 2, step);
+    w1->Held(id, 2, step);
+    // Stage 1's copy after step 12 never reached pod-2.
+    if (step < 12) w2->Held(id, 1, step);
+  }
+  w0->Held(id, -1, 4);
+  w0->Step(id, 0, 1, 1);  // a round trip: every report above is in
+  absl::SleepFor(absl::Milliseconds(100));
+  w1->Crash();
+  auto c0 = w0->Next();
+  auto c2 = w2->Next();
+  ASSERT_TRUE(c0 && c0->has_cancel() && c2 && c2->has_cancel());
+  w0->Done(id, 0, false, "cancelled", true);
+  w2->Done(id, 2, false, "cancelled", true);
+  // pod-0 and pod-2 keep their stages; the spare takes stage 1, whose
+  // snapshot after step 8 pod-2 sends (after step 12 only pod-1 had it).
+  auto a0 = w0->Next();
+  auto a1 = spare->Next();
+  auto a2 = w2->Next();
+  ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign() && a2 &&
+              a2->has_assign());
+  EXPECT_EQ(a0->assign().stage(), 0);
+  EXPECT_EQ(a1->assign().stage(), 1);
+  EXPECT_EQ(a2->assign().stage(), 2);
+  const v1::SnapshotResume& snap = a1->assign().snapshot();
+  EXPECT_EQ(snap.step(), 8);
+  EXPECT_EQ(
+      std::vector<int>(snap.source_ranks().begin(), snap.source_ranks().end()),
+      (std::vector<int>{0, 2, 2}));
+  EXPECT_EQ(Get(id).reason(),
+            "restart 1 of 3: resuming from in-memory snapshots after step 8");
+  Watcher watch(jobs_.get(), id);
+  for (FakeWorker* w : {w0.get(), spare.get(), w2.get()}) {
+    w->Started(id, w == w0.get() ? 0 : w == spare.get() ? 1 : 2, 8);
+  }
+  ASSERT_TRUE(WaitJob(id, [](const Job& j) {
+                return j.restarts() == 1;
+              }).restarts() == 1);
+  Job cancelled;
+  ASSERT_TRUE(Cancel(id, &cancelled).ok());
+  EXPECT_TRUE(watch.Wait().ok());
+  bool from_snapshot = false;
+  for (const JobEvent& e : watch.events()) {
+    if (e.has_recovery()) from_snapshot = e.recovery().from_snapshot();
+  }
+  EXPECT_TRUE(from_snapshot);
 }
 
 TEST_F(ControllerTest, MaxRestartsExhaustedFailsWithEveryReason) {

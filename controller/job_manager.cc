@@ -406,10 +406,27 @@ void JobManager::ScheduleLocked() {
     queued.push_back(std::move(j));
   }
   if (queued.empty()) return;
+  // Workers that may hold snapshots of a restarting job come first, so
+  // that its new gang can resume from them (ChooseSnapshotLocked).
+  std::set<std::string> holders;
+  for (const std::string& id : queued_) {
+    const JobEntry& e = *jobs_.at(id);
+    if (e.job.state() != v1::RECOVERING) continue;
+    for (const auto& [step, per_stage] : e.snapshot_holders) {
+      for (const std::set<std::string>& ids : per_stage) {
+        for (const std::string& w : ids) {
+          if (HoldsSnapshotsOfLocked(w, id)) holders.insert(w);
+        }
+      }
+    }
+  }
   std::vector<const WorkerEntry*> ordered;
   for (const auto& [id, w] : workers_) ordered.push_back(&w);
   std::sort(ordered.begin(), ordered.end(),
-            [](const WorkerEntry* a, const WorkerEntry* b) {
+            [&holders](const WorkerEntry* a, const WorkerEntry* b) {
+              const bool ha = holders.count(a->id) > 0;
+              const bool hb = holders.count(b->id) > 0;
+              if (ha != hb) return ha;
               return a->order < b->order;
             });
   std::vector<SchedWorker> workers;
@@ -437,16 +454,38 @@ void JobManager::ScheduleLocked() {
 }
 
 void JobManager::StartJobLocked(JobEntry& e,
-                                const std::vector<std::string>& worker_ids) {
+                                const std::vector<std::string>& chosen) {
   const std::string& job_id = e.job.job_id();
   const bool restart = e.job.state() == v1::RECOVERING;
+  std::vector<std::string> worker_ids = chosen;
+  if (restart && e.job.workers_size() == static_cast<int>(chosen.size())) {
+    // Workers of the last gang keep their stages: their snapshots are
+    // local, and only the lost stages' state moves.
+    std::vector<std::string> placed(chosen.size());
+    std::set<std::string> rest(chosen.begin(), chosen.end());
+    for (size_t k = 0; k < chosen.size(); ++k) {
+      if (rest.erase(e.job.workers(k)) > 0) placed[k] = e.job.workers(k);
+    }
+    auto next = rest.begin();
+    for (std::string& id : placed) {
+      if (id.empty()) id = *next++;
+    }
+    worker_ids = std::move(placed);
+  }
+  std::optional<v1::SnapshotResume> snapshot;
+  if (restart && !e.snapshots_failed) {
+    snapshot = ChooseSnapshotLocked(e, worker_ids);
+  }
   queued_.erase(job_id);
   e.job.clear_workers();
   v1::StageAssignment assign;
   assign.set_job_id(job_id);
   *assign.mutable_spec() = e.normalized;
   assign.set_attempt(e.job.restarts());
-  if (restart && !e.normalized.checkpoint().dir().empty()) {
+  e.from_snapshot = snapshot.has_value();
+  if (snapshot.has_value()) {
+    *assign.mutable_snapshot() = *snapshot;
+  } else if (restart && !e.normalized.checkpoint().dir().empty()) {
     // Every stage resumes from the newest checkpoint that verifies.
     assign.mutable_spec()->mutable_checkpoint()->set_resume("latest");
   }
@@ -454,6 +493,7 @@ void JobManager::StartJobLocked(JobEntry& e,
     WorkerEntry& w = workers_.at(worker_ids[k]);
     w.job_id = job_id;
     w.stage = static_cast<int>(k);
+    w.last_job = job_id;
     e.job.add_workers(w.id);
     assign.add_peer_addresses(w.caps.peer_address());
     *assign.add_placements() = PlacementOf(w.caps);
@@ -471,11 +511,16 @@ void JobManager::StartJobLocked(JobEntry& e,
   e.assigned = absl::Now();
   e.recovery_reported = !restart;
   rendezvous_.Open(job_id);
-  SetStateLocked(e, v1::RUNNING,
-                 restart ? absl::StrCat(RestartLabel(e.job, e.max_restarts),
-                                        ": resuming from the newest "
-                                        "checkpoint that verifies")
-                         : std::string());
+  SetStateLocked(
+      e, v1::RUNNING,
+      !restart ? std::string()
+      : snapshot.has_value()
+          ? absl::StrCat(RestartLabel(e.job, e.max_restarts),
+                         ": resuming from in-memory snapshots after step ",
+                         snapshot->step())
+          : absl::StrCat(RestartLabel(e.job, e.max_restarts),
+                         ": resuming from the newest checkpoint that "
+                         "verifies"));
   for (size_t k = 0; k < worker_ids.size(); ++k) {
     v1::ControllerMessage msg;
     *msg.mutable_assign() = assign;
@@ -697,6 +742,9 @@ void JobManager::OnWorkerMessage(const std::string& worker_id,
         break;
       case v1::WorkerMessage::kStarted:
         HandleStartedLocked(w, msg.started());
+        break;
+      case v1::WorkerMessage::kHeld:
+        HandleHeldLocked(w, msg.held());
         break;
       case v1::WorkerMessage::kRendezvousPut:
         HandleRendezvousPutLocked(w, msg.rendezvous_put());
@@ -927,6 +975,7 @@ void JobManager::HandleStartedLocked(WorkerEntry& w,
   r->set_restore_s(absl::ToDoubleSeconds(now - e->assigned));
   *r->mutable_workers() = e->job.workers();
   r->set_step(e->job.steps_completed());
+  r->set_from_snapshot(e->from_snapshot);
   LOG(INFO) << "job " << e->job.job_id() << " "
             << RestartLabel(e->job, e->max_restarts) << ": resumed after step "
             << r->resume_step() << " (the loss "
@@ -934,6 +983,61 @@ void JobManager::HandleStartedLocked(WorkerEntry& w,
             << r->reschedule_s() << " s to reschedule, " << r->restore_s()
             << " s to restore";
   CommitLocked(*e, &event);
+}
+
+void JobManager::HandleHeldLocked(WorkerEntry& w, const v1::StateHeld& held) {
+  if (w.job_id.empty() || w.job_id != held.job_id()) return;
+  JobEntry& e = *jobs_.at(w.job_id);
+  if (e.job.state() != v1::RUNNING) return;
+  if (held.stage() == -1) {
+    e.newest_checkpoint = std::max(e.newest_checkpoint, held.step());
+    return;
+  }
+  if (held.stage() < 0 || held.stage() >= e.num_stages || held.step() <= 0) {
+    return;
+  }
+  auto& per_stage = e.snapshot_holders[held.step()];
+  per_stage.resize(e.num_stages);
+  per_stage[held.stage()].insert(w.id);
+  // Workers keep two steps per stage; a few more here cover stages that
+  // are a step apart.
+  while (e.snapshot_holders.size() > 4) {
+    e.snapshot_holders.erase(e.snapshot_holders.begin());
+  }
+}
+
+bool JobManager::HoldsSnapshotsOfLocked(const std::string& id,
+                                        const std::string& job_id) {
+  auto it = workers_.find(id);
+  return it != workers_.end() && it->second.last_job == job_id;
+}
+
+std::optional<v1::SnapshotResume> JobManager::ChooseSnapshotLocked(
+    const JobEntry& e, const std::vector<std::string>& gang) {
+  for (auto it = e.snapshot_holders.rbegin(); it != e.snapshot_holders.rend();
+       ++it) {
+    const int64_t step = it->first;
+    if (step <= e.newest_checkpoint) break;
+    v1::SnapshotResume resume;
+    resume.set_step(step);
+    for (int k = 0; k < e.num_stages; ++k) {
+      int source = -1;
+      for (size_t r = 0; r < gang.size(); ++r) {
+        if (it->second[k].count(gang[r]) == 0 ||
+            !HoldsSnapshotsOfLocked(gang[r], e.job.job_id())) {
+          continue;
+        }
+        // The stage's own worker first: no transfer.
+        if (source < 0 || static_cast<int>(r) == k) {
+          source = static_cast<int>(r);
+        }
+      }
+      if (source < 0) break;
+      resume.add_source_ranks(source);
+    }
+    if (resume.source_ranks_size() == e.num_stages) return resume;
+  }
+  return std::nullopt;
 }
 
 void JobManager::GangBrokenLocked(JobEntry& e, std::string cause,
@@ -964,6 +1068,11 @@ void JobManager::GangBrokenLocked(JobEntry& e, std::string cause,
 void JobManager::BeginRecoveryLocked(JobEntry& e, std::string cause) {
   const absl::Time now = absl::Now();
   const std::string& job_id = e.job.job_id();
+  if (e.from_snapshot && !e.recovery_reported) {
+    // The last restart from snapshots broke before every stage restored:
+    // later restarts read the checkpoint folder.
+    e.snapshots_failed = true;
+  }
   e.job.set_restarts(e.job.restarts() + 1);
   e.job.add_restart_reasons(cause);
   e.detected = now;
@@ -1042,6 +1151,7 @@ void JobManager::ClaimStageLocked(WorkerEntry& w, const v1::StageClaim& claim) {
       e.claimed[k] = true;
       w.job_id = e.job.job_id();
       w.stage = k;
+      w.last_job = e.job.job_id();
       while (e.job.workers_size() < e.num_stages) e.job.add_workers("");
       e.job.set_workers(k, w.id);
       LOG(INFO) << "job " << e.job.job_id() << ": worker "

@@ -37,6 +37,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -179,6 +180,15 @@ class JobManager {
     std::vector<int64_t> resume_steps;
     bool recovery_reported = true;  // the JobRecovery event is recorded
 
+    // ---- State to resume from (StateHeld reports).
+    // step -> per stage, the workers holding that stage's snapshot.
+    std::map<int64_t, std::vector<std::set<std::string>>> snapshot_holders;
+    int64_t newest_checkpoint = 0;  // committed, as stage 0 reported
+    // The current gang resumed from snapshots; a gang that breaks before
+    // every stage restored turns snapshots off for the job's later restarts.
+    bool from_snapshot = false;
+    bool snapshots_failed = false;
+
     // ---- Re-adoption after a controller restart.
     bool adopting = false;
     absl::Time adopt_deadline = absl::InfiniteFuture();
@@ -193,6 +203,9 @@ class JobManager {
     absl::Time last_seen;
     std::string job_id;  // empty = idle
     int stage = -1;
+    // The job this worker was last assigned: only that job's snapshots
+    // may still be in its memory.
+    std::string last_job;
   };
   struct Outgoing {
     std::shared_ptr<WorkerLink> link;
@@ -249,6 +262,18 @@ class JobManager {
   void ClaimStageLocked(WorkerEntry& w, const v1::StageClaim& claim)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleStartedLocked(WorkerEntry& w, const v1::StageStarted& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleHeldLocked(WorkerEntry& w, const v1::StateHeld& held)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether worker `id` may still hold snapshots of `job_id`.
+  bool HoldsSnapshotsOfLocked(const std::string& id, const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a restart of `e` on `gang` (worker id per stage): the newest step
+  // after which every stage's snapshot is held in the gang and which is
+  // newer than the newest committed checkpoint, with the rank that sends
+  // each stage's; nothing when there is none.
+  std::optional<v1::SnapshotResume> ChooseSnapshotLocked(
+      const JobEntry& e, const std::vector<std::string>& gang)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a JobNote in e's history.
   void NoteLocked(JobEntry& e, int stage, std::string text)

@@ -195,6 +195,7 @@ bool IsKnownFrameKind(uint16_t kind) {
     case FrameKind::kActivation:
     case FrameKind::kGradient:
     case FrameKind::kEvalActivation:
+    case FrameKind::kSnapshot:
     case FrameKind::kAllReduceContribution:
     case FrameKind::kAllReduceResult:
     case FrameKind::kAllReduceError:
@@ -213,6 +214,8 @@ const char* FrameKindName(FrameKind kind) {
       return "gradient";
     case FrameKind::kEvalActivation:
       return "eval-activation";
+    case FrameKind::kSnapshot:
+      return "snapshot";
     case FrameKind::kAllReduceContribution:
       return "all-reduce-contribution";
     case FrameKind::kAllReduceResult:

@@ -59,6 +59,7 @@ enum class FrameKind : uint16_t {
   kActivation = 0,
   kGradient = 1,
   kEvalActivation = 2,
+  kSnapshot = 3,  // a stage's state between steps (MessageKind::kSnapshot)
   kAllReduceContribution = 16,  // rank r -> rank 0: one float64 tensor "values"
   kAllReduceResult = 17,        // rank 0 -> rank r: one float64 tensor "values"
   kAllReduceError = 18,         // rank 0 -> rank r: uint8 tensor "message"

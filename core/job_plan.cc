@@ -918,6 +918,10 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
           absl::StrCat("must be in [0, ", kMaxRestartsLimit, "], got ",
                        rec->max_restarts()));
   }
+  if (rec->snapshot_every() < 0) {
+    p.Add("recovery.snapshot_every",
+          absl::StrCat("must be >= 0, got ", rec->snapshot_every()));
+  }
   if (rec->backoff_ms() < 0 || rec->backoff_ms() > kMaxRestartBackoffMs) {
     p.Add("recovery.backoff_ms",
           absl::StrCat("must be in [0, ", kMaxRestartBackoffMs, "], got ",

@@ -102,7 +102,7 @@ absl::StatusOr<NcclHeader> DecodeNcclHeader(absl::string_view bytes) {
                                     " (expected ", kNcclHeaderVersion, ")"));
   }
   const uint16_t kind = GetLe<uint16_t>(p + 6);
-  if (kind > static_cast<uint16_t>(MessageKind::kEvalActivation)) {
+  if (kind > static_cast<uint16_t>(MessageKind::kSnapshot)) {
     return HeaderError(absl::StrCat("unknown message kind ", kind));
   }
   NcclHeader h;

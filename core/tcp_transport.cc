@@ -434,6 +434,7 @@ absl::Status CheckFrameContent(const Frame& f, int to_rank, int from_rank) {
     case FrameKind::kActivation:
     case FrameKind::kGradient:
     case FrameKind::kEvalActivation:
+    case FrameKind::kSnapshot:
       return absl::OkStatus();  // the message's own tensors
     case FrameKind::kAllReduceContribution:
       if (to_rank != 0) {

@@ -10,6 +10,8 @@ const char* MessageKindName(MessageKind kind) {
       return "gradient";
     case MessageKind::kEvalActivation:
       return "eval-activation";
+    case MessageKind::kSnapshot:
+      return "snapshot";
   }
   return "?";
 }

@@ -40,6 +40,9 @@ enum class MessageKind : int32_t {
   kActivation = 0,      // forward, training
   kGradient = 1,        // backward
   kEvalActivation = 2,  // forward, eval
+  // A stage's serialized state ("snapshot": uint8), between steps
+  // (JobSpec.recovery.snapshot_every); microbatch = the stage it belongs to.
+  kSnapshot = 3,
 };
 
 const char* MessageKindName(MessageKind kind);

@@ -496,14 +496,42 @@ absl::StatusOr<std::string> Stage::WriteCheckpointFile(const std::string& dir) {
 
 absl::Status Stage::RestoreCheckpoint(const std::string& dir, int64_t step) {
   // Read every stage file: parameters are found by name wherever they are.
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> metadata;
   ASSIGN_OR_RETURN(CheckpointManifest manifest,
                    ReadCheckpointManifest(dir, step));
   const int saved_stages = static_cast<int>(manifest.stages.size());
+  std::vector<SafetensorsFile> files;
   for (int k = 0; k < saved_stages; ++k) {
     ASSIGN_OR_RETURN(SafetensorsFile file,
                      ReadStageFile(dir, step, k, saved_stages));
+    files.push_back(std::move(file));
+  }
+  return RestoreState(std::move(files), step,
+                      absl::StrCat("checkpoint ", dir, " step ", step));
+}
+
+absl::Status Stage::RestoreSnapshot(absl::string_view bytes, int64_t step) {
+  const std::string where =
+      absl::StrCat("snapshot of stage ", index_, " after step ", step);
+  absl::StatusOr<SafetensorsFile> file = ParseSafetensors(bytes, where);
+  if (!file.ok()) {
+    return absl::InvalidArgumentError(file.status().message());
+  }
+  if (file->metadata["stage"] != absl::StrCat(index_) ||
+      file->metadata["step"] != absl::StrCat(step)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": holds stage ", file->metadata["stage"],
+                     " after step ", file->metadata["step"]));
+  }
+  std::vector<SafetensorsFile> files;
+  files.push_back(*std::move(file));
+  return RestoreState(std::move(files), step, where);
+}
+
+absl::Status Stage::RestoreState(std::vector<SafetensorsFile> files,
+                                 int64_t step, const std::string& where) {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+  for (SafetensorsFile& file : files) {
     for (auto& [name, t] : file.tensors) tensors[name] = t;
     for (auto& [key, value] : file.metadata) {
       if (key == "data_position" || key == "optimizer_step") {
@@ -511,7 +539,6 @@ absl::Status Stage::RestoreCheckpoint(const std::string& dir, int64_t step) {
       }
     }
   }
-  const std::string where = absl::StrCat("checkpoint ", dir, " step ", step);
   RETURN_IF_ERROR(store_->Load(tensors, where));
   int64_t opt_step = 0;
   if (!absl::SimpleAtoi(metadata["optimizer_step"], &opt_step)) {

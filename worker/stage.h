@@ -138,6 +138,10 @@ class Stage {
   // checkpoint's stage files, so a checkpoint written with another stage
   // split loads too.
   absl::Status RestoreCheckpoint(const std::string& dir, int64_t step);
+  // The same from an in-memory snapshot: this stage's CheckpointContents()
+  // after `step`, serialized (SerializeSafetensors). InvalidArgument when
+  // it does not parse or is another stage's or step's.
+  absl::Status RestoreSnapshot(absl::string_view bytes, int64_t step);
 
   // Tells the task plugin (if any) about a lifecycle event.
   absl::Status NotifyTask(TrainyardEventKind kind, const std::string& detail);
@@ -161,6 +165,11 @@ class Stage {
   const ExecContext& exec() const { return *ctx_; }
 
  private:
+  // Loads parameters, optimizer state, data position and task state from
+  // `files` (tensors found by name in any of them) as the state after
+  // `step`; `where` names the source in errors.
+  absl::Status RestoreState(std::vector<SafetensorsFile> files, int64_t step,
+                            const std::string& where);
   Stage() = default;
   struct Microbatch;
 

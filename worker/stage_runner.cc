@@ -2,12 +2,14 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/npy.h"
+#include "core/safetensors.h"
 #include "core/status_macros.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
@@ -117,13 +119,120 @@ std::string PlanMetadataJson(const JobPlan& plan, int64_t step) {
                       ",\"spec\":", spec_json, "}");
 }
 
+namespace {
+
+constexpr char kSnapshotTensor[] = "snapshot";
+
+Message SnapshotMessage(int stage, int64_t step,
+                        const std::shared_ptr<const std::string>& bytes) {
+  Message m;
+  m.kind = MessageKind::kSnapshot;
+  m.step = step;
+  m.microbatch = stage;
+  const int64_t n = bytes == nullptr ? 0 : static_cast<int64_t>(bytes->size());
+  // An empty tensor says "not held".
+  Tensor t = *Tensor::Create(DType::kUInt8, {n});
+  if (n > 0) std::memcpy(t.raw_data(), bytes->data(), n);
+  m.tensors.emplace_back(kSnapshotTensor, std::move(t));
+  return m;
+}
+
+// Receives stage `stage`'s snapshot after `step` from `peer`.
+absl::StatusOr<std::shared_ptr<const std::string>> RecvSnapshot(
+    Transport* transport, int peer, int stage, int64_t step,
+    absl::Duration timeout) {
+  ASSIGN_OR_RETURN(Message m, transport->Recv(peer, timeout));
+  if (m.kind != MessageKind::kSnapshot || m.step != step ||
+      m.microbatch != stage || m.tensors.size() != 1 ||
+      m.tensors[0].first != kSnapshotTensor ||
+      m.tensors[0].second.dtype() != DType::kUInt8) {
+    return absl::DataLossError(absl::StrCat(
+        "expected the snapshot of stage ", stage, " after step ", step,
+        " from rank ", peer, ", got a ", MessageKindName(m.kind), " of step ",
+        m.step, " (", m.tensors.size(), " tensors)"));
+  }
+  const Tensor& t = m.tensors[0].second;
+  if (t.nbytes() == 0) {
+    return absl::AbortedError(
+        absl::StrCat("rank ", peer, " no longer holds the snapshot of stage ",
+                     stage, " after step ", step));
+  }
+  return std::make_shared<const std::string>(
+      static_cast<const char*>(t.raw_data()), t.nbytes());
+}
+
+// The stage that keeps a copy of stage k's snapshots.
+int SnapshotBuddy(int k, int num_stages) {
+  return k + 1 < num_stages ? k + 1 : k - 1;
+}
+
+// Snapshot after `step`: serialize, keep, and swap copies with the
+// neighbours (SnapshotBuddy), in an order every rank follows.
+absl::Status TakeSnapshot(Stage& stage, Transport* transport, int num_stages,
+                          int64_t step, const StageRunOptions& options) {
+  ASSIGN_OR_RETURN(SafetensorsFile contents, stage.CheckpointContents());
+  auto bytes =
+      std::make_shared<const std::string>(SerializeSafetensors(contents));
+  const int k = stage.index();
+  if (options.on_snapshot) options.on_snapshot({k, step, bytes});
+  if (num_stages < 2) return absl::OkStatus();
+  RETURN_IF_ERROR(transport->Send(SnapshotBuddy(k, num_stages),
+                                  SnapshotMessage(k, step, bytes)));
+  for (int from : {k - 1, k + 1}) {
+    if (from < 0 || from >= num_stages ||
+        SnapshotBuddy(from, num_stages) != k) {
+      continue;
+    }
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<const std::string> copy,
+        RecvSnapshot(transport, from, from, step, options.timeout));
+    if (options.on_snapshot) options.on_snapshot({from, step, copy});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StageSnapshot> DistributeSnapshots(
+    Transport* transport, int rank, int64_t step,
+    const std::vector<int>& sources,
+    const std::function<std::shared_ptr<const std::string>(int stage)>& held,
+    absl::Duration timeout) {
+  StageSnapshot mine{rank, step, nullptr};
+  const int n = static_cast<int>(sources.size());
+  for (int k = 0; k < n; ++k) {
+    const int src = sources[k];
+    if (src == rank && k == rank) {
+      mine.bytes = held(k);
+      if (mine.bytes == nullptr) {
+        return absl::AbortedError(
+            absl::StrCat("this worker no longer holds the snapshot of stage ",
+                         k, " after step ", step));
+      }
+    } else if (src == rank) {
+      RETURN_IF_ERROR(transport->Send(k, SnapshotMessage(k, step, held(k))));
+    } else if (k == rank) {
+      ASSIGN_OR_RETURN(mine.bytes,
+                       RecvSnapshot(transport, src, k, step, timeout));
+    }
+  }
+  return mine;
+}
+
 absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
                                         Transport* transport,
-                                        const StageOptions& options) {
+                                        const StageOptions& options,
+                                        const StageSnapshot* snapshot) {
   StartedStage out;
   ASSIGN_OR_RETURN(StageData data, LoadStageData(plan, index));
   ASSIGN_OR_RETURN(out.stage, Stage::Create(plan, index, transport, options,
                                             std::move(data)));
+  if (snapshot != nullptr) {
+    RETURN_IF_ERROR(
+        out.stage->RestoreSnapshot(*snapshot->bytes, snapshot->step));
+    out.resume_step = snapshot->step;
+    return out;
+  }
   ASSIGN_OR_RETURN(out.resume_step, ResumeStep(plan, &out.set_aside));
   if (out.resume_step > 0) {
     RETURN_IF_ERROR(out.stage->RestoreCheckpoint(plan.spec.checkpoint().dir(),
@@ -230,6 +339,13 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
     }
     if (options.on_step) {
       options.on_step(report, absl::ToDoubleSeconds(absl::Now() - step_start));
+    }
+    // Taken before the eval and the checkpoint so that the snapshot swap is
+    // the next message between neighbours on every rank. Like theirs, its
+    // time is not part of the step's (docs/BENCHMARKS.md measures it).
+    if (options.snapshot_every > 0 && step % options.snapshot_every == 0 &&
+        step < stop) {
+      RETURN_IF_ERROR(TakeSnapshot(stage, transport, S, step, options));
     }
     if (eval_rows > 0 && Due(step, spec.data().eval_every(), last_step)) {
       ASSIGN_OR_RETURN(EvalReport eval, stage.RunEval());

@@ -44,6 +44,28 @@ absl::StatusOr<int64_t> ResumeStep(
 // Checkpoint manifest metadata: the step, stage count and normalized spec.
 std::string PlanMetadataJson(const JobPlan& plan, int64_t step);
 
+// A stage's state after a step, serialized (Stage::CheckpointContents
+// through SerializeSafetensors): an in-memory snapshot
+// (JobSpec.recovery.snapshot_every). Shared: held by the worker daemon and
+// handed to transports without copies.
+struct StageSnapshot {
+  int stage = 0;
+  int64_t step = 0;
+  std::shared_ptr<const std::string> bytes;
+};
+
+// Before the first step of a restart from snapshots: the rank in
+// `sources[k]` holds stage k's snapshot after `step` (`held(k)`, null if it
+// does not) and sends it to rank k over `transport`, in stage order; every
+// rank returns its own stage's snapshot. Every rank of the gang calls this.
+// Aborted when a snapshot is missing on its holder (the job's next restart
+// then uses its checkpoints).
+absl::StatusOr<StageSnapshot> DistributeSnapshots(
+    Transport* transport, int rank, int64_t step,
+    const std::vector<int>& sources,
+    const std::function<std::shared_ptr<const std::string>(int stage)>& held,
+    absl::Duration timeout);
+
 // A stage ready to run: built, and initialised or restored.
 struct StartedStage {
   std::unique_ptr<Stage> stage;
@@ -53,12 +75,12 @@ struct StartedStage {
 };
 
 // Stage start-up, the same for `trainyard train` and the worker daemon:
-// loads the stage's data, builds stage `index` of `plan`, then restores the
-// newest checkpoint (checkpoint.resume "latest") or initialises the
-// parameters.
-absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
-                                        Transport* transport,
-                                        const StageOptions& options);
+// loads the stage's data, builds stage `index` of `plan`, then restores
+// `snapshot` when given, else the newest checkpoint (checkpoint.resume
+// "latest"), else initialises the parameters.
+absl::StatusOr<StartedStage> StartStage(
+    const JobPlan& plan, int index, Transport* transport,
+    const StageOptions& options, const StageSnapshot* snapshot = nullptr);
 
 struct StageRunOptions {
   // Stop (successfully) once this many steps are complete; 0 = spec.steps.
@@ -74,6 +96,13 @@ struct StageRunOptions {
   // stage's thread or its checkpoint writer's thread (checkpoints are
   // written in the background), one call at a time.
   std::function<void(int64_t step, const std::string& dir)> on_checkpoint;
+  // In-memory snapshots: every this many steps (0 = never; never after the
+  // last step) the stage serializes its state, sends it to a neighbour
+  // (stage k to k + 1, the last stage to the one before it) and receives
+  // its neighbours' the same way; on_snapshot gets each (its own first).
+  // Every stage of the job must use the same value.
+  int64_t snapshot_every = 0;
+  std::function<void(StageSnapshot)> on_snapshot;
 };
 
 // Runs `stage` (already initialised or restored) through the rest of the

@@ -7,8 +7,10 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -47,6 +49,7 @@ constexpr char kRegisteredService[] = "trainyard.v1.WorkerRegistration";
 
 using ::trainyard::v1::CancelStage;
 using ::trainyard::v1::ControllerMessage;
+using ::trainyard::v1::SnapshotResume;
 using ::trainyard::v1::StageAssignment;
 using ::trainyard::v1::WorkerMessage;
 using ::trainyard::v1::WorkerService;
@@ -405,6 +408,12 @@ class Worker::Impl {
   void Report(const WorkerMessage& message);
   // Writes to the live registered session; false when there is none.
   bool SendLive(const WorkerMessage& message);
+  // Keeps a snapshot of `job_id` (the newest two steps per stage; another
+  // job's are dropped) and tells the controller.
+  void KeepSnapshot(const std::string& job_id, StageSnapshot snapshot);
+  // The kept snapshot of `stage` after `step`, or null.
+  std::shared_ptr<const std::string> HeldSnapshot(const std::string& job_id,
+                                                  int stage, int64_t step);
   // The transport of a multi-stage job: chosen from the placements,
   // reported, then connected (TCP) or created (NCCL).
   absl::StatusOr<std::unique_ptr<Transport>> ConnectTransport(
@@ -444,6 +453,14 @@ class Worker::Impl {
   // before report_mu_.
   absl::Mutex report_mu_;
   std::deque<WorkerMessage> reports_ ABSL_GUARDED_BY(report_mu_);
+
+  // In-memory snapshots (JobSpec.recovery.snapshot_every) of one job's
+  // stages, this worker's and its neighbours': stage -> step -> bytes. They
+  // outlive the stage, so a restart can resume from them.
+  absl::Mutex snapshot_mu_;
+  std::string snapshot_job_ ABSL_GUARDED_BY(snapshot_mu_);
+  std::map<int, std::map<int64_t, std::shared_ptr<const std::string>>>
+      snapshots_ ABSL_GUARDED_BY(snapshot_mu_);
   bool reports_dropped_ ABSL_GUARDED_BY(report_mu_) = false;
   Session* live_ ABSL_GUARDED_BY(report_mu_) = nullptr;
 };
@@ -897,6 +914,35 @@ void Worker::Impl::Report(const WorkerMessage& message) {
   if (live_ != nullptr) live_->Write(message);
 }
 
+void Worker::Impl::KeepSnapshot(const std::string& job_id,
+                                StageSnapshot snapshot) {
+  {
+    absl::MutexLock lock(&snapshot_mu_);
+    if (snapshot_job_ != job_id) {
+      snapshots_.clear();
+      snapshot_job_ = job_id;
+    }
+    auto& steps = snapshots_[snapshot.stage];
+    steps[snapshot.step] = std::move(snapshot.bytes);
+    while (steps.size() > 2) steps.erase(steps.begin());
+  }
+  WorkerMessage m;
+  m.mutable_held()->set_job_id(job_id);
+  m.mutable_held()->set_stage(snapshot.stage);
+  m.mutable_held()->set_step(snapshot.step);
+  Report(m);
+}
+
+std::shared_ptr<const std::string> Worker::Impl::HeldSnapshot(
+    const std::string& job_id, int stage, int64_t step) {
+  absl::MutexLock lock(&snapshot_mu_);
+  if (snapshot_job_ != job_id) return nullptr;
+  auto it = snapshots_.find(stage);
+  if (it == snapshots_.end()) return nullptr;
+  auto s = it->second.find(step);
+  return s == it->second.end() ? nullptr : s->second;
+}
+
 bool Worker::Impl::SendLive(const WorkerMessage& message) {
   absl::MutexLock lock(&report_mu_);
   return live_ != nullptr && live_->Write(message);
@@ -928,6 +974,14 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
   }
 
   const std::string& job_id = assignment.job_id();
+  {
+    // Snapshots of another job are of no use any more.
+    absl::MutexLock lock(&snapshot_mu_);
+    if (snapshot_job_ != job_id) {
+      snapshots_.clear();
+      snapshot_job_ = job_id;
+    }
+  }
   absl::Status status = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(const Precision precision,
                      PrecisionFromName(plan->spec.precision()));
@@ -937,8 +991,34 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
     stage_options.plugin_dir = options_.plugin_dir;
     stage_options.timeout = options_.stage_timeout;
     stage_options.exec = exec.get();
+    std::optional<StageSnapshot> snapshot;
+    if (assignment.snapshot().step() > 0) {
+      const SnapshotResume& from = assignment.snapshot();
+      if (from.source_ranks_size() != num_stages) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "StageAssignment.snapshot.source_ranks: the job has ", num_stages,
+            " stages, got ", from.source_ranks_size()));
+      }
+      for (int src : from.source_ranks()) {
+        if (src < 0 || src >= num_stages) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("StageAssignment.snapshot.source_ranks: rank ", src,
+                           " is not in [0, ", num_stages, ")"));
+        }
+      }
+      ASSIGN_OR_RETURN(snapshot,
+                       DistributeSnapshots(
+                           transport.get(), s, from.step(),
+                           std::vector<int>(from.source_ranks().begin(),
+                                            from.source_ranks().end()),
+                           [&](int stage) {
+                             return HeldSnapshot(job_id, stage, from.step());
+                           },
+                           options_.stage_timeout));
+    }
     ASSIGN_OR_RETURN(StartedStage started,
-                     StartStage(*plan, s, transport.get(), stage_options));
+                     StartStage(*plan, s, transport.get(), stage_options,
+                                snapshot ? &*snapshot : nullptr));
     std::unique_ptr<Stage> stage = std::move(started.stage);
     if (started.resume_step > 0) {
       LOG(INFO) << "trainyard-worker " << options_.name << ": job " << job_id
@@ -948,6 +1028,20 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
     StageRunOptions run;
     run.timeout = options_.stage_timeout;
     run.cancel = job->cancel_flag();
+    run.snapshot_every = plan->spec.recovery().snapshot_every();
+    run.on_snapshot = [&](StageSnapshot snap) {
+      KeepSnapshot(job_id, std::move(snap));
+    };
+    if (s == 0) {
+      // The controller weighs committed checkpoints against snapshots.
+      run.on_checkpoint = [&](int64_t step, const std::string&) {
+        WorkerMessage m;
+        m.mutable_held()->set_job_id(job_id);
+        m.mutable_held()->set_stage(-1);
+        m.mutable_held()->set_step(step);
+        Report(m);
+      };
+    }
     run.on_step = [&](const StepReport& report, double seconds) {
       Report(StepMessage(job_id, s, report, seconds));
     };

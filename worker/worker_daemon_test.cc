@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -747,6 +748,76 @@ TEST_F(TwoStageTest, LossesEqualTheLocalRunnerBitwise) {
   ASSERT_EQ(local.size(), 6u);
   EXPECT_EQ(losses[0], local);
   EXPECT_EQ(losses[1], local);
+}
+
+// In-memory snapshots: each stage keeps its own and its neighbour's, tells
+// the controller (StateHeld), and a restart from them, with each stage's
+// state sent by the other worker, continues bitwise as the first run did.
+TEST_F(TwoStageTest, RestartFromSnapshotsHeldByTheOtherWorker) {
+  StartWorkers();
+  JobSpec spec = SmallSpec(10);
+  spec.mutable_parallelism()->set_stages(2);
+  spec.mutable_parallelism()->set_microbatches(2);
+  spec.mutable_recovery()->set_snapshot_every(2);
+  AssignBoth("snap", spec);
+  auto wait_done = [&](int want) {
+    int done = 0;
+    for (int i = 0; i < 500 && done < want; ++i) {
+      done = 0;
+      for (const Heard& h : controller_->heard()) done += h.message.has_done();
+      if (done < want) absl::SleepFor(absl::Milliseconds(20));
+    }
+    return done;
+  };
+  ASSERT_EQ(wait_done(2), 2);
+  // worker -> (stage, step) of the snapshots it reported holding.
+  std::map<std::string, std::set<std::pair<int, int64_t>>> held;
+  std::vector<double> first;  // stage 1's losses
+  for (const Heard& h : controller_->heard()) {
+    if (h.message.has_held()) {
+      held[h.worker_id].insert(
+          {h.message.held().stage(), h.message.held().step()});
+    } else if (h.message.has_step() && h.message.step().stage() == 1) {
+      first.push_back(h.message.step().step().loss());
+    }
+  }
+  ASSERT_EQ(first.size(), 10u);
+  // Snapshots after steps 2, 4, 6 and 8 (none after the last), each stage's
+  // on both workers.
+  std::set<std::pair<int, int64_t>> both;
+  for (int stage : {0, 1}) {
+    for (int64_t step : {2, 4, 6, 8}) both.insert({stage, step});
+  }
+  EXPECT_EQ(held[ids_[0]], both);
+  EXPECT_EQ(held[ids_[1]], both);
+  // The restart: each stage's snapshot after step 6 comes from the other
+  // worker.
+  for (int s = 0; s < 2; ++s) {
+    ControllerMessage m = Assign("snap", spec, s, peers_);
+    m.mutable_assign()->set_attempt(1);
+    m.mutable_assign()->mutable_snapshot()->set_step(6);
+    m.mutable_assign()->mutable_snapshot()->add_source_ranks(1);
+    m.mutable_assign()->mutable_snapshot()->add_source_ranks(0);
+    ASSERT_TRUE(controller_->Send(ids_[s], m));
+  }
+  ASSERT_EQ(wait_done(4), 4);
+  std::vector<double> second;
+  int done_seen = 0;
+  std::vector<int64_t> resumed;
+  for (const Heard& h : controller_->heard()) {
+    if (h.message.has_done() && ++done_seen <= 2) continue;
+    if (done_seen < 2) continue;  // the first run's reports
+    if (h.message.has_done()) {
+      EXPECT_TRUE(h.message.done().ok()) << h.message.done().error();
+    } else if (h.message.has_started()) {
+      resumed.push_back(h.message.started().resume_step());
+    } else if (h.message.has_step() && h.message.step().stage() == 1) {
+      second.push_back(h.message.step().step().loss());
+    }
+  }
+  EXPECT_EQ(resumed, (std::vector<int64_t>{6, 6}));
+  ASSERT_EQ(second.size(), 4u);
+  EXPECT_EQ(second, std::vector<double>(first.begin() + 6, first.end()));
 }
 
 TEST_F(TwoStageTest, CancellingOneStageStopsTheOther) {
