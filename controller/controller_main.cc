@@ -34,6 +34,9 @@ ABSL_FLAG(int64_t, adopt_timeout_ms, 10000,
           "After a restart, how long a job that was RUNNING waits for its "
           "workers to reconnect and reclaim their stages before it is "
           "restarted from its newest checkpoint instead.");
+ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
+          "How long a restarting job waits for a cancelled stage of its old "
+          "gang to stop before that stage's worker is declared lost.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once the "
           "server is serving.");
@@ -82,6 +85,8 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
   options.adopt_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_adopt_timeout_ms));
+  options.drain_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
   if (options.data_dir.empty()) {
     fprintf(stderr, "trainyard-controller: --data_dir is required\n");
     return 2;

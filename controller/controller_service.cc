@@ -357,6 +357,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   mopts.heartbeat_interval = options.heartbeat_interval;
   mopts.heartbeat_timeout = options.heartbeat_timeout;
   mopts.adopt_timeout = options.adopt_timeout;
+  mopts.drain_timeout = options.drain_timeout;
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
       JobManager::Create(mopts);
   if (!manager.ok()) return manager.status();

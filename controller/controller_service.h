@@ -77,8 +77,9 @@ struct ControllerOptions {
   std::string data_dir;  // required
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
-  // JobManagerOptions::adopt_timeout.
+  // JobManagerOptions::adopt_timeout and drain_timeout.
   absl::Duration adopt_timeout = absl::Seconds(10);
+  absl::Duration drain_timeout = absl::Seconds(10);
 };
 
 class ControllerServer {

@@ -341,6 +341,7 @@ class ControllerTest : public ::testing::Test {
     opts.heartbeat_interval = absl::Milliseconds(100);
     opts.heartbeat_timeout = absl::Milliseconds(800);
     opts.adopt_timeout = adopt_timeout;
+    opts.drain_timeout = absl::Seconds(1);
     auto server = ControllerServer::Start(opts);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -1067,6 +1068,45 @@ TEST_F(ControllerTest, RestartResumesFromTheNewestSnapshotsTheGangHolds) {
     if (e.has_recovery()) from_snapshot = e.recovery().from_snapshot();
   }
   EXPECT_TRUE(from_snapshot);
+}
+
+TEST_F(ControllerTest, AStageThatIgnoresItsCancelDoesNotHoldTheRestartUp) {
+  auto w0 = NewWorker("stuck");
+  auto w1 = NewWorker("pod-1");
+  Job job = Submit("stuck-job", Spec(2, 20, "", /*max_restarts=*/3));
+  const std::string& id = job.job_id();
+  ASSERT_TRUE(w0->Next()->has_assign());
+  ASSERT_TRUE(w1->Next()->has_assign());
+  auto spare1 = NewWorker("spare-1");
+  auto spare2 = NewWorker("spare-2");
+  w1->Crash();
+  auto cancel = w0->Next();
+  ASSERT_TRUE(cancel && cancel->has_cancel());
+  // pod-0 never reports its stage's end: after drain_timeout (1 s) its
+  // worker is dropped and the job restarts on the spares.
+  EXPECT_TRUE(w0->StreamEnded(absl::Seconds(5)));
+  Job running = WaitJob(id, [](const Job& j) {
+    return j.state() == v1::RUNNING && j.restarts() == 1;
+  });
+  EXPECT_EQ(std::vector<std::string>(running.workers().begin(),
+                                     running.workers().end()),
+            (std::vector<std::string>{spare1->id(), spare2->id()}));
+  // The stuck worker reconnects and claims its old stage: refused, and it
+  // gets no new stage until it reports that one's end.
+  v1::StageClaim claim;
+  claim.set_job_id(id);
+  claim.set_stage(0);
+  auto back =
+      std::make_unique<FakeWorker>(channel_, "stuck", "cpu", w0->id(), claim);
+  auto refused = back->Next();
+  ASSERT_TRUE(refused && refused->has_cancel());
+  Job other = Submit("other", Spec(1));
+  EXPECT_FALSE(back->Next(absl::Milliseconds(300)).has_value());
+  EXPECT_EQ(Get(other.job_id()).state(), v1::QUEUED);
+  back->Done(id, 0, false, "cancelled", /*cancelled=*/true);
+  auto assign = back->Next();
+  ASSERT_TRUE(assign && assign->has_assign());
+  EXPECT_EQ(assign->assign().job_id(), other.job_id());
 }
 
 TEST_F(ControllerTest, MaxRestartsExhaustedFailsWithEveryReason) {

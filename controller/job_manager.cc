@@ -431,7 +431,8 @@ void JobManager::ScheduleLocked() {
             });
   std::vector<SchedWorker> workers;
   for (const WorkerEntry* w : ordered) {
-    workers.push_back({w->id, w->caps.device(), w->job_id.empty()});
+    workers.push_back(
+        {w->id, w->caps.device(), w->job_id.empty() && w->stale_job.empty()});
   }
   SchedDecision decision = Schedule(std::move(queued), workers);
   for (const SchedDecision::Start& start : decision.starts) {
@@ -856,6 +857,12 @@ void JobManager::HandleEvalLocked(WorkerEntry& w,
 }
 
 void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
+  if (!w.stale_job.empty() && w.stale_job == d.job_id() && w.job_id.empty()) {
+    // The stage of a refused claim has ended: the worker is free.
+    w.stale_job.clear();
+    ScheduleLocked();
+    return;
+  }
   if (!w.job_id.empty() && w.job_id == d.job_id() && w.stage == d.stage()) {
     JobEntry& old = *jobs_.at(w.job_id);
     if (old.job.state() == v1::RECOVERING) {
@@ -1099,6 +1106,7 @@ void JobManager::BeginRecoveryLocked(JobEntry& e, std::string cause) {
   e.pending_failure.clear();
   e.failure_deadline = absl::InfiniteFuture();
   e.adopting = false;
+  e.drain_deadline = now + options_.drain_timeout;
   const int k = e.job.restarts();
   const int64_t backoff_ms =
       k <= 1 ? 0
@@ -1175,6 +1183,7 @@ void JobManager::ClaimStageLocked(WorkerEntry& w, const v1::StageClaim& claim) {
   LOG(INFO) << "worker " << WorkerLabel(w.id, w.name) << " claims stage "
             << claim.stage() << " of job " << claim.job_id() << " (attempt "
             << claim.attempt() << "): refused, " << refusal;
+  w.stale_job = claim.job_id();
   v1::ControllerMessage msg;
   msg.mutable_cancel()->set_job_id(claim.job_id());
   msg.mutable_cancel()->set_reason(
@@ -1250,6 +1259,22 @@ void JobManager::SettleFailuresLocked(absl::Time now) {
   for (auto& [id, entry] : jobs_) {
     JobEntry& e = *entry;
     if (e.job.state() == v1::RECOVERING) {
+      if (!e.draining.empty() && now >= e.drain_deadline) {
+        // A stage that ignores its cancel (stuck in a kernel, say) must not
+        // hold the restart up: its worker is dropped, and when it
+        // reconnects its claim is refused and it stays out of gangs until
+        // that stage ends.
+        const std::vector<std::string> stuck(e.draining.begin(),
+                                             e.draining.end());
+        for (const std::string& w : stuck) {
+          LoseWorkerLocked(
+              w, absl::StrCat("its stage of job ", e.job.job_id(),
+                              " did not stop within ",
+                              absl::FormatDuration(options_.drain_timeout),
+                              " of the cancel"));
+        }
+        changed = true;
+      }
       MaybeRequeueLocked(e, now);
       continue;
     }

@@ -75,6 +75,9 @@ struct JobManagerOptions {
   // After a restart, how long a RUNNING job waits for its workers to
   // reconnect and claim their stages before it is restarted instead.
   absl::Duration adopt_timeout = absl::Seconds(10);
+  // How long a restarting job waits for a cancelled stage of its old gang
+  // to stop before it drops that stage's worker (declared lost).
+  absl::Duration drain_timeout = absl::Seconds(10);
 };
 
 // Whether a stage that failed with `code` may succeed when the job is
@@ -173,6 +176,9 @@ class JobManager {
     // their end yet (each was cancelled; a lost one is dropped).
     std::set<std::string> draining;
     absl::Time restart_not_before = absl::InfinitePast();
+    // A draining stage that has not stopped by then is given up on: its
+    // worker is declared lost (JobManagerOptions::drain_timeout).
+    absl::Time drain_deadline = absl::InfiniteFuture();
     absl::Time detected = absl::InfinitePast();  // the loss was noticed
     int64_t detected_step = 0;
     absl::Time assigned = absl::InfinitePast();  // the new gang got its stages
@@ -206,6 +212,10 @@ class JobManager {
     // The job this worker was last assigned: only that job's snapshots
     // may still be in its memory.
     std::string last_job;
+    // A stage this worker still runs although the controller no longer
+    // counts it in any gang (a refused claim after a reconnect): the worker
+    // gets no new stage until it reports that one's end.
+    std::string stale_job;
   };
   struct Outgoing {
     std::shared_ptr<WorkerLink> link;
