@@ -1057,9 +1057,8 @@ TEST_F(ControllerTest, RestartResumesFromTheNewestSnapshotsTheGangHolds) {
   for (FakeWorker* w : {w0.get(), spare.get(), w2.get()}) {
     w->Started(id, w == w0.get() ? 0 : w == spare.get() ? 1 : 2, 8);
   }
-  ASSERT_TRUE(WaitJob(id, [](const Job& j) {
-                return j.restarts() == 1;
-              }).restarts() == 1);
+  w2->Step(id, 2, 9, 9);  // the first step after the resume
+  WaitJob(id, [](const Job& j) { return j.steps_completed() == 9; });
   Job cancelled;
   ASSERT_TRUE(Cancel(id, &cancelled).ok());
   EXPECT_TRUE(watch.Wait().ok());

@@ -511,6 +511,7 @@ void JobManager::StartJobLocked(JobEntry& e,
   e.adopting = false;
   e.assigned = absl::Now();
   e.recovery_reported = !restart;
+  e.restored = absl::InfiniteFuture();
   rendezvous_.Open(job_id);
   SetStateLocked(
       e, v1::RUNNING,
@@ -814,6 +815,7 @@ void JobManager::HandleStepLocked(WorkerEntry& w,
   JobEntry* e = RunningJobOfLocked(w, r.job_id(), r.stage());
   if (e == nullptr) return;
   const int64_t step = r.step().step();
+  if (r.stage() == e->num_stages - 1) RecordRecoveryLocked(*e, absl::Now());
   if (step <= e->job.steps_completed()) return;  // already published
   std::vector<v1::StageTiming>& timings = e->pending_steps[step];
   if (r.step().stages_size() == 0) {
@@ -900,6 +902,7 @@ void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
     }
     if (e->first_cancel_error.empty()) e->first_cancel_error = error;
   }
+  if (d.ok()) RecordRecoveryLocked(*e, absl::Now());  // ended without a step
   e->stage_done[d.stage()] = d.ok() ? 1 : 2;
   w.job_id.clear();
   w.stage = -1;
@@ -962,14 +965,19 @@ void JobManager::HandleStartedLocked(WorkerEntry& w,
     return;
   }
   e->resume_steps[started.stage()] = started.resume_step();
-  if (e->recovery_reported) return;
+  if (e->recovery_reported || e->restored != absl::InfiniteFuture()) return;
   for (int64_t r : e->resume_steps) {
     if (r < 0) return;
   }
   // Every stage of the restarted gang has restored its state (they agree
   // on the step: RunStage checks that before the first step).
+  e->restored = absl::Now();
+}
+
+void JobManager::RecordRecoveryLocked(JobEntry& e_ref, absl::Time now) {
+  JobEntry* e = &e_ref;
+  if (e->recovery_reported || e->restored == absl::InfiniteFuture()) return;
   e->recovery_reported = true;
-  const absl::Time now = absl::Now();
   JobEvent event;
   v1::JobRecovery* r = event.mutable_recovery();
   r->set_attempt(e->job.restarts());
@@ -979,7 +987,9 @@ void JobManager::HandleStartedLocked(WorkerEntry& w,
   r->set_resume_step(e->resume_steps[0]);
   r->set_detected_step(e->detected_step);
   r->set_reschedule_s(absl::ToDoubleSeconds(e->assigned - e->detected));
-  r->set_restore_s(absl::ToDoubleSeconds(now - e->assigned));
+  r->set_restore_s(absl::ToDoubleSeconds(e->restored - e->assigned));
+  r->set_warmup_s(absl::ToDoubleSeconds(now - e->restored));
+  r->set_detected_ms(absl::ToUnixMillis(e->detected));
   *r->mutable_workers() = e->job.workers();
   r->set_step(e->job.steps_completed());
   r->set_from_snapshot(e->from_snapshot);
@@ -988,7 +998,8 @@ void JobManager::HandleStartedLocked(WorkerEntry& w,
             << r->resume_step() << " (the loss "
             << "was noticed after step " << r->detected_step() << "), "
             << r->reschedule_s() << " s to reschedule, " << r->restore_s()
-            << " s to restore";
+            << " s to restore, " << r->warmup_s()
+            << " s to the first step after it";
   CommitLocked(*e, &event);
 }
 
@@ -1075,7 +1086,7 @@ void JobManager::GangBrokenLocked(JobEntry& e, std::string cause,
 void JobManager::BeginRecoveryLocked(JobEntry& e, std::string cause) {
   const absl::Time now = absl::Now();
   const std::string& job_id = e.job.job_id();
-  if (e.from_snapshot && !e.recovery_reported) {
+  if (e.from_snapshot && e.restored == absl::InfiniteFuture()) {
     // The last restart from snapshots broke before every stage restored:
     // later restarts read the checkpoint folder.
     e.snapshots_failed = true;

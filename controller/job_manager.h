@@ -185,6 +185,7 @@ class JobManager {
     // Per stage of the current gang: its StageStarted resume step, or -1.
     std::vector<int64_t> resume_steps;
     bool recovery_reported = true;  // the JobRecovery event is recorded
+    absl::Time restored = absl::InfiniteFuture();  // every stage started
 
     // ---- State to resume from (StateHeld reports).
     // step -> per stage, the workers holding that stage's snapshot.
@@ -272,6 +273,10 @@ class JobManager {
   void ClaimStageLocked(WorkerEntry& w, const v1::StageClaim& claim)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleStartedLocked(WorkerEntry& w, const v1::StageStarted& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the JobRecovery event of e's current restart, whose gang has
+  // restored and completed its first step (or ended) at `now`.
+  void RecordRecoveryLocked(JobEntry& e, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleHeldLocked(WorkerEntry& w, const v1::StateHeld& held)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

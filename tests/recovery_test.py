@@ -191,7 +191,8 @@ def check_result(cluster, job_id, ckpt_dir, watchers, ref_losses, ref_files,
         print(f"  restart {a}: resumed after step {r.resume_step} from "
               f"{'snapshots' if r.from_snapshot else 'a checkpoint'} (loss "
               f"noticed after step {r.detected_step}); reschedule "
-              f"{r.reschedule_s:.2f} s, restore {r.restore_s:.2f} s; cause: {r.cause}")
+              f"{r.reschedule_s:.2f} s, restore {r.restore_s:.2f} s, first step "
+              f"{r.warmup_s:.2f} s later; cause: {r.cause}")
     print(f"  watcher reconnects: {[w.reconnects for w in watchers]}")
     return final
 

@@ -923,6 +923,12 @@ void Worker::Impl::KeepSnapshot(const std::string& job_id,
       snapshot_job_ = job_id;
     }
     auto& steps = snapshots_[snapshot.stage];
+    if (steps.empty()) {
+      LOG(INFO) << "trainyard-worker " << options_.name << ": keeping "
+                << "in-memory snapshots of job " << job_id << " stage "
+                << snapshot.stage << " (" << snapshot.bytes->size()
+                << " bytes each, the newest two steps)";
+    }
     steps[snapshot.step] = std::move(snapshot.bytes);
     while (steps.size() > 2) steps.erase(steps.begin());
   }
