@@ -259,9 +259,12 @@ absl::Status ValidateSafetensors(const SafetensorsFile& file) {
   return absl::OkStatus();
 }
 
-std::string SerializeSafetensors(const SafetensorsFile& file) {
-  absl::Status valid = ValidateSafetensors(file);
-  CHECK(valid.ok()) << valid;
+namespace {
+
+// The 8-byte length and the padded JSON header of `file`; `data_bytes` gets
+// the size of the tensor data that follows.
+std::string SafetensorsPrefix(const SafetensorsFile& file,
+                              uint64_t* data_bytes) {
   ordered_json header = ordered_json::object();
   if (!file.metadata.empty()) {
     ordered_json meta = ordered_json::object();
@@ -282,13 +285,46 @@ std::string SerializeSafetensors(const SafetensorsFile& file) {
       header.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string out;
-  out.reserve(8 + text.size() + offset);
   uint64_t len = text.size();
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(len >> (8 * i)));
   out += text;
+  *data_bytes = offset;
+  return out;
+}
+
+}  // namespace
+
+std::string SerializeSafetensors(const SafetensorsFile& file) {
+  absl::Status valid = ValidateSafetensors(file);
+  CHECK(valid.ok()) << valid;
+  uint64_t data_bytes = 0;
+  std::string out = SafetensorsPrefix(file, &data_bytes);
+  out.reserve(out.size() + data_bytes);
   for (const auto& [name, t] : file.tensors) {
     if (t.nbytes() > 0) {
       out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> SerializeSafetensorsToTensor(
+    const SafetensorsFile& file) {
+  absl::Status valid = ValidateSafetensors(file);
+  CHECK(valid.ok()) << valid;
+  uint64_t data_bytes = 0;
+  const std::string prefix = SafetensorsPrefix(file, &data_bytes);
+  ASSIGN_OR_RETURN(
+      Tensor out,
+      Tensor::Create(DType::kUInt8,
+                     {static_cast<int64_t>(prefix.size() + data_bytes)}));
+  char* p = static_cast<char*>(out.raw_data());
+  std::memcpy(p, prefix.data(), prefix.size());
+  p += prefix.size();
+  for (const auto& [name, t] : file.tensors) {
+    if (t.nbytes() > 0) {
+      std::memcpy(p, t.raw_data(), t.nbytes());
+      p += t.nbytes();
     }
   }
   return out;

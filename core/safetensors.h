@@ -51,6 +51,10 @@ absl::Status ValidateSafetensors(const SafetensorsFile& file);
 // Serialises to bytes (what WriteSafetensors puts in the file). `file` must
 // pass ValidateSafetensors (CHECK-fails otherwise: a bug in the caller).
 std::string SerializeSafetensors(const SafetensorsFile& file);
+// The same bytes in a host uint8 tensor (its storage from the host
+// allocator, whose cache makes repeated snapshots cheap).
+absl::StatusOr<Tensor> SerializeSafetensorsToTensor(
+    const SafetensorsFile& file);
 
 // Writes atomically: a temp file in the same folder, fsync, rename, fsync of
 // the folder. An existing file at `path` stays intact on any failure.

@@ -258,6 +258,12 @@ absl::StatusOr<Message> Stage::Receive(int peer, MessageKind kind, int64_t step,
   {
     Timer t(&times->idle);
     msg = transport_->Recv(peer, options_.timeout);
+    // A neighbour's snapshot (sent between its steps) is handed on, not
+    // waited for: it arrives before the neighbour's next message.
+    while (msg.ok() && msg->kind == MessageKind::kSnapshot && snapshot_sink_) {
+      RETURN_IF_ERROR(snapshot_sink_(peer, *std::move(msg)));
+      msg = transport_->Recv(peer, options_.timeout);
+    }
   }
   if (!msg.ok()) {
     return Prefixed(msg.status(),
@@ -459,14 +465,17 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
   return report;
 }
 
-absl::StatusOr<SafetensorsFile> Stage::CheckpointContents() const {
+absl::StatusOr<SafetensorsFile> Stage::CheckpointContents(bool stable) const {
   SafetensorsFile file;
-  // Copies: the step loop goes on changing the live buffers while the file
-  // is written.
-  ASSIGN_OR_RETURN(Tensor params, ctx_->HostCopy(store_->params()));
+  // Copies when `stable`: the step loop goes on changing the live buffers
+  // while the file is written.
+  auto host = [&](const Tensor& t) {
+    return stable ? ctx_->HostCopy(t) : ctx_->ToHost(t);
+  };
+  ASSIGN_OR_RETURN(Tensor params, host(store_->params()));
   file.tensors = store_->Slice(params);
   for (auto& [name, t] : optimizer_->StateTensors()) {
-    ASSIGN_OR_RETURN(Tensor host, ctx_->HostCopy(t));
+    ASSIGN_OR_RETURN(Tensor host, host(t));
     file.tensors.push_back({name, host});
   }
   if (task_ != nullptr) {

@@ -124,7 +124,9 @@ class Stage {
   // host copies that later steps do not change (see
   // docs/CHECKPOINT_FORMAT.md): parameters, optimizer state, task state,
   // metadata.
-  absl::StatusOr<SafetensorsFile> CheckpointContents() const;
+  // With `stable` false, host tensors are the live buffers themselves (no
+  // copy): for a caller that is done with them before the next step.
+  absl::StatusOr<SafetensorsFile> CheckpointContents(bool stable = true) const;
   // Writes CheckpointContents() into `dir`. Returns its SHA-256.
   absl::StatusOr<std::string> WriteCheckpointFile(const std::string& dir);
   // What this stage tells the next step's all-reduce about the pending
@@ -142,6 +144,14 @@ class Stage {
   // after `step`, serialized (SerializeSafetensors). InvalidArgument when
   // it does not parse or is another stage's or step's.
   absl::Status RestoreSnapshot(absl::string_view bytes, int64_t step);
+
+  // Where snapshots that neighbours send between steps (MessageKind::
+  // kSnapshot) go when they turn up among the step's messages; without a
+  // sink they are an error. Errors from the sink fail the step.
+  void set_snapshot_sink(
+      std::function<absl::Status(int peer, Message message)> sink) {
+    snapshot_sink_ = std::move(sink);
+  }
 
   // Tells the task plugin (if any) about a lifecycle event.
   absl::Status NotifyTask(TrainyardEventKind kind, const std::string& detail);
@@ -211,6 +221,7 @@ class Stage {
   int64_t completed_steps_ = 0;
   bool finalized_ = false;
   bool checkpoint_file_written_ = false;
+  std::function<absl::Status(int peer, Message message)> snapshot_sink_;
 };
 
 }  // namespace trainyard

@@ -123,42 +123,40 @@ namespace {
 
 constexpr char kSnapshotTensor[] = "snapshot";
 
-Message SnapshotMessage(int stage, int64_t step,
-                        const std::shared_ptr<const std::string>& bytes) {
+Message SnapshotMessage(int stage, int64_t step, const Tensor& bytes) {
   Message m;
   m.kind = MessageKind::kSnapshot;
   m.step = step;
   m.microbatch = stage;
-  const int64_t n = bytes == nullptr ? 0 : static_cast<int64_t>(bytes->size());
   // An empty tensor says "not held".
-  Tensor t = *Tensor::Create(DType::kUInt8, {n});
-  if (n > 0) std::memcpy(t.raw_data(), bytes->data(), n);
-  m.tensors.emplace_back(kSnapshotTensor, std::move(t));
+  m.tensors.emplace_back(
+      kSnapshotTensor,
+      bytes.defined() ? bytes : *Tensor::Create(DType::kUInt8, {int64_t{0}}));
   return m;
 }
 
-// Receives stage `stage`'s snapshot after `step` from `peer`.
-absl::StatusOr<std::shared_ptr<const std::string>> RecvSnapshot(
-    Transport* transport, int peer, int stage, int64_t step,
-    absl::Duration timeout) {
-  ASSIGN_OR_RETURN(Message m, transport->Recv(peer, timeout));
-  if (m.kind != MessageKind::kSnapshot || m.step != step ||
-      m.microbatch != stage || m.tensors.size() != 1 ||
+// The snapshot in a kSnapshot message from `peer`: stage `stage`'s after
+// `step` (-1: whichever the message says).
+absl::StatusOr<StageSnapshot> SnapshotFromMessage(Message m, int peer,
+                                                  int stage, int64_t step) {
+  if (m.kind != MessageKind::kSnapshot || (step >= 0 && m.step != step) ||
+      (stage >= 0 && m.microbatch != stage) || m.tensors.size() != 1 ||
       m.tensors[0].first != kSnapshotTensor ||
       m.tensors[0].second.dtype() != DType::kUInt8) {
-    return absl::DataLossError(absl::StrCat(
-        "expected the snapshot of stage ", stage, " after step ", step,
-        " from rank ", peer, ", got a ", MessageKindName(m.kind), " of step ",
-        m.step, " (", m.tensors.size(), " tensors)"));
+    return absl::DataLossError(
+        absl::StrCat("expected a snapshot",
+                     stage >= 0 ? absl::StrCat(" of stage ", stage) : "",
+                     step >= 0 ? absl::StrCat(" after step ", step) : "",
+                     " from rank ", peer, ", got a ", MessageKindName(m.kind),
+                     " of step ", m.step, " (", m.tensors.size(), " tensors)"));
   }
-  const Tensor& t = m.tensors[0].second;
+  Tensor& t = m.tensors[0].second;
   if (t.nbytes() == 0) {
     return absl::AbortedError(
         absl::StrCat("rank ", peer, " no longer holds the snapshot of stage ",
-                     stage, " after step ", step));
+                     m.microbatch, " after step ", m.step));
   }
-  return std::make_shared<const std::string>(
-      static_cast<const char*>(t.raw_data()), t.nbytes());
+  return StageSnapshot{m.microbatch, m.step, std::move(t)};
 }
 
 // The stage that keeps a copy of stage k's snapshots.
@@ -170,25 +168,17 @@ int SnapshotBuddy(int k, int num_stages) {
 // neighbours (SnapshotBuddy), in an order every rank follows.
 absl::Status TakeSnapshot(Stage& stage, Transport* transport, int num_stages,
                           int64_t step, const StageRunOptions& options) {
-  ASSIGN_OR_RETURN(SafetensorsFile contents, stage.CheckpointContents());
-  auto bytes =
-      std::make_shared<const std::string>(SerializeSafetensors(contents));
+  // One copy: the live buffers straight into the packed tensor.
+  ASSIGN_OR_RETURN(SafetensorsFile contents,
+                   stage.CheckpointContents(/*stable=*/false));
+  ASSIGN_OR_RETURN(Tensor bytes, SerializeSafetensorsToTensor(contents));
   const int k = stage.index();
   if (options.on_snapshot) options.on_snapshot({k, step, bytes});
   if (num_stages < 2) return absl::OkStatus();
-  RETURN_IF_ERROR(transport->Send(SnapshotBuddy(k, num_stages),
-                                  SnapshotMessage(k, step, bytes)));
-  for (int from : {k - 1, k + 1}) {
-    if (from < 0 || from >= num_stages ||
-        SnapshotBuddy(from, num_stages) != k) {
-      continue;
-    }
-    ASSIGN_OR_RETURN(
-        std::shared_ptr<const std::string> copy,
-        RecvSnapshot(transport, from, from, step, options.timeout));
-    if (options.on_snapshot) options.on_snapshot({from, step, copy});
-  }
-  return absl::OkStatus();
+  // The buddy takes it in with its next message from this stage
+  // (Stage::set_snapshot_sink): no wait here.
+  return transport->Send(SnapshotBuddy(k, num_stages),
+                         SnapshotMessage(k, step, bytes));
 }
 
 }  // namespace
@@ -196,15 +186,14 @@ absl::Status TakeSnapshot(Stage& stage, Transport* transport, int num_stages,
 absl::StatusOr<StageSnapshot> DistributeSnapshots(
     Transport* transport, int rank, int64_t step,
     const std::vector<int>& sources,
-    const std::function<std::shared_ptr<const std::string>(int stage)>& held,
-    absl::Duration timeout) {
-  StageSnapshot mine{rank, step, nullptr};
+    const std::function<Tensor(int stage)>& held, absl::Duration timeout) {
+  StageSnapshot mine{rank, step, Tensor()};
   const int n = static_cast<int>(sources.size());
   for (int k = 0; k < n; ++k) {
     const int src = sources[k];
     if (src == rank && k == rank) {
       mine.bytes = held(k);
-      if (mine.bytes == nullptr) {
+      if (!mine.bytes.defined()) {
         return absl::AbortedError(
             absl::StrCat("this worker no longer holds the snapshot of stage ",
                          k, " after step ", step));
@@ -212,8 +201,10 @@ absl::StatusOr<StageSnapshot> DistributeSnapshots(
     } else if (src == rank) {
       RETURN_IF_ERROR(transport->Send(k, SnapshotMessage(k, step, held(k))));
     } else if (k == rank) {
-      ASSIGN_OR_RETURN(mine.bytes,
-                       RecvSnapshot(transport, src, k, step, timeout));
+      ASSIGN_OR_RETURN(Message m, transport->Recv(src, timeout));
+      ASSIGN_OR_RETURN(StageSnapshot got,
+                       SnapshotFromMessage(std::move(m), src, k, step));
+      mine.bytes = std::move(got.bytes);
     }
   }
   return mine;
@@ -228,8 +219,10 @@ absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
   ASSIGN_OR_RETURN(out.stage, Stage::Create(plan, index, transport, options,
                                             std::move(data)));
   if (snapshot != nullptr) {
-    RETURN_IF_ERROR(
-        out.stage->RestoreSnapshot(*snapshot->bytes, snapshot->step));
+    const Tensor& b = snapshot->bytes;
+    RETURN_IF_ERROR(out.stage->RestoreSnapshot(
+        absl::string_view(static_cast<const char*>(b.raw_data()), b.nbytes()),
+        snapshot->step));
     out.resume_step = snapshot->step;
     return out;
   }
@@ -306,6 +299,23 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
     }
     return all_written();
   };
+
+  if (options.snapshot_every > 0) {
+    // Neighbours' snapshots, taken in with the next step's messages.
+    stage.set_snapshot_sink(
+        [&options, S, k = stage.index()](int peer, Message m) -> absl::Status {
+          if (SnapshotBuddy(peer, S) != k) {
+            return absl::DataLossError(absl::StrCat(
+                "stage ", k, " got a snapshot from rank ", peer,
+                ", which keeps its copies on stage ", SnapshotBuddy(peer, S)));
+          }
+          ASSIGN_OR_RETURN(StageSnapshot snap,
+                           SnapshotFromMessage(std::move(m), peer, peer, -1));
+          if (options.on_snapshot) options.on_snapshot(std::move(snap));
+          return absl::OkStatus();
+        });
+  }
+  absl::Cleanup no_sink = [&stage] { stage.set_snapshot_sink(nullptr); };
 
   // Every stage chose its resume point on its own (ResumeStep): make sure
   // they agree before the first step.

@@ -45,26 +45,27 @@ absl::StatusOr<int64_t> ResumeStep(
 std::string PlanMetadataJson(const JobPlan& plan, int64_t step);
 
 // A stage's state after a step, serialized (Stage::CheckpointContents
-// through SerializeSafetensors): an in-memory snapshot
-// (JobSpec.recovery.snapshot_every). Shared: held by the worker daemon and
+// through SerializeSafetensorsToTensor) into one host uint8 tensor: an
+// in-memory snapshot (JobSpec.recovery.snapshot_every). Its storage is
+// shared, never written after it is made: held by the worker daemon and
 // handed to transports without copies.
 struct StageSnapshot {
   int stage = 0;
   int64_t step = 0;
-  std::shared_ptr<const std::string> bytes;
+  Tensor bytes;
 };
 
 // Before the first step of a restart from snapshots: the rank in
-// `sources[k]` holds stage k's snapshot after `step` (`held(k)`, null if it
-// does not) and sends it to rank k over `transport`, in stage order; every
+// `sources[k]` holds stage k's snapshot after `step` (`held(k)`, an
+// undefined tensor if it does not) and sends it to rank k over `transport`,
+// in stage order; every
 // rank returns its own stage's snapshot. Every rank of the gang calls this.
 // Aborted when a snapshot is missing on its holder (the job's next restart
 // then uses its checkpoints).
 absl::StatusOr<StageSnapshot> DistributeSnapshots(
     Transport* transport, int rank, int64_t step,
     const std::vector<int>& sources,
-    const std::function<std::shared_ptr<const std::string>(int stage)>& held,
-    absl::Duration timeout);
+    const std::function<Tensor(int stage)>& held, absl::Duration timeout);
 
 // A stage ready to run: built, and initialised or restored.
 struct StartedStage {
@@ -97,10 +98,11 @@ struct StageRunOptions {
   // written in the background), one call at a time.
   std::function<void(int64_t step, const std::string& dir)> on_checkpoint;
   // In-memory snapshots: every this many steps (0 = never; never after the
-  // last step) the stage serializes its state, sends it to a neighbour
-  // (stage k to k + 1, the last stage to the one before it) and receives
-  // its neighbours' the same way; on_snapshot gets each (its own first).
-  // Every stage of the job must use the same value.
+  // last step) the stage serializes its state (one copy), gives it to
+  // on_snapshot and sends it to a neighbour (stage k to k + 1, the last
+  // stage to the one before it), which takes it in with its next message
+  // from this stage and gives it to its own on_snapshot: nobody waits for
+  // a snapshot. Every stage of the job must use the same value.
   int64_t snapshot_every = 0;
   std::function<void(StageSnapshot)> on_snapshot;
 };

@@ -411,9 +411,8 @@ class Worker::Impl {
   // Keeps a snapshot of `job_id` (the newest two steps per stage; another
   // job's are dropped) and tells the controller.
   void KeepSnapshot(const std::string& job_id, StageSnapshot snapshot);
-  // The kept snapshot of `stage` after `step`, or null.
-  std::shared_ptr<const std::string> HeldSnapshot(const std::string& job_id,
-                                                  int stage, int64_t step);
+  // The kept snapshot of `stage` after `step`, or an undefined tensor.
+  Tensor HeldSnapshot(const std::string& job_id, int stage, int64_t step);
   // The transport of a multi-stage job: chosen from the placements,
   // reported, then connected (TCP) or created (NCCL).
   absl::StatusOr<std::unique_ptr<Transport>> ConnectTransport(
@@ -459,8 +458,8 @@ class Worker::Impl {
   // outlive the stage, so a restart can resume from them.
   absl::Mutex snapshot_mu_;
   std::string snapshot_job_ ABSL_GUARDED_BY(snapshot_mu_);
-  std::map<int, std::map<int64_t, std::shared_ptr<const std::string>>>
-      snapshots_ ABSL_GUARDED_BY(snapshot_mu_);
+  std::map<int, std::map<int64_t, Tensor>> snapshots_
+      ABSL_GUARDED_BY(snapshot_mu_);
   bool reports_dropped_ ABSL_GUARDED_BY(report_mu_) = false;
   Session* live_ ABSL_GUARDED_BY(report_mu_) = nullptr;
 };
@@ -926,7 +925,7 @@ void Worker::Impl::KeepSnapshot(const std::string& job_id,
     if (steps.empty()) {
       LOG(INFO) << "trainyard-worker " << options_.name << ": keeping "
                 << "in-memory snapshots of job " << job_id << " stage "
-                << snapshot.stage << " (" << snapshot.bytes->size()
+                << snapshot.stage << " (" << snapshot.bytes.nbytes()
                 << " bytes each, the newest two steps)";
     }
     steps[snapshot.step] = std::move(snapshot.bytes);
@@ -939,14 +938,14 @@ void Worker::Impl::KeepSnapshot(const std::string& job_id,
   Report(m);
 }
 
-std::shared_ptr<const std::string> Worker::Impl::HeldSnapshot(
-    const std::string& job_id, int stage, int64_t step) {
+Tensor Worker::Impl::HeldSnapshot(const std::string& job_id, int stage,
+                                  int64_t step) {
   absl::MutexLock lock(&snapshot_mu_);
-  if (snapshot_job_ != job_id) return nullptr;
+  if (snapshot_job_ != job_id) return Tensor();
   auto it = snapshots_.find(stage);
-  if (it == snapshots_.end()) return nullptr;
+  if (it == snapshots_.end()) return Tensor();
   auto s = it->second.find(step);
-  return s == it->second.end() ? nullptr : s->second;
+  return s == it->second.end() ? Tensor() : s->second;
 }
 
 bool Worker::Impl::SendLive(const WorkerMessage& message) {
