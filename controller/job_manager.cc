@@ -1006,7 +1006,9 @@ void JobManager::RecordRecoveryLocked(JobEntry& e_ref, absl::Time now) {
 void JobManager::HandleHeldLocked(WorkerEntry& w, const v1::StateHeld& held) {
   if (w.job_id.empty() || w.job_id != held.job_id()) return;
   JobEntry& e = *jobs_.at(w.job_id);
-  if (e.job.state() != v1::RUNNING) return;
+  // Also while the old gang drains: a copy that arrived just before the
+  // cancel is still a state to resume from.
+  if (e.job.state() != v1::RUNNING && e.job.state() != v1::RECOVERING) return;
   if (held.stage() == -1) {
     e.newest_checkpoint = std::max(e.newest_checkpoint, held.step());
     return;

@@ -345,6 +345,10 @@ MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
     state_per_param = 1;
   }
   m.optimizer_state = SaturatingBytes(n_params * state_per_param * 4);
+  const double copies = (spec.checkpoint().dir().empty() ? 0 : 1) +
+                        (spec.recovery().snapshot_every() > 0 ? 4 : 0);
+  m.state_copies =
+      SaturatingBytes(copies * n_params * (4 + state_per_param * 4));
 
   const int S = plan.num_stages();
   const int M = spec.parallelism().microbatches();
@@ -377,13 +381,18 @@ MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
   m.activations = SaturatingBytes(act);
   m.data = data_bytes;
   const double total = static_cast<double>(m.params) + m.grads +
-                       m.optimizer_state + m.activations + m.data;
+                       m.optimizer_state + m.state_copies + m.activations +
+                       m.data;
   m.total = SaturatingBytes(total);
   m.description = absl::StrCat(
       FormatBytes(m.total), " (params ", FormatBytes(m.params), ", grads ",
       FormatBytes(m.grads), ", optimizer state ",
-      FormatBytes(m.optimizer_state), ", activations ",
-      FormatBytes(m.activations), ", data ", FormatBytes(m.data), ")");
+      FormatBytes(m.optimizer_state),
+      m.state_copies > 0 ? absl::StrCat(", checkpoint/snapshot copies ",
+                                        FormatBytes(m.state_copies))
+                         : "",
+      ", activations ", FormatBytes(m.activations), ", data ",
+      FormatBytes(m.data), ")");
   return m;
 }
 

@@ -58,6 +58,10 @@ struct MemoryEstimate {
   uint64_t params = 0;
   uint64_t grads = 0;
   uint64_t optimizer_state = 0;
+  // Copies of the state (params and optimizer state) held outside the
+  // step: one for a checkpoint being written in the background, four for
+  // in-memory snapshots (two steps, own and a neighbour's copy).
+  uint64_t state_copies = 0;
   uint64_t activations = 0;
   uint64_t data = 0;
   uint64_t total = 0;

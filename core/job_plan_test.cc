@@ -772,9 +772,26 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
   // stage 0: 2 * (2 * 88 + 88); stage 1: 2 * (1 * (114 + 35) + 112)
   EXPECT_EQ(m.activations, 4u * (2 * (2 * 88 + 88) + 2 * (149 + 112)));
   EXPECT_EQ(m.data, 10u * 8 * 4 + 10u * 3 * 4);
-  EXPECT_EQ(m.total,
-            m.params + m.grads + m.optimizer_state + m.activations + m.data);
+  EXPECT_EQ(m.total, m.params + m.grads + m.optimizer_state + m.state_copies +
+                         m.activations + m.data);
   EXPECT_THAT(m.description, HasSubstr("(params 8.1 KiB, grads 8.1 KiB"));
+  EXPECT_EQ(m.state_copies, 0u);  // no checkpoints, no snapshots
+
+  // A checkpoint being written holds one copy of params and optimizer
+  // state; snapshots four more.
+  {
+    JobSpec copies = spec;
+    copies.mutable_checkpoint()->set_dir(dir + "/ckpt");
+    absl::StatusOr<JobPlan> p = PlanJob(copies, Options(dir));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->memory.state_copies, 12 * n);
+    copies.mutable_recovery()->set_snapshot_every(5);
+    p = PlanJob(copies, Options(dir));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->memory.state_copies, 5 * 12 * n);
+    EXPECT_THAT(p->memory.description,
+                HasSubstr("checkpoint/snapshot copies 122.1 KiB"));
+  }
 
   // GPipe keeps all M microbatches on every stage.
   spec.mutable_parallelism()->set_schedule("gpipe");
