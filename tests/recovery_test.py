@@ -2,10 +2,11 @@
 corrupt checkpoint, and finish bit for bit as if nothing happened.
 
 One scenario per run (the first argument):
-  chaos    a 4-stage job over 5 workers (one spare): three SIGKILLs of random
-           workers of the gang and one SIGKILL of the controller, at random
-           steps (a seeded choice, printed; CHAOS_SEED overrides it). Each
-           killed worker comes back a moment later, as a pod would.
+  chaos    a 4-stage job over 5 workers (one spare), checkpoints every 20
+           steps and snapshots every 5: three SIGKILLs of random workers of
+           the gang and one SIGKILL of the controller, at random steps (a
+           seeded choice, printed; CHAOS_SEED overrides it). Each killed
+           worker comes back a moment later, as a pod would.
   hung     one worker of the gang is SIGSTOPped (hung, not dead), then
            SIGCONTed once the job runs again without it.
   corrupt  the newest checkpoint is truncated and the one before it gets one
@@ -216,7 +217,9 @@ def chaos(ref_losses, ref_files):
           ", ".join(f"SIGKILL {k} at step {p}" for k, p in zip(kinds, points)))
     cluster = Cluster(workers=5)
     ckpt = os.path.join(WORK, "chaos-ckpt")
-    job_id, watchers = start(cluster, make_spec(ckpt))
+    # Snapshots too, so that a controller restart must rebuild what the
+    # workers hold from their resent reports.
+    job_id, watchers = start(cluster, make_spec(ckpt, snapshot_every=5))
     restarts = 0
     for kind, point in zip(kinds, points):
         wait_running_at(cluster, job_id, point)
