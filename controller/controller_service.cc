@@ -184,7 +184,8 @@ class WorkerStream final
       if (!id_.empty()) {
         manager_->OnWorkerStreamEnded(id_,
                                       "its stream to the controller "
-                                      "closed");
+                                      "closed",
+                                      this);
       }
       Close(absl::OkStatus());
       return;
@@ -209,7 +210,7 @@ class WorkerStream final
       }
       id_ = *id;  // only this (serialized) read path touches id_
     } else {
-      manager_->OnWorkerMessage(id_, in_);
+      manager_->OnWorkerMessage(id_, in_, this);
     }
     absl::MutexLock lock(&mu_);
     if (!finish_called_) StartRead(&in_);

@@ -69,6 +69,10 @@ v1::ControllerMessage RendezvousRefusal(int64_t request_id,
   return msg;
 }
 
+// A reconnecting worker may keep an id up to this far beyond the newest one
+// given out (ids stay small, and the counter cannot overflow).
+constexpr int64_t kMaxWorkerIdAhead = 1000000;
+
 // Longest note text kept in a job's history; a worker's reason is cut
 // there.
 constexpr size_t kMaxNoteBytes = 1024;
@@ -195,6 +199,15 @@ absl::Status JobManager::Load() {
         entry.transport_reported.assign(entry.num_stages, false);
         entry.resume_steps.assign(entry.num_stages, 0);
         rendezvous_.Open(entry.job.job_id());
+        // Notes already in its history are not recorded again when the
+        // workers resend their reports.
+        for (int64_t i = 0;; ++i) {
+          JobEvent ev;
+          if (!LogLocked(entry)->Read(i, &ev)) break;
+          if (ev.has_note()) entry.notes.insert(ev.note().text());
+        }
+        std::fill(entry.transport_reported.begin(),
+                  entry.transport_reported.end(), true);
         LOG(INFO) << "job " << entry.job.job_id()
                   << " was RUNNING: waiting up to "
                   << absl::FormatDuration(options_.adopt_timeout)
@@ -202,12 +215,18 @@ absl::Status JobManager::Load() {
                   << " stage(s)";
         break;
       case v1::RECOVERING:
-        // The old gang was being stopped; restart as soon as workers are
-        // there (stale stages are cancelled when their workers reconnect).
+        // The old gang was being stopped, and may not have heard so: wait
+        // for its workers to reconnect (their claims are refused, and they
+        // stop) or for adopt_timeout, after which a worker still cut off
+        // from the controller has stopped its stage by itself.
         entry.detected = now;
         entry.detected_step = entry.job.steps_completed();
         entry.restart_not_before = now;
-        queued_.insert(entry.job.job_id());
+        for (const std::string& w : entry.job.workers()) {
+          if (!w.empty()) entry.draining.insert(w);
+        }
+        entry.drain_deadline = now + options_.adopt_timeout;
+        MaybeRequeueLocked(entry, now);
         break;
       default:
         queued_.insert(entry.job.job_id());
@@ -486,7 +505,13 @@ void JobManager::StartJobLocked(JobEntry& e,
   e.from_snapshot = snapshot.has_value();
   if (snapshot.has_value()) {
     *assign.mutable_snapshot() = *snapshot;
+    // Snapshots of later steps belong to the abandoned run; workers drop
+    // them when the new run's snapshots arrive.
+    e.snapshot_holders.erase(e.snapshot_holders.upper_bound(snapshot->step()),
+                             e.snapshot_holders.end());
   } else if (restart && !e.normalized.checkpoint().dir().empty()) {
+    // Not past the published steps: the ones after them would be lost.
+    assign.set_max_resume_step(e.job.steps_completed());
     // Every stage resumes from the newest checkpoint that verifies.
     assign.mutable_spec()->mutable_checkpoint()->set_resume("latest");
   }
@@ -647,7 +672,7 @@ absl::StatusOr<Job> JobManager::CancelJob(const v1::CancelJobRequest& request) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", e.job.job_id(), " is already ",
                        v1::JobState_Name(e.job.state()),
-                       "; only QUEUED or RUNNING jobs "
+                       "; only QUEUED, RUNNING or RECOVERING jobs "
                        "can be cancelled"));
     }
     if (shutting_down_) {
@@ -692,6 +717,7 @@ absl::StatusOr<std::string> JobManager::RegisterWorker(
     int64_t n = 0;
     if (absl::StartsWith(reg.worker_id(), "w-") &&
         absl::SimpleAtoi(reg.worker_id().substr(2), &n) && n > 0 &&
+        n < next_worker_ + kMaxWorkerIdAhead &&
         workers_.count(reg.worker_id()) == 0) {
       next_worker_ = std::max(next_worker_, n + 1);
     } else {
@@ -711,6 +737,8 @@ absl::StatusOr<std::string> JobManager::RegisterWorker(
         absl::ToInt64Milliseconds(options_.heartbeat_interval));
     msg.mutable_registered()->set_heartbeat_timeout_ms(
         absl::ToInt64Milliseconds(options_.heartbeat_timeout));
+    msg.mutable_registered()->set_adopt_timeout_ms(
+        absl::ToInt64Milliseconds(options_.adopt_timeout));
     SendLocked(link, std::move(msg));
     LOG(INFO) << "worker " << WorkerLabel(id, w.name) << " registered, device "
               << w.caps.device() << ", peer " << w.caps.peer_address();
@@ -722,11 +750,13 @@ absl::StatusOr<std::string> JobManager::RegisterWorker(
 }
 
 void JobManager::OnWorkerMessage(const std::string& worker_id,
-                                 const v1::WorkerMessage& msg) {
+                                 const v1::WorkerMessage& msg,
+                                 const WorkerLink* link) {
   {
     absl::MutexLock lock(&mu_);
     auto it = workers_.find(worker_id);
     if (it == workers_.end() || shutting_down_) return;
+    if (link != nullptr && it->second.link.get() != link) return;
     WorkerEntry& w = it->second;
     w.last_seen = absl::Now();
     switch (msg.msg_case()) {
@@ -762,10 +792,13 @@ void JobManager::OnWorkerMessage(const std::string& worker_id,
 }
 
 void JobManager::OnWorkerStreamEnded(const std::string& worker_id,
-                                     const std::string& why) {
+                                     const std::string& why,
+                                     const WorkerLink* link) {
   {
     absl::MutexLock lock(&mu_);
-    if (shutting_down_ || workers_.count(worker_id) == 0) return;
+    auto it = workers_.find(worker_id);
+    if (shutting_down_ || it == workers_.end()) return;
+    if (link != nullptr && it->second.link.get() != link) return;
     LoseWorkerLocked(worker_id, why);
   }
   Deliver();
@@ -970,8 +1003,11 @@ void JobManager::HandleStartedLocked(WorkerEntry& w,
     if (r < 0) return;
   }
   // Every stage of the restarted gang has restored its state (they agree
-  // on the step: RunStage checks that before the first step).
+  // on the step: RunStage checks that before the first step). Snapshots of
+  // later steps belong to the abandoned run (no new step is done yet).
   e->restored = absl::Now();
+  e->snapshot_holders.erase(e->snapshot_holders.upper_bound(e->resume_steps[0]),
+                            e->snapshot_holders.end());
 }
 
 void JobManager::RecordRecoveryLocked(JobEntry& e_ref, absl::Time now) {
@@ -1037,6 +1073,8 @@ std::optional<v1::SnapshotResume> JobManager::ChooseSnapshotLocked(
   for (auto it = e.snapshot_holders.rbegin(); it != e.snapshot_holders.rend();
        ++it) {
     const int64_t step = it->first;
+    // Never past the published steps: the ones after them would be lost.
+    if (step > e.job.steps_completed()) continue;
     if (step <= e.newest_checkpoint) break;
     v1::SnapshotResume resume;
     resume.set_step(step);
@@ -1196,7 +1234,15 @@ void JobManager::ClaimStageLocked(WorkerEntry& w, const v1::StageClaim& claim) {
   LOG(INFO) << "worker " << WorkerLabel(w.id, w.name) << " claims stage "
             << claim.stage() << " of job " << claim.job_id() << " (attempt "
             << claim.attempt() << "): refused, " << refusal;
-  w.stale_job = claim.job_id();
+  if (it != jobs_.end() && it->second->job.state() == v1::RECOVERING &&
+      it->second->draining.count(w.id) > 0) {
+    // A stage of the old gang the restart waits for: attached as
+    // draining, so that its end lets the restart go on.
+    w.job_id = claim.job_id();
+    w.stage = claim.stage();
+  } else {
+    w.stale_job = claim.job_id();
+  }
   v1::ControllerMessage msg;
   msg.mutable_cancel()->set_job_id(claim.job_id());
   msg.mutable_cancel()->set_reason(
@@ -1280,6 +1326,12 @@ void JobManager::SettleFailuresLocked(absl::Time now) {
         const std::vector<std::string> stuck(e.draining.begin(),
                                              e.draining.end());
         for (const std::string& w : stuck) {
+          if (workers_.count(w) == 0) {
+            // Never came back (after a controller restart): it has stopped
+            // its stage by itself (WorkerRegistered.adopt_timeout_ms).
+            e.draining.erase(w);
+            continue;
+          }
           LoseWorkerLocked(
               w, absl::StrCat("its stage of job ", e.job.job_id(),
                               " did not stop within ",

@@ -125,12 +125,15 @@ class JobManager {
   // RendezvousPut / RendezvousGet are answered (RendezvousReply, now or
   // when the key appears, times out, or the job ends) only for a worker
   // that runs a stage of that RUNNING job: NotFound for an unknown job,
-  // FailedPrecondition otherwise.
+  // FailedPrecondition otherwise. `link`, when given, must be the link the
+  // worker registered with: ids are reused by reconnecting workers, and a
+  // late call from an old stream must not touch the new registration.
   void OnWorkerMessage(const std::string& worker_id,
-                       const v1::WorkerMessage& msg);
+                       const v1::WorkerMessage& msg,
+                       const WorkerLink* link = nullptr);
   // The worker's stream ended (`why` says how); the worker is lost at once.
-  void OnWorkerStreamEnded(const std::string& worker_id,
-                           const std::string& why);
+  void OnWorkerStreamEnded(const std::string& worker_id, const std::string& why,
+                           const WorkerLink* link = nullptr);
 
   struct WorkerInfo {
     std::string id;

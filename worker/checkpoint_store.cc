@@ -448,11 +448,12 @@ bool MeansBadCheckpoint(const absl::Status& st) {
 }  // namespace
 
 absl::StatusOr<VerifiedCheckpoint> LatestVerifiedCheckpoint(
-    const std::string& dir) {
+    const std::string& dir, int64_t max_step) {
   ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListStepDirs(dir));
   VerifiedCheckpoint out;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     const int64_t step = *it;
+    if (step > max_step) continue;
     if (!Exists(ManifestPath(dir, step))) continue;  // never committed
     absl::Status verified = VerifyCheckpoint(dir, step);
     if (verified.ok()) {

@@ -22,6 +22,7 @@
 #define TRAINYARD_WORKER_CHECKPOINT_STORE_H_
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -113,10 +114,12 @@ struct VerifiedCheckpoint {
 // or prune looks at them again. Step folders without a manifest (a write in
 // progress, or interrupted before its commit) are left alone. Safe to run
 // from several processes at once (a folder another process moved first
-// counts as moved). Errors: FailedPrecondition when checkpoints exist but
+// counts as moved). Checkpoints after `max_step` are not looked at (they
+// stay as they are). Errors: FailedPrecondition when checkpoints exist but
 // none verifies (every reason listed); I/O errors naming the path.
 absl::StatusOr<VerifiedCheckpoint> LatestVerifiedCheckpoint(
-    const std::string& dir);
+    const std::string& dir,
+    int64_t max_step = std::numeric_limits<int64_t>::max());
 
 // Reads stage `stage` of complete checkpoint `step`, verified against the
 // manifest. `num_stages` is the reader's pipeline depth; it must match the

@@ -228,6 +228,24 @@ TEST(CheckpointStoreTest, BadNewestCheckpointsAreSetAsideNotDeleted) {
   EXPECT_TRUE(v->set_aside.empty());
 }
 
+TEST(CheckpointStoreTest, CheckpointsAfterTheLimitAreNotLookedAt) {
+  std::string dir = FreshDir("max_step");
+  WriteCheckpoint(dir, 10, 1);
+  WriteCheckpoint(dir, 20, 1);
+  // 30 is damaged but after the limit: neither taken nor set aside.
+  WriteCheckpoint(dir, 30, 1);
+  const std::string p30 = CheckpointStagePath(dir, 30, 0);
+  ASSERT_TRUE(WriteFileAtomically(p30, "x").ok());
+  auto v = LatestVerifiedCheckpoint(dir, /*max_step=*/25);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->step, std::optional<int64_t>(20));
+  EXPECT_TRUE(v->set_aside.empty());
+  EXPECT_TRUE(Exists(CheckpointStepDir(dir, 30)));
+  v = LatestVerifiedCheckpoint(dir, /*max_step=*/5);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->step, std::nullopt);
+}
+
 TEST(CheckpointStoreTest, UnparsableManifestIsSetAsideButUncommittedIsLeft) {
   std::string dir = FreshDir("setaside_manifest");
   WriteCheckpoint(dir, 1, 1);

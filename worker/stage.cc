@@ -521,19 +521,21 @@ absl::Status Stage::RestoreCheckpoint(const std::string& dir, int64_t step) {
 absl::Status Stage::RestoreSnapshot(absl::string_view bytes, int64_t step) {
   const std::string where =
       absl::StrCat("snapshot of stage ", index_, " after step ", step);
+  // Every failure is DataLoss (a snapshot damaged or mixed up on its way),
+  // which the controller restarts from checkpoints instead.
   absl::StatusOr<SafetensorsFile> file = ParseSafetensors(bytes, where);
-  if (!file.ok()) {
-    return absl::InvalidArgumentError(file.status().message());
-  }
+  if (!file.ok()) return absl::DataLossError(file.status().message());
   if (file->metadata["stage"] != absl::StrCat(index_) ||
       file->metadata["step"] != absl::StrCat(step)) {
-    return absl::InvalidArgumentError(
+    return absl::DataLossError(
         absl::StrCat(where, ": holds stage ", file->metadata["stage"],
                      " after step ", file->metadata["step"]));
   }
   std::vector<SafetensorsFile> files;
   files.push_back(*std::move(file));
-  return RestoreState(std::move(files), step, where);
+  absl::Status st = RestoreState(std::move(files), step, where);
+  if (!st.ok()) return absl::DataLossError(st.message());
+  return absl::OkStatus();
 }
 
 absl::Status Stage::RestoreState(std::vector<SafetensorsFile> files,

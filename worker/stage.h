@@ -141,8 +141,8 @@ class Stage {
   // split loads too.
   absl::Status RestoreCheckpoint(const std::string& dir, int64_t step);
   // The same from an in-memory snapshot: this stage's CheckpointContents()
-  // after `step`, serialized (SerializeSafetensors). InvalidArgument when
-  // it does not parse or is another stage's or step's.
+  // after `step`, serialized (SerializeSafetensors). DataLoss when it does
+  // not parse, is another stage's or step's, or does not fit this stage.
   absl::Status RestoreSnapshot(absl::string_view bytes, int64_t step);
 
   // Where snapshots that neighbours send between steps (MessageKind::

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -82,7 +83,8 @@ absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage) {
 }
 
 absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan,
-                                   std::vector<std::string>* set_aside) {
+                                   std::vector<std::string>* set_aside,
+                                   int64_t max_step) {
   const auto& ckpt = plan.spec.checkpoint();
   if (ckpt.dir().empty()) return 0;
   // Any committed checkpoint counts here, even one whose manifest no longer
@@ -98,8 +100,11 @@ absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan,
         "); set checkpoint.resume to \"latest\" to continue from it, or use "
         "an empty folder"));
   }
-  ASSIGN_OR_RETURN(VerifiedCheckpoint verified,
-                   LatestVerifiedCheckpoint(ckpt.dir()));
+  ASSIGN_OR_RETURN(
+      VerifiedCheckpoint verified,
+      LatestVerifiedCheckpoint(
+          ckpt.dir(),
+          max_step >= 0 ? max_step : std::numeric_limits<int64_t>::max()));
   for (const std::string& line : verified.set_aside) {
     LOG(WARNING) << "checkpoint set aside: " << line;
     if (set_aside != nullptr) set_aside->push_back(line);
@@ -213,7 +218,8 @@ absl::StatusOr<StageSnapshot> DistributeSnapshots(
 absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
                                         Transport* transport,
                                         const StageOptions& options,
-                                        const StageSnapshot* snapshot) {
+                                        const StageSnapshot* snapshot,
+                                        int64_t max_resume_step) {
   StartedStage out;
   ASSIGN_OR_RETURN(StageData data, LoadStageData(plan, index));
   ASSIGN_OR_RETURN(out.stage, Stage::Create(plan, index, transport, options,
@@ -226,7 +232,8 @@ absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
     out.resume_step = snapshot->step;
     return out;
   }
-  ASSIGN_OR_RETURN(out.resume_step, ResumeStep(plan, &out.set_aside));
+  ASSIGN_OR_RETURN(out.resume_step,
+                   ResumeStep(plan, &out.set_aside, max_resume_step));
   if (out.resume_step > 0) {
     RETURN_IF_ERROR(out.stage->RestoreCheckpoint(plan.spec.checkpoint().dir(),
                                                  out.resume_step));
@@ -268,6 +275,11 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
   std::atomic<bool> abandoned{false};
   auto commit = [&, dir = ckpt.dir()](int64_t step) -> absl::Status {
     if (abandoned.load()) return absl::OkStatus();
+    if (options.may_commit && !options.may_commit()) {
+      LOG(WARNING) << "stage " << stage.index() << ": checkpoint after step "
+                   << step << " left uncommitted (no controller)";
+      return absl::OkStatus();
+    }
     RETURN_IF_ERROR(
         CommitCheckpoint(dir, step, S, PlanMetadataJson(plan, step)));
     RETURN_IF_ERROR(PruneCheckpoints(dir, ckpt.keep_last()));

@@ -36,10 +36,13 @@ absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage);
 // newest checkpoint that verifies when checkpoint.resume is "latest" (newer
 // ones that fail verification are set aside, never deleted: see
 // LatestVerifiedCheckpoint; each is logged and, when `set_aside` is given,
-// described there). FailedPrecondition if checkpoint.dir holds checkpoints
-// and resume is not "latest" (nothing is overwritten), or if none verifies.
+// described there). Checkpoints after `max_step` (>= 0) are not taken: a
+// restarted job must not skip steps its controller has not published.
+// FailedPrecondition if checkpoint.dir holds checkpoints and resume is not
+// "latest" (nothing is overwritten), or if none verifies.
 absl::StatusOr<int64_t> ResumeStep(
-    const JobPlan& plan, std::vector<std::string>* set_aside = nullptr);
+    const JobPlan& plan, std::vector<std::string>* set_aside = nullptr,
+    int64_t max_step = -1);
 
 // Checkpoint manifest metadata: the step, stage count and normalized spec.
 std::string PlanMetadataJson(const JobPlan& plan, int64_t step);
@@ -79,9 +82,12 @@ struct StartedStage {
 // loads the stage's data, builds stage `index` of `plan`, then restores
 // `snapshot` when given, else the newest checkpoint (checkpoint.resume
 // "latest"), else initialises the parameters.
-absl::StatusOr<StartedStage> StartStage(
-    const JobPlan& plan, int index, Transport* transport,
-    const StageOptions& options, const StageSnapshot* snapshot = nullptr);
+// `max_resume_step` (>= 0) bounds the checkpoint taken (ResumeStep).
+absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
+                                        Transport* transport,
+                                        const StageOptions& options,
+                                        const StageSnapshot* snapshot = nullptr,
+                                        int64_t max_resume_step = -1);
 
 struct StageRunOptions {
   // Stop (successfully) once this many steps are complete; 0 = spec.steps.
@@ -105,6 +111,11 @@ struct StageRunOptions {
   // a snapshot. Every stage of the job must use the same value.
   int64_t snapshot_every = 0;
   std::function<void(StageSnapshot)> on_snapshot;
+  // Asked before a checkpoint is committed (and pruned); false skips that
+  // commit (the files stay uncommitted). The worker daemon says false while
+  // it is cut off from the controller, which may have given the job to
+  // other workers that now read the checkpoint folder.
+  std::function<bool()> may_commit;
 };
 
 // Runs `stage` (already initialised or restored) through the rest of the

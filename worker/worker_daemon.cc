@@ -390,6 +390,9 @@ class Worker::Impl {
 
  private:
   void ConnectionLoop();
+  // Stops a running stage once the worker has been cut off from the
+  // controller for longer than its adopt timeout (WorkerRegistered).
+  void OrphanWatchdog();
   // Readiness: the health service's kRegisteredService status.
   void SetRegisteredHealth(bool registered);
   // One connect / register / serve cycle; true if the controller accepted
@@ -462,6 +465,11 @@ class Worker::Impl {
       ABSL_GUARDED_BY(snapshot_mu_);
   bool reports_dropped_ ABSL_GUARDED_BY(report_mu_) = false;
   Session* live_ ABSL_GUARDED_BY(report_mu_) = nullptr;
+  absl::Time disconnected_since_ ABSL_GUARDED_BY(report_mu_) =
+      absl::InfiniteFuture();
+  absl::Duration adopt_timeout_ ABSL_GUARDED_BY(report_mu_) =
+      absl::ZeroDuration();
+  std::thread watchdog_thread_;
 };
 
 absl::Status Worker::Impl::Init() {
@@ -542,6 +550,7 @@ absl::Status Worker::Impl::Init() {
             << ", plugins in " << options_.plugin_dir << ", controller "
             << options_.controller;
   connection_thread_ = std::thread([this] { ConnectionLoop(); });
+  watchdog_thread_ = std::thread([this] { OrphanWatchdog(); });
   return absl::OkStatus();
 }
 
@@ -554,6 +563,7 @@ void Worker::Impl::Shutdown() {
     }
     shutdown_.Notify();
     if (connection_thread_.joinable()) connection_thread_.join();
+    if (watchdog_thread_.joinable()) watchdog_thread_.join();
     // No session runs now, but a job may have started and ended without one.
     StopJob(absl::CancelledError("worker shutting down"));
     if (health_server_ != nullptr) {
@@ -678,7 +688,10 @@ bool Worker::Impl::RunSession(int attempt) {
     // A running stage goes on: its reports are kept until the next
     // registration (a controller restart loses nothing).
     absl::MutexLock lock(&report_mu_);
-    if (live_ == session.get()) live_ = nullptr;
+    if (live_ == session.get()) {
+      live_ = nullptr;
+      disconnected_since_ = absl::Now();
+    }
   }
   {
     // A rendezvous needs the controller: one waiting on this stream fails
@@ -705,6 +718,35 @@ bool Worker::Impl::RunSession(int attempt) {
                                                 status.error_message()));
   }
   return registered;
+}
+
+void Worker::Impl::OrphanWatchdog() {
+  while (!shutdown_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    absl::Duration away;
+    absl::Duration limit;
+    {
+      absl::MutexLock lock(&report_mu_);
+      if (live_ != nullptr || adopt_timeout_ <= absl::ZeroDuration()) continue;
+      away = absl::Now() - disconnected_since_;
+      limit = adopt_timeout_;
+    }
+    if (away <= limit) continue;
+    absl::MutexLock lock(&mu_);
+    if (job_ == nullptr || job_finished_ || !job_->abort_reason().first.ok()) {
+      continue;
+    }
+    LOG(WARNING) << "trainyard-worker " << options_.name
+                 << ": no controller for " << absl::FormatDuration(away)
+                 << "; stopping job " << job_->job_id() << " stage "
+                 << job_->stage();
+    job_->Abort(absl::UnavailableError(absl::StrCat(
+                    "worker ", options_.name,
+                    " was cut off from the "
+                    "controller for more than ",
+                    absl::FormatDuration(limit),
+                    ": its stage may have been given to another worker")),
+                /*cancelled=*/false);
+  }
 }
 
 void Worker::Impl::HeartbeatLoop(Session* session) {
@@ -761,6 +803,8 @@ void Worker::Impl::OnRegistered(
     // controller had already published is dropped by the new one.
     absl::MutexLock lock(&report_mu_);
     live_ = session;
+    disconnected_since_ = absl::InfiniteFuture();
+    adopt_timeout_ = absl::Milliseconds(registered.adopt_timeout_ms());
     for (const WorkerMessage& m : reports_) {
       if (!session->Write(m)) break;  // the reader sees the stream end
     }
@@ -825,6 +869,12 @@ void Worker::Impl::OnAssign(Session* session,
 
 void Worker::Impl::OnCancel(const CancelStage& cancel) {
   absl::MutexLock lock(&mu_);
+  if (job_ != nullptr && job_finished_ && job_->job_id() == cancel.job_id()) {
+    // The controller refused our claim on a stage that has ended: the
+    // kept reports are of no use to it, and need not be claimed again.
+    absl::MutexLock rlock(&report_mu_);
+    reports_.clear();
+  }
   if (job_ == nullptr || job_finished_ || job_->job_id() != cancel.job_id()) {
     LOG(INFO) << "trainyard-worker " << options_.name << ": cancel for job "
               << cancel.job_id() << ", which is not running here; ignored";
@@ -867,7 +917,7 @@ void Worker::Impl::RunJob(StageAssignment assignment,
   LOG(INFO) << "trainyard-worker " << options_.name << ": starting job "
             << job->job_id() << " stage " << job->stage() << " (attempt "
             << job->attempt() << ")";
-  const absl::Status status = RunAssignment(assignment, job.get());
+  absl::Status status = RunAssignment(assignment, job.get());
   const auto [reason, cancelled] = job->abort_reason();
   std::string error;
   bool was_cancelled = false;
@@ -876,6 +926,9 @@ void Worker::Impl::RunJob(StageAssignment assignment,
       was_cancelled = true;
       error = std::string(reason.message());
     } else {
+      // Stopped by the worker itself (shutting down, cut off from the
+      // controller): that is the cause, not the stage's "cancelled".
+      if (!reason.ok()) status = reason;
       error =
           absl::StrCat("job ", job->job_id(), " stage ", job->stage(),
                        " on worker ", options_.name, ": ", status.message());
@@ -922,6 +975,10 @@ void Worker::Impl::KeepSnapshot(const std::string& job_id,
       snapshot_job_ = job_id;
     }
     auto& steps = snapshots_[snapshot.stage];
+    // A snapshot older than those held means the job restarted from an
+    // earlier step: the later ones belong to the abandoned run (the
+    // controller forgets them too) and would push out the new run's.
+    steps.erase(steps.upper_bound(snapshot.step), steps.end());
     if (steps.empty()) {
       LOG(INFO) << "trainyard-worker " << options_.name << ": keeping "
                 << "in-memory snapshots of job " << job_id << " stage "
@@ -1023,7 +1080,10 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
     }
     ASSIGN_OR_RETURN(StartedStage started,
                      StartStage(*plan, s, transport.get(), stage_options,
-                                snapshot ? &*snapshot : nullptr));
+                                snapshot ? &*snapshot : nullptr,
+                                assignment.has_max_resume_step()
+                                    ? assignment.max_resume_step()
+                                    : -1));
     std::unique_ptr<Stage> stage = std::move(started.stage);
     if (started.resume_step > 0) {
       LOG(INFO) << "trainyard-worker " << options_.name << ": job " << job_id
@@ -1034,6 +1094,10 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
     run.timeout = options_.stage_timeout;
     run.cancel = job->cancel_flag();
     run.snapshot_every = plan->spec.recovery().snapshot_every();
+    run.may_commit = [this] {
+      absl::MutexLock lock(&report_mu_);
+      return live_ != nullptr;
+    };
     run.on_snapshot = [&](StageSnapshot snap) {
       KeepSnapshot(job_id, std::move(snap));
     };

@@ -73,6 +73,8 @@ class FakeController final : public trainyard::v1::WorkerService::Service {
   ~FakeController() override { Stop(); }
 
   bool ok() const { return server_ != nullptr && port_ > 0; }
+  // Sent in WorkerRegistered (0: workers never give up their stage).
+  void set_adopt_timeout_ms(int64_t ms) { adopt_timeout_ms_ = ms; }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
 
   // Ends every stream at once, like a controller that dies.
@@ -99,6 +101,7 @@ class FakeController final : public trainyard::v1::WorkerService::Service {
     reply.mutable_registered()->set_worker_id(id);
     reply.mutable_registered()->set_heartbeat_interval_ms(kHeartbeatMs);
     reply.mutable_registered()->set_heartbeat_timeout_ms(10 * kHeartbeatMs);
+    reply.mutable_registered()->set_adopt_timeout_ms(adopt_timeout_ms_);
     Send(id, reply);
     {
       // Counted only once the reply is out, so nothing the test sends can
@@ -210,6 +213,7 @@ class FakeController final : public trainyard::v1::WorkerService::Service {
   std::vector<trainyard::v1::RegisterWorker> registered_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Stream*> streams_ ABSL_GUARDED_BY(mu_);
   std::vector<Heard> heard_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> adopt_timeout_ms_{0};
 };
 
 JobSpec SmallSpec(int64_t steps) {
@@ -610,6 +614,35 @@ TEST_F(WorkerDaemonTest, KeepsTrainingWhileTheControllerIsAwayThenResendsAll) {
   auto again = controller_->WaitForDone("again");
   ASSERT_TRUE(again.has_value());
   EXPECT_TRUE(again->ok()) << again->error();
+}
+
+TEST_F(WorkerDaemonTest, CutOffPastTheAdoptTimeoutStopsTheStage) {
+  controller_->set_adopt_timeout_ms(500);
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  ASSERT_TRUE(controller_->Send(id, Assign("orphan", SmallSpec(100000000))));
+  ASSERT_TRUE(controller_->WaitForSteps("orphan", 1));
+  const std::string address = controller_->address();
+  controller_->Stop();
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(worker->busy());  // still training
+  for (int i = 0; i < 200 && worker->busy(); ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_FALSE(worker->busy());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  // Its end, with the reason, reaches the next controller.
+  controller_ = std::make_unique<FakeController>(address);
+  if (!controller_->ok()) GTEST_SKIP() << "could not rebind " << address;
+  auto done = controller_->WaitForDone("orphan");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_FALSE(done->ok());
+  EXPECT_THAT(done->error(), HasSubstr("cut off from the controller"));
+  // A code the controller restarts the job for.
+  EXPECT_EQ(done->code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_FALSE(done->cancelled());
 }
 
 TEST_F(WorkerDaemonTest, RefusedClaimStopsTheStage) {
