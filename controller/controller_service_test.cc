@@ -1126,6 +1126,43 @@ TEST_F(ControllerTest, AStageThatIgnoresItsCancelDoesNotHoldTheRestartUp) {
   EXPECT_EQ(assign->assign().job_id(), other.job_id());
 }
 
+TEST_F(ControllerTest, ControllerRestartedMidRecoveryWaitsForTheOldGang) {
+  std::string id, id0;
+  {
+    auto w0 = NewWorker("pod-0");
+    auto w1 = NewWorker("pod-1");
+    id = Submit("mid", Spec(2, 20, "", /*max_restarts=*/3)).job_id();
+    ASSERT_TRUE(w0->Next()->has_assign());
+    ASSERT_TRUE(w1->Next()->has_assign());
+    w1->Crash();
+    WaitState(id, v1::RECOVERING);
+    id0 = w0->id();
+    // pod-0's stage never reports its end to this controller.
+    server_.reset();
+  }
+  StartServer(/*adopt_timeout=*/absl::Seconds(3));
+  EXPECT_EQ(Get(id).state(), v1::RECOVERING);
+  auto a = NewWorker("spare-a");
+  auto b = NewWorker("spare-b");
+  // Two idle workers, but the old gang's pod-0 may still be training.
+  EXPECT_FALSE(a->Next(absl::Milliseconds(500)).has_value());
+  // It reconnects and claims its old stage: refused, and waited for.
+  v1::StageClaim claim;
+  claim.set_job_id(id);
+  claim.set_stage(0);
+  auto back =
+      std::make_unique<FakeWorker>(channel_, "pod-0", "cpu", id0, claim);
+  auto cancel = back->Next();
+  ASSERT_TRUE(cancel && cancel->has_cancel());
+  EXPECT_FALSE(a->Next(absl::Milliseconds(300)).has_value());
+  back->Done(id, 0, false, "cancelled", /*cancelled=*/true);
+  // pod-1 never comes back; it is not waited for past adopt_timeout.
+  Job running = WaitJob(
+      id, [](const Job& j) { return j.state() == v1::RUNNING; },
+      absl::Seconds(10));
+  EXPECT_EQ(running.restarts(), 1);
+}
+
 TEST_F(ControllerTest, MaxRestartsExhaustedFailsWithEveryReason) {
   Job job = Submit("fragile", Spec(1, 20, "", /*max_restarts=*/2));
   std::vector<std::unique_ptr<FakeWorker>> workers;

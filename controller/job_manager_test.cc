@@ -241,6 +241,33 @@ TEST_F(JobManagerTest, StreamEndLosesWorkerAndUpdatesQueuedReason) {
             "needs 2 idle cpu workers; none registered");
 }
 
+TEST_F(JobManagerTest, ALateCallbackOfAnOldStreamSparesTheNewRegistration) {
+  auto old_link = std::make_shared<FakeLink>();
+  const std::string id = Register("a", old_link);
+  manager_->OnWorkerStreamEnded(id, "its stream closed", old_link.get());
+  // The worker reconnects and keeps its id.
+  auto new_link = std::make_shared<FakeLink>();
+  v1::RegisterWorker reg;
+  reg.set_name("a");
+  reg.set_worker_id(id);
+  reg.mutable_capabilities()->set_peer_address("a:1");
+  auto again = manager_->RegisterWorker(reg, new_link);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, id);
+  // The old stream's callbacks, late, change nothing.
+  manager_->OnWorkerStreamEnded(id, "its stream closed", old_link.get());
+  ASSERT_EQ(manager_->ListWorkers().size(), 1u);
+  EXPECT_FALSE(new_link->is_closed());
+  // A far-off id is not granted (the counter stays small).
+  auto far_link = std::make_shared<FakeLink>();
+  reg.set_worker_id("w-9223372036854775807");
+  auto far = manager_->RegisterWorker(reg, far_link);
+  ASSERT_TRUE(far.ok());
+  EXPECT_EQ(*far, "w-2");
+  manager_->OnWorkerStreamEnded(id, "its stream closed", new_link.get());
+  EXPECT_EQ(manager_->ListWorkers().size(), 1u);
+}
+
 using ::testing::HasSubstr;
 
 TEST_F(JobManagerTest, AssignmentCarriesEveryStagesPlacement) {
