@@ -41,6 +41,9 @@ steps = [int(m) for m in re.findall(r"^step (\d+)/", out, re.M)]
 assert steps, "no steps printed"
 assert steps == list(range(steps[0], steps[-1] + 1)), "a step was repeated or skipped"
 assert steps[-1] == STEPS, steps[-1]
+# Each quantity once: the plugin's own "loss" metric equals the step's loss.
+step_lines = [l for l in out.splitlines() if l.startswith("step ")]
+assert all(l.count("loss=") == 1 for l in step_lines), step_lines[:2]
 assert "SUCCEEDED" in out, out[-500:]
 assert watch.returncode == 0, watch.returncode
 final = cluster.get(job.job_id)

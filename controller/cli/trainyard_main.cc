@@ -245,10 +245,15 @@ std::string ToJson(const google::protobuf::Message& m) {
   return out;
 }
 
+// The plugin's metrics, sorted, each quantity once: a metric named "loss"
+// that equals `loss` (already printed) is left out.
 std::string FormatMetrics(const google::protobuf::Map<std::string, double>& m,
-                          const std::string& prefix) {
+                          const std::string& prefix, double loss) {
   std::vector<std::string> keys;
-  for (const auto& [k, v] : m) keys.push_back(k);
+  for (const auto& [k, v] : m) {
+    if (k == "loss" && v == loss) continue;
+    keys.push_back(k);
+  }
   std::sort(keys.begin(), keys.end());
   std::string out;
   for (const auto& k : keys) {
@@ -305,14 +310,14 @@ class WatchPrinter {
                          "samples_per_sec=%.1f eta=%s",
                          m.step(), total_, m.loss(), m.lr(), m.grad_norm(),
                          m.samples_per_sec(), FormatEta(eta))
-                  << FormatMetrics(m.metrics(), "") << std::endl;
+                  << FormatMetrics(m.metrics(), "", m.loss()) << std::endl;
       }
     } else if (e.has_eval()) {
       EndBar();
       const auto& ev = e.eval();
       std::cout << absl::StrFormat("eval after step %d: loss=%.6g samples=%d",
                                    ev.step(), ev.loss(), ev.samples())
-                << FormatMetrics(ev.metrics(), "") << std::endl;
+                << FormatMetrics(ev.metrics(), "", ev.loss()) << std::endl;
       last_eval_ = ev;
       has_eval_ = true;
     } else if (e.has_note()) {
