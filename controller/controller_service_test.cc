@@ -9,6 +9,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -490,6 +491,34 @@ TEST_F(ControllerTest, ListJobsFiltersAndPagesNewestFirst) {
   grpc::Status st = jobs_->ListJobs(&ctx, req, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(st.error_message().find("page_token"), std::string::npos);
+}
+
+TEST_F(ControllerTest, ListJobsPagesStayUnderTheMessageLimit) {
+  // 40 jobs of ~61 KB each (a 60 KB task.config, within its limit): a
+  // default page of 50 would be 2.4 MB.
+  v1::JobSpec spec = Spec(1);
+  (*spec.mutable_task()->mutable_config()->mutable_fields())["blob"]
+      .set_string_value(std::string(60000, 'b'));
+  for (int i = 0; i < 40; ++i) Submit(absl::StrCat("big-", i), spec);
+  std::set<std::string> seen;
+  std::string token;
+  int pages = 0;
+  do {
+    v1::ListJobsRequest req;
+    req.set_page_token(token);
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status st = jobs_->ListJobs(&ctx, req, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_LE(resp.ByteSizeLong(), size_t{2} << 20);
+    for (const Job& j : resp.jobs()) {
+      EXPECT_TRUE(seen.insert(j.job_id()).second) << j.job_id();
+    }
+    token = resp.next_page_token();
+    ++pages;
+  } while (!token.empty() && pages < 10);
+  EXPECT_EQ(seen.size(), 40u);
+  EXPECT_EQ(pages, 2);
 }
 
 TEST_F(ControllerTest, GangWaitsForAllStagesThenAssignsWithPeers) {

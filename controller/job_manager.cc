@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "controller/scheduler.h"
 #include "core/job_plan.h"
@@ -78,6 +79,7 @@ constexpr int64_t kMaxWorkerIdAhead = 1000000;
 constexpr size_t kMaxNoteBytes = 1024;
 
 constexpr int kDefaultPageSize = 50;
+constexpr size_t kMaxListResponseBytes = size_t{2} << 20;
 constexpr int kMaxPageSize = 1000;
 constexpr char kTokenPrefix[] = "before:";
 
@@ -650,7 +652,20 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(
   ASSIGN_OR_RETURN(std::vector<Job> jobs,
                    store_->ListJobs(states, limit, before, &next_before));
   v1::ListJobsResponse response;
-  for (Job& job : jobs) *response.add_jobs() = std::move(job);
+  size_t bytes = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    // A page stays well under the 4 MiB gRPC message limit whatever the
+    // jobs hold; the next page starts at the first job left out.
+    const size_t n = jobs[i].ByteSizeLong();
+    int64_t seq = 0;
+    if (i > 0 && bytes + n > kMaxListResponseBytes &&
+        absl::SimpleAtoi(absl::StripPrefix(jobs[i].job_id(), "job-"), &seq)) {
+      next_before = seq + 1;
+      break;
+    }
+    bytes += n;
+    *response.add_jobs() = std::move(jobs[i]);
+  }
   if (next_before > 0) {
     response.set_next_page_token(
         absl::WebSafeBase64Escape(absl::StrCat(kTokenPrefix, next_before)));

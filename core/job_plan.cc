@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -31,20 +32,134 @@ using trainyard::v1::JobSpec;
 constexpr int64_t kMaxWidth = int64_t{1} << 24;
 
 // Collects validation problems, one line each: "<field path>: <reason>".
+// At most this many problems are listed; the rest are counted.
+constexpr size_t kMaxListedProblems = 50;
+
 class Problems {
  public:
   void Add(const std::string& path, const std::string& reason) {
-    lines_.push_back(absl::StrCat(path, ": ", reason));
+    ++count_;
+    if (lines_.size() < kMaxListedProblems) {
+      lines_.push_back(absl::StrCat(path, ": ", reason));
+    }
   }
-  bool empty() const { return lines_.empty(); }
-  size_t size() const { return lines_.size(); }
-  const std::vector<std::string>& lines() const { return lines_; }
+  bool empty() const { return count_ == 0; }
+  size_t size() const { return count_; }
+  std::string Text() const {
+    std::string out = absl::StrJoin(lines_, "\n");
+    if (count_ > lines_.size()) {
+      absl::StrAppend(&out, "\n... and ", count_ - lines_.size(), " more");
+    }
+    return out;
+  }
 
  private:
   std::vector<std::string> lines_;
+  size_t count_ = 0;
 };
 
-std::string Quote(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+// "value" (its first kMaxQuotedBytes bytes, escaped, and its size when
+// longer): error messages never carry a long value back.
+std::string Quote(const std::string& s) {
+  if (s.size() <= kMaxQuotedBytes) return absl::StrCat("\"", s, "\"");
+  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxQuotedBytes)),
+                      "...\" (", s.size(), " bytes)");
+}
+
+int StructDepth(const google::protobuf::Value& v);
+
+// Nesting depth of a Struct (1 for a flat one).
+int StructDepth(const google::protobuf::Struct& s) {
+  int depth = 0;
+  for (const auto& [k, v] : s.fields()) depth = std::max(depth, StructDepth(v));
+  return depth + 1;
+}
+
+int StructDepth(const google::protobuf::Value& v) {
+  if (v.has_struct_value()) return StructDepth(v.struct_value());
+  if (v.has_list_value()) {
+    int depth = 0;
+    for (const auto& e : v.list_value().values()) {
+      depth = std::max(depth, StructDepth(e));
+    }
+    return depth + 1;
+  }
+  return 0;
+}
+
+// The size limits (job_plan.h), each problem with its field path.
+void CheckSizes(const JobSpec& s, Problems* p) {
+  const size_t bytes = s.ByteSizeLong();
+  if (bytes > kMaxSpecBytes) {
+    p->Add("(spec)",
+           absl::StrCat(bytes, " bytes serialized, limit ", kMaxSpecBytes));
+  }
+  auto string_limit = [&](const std::string& path, const std::string& v,
+                          size_t limit) {
+    if (v.size() > limit) {
+      p->Add(path, absl::StrCat(v.size(), " bytes, limit ", limit));
+    }
+  };
+  string_limit("name", s.name(), kMaxNameBytes);
+  string_limit("task.plugin", s.task().plugin(), kMaxNameBytes);
+  string_limit("device", s.device(), kMaxNameBytes);
+  string_limit("precision", s.precision(), kMaxNameBytes);
+  string_limit("parallelism.schedule", s.parallelism().schedule(),
+               kMaxNameBytes);
+  string_limit("optimizer.type", s.optimizer().type(), kMaxNameBytes);
+  string_limit("optimizer.decay_mask", s.optimizer().decay_mask(),
+               kMaxNameBytes);
+  string_limit("optimizer.schedule.type", s.optimizer().schedule().type(),
+               kMaxNameBytes);
+  string_limit("checkpoint.dir", s.checkpoint().dir(), kMaxPathBytes);
+  string_limit("checkpoint.resume", s.checkpoint().resume(), kMaxNameBytes);
+  string_limit("model.init.safetensors", s.model().init().safetensors(),
+               kMaxPathBytes);
+  auto source = [&](const std::string& path,
+                    const trainyard::v1::DataSource& d) {
+    string_limit(path + ".npy.features", d.npy().features(), kMaxPathBytes);
+    string_limit(path + ".npy.targets", d.npy().targets(), kMaxPathBytes);
+    string_limit(path + ".synthetic.kind", d.synthetic().kind(), kMaxNameBytes);
+  };
+  source("data.train", s.data().train());
+  source("data.eval", s.data().eval());
+  if (s.model().blocks_size() > kMaxBlocks) {
+    p->Add("model.blocks", absl::StrCat(s.model().blocks_size(),
+                                        " blocks, limit ", kMaxBlocks));
+  }
+  for (int i = 0; i < std::min(s.model().blocks_size(), kMaxBlocks); ++i) {
+    const auto& b = s.model().blocks(i);
+    string_limit(absl::StrCat("model.blocks[", i, "].activation"),
+                 b.activation(), kMaxNameBytes);
+    string_limit(absl::StrCat("model.blocks[", i, "].norm"), b.norm(),
+                 kMaxNameBytes);
+  }
+  if (s.parallelism().split_size() > kMaxListEntries) {
+    p->Add("parallelism.split",
+           absl::StrCat(s.parallelism().split_size(), " entries, limit ",
+                        kMaxListEntries));
+  }
+  if (s.optimizer().no_decay_size() > kMaxListEntries) {
+    p->Add("optimizer.no_decay",
+           absl::StrCat(s.optimizer().no_decay_size(), " entries, limit ",
+                        kMaxListEntries));
+  }
+  for (int i = 0; i < std::min(s.optimizer().no_decay_size(), kMaxListEntries);
+       ++i) {
+    string_limit(absl::StrCat("optimizer.no_decay[", i, "]"),
+                 s.optimizer().no_decay(i), kMaxNameBytes);
+  }
+  const size_t config_bytes = s.task().config().ByteSizeLong();
+  if (config_bytes > kMaxTaskConfigBytes) {
+    p->Add("task.config",
+           absl::StrCat(config_bytes, " bytes serialized, limit ",
+                        kMaxTaskConfigBytes));
+  } else if (StructDepth(s.task().config()) > kMaxTaskConfigDepth) {
+    p->Add("task.config",
+           absl::StrCat("nested ", StructDepth(s.task().config()),
+                        " levels deep, limit ", kMaxTaskConfigDepth));
+  }
+}
 
 std::string QuotedList(const std::vector<std::string>& names) {
   std::vector<std::string> quoted;
@@ -507,6 +622,15 @@ std::vector<int> BalancedSplit(const std::vector<int64_t>& block_params,
 
 absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
                                 const PlanOptions& options) {
+  {
+    Problems sizes;
+    CheckSizes(spec, &sizes);
+    if (!sizes.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job spec over the size limits (", sizes.size(),
+          sizes.size() == 1 ? " problem" : " problems", "):\n", sizes.Text()));
+    }
+  }
   Problems p;
   JobPlan plan;
   JobSpec& s = plan.spec;
@@ -993,7 +1117,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid job spec", spec.name().empty() ? "" : " " + Quote(spec.name()),
         " (", p.size(), p.size() == 1 ? " problem" : " problems", "):\n",
-        absl::StrJoin(p.lines(), "\n")));
+        p.Text()));
   }
 
   // ---- Memory.

@@ -35,6 +35,18 @@ absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecJson(
 // the file cannot be read, naming the path.
 absl::StatusOr<trainyard::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
+// Size limits on a spec, checked before anything else (docs/SPEC.md,
+// "Limits"): a spec over one is not looked at further.
+inline constexpr size_t kMaxSpecBytes = size_t{1} << 20;  // serialized
+inline constexpr int kMaxBlocks = 1024;
+inline constexpr size_t kMaxNameBytes = 256;
+inline constexpr size_t kMaxPathBytes = 4096;
+inline constexpr int kMaxListEntries = 256;  // no_decay, split
+inline constexpr size_t kMaxTaskConfigBytes = size_t{64} << 10;
+inline constexpr int kMaxTaskConfigDepth = 16;
+// Longest prefix of a value an error message quotes.
+inline constexpr size_t kMaxQuotedBytes = 64;
+
 // JobSpec.recovery defaults and limits (docs/SPEC.md).
 inline constexpr int kDefaultMaxRestarts = 3;
 inline constexpr int kMaxRestartsLimit = 1000;

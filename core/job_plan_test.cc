@@ -801,6 +801,65 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
             4u * (2 * (2 * 88 + 88) + 2 * (2 * 149 + 112)));
 }
 
+TEST(PlanJobTest, SpecsOverTheSizeLimitsAreRefusedNamingFieldAndLimit) {
+  const std::string dir = TestDir();
+  JobSpec spec = ValidNpySpec(dir);
+  spec.set_name(std::string(300, 'n'));
+  spec.mutable_checkpoint()->set_dir(std::string(5000, 'd'));
+  for (int i = 0; i < 2000; ++i)
+    *spec.mutable_model()->add_blocks() = spec.model().blocks(0);
+  spec.mutable_optimizer()->add_no_decay(std::string(1000, 'x'));
+  google::protobuf::Struct* config = spec.mutable_task()->mutable_config();
+  for (int i = 0; i < 20; ++i) {
+    config = (*config->mutable_fields())["deeper"].mutable_struct_value();
+  }
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, Options(dir));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(plan.status().message());
+  for (const char* part :
+       {"name: 300 bytes, limit 256", "checkpoint.dir: 5000 bytes, limit 4096",
+        "model.blocks: 2003 blocks, limit 1024",
+        "optimizer.no_decay[0]: 1000 bytes, limit 256",
+        "task.config: nested 21 levels deep, limit 16"}) {
+    EXPECT_THAT(msg, HasSubstr(part)) << msg;
+  }
+  // Nothing long is echoed back.
+  EXPECT_LT(msg.size(), 1000u) << msg;
+
+  // A whole spec over 1 MiB.
+  JobSpec big = ValidNpySpec(dir);
+  (*big.mutable_task()->mutable_config()->mutable_fields())["blob"]
+      .set_string_value(std::string(2 << 20, 'b'));
+  plan = PlanJob(big, Options(dir));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(), HasSubstr("(spec): "));
+  EXPECT_THAT(plan.status().message(), HasSubstr("limit 1048576"));
+  EXPECT_LT(plan.status().message().size(), 1000u);
+}
+
+TEST(PlanJobTest, ErrorsQuoteOnlyAShortPrefixAndListAtMost50Problems) {
+  const std::string dir = TestDir();
+  JobSpec spec = ValidNpySpec(dir);
+  spec.set_precision(std::string(200, 'p'));
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, Options(dir));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr("\"" + std::string(64, 'p') + "...\" (200 bytes)"));
+  EXPECT_LT(plan.status().message().size(), 600u);
+
+  JobSpec many = ValidNpySpec(dir);
+  for (int i = 0; i < 200; ++i) {
+    auto* b = many.mutable_model()->add_blocks();
+    b->set_out_features(-1);
+  }
+  plan = PlanJob(many, Options(dir));
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(), HasSubstr("... and "));
+  EXPECT_THAT(plan.status().message(), HasSubstr(" more"));
+  EXPECT_LT(plan.status().message().size(), 8000u);
+}
+
 TEST(PlanJobTest, SpecOverTheMemoryLimitIsRejectedWithTheEstimate) {
   const std::string dir = TestDir();
   JobSpec spec = ValidNpySpec(dir);

@@ -148,15 +148,17 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
   for (int i = 7; i >= 0; --i) {
     header_len = (header_len << 8) | static_cast<unsigned char>(bytes[i]);
   }
+  // The length's value is not quoted: for a file that is not safetensors
+  // it is the file's first 8 bytes, which an error must not give away.
   if (header_len > kMaxHeaderBytes) {
-    return Bad(source, absl::StrCat("header length ", header_len,
-                                    " exceeds the 100 MiB limit (corrupt or "
-                                    "not a safetensors file)"));
+    return Bad(source,
+               "its 8-byte header length exceeds the 100 MiB limit (corrupt "
+               "or not a safetensors file)");
   }
   if (header_len > bytes.size() - 8) {
-    return Bad(source,
-               absl::StrCat("truncated: header length is ", header_len,
-                            " bytes but only ", bytes.size() - 8, " follow"));
+    return Bad(source, absl::StrCat("truncated: its header length is more "
+                                    "than the ",
+                                    bytes.size() - 8, " bytes that follow"));
   }
   const std::string header_text(bytes.substr(8, header_len));
   // Track top-level keys to reject duplicates (the JSON library would keep

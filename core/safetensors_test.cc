@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -180,6 +181,29 @@ TEST(SafetensorsTest, RejectsInvalidFilesNamingFileAndTensor) {
     EXPECT_THAT(f.status().message(), HasSubstr(path)) << c.label;
     EXPECT_THAT(f.status().message(), HasSubstr(c.expect)) << c.label;
   }
+}
+
+TEST(SafetensorsTest, ErrorsDoNotGiveAwayTheBytesOfAFileThatIsNotOne) {
+  // What /etc/passwd starts with: its first 8 bytes read as a length.
+  const std::string passwd = "root:x:0:0:root:/root:/bin/bash\n";
+  auto parsed = ParseSafetensors(passwd, "init.safetensors");
+  ASSERT_FALSE(parsed.ok());
+  const std::string msg(parsed.status().message());
+  EXPECT_THAT(msg, HasSubstr("exceeds the 100 MiB limit"));
+  uint64_t as_length = 0;
+  for (int i = 7; i >= 0; --i) {
+    as_length = (as_length << 8) | static_cast<unsigned char>(passwd[i]);
+  }
+  EXPECT_EQ(msg.find(absl::StrCat(as_length)), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("root"), std::string::npos) << msg;
+  // A length under the limit but past the end is not quoted either.
+  std::string short_file(8, '\0');
+  short_file[0] = '\x39';
+  short_file[1] = '\x30';  // 12345
+  parsed = ParseSafetensors(short_file + "abc", "x.safetensors");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(std::string(parsed.status().message()).find("12345"),
+            std::string::npos);
 }
 
 TEST(SafetensorsTest, TruncatedWrittenFileIsCaught) {
