@@ -548,8 +548,20 @@ class PeerListenerImpl : public PeerListener {
         continue;
       }
       Fd conn(c);
-      SetConnectionOptions(conn.get());
       absl::MutexLock lock(&mu_);
+      if (static_cast<int>(handshakes_.size() - finished_.size()) >=
+          options_.max_pending_handshakes) {
+        // Closed unread: a flood of idle connections costs no threads.
+        if (refused_++ % 1000 == 0) {
+          LOG(WARNING) << "listener " << address_ << ": "
+                       << options_.max_pending_handshakes
+                       << " handshakes pending; closing the connection from "
+                       << SockaddrToString(from) << " (" << refused_
+                       << " closed so far)";
+        }
+        continue;
+      }
+      SetConnectionOptions(conn.get());
       const int64_t id = next_id_++;
       handshakes_[id] = std::thread([this, id, conn = std::move(conn),
                                      peer = SockaddrToString(from)]() mutable {
@@ -667,6 +679,7 @@ class PeerListenerImpl : public PeerListener {
       ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int64_t, std::thread> handshakes_ ABSL_GUARDED_BY(mu_);
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;  // closed at the cap
   std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -677,6 +690,11 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(
 
 absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(
     const std::string& address, const PeerListenerOptions& options) {
+  if (options.max_pending_handshakes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listen on ", address, ": max_pending_handshakes must be >= 1, got ",
+        options.max_pending_handshakes));
+  }
   ASSIGN_OR_RETURN(sockaddr_in sa, ResolveIpv4(address));
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) {

@@ -38,6 +38,11 @@ struct PeerListenerOptions {
   // for it (the dialer may be faster than the local stage); after that the
   // connection is closed and the reason logged and sent back.
   absl::Duration unknown_job_timeout = absl::Seconds(10);
+  // At most this many connections in their handshake at once (each holds a
+  // thread until its handshake ends); one more is closed at once, unread.
+  // Dialers of a real job retry until their connect timeout, so a flood of
+  // idle connections delays them by at most handshake_timeout.
+  int max_pending_handshakes = 128;
 };
 
 // Accepts peer connections on one port and hands each, after its handshake,

@@ -1,6 +1,7 @@
 #include "core/tcp_transport.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -638,6 +639,42 @@ class FaultInjectionTest : public ::testing::Test {
   }
   std::unique_ptr<PeerListener> listener_;
 };
+
+// Threads of this process (Linux: /proc/self/task).
+int ThreadCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+TEST(TcpTransportTest, AFloodOfIdleConnectionsCostsBoundedThreads) {
+  PeerListenerOptions o;
+  o.handshake_timeout = absl::Milliseconds(500);
+  o.max_pending_handshakes = 8;
+  auto listener = MustListen(o);
+  const int before = ThreadCount();
+  std::vector<std::unique_ptr<RawPeer>> idle;
+  for (int i = 0; i < 200; ++i) {
+    idle.push_back(std::make_unique<RawPeer>(listener->address()));
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_LE(ThreadCount(), before + 8 + 2) << before;
+  // Once the pending ones time out, a real job still connects (its dialer
+  // retries through the flood).
+  idle.clear();
+  absl::SleepFor(absl::Milliseconds(200));
+  auto imp = Impersonate(listener.get(), "after-flood");
+  imp.rank1->Write(FrameBytes("after-flood", RandomFloats({2, 2}, 3), false));
+  auto m = imp.rank0->Recv(1, absl::Seconds(5));
+  ASSERT_TRUE(m.ok()) << m.status();
+  PeerListenerOptions bad;
+  bad.max_pending_handshakes = 0;
+  EXPECT_THAT(PeerListener::Listen("127.0.0.1:0", bad).status().message(),
+              HasSubstr("max_pending_handshakes must be >= 1"));
+}
 
 TEST_F(FaultInjectionTest, GarbageHandshakeIsRejectedWithReason) {
   RawPeer raw(listener_->address());
