@@ -37,6 +37,12 @@ ABSL_FLAG(int64_t, adopt_timeout_ms, 10000,
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "How long a restarting job waits for a cancelled stage of its old "
           "gang to stop before that stage's worker is declared lost.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port for Prometheus GET /metrics (port 0 picks one; see "
+          "--metrics_port_file); empty = no metrics endpoint.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "If set, the /metrics port is written here (atomically) once "
+          "serving.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once the "
           "server is serving.");
@@ -52,6 +58,16 @@ absl::Status RunServer(const ControllerOptions& options,
   absl::StatusOr<std::unique_ptr<ControllerServer>> server =
       ControllerServer::Start(options);
   if (!server.ok()) return server.status();
+  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  if (!metrics_port_file.empty()) {
+    // Written first: once --port_file exists, both are there.
+    absl::Status st = WriteFileAtomically(
+        metrics_port_file, absl::StrCat((*server)->metrics_port(), "\n"));
+    if (!st.ok()) return st;
+  }
+  if ((*server)->metrics_port() > 0) {
+    LOG(INFO) << "metrics on port " << (*server)->metrics_port();
+  }
   if (!port_file.empty()) {
     absl::Status st =
         WriteFileAtomically(port_file, absl::StrCat((*server)->port(), "\n"));
@@ -87,6 +103,7 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_adopt_timeout_ms));
   options.drain_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (options.data_dir.empty()) {
     fprintf(stderr, "trainyard-controller: --data_dir is required\n");
     return 2;

@@ -30,10 +30,14 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
                            public JobEventLog::Listener,
                            public std::enable_shared_from_this<WatchReactor> {
  public:
+  // `open` counts the open watches (for /metrics) while this one lives.
   static WatchReactor* Create(std::shared_ptr<JobEventLog> log,
-                              const std::string& job_id, int64_t from_step) {
+                              const std::string& job_id, int64_t from_step,
+                              std::shared_ptr<std::atomic<int64_t>> open) {
     std::shared_ptr<WatchReactor> r(
         new WatchReactor(std::move(log), job_id, from_step));
+    r->open_ = std::move(open);
+    r->open_->fetch_add(1);
     r->self_ = r;
     JobEventLog::Snapshot snap = r->log_->Subscribe(r);
     {
@@ -66,6 +70,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
   }
 
   void OnDone() override {
+    open_->fetch_sub(1);
     std::shared_ptr<WatchReactor> keep = std::move(self_);
   }
 
@@ -141,6 +146,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
   const std::string job_id_;
   const int64_t from_step_;
   std::shared_ptr<WatchReactor> self_;
+  std::shared_ptr<std::atomic<int64_t>> open_;
 
   absl::Mutex mu_;
   JobEvent first_ ABSL_GUARDED_BY(mu_);
@@ -294,7 +300,13 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(
     grpc::CallbackServerContext* context, const v1::SubmitJobRequest* request,
     v1::Job* response) {
-  return Reply(context, manager_->SubmitJob(*request), response);
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor =
+      Reply(context, manager_->SubmitJob(*request), response);
+  if (submit_seconds_ != nullptr) {
+    submit_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
@@ -343,7 +355,7 @@ grpc::ServerWriteReactor<JobEvent>* JobServiceImpl::WatchJob(
         absl::StrCat("from_step: must be >= 0, got ", request->from_step()))));
   }
   return WatchReactor::Create(*std::move(log), request->job_id(),
-                              request->from_step());
+                              request->from_step(), watchers_);
 }
 
 grpc::ServerBidiReactor<WorkerMessage, ControllerMessage>*
@@ -365,8 +377,57 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
 
   std::unique_ptr<ControllerServer> server(new ControllerServer());
   server->manager_ = *std::move(manager);
+  prometheus::Histogram* submit_seconds = nullptr;
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+        MetricsEndpoint::Start(options.metrics_listen);
+    if (!metrics.ok()) {
+      server->manager_->Shutdown();
+      return metrics.status();
+    }
+    server->metrics_ = *std::move(metrics);
+    submit_seconds = &prometheus::BuildHistogram()
+                          .Name("trainyard_submit_seconds")
+                          .Help("SubmitJob latency at the controller, seconds.")
+                          .Register(server->metrics_->registry())
+                          .Add({}, prometheus::Histogram::BucketBoundaries{
+                                       0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                       0.05, 0.1, 0.2, 0.5, 1, 2, 5});
+  }
   server->job_service_ =
-      std::make_unique<JobServiceImpl>(server->manager_.get());
+      std::make_unique<JobServiceImpl>(server->manager_.get(), submit_seconds);
+  if (server->metrics_ != nullptr) {
+    JobManager* manager_ptr = server->manager_.get();
+    JobServiceImpl* jobs = server->job_service_.get();
+    server->metrics_->AddCollector([manager_ptr, jobs] {
+      const JobManager::Stats s = manager_ptr->GetStats();
+      LabeledValues by_state, workers;
+      for (const auto& [state, n] : s.jobs) {
+        by_state.push_back(
+            {{{"state", v1::JobState_Name(state)}}, static_cast<double>(n)});
+      }
+      for (const auto& [key, n] : s.workers) {
+        workers.push_back({{{"device", key.first}, {"state", key.second}},
+                           static_cast<double>(n)});
+      }
+      std::vector<prometheus::MetricFamily> out;
+      out.push_back(GaugeFamily("trainyard_jobs", "Jobs by state.", by_state));
+      out.push_back(
+          GaugeFamily("trainyard_jobs_queued",
+                      "Jobs waiting to be scheduled (queued, or restarting).",
+                      {{{}, static_cast<double>(s.queued)}}));
+      out.push_back(GaugeFamily("trainyard_workers",
+                                "Registered workers by device and state.",
+                                workers));
+      out.push_back(GaugeFamily("trainyard_watchers", "Open WatchJob streams.",
+                                {{{}, static_cast<double>(jobs->watchers())}}));
+      out.push_back(CounterFamily(
+          "trainyard_job_restarts_total",
+          "Automatic restarts (recoveries) of jobs, all jobs together.",
+          {{{}, static_cast<double>(s.restarts)}}));
+      return out;
+    });
+  }
   server->worker_service_ =
       std::make_unique<WorkerServiceImpl>(server->manager_.get());
 
@@ -405,6 +466,8 @@ void ControllerServer::Shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  // Its collector reads the manager and the job service.
+  metrics_.reset();
   manager_->Shutdown();
   // Open streams (watchers, workers that do not hang up) are cancelled
   // after a short grace period.

@@ -15,6 +15,7 @@
 #ifndef TRAINYARD_CONTROLLER_CONTROLLER_SERVICE_H_
 #define TRAINYARD_CONTROLLER_CONTROLLER_SERVICE_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -23,7 +24,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_manager.h"
+#include "core/metrics.h"
 #include "grpcpp/grpcpp.h"
+#include "prometheus/histogram.h"
 #include "proto/trainyard.grpc.pb.h"
 
 namespace trainyard {
@@ -34,7 +37,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  explicit JobServiceImpl(JobManager* manager) : manager_(manager) {}
+  // `submit_seconds` (may be null) observes each SubmitJob's latency.
+  explicit JobServiceImpl(JobManager* manager,
+                          prometheus::Histogram* submit_seconds = nullptr)
+      : manager_(manager), submit_seconds_(submit_seconds) {}
+  // Open WatchJob streams.
+  int64_t watchers() const { return watchers_->load(); }
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
@@ -57,7 +65,11 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
       const v1::WatchJobRequest* request) override;
 
  private:
-  JobManager* const manager_;  // not owned
+  JobManager* const manager_;                    // not owned
+  prometheus::Histogram* const submit_seconds_;  // not owned; may be null
+  // Shared with the watch reactors, which may outlive a call.
+  std::shared_ptr<std::atomic<int64_t>> watchers_ =
+      std::make_shared<std::atomic<int64_t>>(0);
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
@@ -80,6 +92,8 @@ struct ControllerOptions {
   // JobManagerOptions::adopt_timeout and drain_timeout.
   absl::Duration adopt_timeout = absl::Seconds(10);
   absl::Duration drain_timeout = absl::Seconds(10);
+  // Prometheus /metrics (docs/CONTROLLER.md, "Metrics"); empty = none.
+  std::string metrics_listen;
 };
 
 class ControllerServer {
@@ -92,6 +106,8 @@ class ControllerServer {
   ~ControllerServer();
 
   int port() const { return port_; }
+  // Port of /metrics; 0 when there is none.
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   // "127.0.0.1:<port>" style address clients can dial.
   std::string address() const { return address_; }
   JobManager* manager() { return manager_.get(); }
@@ -106,6 +122,7 @@ class ControllerServer {
   ControllerServer() = default;
 
   std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<MetricsEndpoint> metrics_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
   std::unique_ptr<grpc::Server> server_;

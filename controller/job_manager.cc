@@ -1381,6 +1381,28 @@ void JobManager::SettleFailuresLocked(absl::Time now) {
   if (changed || queued_.size() != queued_before) ScheduleLocked();
 }
 
+JobManager::Stats JobManager::GetStats() {
+  absl::MutexLock lock(&mu_);
+  Stats s;
+  for (int i = v1::JobState_MIN; i <= v1::JobState_MAX; ++i) {
+    if (v1::JobState_IsValid(i) && i != v1::JOB_STATE_UNSPECIFIED) {
+      s.jobs[static_cast<v1::JobState>(i)] = 0;
+    }
+  }
+  for (const auto& [id, e] : jobs_) {
+    ++s.jobs[e->job.state()];
+    s.restarts += e->job.restarts();
+  }
+  s.queued = static_cast<int64_t>(queued_.size());
+  for (const auto& [id, w] : workers_) {
+    const std::string device =
+        w.caps.device().empty() ? "cpu" : w.caps.device();
+    ++s.workers[{device,
+                 w.job_id.empty() && w.stale_job.empty() ? "idle" : "busy"}];
+  }
+  return s;
+}
+
 std::vector<JobManager::WorkerInfo> JobManager::ListWorkers() {
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<int64_t, WorkerInfo>> infos;

@@ -147,6 +147,16 @@ class JobManager {
   // Registered workers in registration order.
   std::vector<WorkerInfo> ListWorkers();
 
+  // What the controller's /metrics reports (read at each scrape).
+  struct Stats {
+    std::map<v1::JobState, int64_t> jobs;  // every state, 0s included
+    int64_t queued = 0;  // waiting to be scheduled (QUEUED and restarting)
+    // (device, "idle" | "busy") -> workers.
+    std::map<std::pair<std::string, std::string>, int64_t> workers;
+    int64_t restarts = 0;  // automatic restarts, over every job
+  };
+  Stats GetStats();
+
  private:
   struct JobEntry {
     v1::Job job;

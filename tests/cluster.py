@@ -40,9 +40,10 @@ def wait_for(predicate, timeout, what):
 
 
 class Cluster:
-    def __init__(self, workers=0, heartbeat_timeout_ms=2000):
+    def __init__(self, workers=0, heartbeat_timeout_ms=2000, metrics=False):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.metrics = metrics  # every daemon serves /metrics
         self.controller = None
         self.address = None
         self.workers = {}
@@ -65,7 +66,8 @@ class Cluster:
             CONTROLLER_BIN, f"--listen=127.0.0.1:{port}",
             f"--data_dir={self.dir}/controller", f"--port_file={port_file}",
             "--heartbeat_interval_ms=200",
-            f"--heartbeat_timeout_ms={self.heartbeat_timeout_ms}"])
+            f"--heartbeat_timeout_ms={self.heartbeat_timeout_ms}"] +
+            self._metrics_args("controller"))
 
         def port():
             if self.controller.poll() is not None:
@@ -82,8 +84,30 @@ class Cluster:
     def start_worker(self, name):
         self.workers[name] = self._spawn(name, [
             WORKER_BIN, f"--controller={self.address}", "--listen=127.0.0.1:0",
-            f"--name={name}", "--threads=1", f"--plugin_dir={PLUGIN_DIR}"])
+            f"--name={name}", "--threads=1", f"--plugin_dir={PLUGIN_DIR}"] +
+            self._metrics_args(name))
         return self.workers[name]
+
+    def _metrics_args(self, name):
+        if not self.metrics:
+            return []
+        path = os.path.join(self.dir, f"{name}.metrics_port")
+        if os.path.exists(path):
+            os.unlink(path)
+        return ["--metrics_listen=127.0.0.1:0", f"--metrics_port_file={path}"]
+
+    def metrics_url(self, name):
+        """http://127.0.0.1:<port>/metrics of a daemon ("controller" or a
+        worker's name), once its port file is written."""
+        path = os.path.join(self.dir, f"{name}.metrics_port")
+
+        def port():
+            try:
+                text = open(path).read().strip()
+                return int(text) if text else None
+            except (OSError, ValueError):
+                return None
+        return f"http://127.0.0.1:{wait_for(port, 30, name + ' metrics port')}/metrics"
 
     def kill_worker(self, name, sig=signal.SIGKILL):
         proc = self.workers.pop(name)

@@ -15,7 +15,7 @@ PACKAGES=(
   libabsl-dev libgoogle-glog-dev libgflags-dev
   libopenblas-dev libopenblas0-pthread
   libgtest-dev libgmock-dev libbenchmark-dev
-  libsqlite3-dev nlohmann-json3-dev libssl-dev zlib1g-dev
+  libsqlite3-dev nlohmann-json3-dev libssl-dev zlib1g-dev prometheus-cpp-dev
   python3-numpy python3-sklearn python3-torch python3-pip
   python3-grpcio python3-protobuf iperf3 procps
 )
@@ -38,9 +38,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Test-only Python tools Debian lacks: the real safetensors library (checks
-# our checkpoint files) and kubernetes-validate (checks deploy/ manifests).
-# Tests that need them skip, saying so, if they are absent.
-for mod in safetensors:safetensors kubernetes_validate:kubernetes-validate; do
+# our checkpoint files), kubernetes-validate (checks deploy/ manifests) and
+# prometheus_client (parses our /metrics). Tests that need them skip, saying
+# so, if they are absent.
+for mod in safetensors:safetensors kubernetes_validate:kubernetes-validate \
+    prometheus_client:prometheus-client; do
   if ! /usr/bin/python3 -c "import ${mod%%:*}" 2>/dev/null; then
     echo "setup: installing ${mod##*:} for /usr/bin/python3 (test-only)" >&2
     /usr/bin/python3 -m pip install -q --break-system-packages "${mod##*:}" >/dev/null 2>&1 ||

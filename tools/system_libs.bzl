@@ -33,6 +33,7 @@ _PKG_CONFIG = {
     "crypto": ["libcrypto"],
     "zlib": ["zlib"],
     "openblas": ["openblas"],
+    "prometheus": ["prometheus-cpp-core"],
 }
 
 _PLAIN = {

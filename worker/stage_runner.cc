@@ -378,9 +378,15 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
       ASSIGN_OR_RETURN(SafetensorsFile contents, stage.CheckpointContents());
       pending_step = step;
       pending_task =
-          writer.Submit([dir = ckpt.dir(), step, k = stage.index(),
+          writer.Submit([dir = ckpt.dir(), step, k = stage.index(), &options,
                          file = std::move(contents)]() -> absl::Status {
-            return WriteStageFile(dir, step, k, file).status();
+            const absl::Time start = absl::Now();
+            RETURN_IF_ERROR(WriteStageFile(dir, step, k, file).status());
+            if (options.on_checkpoint_file) {
+              options.on_checkpoint_file(
+                  absl::ToDoubleSeconds(absl::Now() - start));
+            }
+            return absl::OkStatus();
           });
       if (step == stop) RETURN_IF_ERROR(finish_now());
     }

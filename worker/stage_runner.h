@@ -116,6 +116,9 @@ struct StageRunOptions {
   // it is cut off from the controller, which may have given the job to
   // other workers that now read the checkpoint folder.
   std::function<bool()> may_commit;
+  // After this stage's checkpoint file is written, with the seconds it
+  // took (serialise, write, fsync); from the writer's thread.
+  std::function<void(double seconds)> on_checkpoint_file;
 };
 
 // Runs `stage` (already initialised or restored) through the rest of the

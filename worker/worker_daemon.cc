@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "core/device.h"
 #include "core/job_plan.h"
+#include "core/metrics.h"
 #include "core/nccl_transport.h"
 #include "core/rendezvous.h"
 #include "core/status_macros.h"
@@ -34,6 +35,9 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/blas.h"
 #include "kernels/exec_context.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "proto/trainyard.pb.h"
 #include "worker/stage.h"
@@ -375,6 +379,7 @@ class Worker::Impl {
 
   std::string peer_address() const { return peer_address_; }
   int health_port() const { return health_port_; }
+  int metrics_port() const { return metrics_ ? metrics_->port() : 0; }
   std::string worker_id() const {
     absl::MutexLock lock(&mu_);
     return worker_id_;
@@ -436,6 +441,18 @@ class Worker::Impl {
   NcclTransportFactory create_nccl_transport_;
   std::unique_ptr<grpc::Server> health_server_;
   int health_port_ = 0;
+
+  // Prometheus metrics (null without --metrics_listen); the families are
+  // owned by the endpoint's registry.
+  std::unique_ptr<MetricsEndpoint> metrics_;
+  prometheus::Family<prometheus::Counter>* steps_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* step_seconds_ = nullptr;
+  prometheus::Family<prometheus::Counter>* phase_seconds_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* bubble_ = nullptr;
+  prometheus::Histogram* checkpoint_seconds_ = nullptr;
+  prometheus::Family<prometheus::Counter>* snapshots_kept_ = nullptr;
+  // Updates the metrics with one step of stage `stage`.
+  void RecordStep(int stage, const StepReport& report, double seconds);
 
   absl::Notification shutdown_;
   std::thread connection_thread_;
@@ -523,6 +540,55 @@ absl::Status Worker::Impl::Init() {
     };
   }
 
+  if (!options_.metrics_listen.empty()) {
+    ASSIGN_OR_RETURN(metrics_, MetricsEndpoint::Start(options_.metrics_listen));
+    prometheus::Registry& r = metrics_->registry();
+    steps_ = &prometheus::BuildCounter()
+                  .Name("trainyard_worker_steps_total")
+                  .Help("Steps this worker's stages completed.")
+                  .Register(r);
+    step_seconds_ = &prometheus::BuildHistogram()
+                         .Name("trainyard_worker_step_seconds")
+                         .Help("Wall time of one step of this worker's stage.")
+                         .Register(r);
+    phase_seconds_ =
+        &prometheus::BuildCounter()
+             .Name("trainyard_worker_phase_seconds_total")
+             .Help(
+                 "Seconds spent per phase of the steps (forward, backward, "
+                 "comm, idle = waiting for a neighbour, optimizer).")
+             .Register(r);
+    bubble_ = &prometheus::BuildGauge()
+                   .Name("trainyard_worker_bubble_fraction")
+                   .Help(
+                       "Idle share of the last step's wall time (the "
+                       "pipeline bubble as measured).")
+                   .Register(r);
+    checkpoint_seconds_ =
+        &prometheus::BuildHistogram()
+             .Name("trainyard_worker_checkpoint_write_seconds")
+             .Help(
+                 "Seconds to write one stage's checkpoint file (in the "
+                 "background).")
+             .Register(r)
+             .Add({}, prometheus::Histogram::BucketBoundaries{
+                          0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60});
+    snapshots_kept_ = &prometheus::BuildCounter()
+                           .Name("trainyard_worker_snapshots_total")
+                           .Help(
+                               "In-memory snapshots kept (own stage's, or a "
+                               "neighbour's copy).")
+                           .Register(r);
+    metrics_->AddCollector([this] {
+      LabeledValues busy;
+      busy.push_back({{}, this->busy() ? 1.0 : 0.0});
+      std::vector<prometheus::MetricFamily> out;
+      out.push_back(GaugeFamily("trainyard_worker_busy",
+                                "1 while this worker runs a stage.", busy));
+      return out;
+    });
+  }
+
   if (!options_.health_listen.empty()) {
     static std::once_flag once;
     std::call_once(once, [] {
@@ -570,6 +636,8 @@ void Worker::Impl::Shutdown() {
       health_server_->Shutdown(std::chrono::system_clock::now());
       health_server_->Wait();
     }
+    // Its collector reads this object: stop it before the members go.
+    metrics_.reset();
   });
 }
 
@@ -950,6 +1018,30 @@ void Worker::Impl::RunJob(StageAssignment assignment,
       DoneMessage(job->job_id(), job->stage(), status, error, was_cancelled));
 }
 
+void Worker::Impl::RecordStep(int stage, const StepReport& report,
+                              double seconds) {
+  if (metrics_ == nullptr) return;
+  const std::string k = absl::StrCat(stage);
+  steps_->Add({{"stage", k}}).Increment();
+  step_seconds_
+      ->Add({{"stage", k}},
+            prometheus::Histogram::BucketBoundaries{0.001, 0.002, 0.005, 0.01,
+                                                    0.02, 0.05, 0.1, 0.2, 0.5,
+                                                    1, 2, 5, 10, 30})
+      .Observe(seconds);
+  const std::pair<const char*, double> phases[] = {
+      {"forward", report.times.forward},
+      {"backward", report.times.backward},
+      {"comm", report.times.comm},
+      {"idle", report.times.idle},
+      {"optimizer", report.times.optimizer}};
+  for (const auto& [phase, s] : phases) {
+    phase_seconds_->Add({{"stage", k}, {"phase", phase}}).Increment(s);
+  }
+  bubble_->Add({{"stage", k}})
+      .Set(seconds > 0 ? std::min(1.0, report.times.idle / seconds) : 0.0);
+}
+
 void Worker::Impl::Report(const WorkerMessage& message) {
   absl::MutexLock lock(&report_mu_);
   reports_.push_back(message);
@@ -1099,8 +1191,17 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
       return live_ != nullptr;
     };
     run.on_snapshot = [&](StageSnapshot snap) {
+      if (snapshots_kept_ != nullptr) {
+        snapshots_kept_->Add({{"kind", snap.stage == s ? "own" : "copy"}})
+            .Increment();
+      }
       KeepSnapshot(job_id, std::move(snap));
     };
+    if (checkpoint_seconds_ != nullptr) {
+      run.on_checkpoint_file = [this](double seconds) {
+        checkpoint_seconds_->Observe(seconds);
+      };
+    }
     if (s == 0) {
       // The controller weighs committed checkpoints against snapshots.
       run.on_checkpoint = [&](int64_t step, const std::string&) {
@@ -1112,6 +1213,7 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
       };
     }
     run.on_step = [&](const StepReport& report, double seconds) {
+      RecordStep(s, report, seconds);
       Report(StepMessage(job_id, s, report, seconds));
     };
     if (s == num_stages - 1) {
@@ -1226,6 +1328,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(WorkerOptions options) {
 void Worker::Shutdown() { impl_->Shutdown(); }
 std::string Worker::peer_address() const { return impl_->peer_address(); }
 int Worker::health_port() const { return impl_->health_port(); }
+int Worker::metrics_port() const { return impl_->metrics_port(); }
 std::string Worker::worker_id() const { return impl_->worker_id(); }
 int64_t Worker::registrations() const { return impl_->registrations(); }
 bool Worker::busy() const { return impl_->busy(); }

@@ -95,6 +95,8 @@ struct WorkerOptions {
   uint64_t memory_bytes = 0;
   // grpc.health.v1 + server reflection; empty = no health server.
   std::string health_listen = "127.0.0.1:0";
+  // Prometheus GET /metrics (docs/CONTROLLER.md, "Metrics"); empty = none.
+  std::string metrics_listen;
 
   // Longest wait for WorkerRegistered after RegisterWorker.
   absl::Duration register_timeout = absl::Seconds(10);
@@ -161,6 +163,8 @@ class Worker {
   std::string peer_address() const;
   // Port of the health/reflection server; 0 when there is none.
   int health_port() const;
+  // Port of /metrics; 0 when there is none.
+  int metrics_port() const;
   // The id of the latest registration ("" before the first).
   std::string worker_id() const;
   // How many times the controller accepted this worker's registration.

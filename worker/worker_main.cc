@@ -52,6 +52,11 @@ ABSL_FLAG(std::string, health_listen, "127.0.0.1:0",
           "none.");
 ABSL_FLAG(std::string, port_file, "",
           "Write the health server's port here once it listens.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port for Prometheus GET /metrics (port 0 picks one); empty "
+          "= none.");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "Write the /metrics port here once it listens.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -83,6 +88,7 @@ int main(int argc, char** argv) {
   options.name = absl::GetFlag(FLAGS_name);
   options.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
 
   absl::StatusOr<trainyard::WorkerOptions> valid =
       trainyard::ValidateWorkerOptions(options);
@@ -101,9 +107,18 @@ int main(int argc, char** argv) {
   waiter.detach();  // lives until the process exits
 
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   absl::Status port_status;
   absl::Status st =
       trainyard::RunWorker(*valid, &stop, [&](const trainyard::Worker& worker) {
+        if (!metrics_port_file.empty()) {
+          port_status = trainyard::WriteFileAtomically(
+              metrics_port_file, absl::StrCat(worker.metrics_port(), "\n"));
+          if (!port_status.ok()) {
+            kill(getpid(), SIGTERM);
+            return;
+          }
+        }
         if (!port_file.empty()) {
           port_status = trainyard::WriteFileAtomically(
               port_file, absl::StrCat(worker.health_port(), "\n"));
