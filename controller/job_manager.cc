@@ -321,6 +321,25 @@ void JobManager::SendLocked(const std::shared_ptr<WorkerLink>& link,
   outbox_.push_back(std::move(out));
 }
 
+std::string JobManager::TensorboardDir(const std::string& job_id) const {
+  return absl::StrCat(options_.data_dir, "/tensorboard/", job_id);
+}
+
+TensorboardWriter* JobManager::TensorboardLocked(JobEntry& e) {
+  if (e.tensorboard == nullptr && !e.tensorboard_failed) {
+    absl::StatusOr<std::unique_ptr<TensorboardWriter>> w =
+        TensorboardWriter::Open(TensorboardDir(e.job.job_id()));
+    if (w.ok()) {
+      e.tensorboard = *std::move(w);
+    } else {
+      e.tensorboard_failed = true;
+      LOG(ERROR) << "job " << e.job.job_id()
+                 << ": no TensorBoard events: " << w.status();
+    }
+  }
+  return e.tensorboard.get();
+}
+
 JobEventLog* JobManager::LogLocked(JobEntry& e) {
   if (e.log == nullptr) {
     int64_t next_seq = 0;
@@ -398,6 +417,7 @@ void JobManager::FinishJobLocked(JobEntry& e, JobState state,
   e.pending_steps.clear();
   e.draining.clear();
   e.adopting = false;
+  e.tensorboard.reset();  // closes the event file
   e.pending_failure.clear();
   e.failure_deadline = absl::InfiniteFuture();
   queued_.erase(e.job.job_id());
@@ -615,7 +635,9 @@ absl::StatusOr<Job> JobManager::GetJob(const std::string& job_id) {
   if (it == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("job ", job_id, ": not found"));
   }
-  return it->second->job;
+  Job job = it->second->job;
+  job.set_tensorboard_dir(TensorboardDir(job_id));
+  return job;
 }
 
 absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(
@@ -664,6 +686,7 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(
       break;
     }
     bytes += n;
+    jobs[i].set_tensorboard_dir(TensorboardDir(jobs[i].job_id()));
     *response.add_jobs() = std::move(jobs[i]);
   }
   if (next_before > 0) {
@@ -890,6 +913,14 @@ void JobManager::HandleStepLocked(WorkerEntry& w,
   e->job.set_steps_completed(step);
   *e->job.mutable_last_step() = *m;
   CommitLocked(*e, &event);
+  if (TensorboardWriter* tb = TensorboardLocked(*e)) {
+    absl::Status st = tb->WriteStep(event.step());
+    if (!st.ok()) {
+      LOG(ERROR) << "job " << e->job.job_id() << ": " << st;
+      e->tensorboard.reset();
+      e->tensorboard_failed = true;
+    }
+  }
 }
 
 void JobManager::HandleEvalLocked(WorkerEntry& w,
@@ -904,6 +935,14 @@ void JobManager::HandleEvalLocked(WorkerEntry& w,
   *event.mutable_eval() = r.eval();
   *e->job.mutable_last_eval() = r.eval();
   CommitLocked(*e, &event);
+  if (TensorboardWriter* tb = TensorboardLocked(*e)) {
+    absl::Status st = tb->WriteEval(event.eval());
+    if (!st.ok()) {
+      LOG(ERROR) << "job " << e->job.job_id() << ": " << st;
+      e->tensorboard.reset();
+      e->tensorboard_failed = true;
+    }
+  }
 }
 
 void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {

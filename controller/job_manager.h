@@ -51,6 +51,7 @@
 #include "controller/job_event_log.h"
 #include "controller/job_store.h"
 #include "controller/rendezvous_table.h"
+#include "controller/tensorboard_writer.h"
 #include "core/job_plan.h"
 #include "proto/trainyard.pb.h"
 
@@ -209,6 +210,12 @@ class JobManager {
     bool from_snapshot = false;
     bool snapshots_failed = false;
 
+    // The job's TensorBoard event file, opened at its first published step
+    // or eval, closed when it ends; `tensorboard_failed` after an error (the
+    // job goes on; the error is logged once).
+    std::unique_ptr<TensorboardWriter> tensorboard;
+    bool tensorboard_failed = false;
+
     // ---- Re-adoption after a controller restart.
     bool adopting = false;
     absl::Time adopt_deadline = absl::InfiniteFuture();
@@ -254,6 +261,11 @@ class JobManager {
   void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
 
   JobEventLog* LogLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // <data_dir>/tensorboard/<job_id>.
+  std::string TensorboardDir(const std::string& job_id) const;
+  // e's event file, opened on first use; null after an error.
+  TensorboardWriter* TensorboardLocked(JobEntry& e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persists e.job plus `event` (when not null) and appends the event.
   void CommitLocked(JobEntry& e, v1::JobEvent* event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

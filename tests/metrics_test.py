@@ -29,7 +29,7 @@ def value(samples, name, **labels):
     return samples.get((name, frozenset(labels.items())))
 
 
-STEPS = 30
+STEPS = 2000  # long enough to be scraped while it runs
 cluster = Cluster(workers=2, metrics=True)
 controller = cluster.metrics_url("controller")
 workers = [cluster.metrics_url(n) for n in ("w0", "w1")]

@@ -50,6 +50,19 @@ for mod in safetensors:safetensors kubernetes_validate:kubernetes-validate \
   fi
 done
 
+# TensorBoard's event-file reader (tests/tensorboard_test.py reads our event
+# files with it), test-only. Pinned, without its dependencies: newer
+# TensorBoards need protobuf >= 5.26, and pip must not replace Debian's
+# protobuf (4.21) that the gRPC stubs use. absl-py is its one other need.
+if ! /usr/bin/python3 -c \
+    "from tensorboard.backend.event_processing import event_file_loader" \
+    2>/dev/null; then
+  echo "setup: installing tensorboard 2.14.1 for /usr/bin/python3 (test-only)" >&2
+  /usr/bin/python3 -m pip install -q --break-system-packages --no-deps \
+    "tensorboard==2.14.1" absl-py >/dev/null 2>&1 ||
+    echo "setup: warning: could not install tensorboard; its test will skip" >&2
+fi
+
 # Bazel's output root and disk cache live here (see .bazelrc).
 if [ ! -d /var/cache/trainyard ]; then
   $SUDO mkdir -p /var/cache/trainyard
