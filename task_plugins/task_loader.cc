@@ -1,7 +1,10 @@
 #include "task_plugins/task_loader.h"
 
 #include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
@@ -9,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <set>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -318,6 +322,77 @@ struct DlCloser {
   }
 };
 
+// Whether the ELF shared object at `path` defines `symbol` in its dynamic
+// symbol table, read from the file without loading it (loading runs the
+// library's constructors). FailedPrecondition when it is not a 64-bit
+// little-endian ELF shared object or its tables are malformed.
+absl::StatusOr<bool> ElfExportsSymbol(const std::string& path,
+                                      const char* symbol, uint64_t file_size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  auto bad = [&path](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is not a task plugin: ", why));
+  };
+  auto read_at = [&](uint64_t offset, uint64_t size, std::string* out) -> bool {
+    if (offset > file_size || size > file_size - offset) return false;
+    out->resize(size);
+    return ::pread(fd, out->data(), size, static_cast<off_t>(offset)) ==
+           static_cast<ssize_t>(size);
+  };
+  std::string bytes;
+  if (!read_at(0, sizeof(Elf64_Ehdr), &bytes) ||
+      std::memcmp(bytes.data(), ELFMAG, SELFMAG) != 0) {
+    return bad("not an ELF file");
+  }
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, bytes.data(), sizeof(eh));
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+      eh.e_ident[EI_DATA] != ELFDATA2LSB || eh.e_type != ET_DYN) {
+    return bad("not a 64-bit little-endian ELF shared object");
+  }
+  if (eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0) {
+    return bad("no section headers");
+  }
+  std::string table;
+  if (!read_at(eh.e_shoff, uint64_t{eh.e_shnum} * sizeof(Elf64_Shdr), &table)) {
+    return bad("section headers past the end of the file");
+  }
+  std::vector<Elf64_Shdr> sections(eh.e_shnum);
+  std::memcpy(sections.data(), table.data(), table.size());
+  for (const Elf64_Shdr& sh : sections) {
+    if (sh.sh_type != SHT_DYNSYM) continue;
+    if (sh.sh_entsize != sizeof(Elf64_Sym) || sh.sh_link >= sections.size()) {
+      return bad("malformed dynamic symbol table");
+    }
+    const Elf64_Shdr& strtab = sections[sh.sh_link];
+    std::string syms, names;
+    if (!read_at(sh.sh_offset, sh.sh_size, &syms) ||
+        !read_at(strtab.sh_offset, strtab.sh_size, &names)) {
+      return bad("dynamic symbol table past the end of the file");
+    }
+    for (size_t off = 0; off + sizeof(Elf64_Sym) <= syms.size();
+         off += sizeof(Elf64_Sym)) {
+      Elf64_Sym sym;
+      std::memcpy(&sym, syms.data() + off, sizeof(sym));
+      if (sym.st_shndx == SHN_UNDEF || sym.st_name >= names.size()) continue;
+      const char* name = names.data() + sym.st_name;
+      const size_t max = names.size() - sym.st_name;
+      if (strnlen(name, max) < max && std::strcmp(name, symbol) == 0) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 std::string DlError() {
   const char* e = dlerror();
   return e != nullptr ? std::string(e) : std::string("(no dlerror text)");
@@ -345,6 +420,19 @@ absl::StatusOr<std::unique_ptr<TaskPlugin>> TaskPlugin::Load(
   if (!S_ISREG(st.st_mode)) {
     return absl::FailedPreconditionError(
         absl::StrCat(who, path, " is not a regular file"));
+  }
+  // Only a library that exports the ABI symbol is loaded: dlopen would run
+  // any other library's constructors (the plugin folder also holds our own
+  // support libraries).
+  {
+    absl::StatusOr<bool> exports = ElfExportsSymbol(
+        path, TRAINYARD_TASK_SYMBOL_V1, static_cast<uint64_t>(st.st_size));
+    if (!exports.ok()) return Prefixed(exports.status(), who);
+    if (!*exports) {
+      return absl::NotFoundError(absl::StrCat(
+          who, "symbol ", TRAINYARD_TASK_SYMBOL_V1, " not found in ", path,
+          " (not a Trainyard task plugin; it was not loaded)"));
+    }
   }
   dlerror();
   // RTLD_NOW: unresolved symbols fail here, not mid-run. RTLD_NODELETE: the
