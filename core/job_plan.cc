@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -13,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -203,6 +206,44 @@ std::string CurrentDir() {
   return buf;
 }
 
+// `abs` with symlinks resolved: the real path of its longest existing
+// ancestor, plus the rest (a checkpoint folder may not exist yet).
+std::string RealPath(const std::string& abs) {
+  std::string head = abs;
+  std::string tail;
+  while (true) {
+    char buf[PATH_MAX];
+    if (realpath(head.c_str(), buf) != nullptr) {
+      std::string real = buf;
+      if (tail.empty()) return real;
+      return real == "/" ? "/" + tail : real + "/" + tail;
+    }
+    const size_t slash = head.rfind('/');
+    if (slash == std::string::npos || head == "/") return abs;
+    tail = tail.empty() ? head.substr(slash + 1)
+                        : head.substr(slash + 1) + "/" + tail;
+    head = slash == 0 ? "/" : head.substr(0, slash);
+  }
+}
+
+// Adds a problem for `field` when `abs` (as written: `written`) is not
+// inside `root` once symlinks are resolved.
+void CheckConfined(Problems* p, const std::string& field,
+                   const std::string& written, const std::string& abs,
+                   const std::string& root) {
+  if (root.empty()) return;
+  const std::string real_root =
+      RealPath(CleanPath(root[0] == '/' ? root : CurrentDir() + "/" + root));
+  const std::string real = RealPath(abs);
+  if (real == real_root || real_root == "/" ||
+      absl::StartsWith(real, real_root + "/")) {
+    return;
+  }
+  p->Add(field, absl::StrCat(Quote(written), " resolves to ", Quote(real),
+                             ", outside this worker's data folder ", real_root,
+                             " (--data_dir): paths must stay inside it"));
+}
+
 // `path` made absolute against `base` (itself made absolute against the
 // current directory).
 std::string ResolvePath(const std::string& base, const std::string& path) {
@@ -256,6 +297,12 @@ void CheckNpySource(const std::string& path, trainyard::v1::NpySource* npy,
   const std::string targets_written = npy->targets();
   npy->set_features(ResolvePath(options.base_dir, features_written));
   npy->set_targets(ResolvePath(options.base_dir, targets_written));
+  const size_t problems = p->size();
+  CheckConfined(p, path + ".features", features_written, npy->features(),
+                options.confine_to);
+  CheckConfined(p, path + ".targets", targets_written, npy->targets(),
+                options.confine_to);
+  if (p->size() > problems) return;  // never opened
   if (!options.check_files) return;
 
   auto header = [&](const std::string& field, const std::string& written,
@@ -838,7 +885,10 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   if (!init->safetensors().empty()) {
     const std::string written = init->safetensors();
     init->set_safetensors(ResolvePath(options.base_dir, written));
-    if (options.check_files) {
+    const size_t problems = p.size();
+    CheckConfined(&p, "model.init.safetensors", written, init->safetensors(),
+                  options.confine_to);
+    if (options.check_files && p.size() == problems) {
       std::string problem = FileProblem(written, init->safetensors());
       if (!problem.empty()) p.Add("model.init.safetensors", problem);
     }
@@ -1039,7 +1089,10 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
       p.Add("checkpoint.resume", "\"latest\" needs checkpoint.dir");
     }
   } else {
-    ckpt->set_dir(ResolvePath(options.base_dir, ckpt->dir()));
+    const std::string written = ckpt->dir();
+    ckpt->set_dir(ResolvePath(options.base_dir, written));
+    CheckConfined(&p, "checkpoint.dir", written, ckpt->dir(),
+                  options.confine_to);
   }
 
   // ---- Recovery.

@@ -63,6 +63,10 @@ struct PlanOptions {
   // Read .npy headers and check that input files exist. Off only for tools
   // that plan a spec for another machine.
   bool check_files = true;
+  // When set (the worker's --data_dir), every path in the spec (data files,
+  // init safetensors, checkpoint dir) must resolve inside this folder,
+  // symlinks included; one that does not is a problem naming its field.
+  std::string confine_to;
 };
 
 // Bytes the job is estimated to need; formulas in docs/SPEC.md ("Memory").

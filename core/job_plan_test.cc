@@ -1,6 +1,7 @@
 #include "core/job_plan.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <limits>
@@ -19,6 +20,7 @@ namespace {
 
 using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using trainyard::v1::JobSpec;
 
 // A fresh folder per test under the test's temp dir.
@@ -858,6 +860,49 @@ TEST(PlanJobTest, ErrorsQuoteOnlyAShortPrefixAndListAtMost50Problems) {
   EXPECT_THAT(plan.status().message(), HasSubstr("... and "));
   EXPECT_THAT(plan.status().message(), HasSubstr(" more"));
   EXPECT_LT(plan.status().message().size(), 8000u);
+}
+
+TEST(PlanJobTest, ConfinedPathsMustStayInsideTheDataFolder) {
+  const std::string dir = TestDir();
+  JobSpec spec = ValidNpySpec(dir);
+  PlanOptions options = Options(dir);
+  options.confine_to = dir;
+  // Inside: accepted (relative, absolute, a checkpoint folder not yet made).
+  spec.mutable_checkpoint()->set_dir("ckpt/new");
+  ASSERT_TRUE(PlanJob(spec, options).ok());
+  spec.mutable_data()->mutable_train()->mutable_npy()->set_features(
+      dir + "/data/x.npy");
+  ASSERT_TRUE(PlanJob(spec, options).ok());
+
+  // Escapes: "..", an absolute path elsewhere, a symlink pointing out.
+  ASSERT_EQ(symlink("/etc", (dir + "/data/etc").c_str()), 0);
+  spec.mutable_data()->mutable_train()->mutable_npy()->set_features(
+      "../outside.npy");
+  spec.mutable_data()->mutable_train()->mutable_npy()->set_targets(
+      "data/etc/passwd");
+  spec.mutable_model()->mutable_init()->set_safetensors("/etc/passwd");
+  spec.mutable_checkpoint()->set_dir("/tmp/elsewhere");
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, options);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(plan.status().message());
+  for (const char* field :
+       {"data.train.npy.features: \"../outside.npy\" resolves to",
+        "data.train.npy.targets: \"data/etc/passwd\" resolves to "
+        "\"/etc/passwd\"",
+        "model.init.safetensors: \"/etc/passwd\" resolves to",
+        "checkpoint.dir: \"/tmp/elsewhere\" resolves to"}) {
+    EXPECT_THAT(msg, HasSubstr(field)) << msg;
+  }
+  EXPECT_THAT(msg, HasSubstr("outside this worker's data folder"));
+  // Nothing of /etc/passwd was read: no header complaint.
+  EXPECT_THAT(msg, Not(HasSubstr("header"))) << msg;
+
+  // Without confine_to (trainyard train), the same spec is only checked.
+  options.confine_to.clear();
+  plan = PlanJob(spec, options);
+  EXPECT_THAT(std::string(plan.status().message()),
+              Not(HasSubstr("outside this worker's data folder")));
 }
 
 TEST(PlanJobTest, SpecOverTheMemoryLimitIsRejectedWithTheEstimate) {

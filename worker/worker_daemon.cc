@@ -1109,6 +1109,8 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
   }
   PlanOptions plan_options;
   plan_options.base_dir = options_.data_dir;
+  // With a --data_dir, a spec's paths must stay inside it.
+  plan_options.confine_to = options_.data_dir;
   plan_options.memory_limit_bytes = options_.memory_bytes;
   plan_options.check_files = true;
   absl::StatusOr<JobPlan> plan = PlanJob(assignment.spec(), plan_options);

@@ -84,7 +84,8 @@ struct WorkerOptions {
   // Folder holding lib<plugin>.so. Required.
   std::string plugin_dir;
   // Relative paths in assigned specs resolve here; empty = the current
-  // directory.
+  // directory. When set, every path in an assigned spec must resolve inside
+  // it, symlinks included (PlanOptions::confine_to).
   std::string data_dir;
   // Compute (BLAS) threads, process-wide; 0 = leave as is.
   int threads = 0;

@@ -5,6 +5,7 @@
 // gRPC streams) for the NCCL rendezvous.
 #include "worker/worker_daemon.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -643,6 +644,28 @@ TEST_F(WorkerDaemonTest, CutOffPastTheAdoptTimeoutStopsTheStage) {
   // A code the controller restarts the job for.
   EXPECT_EQ(done->code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_FALSE(done->cancelled());
+}
+
+TEST_F(WorkerDaemonTest, SpecPathsMustStayInsideTheDataDir) {
+  WorkerOptions options = TestOptions(controller_->address());
+  options.data_dir = TempDir();
+  auto worker = StartWorker(options);
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  JobSpec spec = SmallSpec(2);
+  spec.mutable_checkpoint()->set_dir("../escaped-checkpoints");
+  ASSERT_TRUE(controller_->Send(id, Assign("escape", spec)));
+  auto done = controller_->WaitForDone("escape");
+  ASSERT_TRUE(done.has_value());
+  EXPECT_FALSE(done->ok());
+  EXPECT_EQ(done->code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(done->error(),
+              HasSubstr("checkpoint.dir: \"../escaped-checkpoints\" resolves"));
+  EXPECT_THAT(done->error(), HasSubstr("outside this worker's data folder"));
+  // Nothing was created outside.
+  struct stat st;
+  EXPECT_NE(stat((options.data_dir + "/../escaped-checkpoints").c_str(), &st),
+            0);
 }
 
 TEST_F(WorkerDaemonTest, RefusedClaimStopsTheStage) {
