@@ -855,6 +855,11 @@ class TcpTransport : public Transport {
   absl::Status AllReduceSum(std::vector<double>* values,
                             absl::Duration timeout) override;
 
+  int64_t payload_bytes_sent() const override { return bytes_sent_.load(); }
+  int64_t payload_bytes_received() const override {
+    return bytes_received_.load();
+  }
+
   void Abort(const absl::Status& reason) override {
     std::vector<Peer*> tell;
     {
@@ -1043,6 +1048,9 @@ class TcpTransport : public Transport {
         }
         return;
       }
+      for (const Tensor& t : out.tensors) {
+        bytes_sent_.fetch_add(static_cast<int64_t>(t.nbytes()));
+      }
       if (out.kind == FrameKind::kGoodbye) {
         ::shutdown(p->fd.get(), SHUT_WR);
         return;
@@ -1057,6 +1065,9 @@ class TcpTransport : public Transport {
       if (!f.ok()) {
         if (!absl::IsCancelled(f.status())) Fail(p, f.status());
         return;
+      }
+      for (const Tensor& t : f->tensors) {
+        bytes_received_.fetch_add(static_cast<int64_t>(t.nbytes()));
       }
       if (f->header.job_id != options_.job_id) {
         Fail(p,
@@ -1114,6 +1125,8 @@ class TcpTransport : public Transport {
   absl::Mutex mu_;
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
   bool abort_started_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> bytes_sent_{0};
+  std::atomic<int64_t> bytes_received_{0};
 };
 
 Tensor DoublesToTensor(const std::vector<double>& v) {

@@ -114,6 +114,23 @@ TEST(TcpTransportTest, RoundTripsOddShapesBitwiseBothWays) {
   }
 }
 
+TEST(TcpTransportTest, CountsTheTensorBytesSentAndReceived) {
+  Cluster c = Connect(2, "bytes");
+  const int64_t before_sent = c.ranks[0]->payload_bytes_sent();
+  const int64_t before_received = c.ranks[1]->payload_bytes_received();
+  Message m;
+  m.tensors.emplace_back("x", RandomFloats({2, 3}, 1));  // 24 bytes
+  m.tensors.emplace_back("y", RandomFloats({5}, 2));     // 20 bytes
+  ASSERT_TRUE(c.ranks[0]->Send(1, std::move(m)).ok());
+  ASSERT_TRUE(c.ranks[1]->Recv(0, absl::Seconds(5)).ok());
+  EXPECT_EQ(c.ranks[1]->payload_bytes_received() - before_received, 44);
+  for (int i = 0;
+       i < 100 && c.ranks[0]->payload_bytes_sent() - before_sent < 44; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(c.ranks[0]->payload_bytes_sent() - before_sent, 44);
+}
+
 TEST(TcpTransportTest, ManyMessagesOfMixedKindsArriveInSendOrder) {
   Cluster c = Connect(2, "order");
   const int n = 400;

@@ -80,6 +80,12 @@ class Transport {
 
   // Fails every pending and future call on every rank with `reason`.
   virtual void Abort(const absl::Status& reason) = 0;
+
+  // Tensor bytes this rank has sent to and received from its peers so far
+  // (frames' tensor data, not their headers); 0 where not counted (the
+  // in-process and NCCL transports). Any thread.
+  virtual int64_t payload_bytes_sent() const { return 0; }
+  virtual int64_t payload_bytes_received() const { return 0; }
 };
 
 }  // namespace trainyard

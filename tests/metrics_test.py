@@ -71,6 +71,12 @@ for url in workers:
                      phase="forward") > 0
         frac = value(w, "trainyard_worker_bubble_fraction", stage=stage)
         assert 0 <= frac <= 1, frac
+        # Stage 0 sends activations and receives gradients; stage 1 the
+        # other way round.
+        for direction in ("sent", "received"):
+            b = value(w, "trainyard_worker_payload_bytes_total", stage=stage,
+                      direction=direction)
+            assert b is not None and b > 0, (stage, direction, b)
 assert steps_by_stage == {"0": STEPS, "1": STEPS}, steps_by_stage
 print(f"PASS: controller and worker /metrics parse; {STEPS} steps per stage, "
       f"submit latency {value(after, 'trainyard_submit_seconds_sum') * 1000:.1f} ms")

@@ -451,6 +451,7 @@ class Worker::Impl {
   prometheus::Family<prometheus::Gauge>* bubble_ = nullptr;
   prometheus::Histogram* checkpoint_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* snapshots_kept_ = nullptr;
+  prometheus::Family<prometheus::Counter>* payload_bytes_ = nullptr;
   // Updates the metrics with one step of stage `stage`.
   void RecordStep(int stage, const StepReport& report, double seconds);
 
@@ -573,6 +574,14 @@ absl::Status Worker::Impl::Init() {
              .Register(r)
              .Add({}, prometheus::Histogram::BucketBoundaries{
                           0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60});
+    payload_bytes_ =
+        &prometheus::BuildCounter()
+             .Name("trainyard_worker_payload_bytes_total")
+             .Help(
+                 "Tensor bytes this worker's stages sent to and received "
+                 "from their neighbours over TCP (NCCL traffic is not "
+                 "counted).")
+             .Register(r);
     snapshots_kept_ = &prometheus::BuildCounter()
                            .Name("trainyard_worker_snapshots_total")
                            .Help(
@@ -1214,8 +1223,21 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
         Report(m);
       };
     }
+    int64_t sent_before = 0;
+    int64_t received_before = 0;
     run.on_step = [&](const StepReport& report, double seconds) {
       RecordStep(s, report, seconds);
+      if (payload_bytes_ != nullptr && transport != nullptr) {
+        const int64_t sent = transport->payload_bytes_sent();
+        const int64_t received = transport->payload_bytes_received();
+        const std::string k = absl::StrCat(s);
+        payload_bytes_->Add({{"stage", k}, {"direction", "sent"}})
+            .Increment(static_cast<double>(sent - sent_before));
+        payload_bytes_->Add({{"stage", k}, {"direction", "received"}})
+            .Increment(static_cast<double>(received - received_before));
+        sent_before = sent;
+        received_before = received;
+      }
       Report(StepMessage(job_id, s, report, seconds));
     };
     if (s == num_stages - 1) {
