@@ -1,7 +1,9 @@
 #include "core/schedule.h"
 
 #include <algorithm>
+#include <array>
 #include <deque>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -323,6 +325,78 @@ absl::Status ValidateSchedule(const Schedule& sched) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> SimulatedBubble(const Schedule& sched, double forward,
+                                       double backward_input,
+                                       double backward_weight) {
+  const int S = sched.num_stages;
+  // When each message is available: [from stage][kind: 0 activation, 1
+  // gradient] -> per microbatch, in send order.
+  std::vector<std::array<std::map<int, double>, 2>> sent(S);
+  std::vector<size_t> next(S, 0);
+  std::vector<double> clock(S, 0), busy(S, 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < S; ++s) {
+      while (next[s] < sched.stages[s].size()) {
+        const Action& a = sched.stages[s][next[s]];
+        double cost = 0;
+        switch (a.kind) {
+          case ActionKind::kForward:
+            cost = forward;
+            break;
+          case ActionKind::kBackwardInput:
+            cost = backward_input;
+            break;
+          case ActionKind::kBackwardWeight:
+            cost = backward_weight;
+            break;
+          case ActionKind::kSendActivation:
+            sent[s][0][a.microbatch] = clock[s];
+            break;
+          case ActionKind::kSendGradient:
+            sent[s][1][a.microbatch] = clock[s];
+            break;
+          case ActionKind::kRecvActivation:
+          case ActionKind::kRecvGradient: {
+            const bool act = a.kind == ActionKind::kRecvActivation;
+            const int from = act ? s - 1 : s + 1;
+            if (from < 0 || from >= S) {
+              return absl::FailedPreconditionError(
+                  absl::StrCat("schedule ", sched.name, ": stage ", s,
+                               " receives from no stage"));
+            }
+            auto& channel = sent[from][act ? 0 : 1];
+            auto it = channel.find(a.microbatch);
+            if (it == channel.end()) goto blocked;  // not sent yet
+            clock[s] = std::max(clock[s], it->second);
+            break;
+          }
+          case ActionKind::kOptimizerStep:
+            break;
+        }
+        clock[s] += cost;
+        busy[s] += cost;
+        ++next[s];
+        progress = true;
+      }
+    blocked:;
+    }
+  }
+  for (int s = 0; s < S; ++s) {
+    if (next[s] < sched.stages[s].size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "schedule ", sched.name, ": stage ", s, " waits forever at ",
+          ActionToString(sched.stages[s][next[s]])));
+    }
+  }
+  const double makespan = *std::max_element(clock.begin(), clock.end());
+  if (makespan <= 0) return 0.0;
+  double idle = 0;
+  for (int s = 0; s < S; ++s) idle += (makespan - busy[s]) / makespan;
+  return idle / S;
 }
 
 }  // namespace trainyard

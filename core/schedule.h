@@ -91,6 +91,19 @@ absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name,
 // FailedPrecondition naming the stage and action that breaks a rule.
 absl::Status ValidateSchedule(const Schedule& schedule);
 
+// The schedule's own pipeline bubble: the share of a step each stage spends
+// waiting, averaged over stages, when a forward costs `forward`, an input
+// gradient `backward_input` and a weight gradient `backward_weight` time
+// units on every stage (messages and the optimizer step cost nothing). With
+// an unsplit backward (backward_input 2, backward_weight 0) GPipe and 1F1B
+// give the textbook (S-1)/(M+S-1); the defaults (a backward is twice a
+// forward, half of it the weight gradient, which runs after the gradient is
+// sent on) give less. FailedPrecondition for a schedule that deadlocks.
+absl::StatusOr<double> SimulatedBubble(const Schedule& schedule,
+                                       double forward = 1,
+                                       double backward_input = 1,
+                                       double backward_weight = 1);
+
 }  // namespace trainyard
 
 #endif  // TRAINYARD_CORE_SCHEDULE_H_

@@ -41,4 +41,20 @@ stages_seen = {t.stage for s in steps for t in s.stages}
 assert stages_seen == {0, 1, 2, 3}, stages_seen
 job = cluster.get(job.job_id)
 assert len(job.workers) == 4 and len(set(job.workers)) == 4, job.workers
+# Per-stage times over the job's history, the measured bubble and the
+# schedule's own.
+out = subprocess.run([CLI_BIN, "get", job.job_id, "--stages",
+                      f"--controller={cluster.address}"],
+                     check=True, capture_output=True, text=True).stdout
+print(out)
+lines = out.splitlines()
+assert lines[0] == (f"job {job.job_id}: 16 step(s); 4 stage(s), schedule 1f1b, "
+                    "4 microbatch(es)"), lines[0]
+rows = [l.split() for l in lines[2:6]]
+assert [r[0] for r in rows] == ["0", "1", "2", "3"], rows
+for r in rows:
+    assert float(r[1]) > 0 and float(r[6]) > 0 and 0 <= float(r[7]) <= 1, r
+assert lines[6].startswith("measured bubble (mean over stages): "), lines[6]
+# 1F1B, 4 stages, 4 microbatches, equal F/BI/BW costs.
+assert lines[7].startswith("the schedule's own bubble: 0.333"), lines[7]
 print(f"PASS: 16 steps bitwise equal across 4 worker processes; workers {list(job.workers)}")

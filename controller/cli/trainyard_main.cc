@@ -15,6 +15,8 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +34,7 @@
 #include "core/device.h"
 #include "core/file_util.h"
 #include "core/job_plan.h"
+#include "core/schedule.h"
 #include "core/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/blas.h"
@@ -426,14 +429,94 @@ int Submit() {
   return WatchToEnd(client, job->job_id(), 0);
 }
 
+// `trainyard get JOB --stages` (a bare flag, taken out of argv before the
+// flags are parsed: --stages is also train's stage count).
+bool g_get_stages = false;
+
+// Per stage, the mean time of each phase over the job's published steps
+// (replayed from its history), the measured bubble, and the schedule's own
+// bubble (SimulatedBubble with equal forward, input- and weight-gradient
+// costs).
+int PrintStages(JobClient& client, const trainyard::v1::Job& job) {
+  struct Sum {
+    double forward = 0, backward = 0, comm = 0, idle = 0, optimizer = 0;
+    int64_t steps = 0;
+  };
+  std::map<int, Sum> sums;
+  const int64_t last = job.steps_completed();
+  if (last > 0) {
+    std::atomic<bool> stop{false};
+    absl::StatusOr<trainyard::v1::JobStateChange> watched = client.Watch(
+        job.job_id(), 1,
+        [&](const trainyard::v1::JobEvent& e) {
+          if (!e.has_step() || e.step().step() > last) return;
+          for (const trainyard::v1::StageTiming& t : e.step().stages()) {
+            Sum& s = sums[t.stage()];
+            s.forward += t.forward_s();
+            s.backward += t.backward_s();
+            s.comm += t.comm_s();
+            s.idle += t.idle_s();
+            s.optimizer += t.optimizer_s();
+            ++s.steps;
+          }
+          if (e.step().step() >= last) stop.store(true);
+        },
+        absl::Seconds(10), &stop);
+    if (!watched.ok() && !absl::IsCancelled(watched.status())) {
+      return ReportRpcError("get --stages", client, watched.status());
+    }
+  }
+  PlanOptions options;
+  options.check_files = false;
+  options.memory_limit_bytes = std::numeric_limits<uint64_t>::max();
+  absl::StatusOr<JobPlan> plan = PlanJob(job.spec(), options);
+  const auto& par =
+      plan.ok() ? plan->spec.parallelism() : job.spec().parallelism();
+  std::cout << absl::StrFormat(
+      "job %s: %d step(s); %d stage(s), schedule %s, %d microbatch(es)\n",
+      job.job_id(), last, par.stages(), par.schedule(), par.microbatches());
+  std::cout << absl::StrFormat("%-6s %11s %12s %8s %8s %13s %8s %7s\n", "stage",
+                               "forward_ms", "backward_ms", "comm_ms",
+                               "idle_ms", "optimizer_ms", "step_ms", "bubble");
+  double bubble_sum = 0;
+  for (const auto& [stage, s] : sums) {
+    const double n = static_cast<double>(std::max<int64_t>(1, s.steps));
+    const double total = s.forward + s.backward + s.comm + s.idle + s.optimizer;
+    const double bubble = total > 0 ? s.idle / total : 0;
+    bubble_sum += bubble;
+    std::cout << absl::StrFormat(
+        "%-6d %11.3f %12.3f %8.3f %8.3f %13.3f %8.3f %7.3f\n", stage,
+        1e3 * s.forward / n, 1e3 * s.backward / n, 1e3 * s.comm / n,
+        1e3 * s.idle / n, 1e3 * s.optimizer / n, 1e3 * total / n, bubble);
+  }
+  if (!sums.empty()) {
+    std::cout << absl::StrFormat("measured bubble (mean over stages): %.3f\n",
+                                 bubble_sum / sums.size());
+  }
+  absl::StatusOr<Schedule> sched = MakeTrainingSchedule(
+      par.schedule().empty() ? "1f1b" : par.schedule(),
+      std::max(1, par.stages()), std::max(1, par.microbatches()));
+  absl::StatusOr<double> own = sched.ok()
+                                   ? SimulatedBubble(*sched)
+                                   : absl::StatusOr<double>(sched.status());
+  if (own.ok()) {
+    std::cout << absl::StrFormat(
+        "the schedule's own bubble: %.3f (equal forward, input-gradient and "
+        "weight-gradient times, free messages)\n",
+        *own);
+  }
+  return 0;
+}
+
 int Get(const std::vector<char*>& args) {
   if (args.size() != 3) {
-    std::cerr << "usage: trainyard get JOB_ID\n";
+    std::cerr << "usage: trainyard get JOB_ID [--stages]\n";
     return 2;
   }
   JobClient client(ControllerAddress());
   auto job = client.Get(args[2]);
   if (!job.ok()) return ReportRpcError("get", client, job.status());
+  if (g_get_stages) return PrintStages(client, *job);
   std::cout << ToJson(*job);
   return 0;
 }
@@ -652,6 +735,18 @@ int Up() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(trainyard::kUsage);
+  if (argc > 1 && std::string(argv[1]) == "get") {
+    // `get JOB --stages` is a bare switch; train's --stages takes a number.
+    int out = 1;
+    for (int i = 1; i < argc; ++i) {
+      if (std::string(argv[i]) == "--stages") {
+        trainyard::g_get_stages = true;
+      } else {
+        argv[out++] = argv[i];
+      }
+    }
+    argc = out;
+  }
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::cerr << trainyard::kUsage;
