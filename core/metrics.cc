@@ -11,9 +11,10 @@
 #include <cstring>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/ipv4_address.h"
+#include "core/status_macros.h"
 #include "glog/logging.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/text_serializer.h"
@@ -67,19 +68,9 @@ std::string Response(const std::string& status, const std::string& type,
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  int port = -1;
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  if (colon == std::string::npos ||
-      !absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 ||
-      port > 65535 ||
-      ::inet_pton(AF_INET, listen.substr(0, colon).c_str(), &sa.sin_addr) !=
-          1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics: \"", listen, "\" is not an IPv4 host:port"));
-  }
-  sa.sin_port = htons(static_cast<uint16_t>(port));
+  absl::StatusOr<sockaddr_in> resolved = ResolveIpv4(listen);
+  if (!resolved.ok()) return Prefixed(resolved.status(), "metrics: ");
+  sockaddr_in sa = *resolved;
   std::unique_ptr<MetricsEndpoint> e(new MetricsEndpoint());
   e->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
