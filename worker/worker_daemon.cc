@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -254,6 +255,55 @@ WorkerMessage StartedMessage(const std::string& job_id, int stage,
   return m;
 }
 
+// One stage's Prometheus metrics (the worker's families, labelled with the
+// stage), resolved once so that a step only adds numbers.
+class StageMetrics {
+ public:
+  StageMetrics(prometheus::Counter& steps, prometheus::Histogram& step_seconds,
+               std::array<prometheus::Counter*, 5> phases,
+               prometheus::Gauge& bubble, prometheus::Counter& bytes_sent,
+               prometheus::Counter& bytes_received)
+      : steps_(steps),
+        step_seconds_(step_seconds),
+        phases_(phases),
+        bubble_(bubble),
+        bytes_sent_(bytes_sent),
+        bytes_received_(bytes_received) {}
+
+  // One step; `transport` (may be null) counts the bytes moved so far.
+  void Record(const StepReport& r, double seconds, const Transport* transport) {
+    steps_.Increment();
+    step_seconds_.Observe(seconds);
+    const double times[5] = {r.times.forward, r.times.backward, r.times.comm,
+                             r.times.idle, r.times.optimizer};
+    for (int i = 0; i < 5; ++i) phases_[i]->Increment(times[i]);
+    bubble_.Set(seconds > 0 ? std::min(1.0, r.times.idle / seconds) : 0.0);
+    if (transport != nullptr) {
+      const int64_t sent = transport->payload_bytes_sent();
+      const int64_t received = transport->payload_bytes_received();
+      bytes_sent_.Increment(static_cast<double>(sent - sent_before_));
+      bytes_received_.Increment(
+          static_cast<double>(received - received_before_));
+      sent_before_ = sent;
+      received_before_ = received;
+    }
+  }
+
+  // The phase label of phases[i].
+  static constexpr const char* kPhases[5] = {"forward", "backward", "comm",
+                                             "idle", "optimizer"};
+
+ private:
+  prometheus::Counter& steps_;
+  prometheus::Histogram& step_seconds_;
+  const std::array<prometheus::Counter*, 5> phases_;
+  prometheus::Gauge& bubble_;
+  prometheus::Counter& bytes_sent_;
+  prometheus::Counter& bytes_received_;
+  int64_t sent_before_ = 0;
+  int64_t received_before_ = 0;
+};
+
 // The most stage reports a worker keeps for resending after it reconnects
 // (every report of its current job, normally): a controller away for
 // longer than this many reports misses the oldest ones.
@@ -452,8 +502,9 @@ class Worker::Impl {
   prometheus::Histogram* checkpoint_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* snapshots_kept_ = nullptr;
   prometheus::Family<prometheus::Counter>* payload_bytes_ = nullptr;
-  // Updates the metrics with one step of stage `stage`.
-  void RecordStep(int stage, const StepReport& report, double seconds);
+  // The metrics of stage `stage`, looked up once per assignment; null
+  // without --metrics_listen.
+  std::unique_ptr<StageMetrics> MetricsOfStage(int stage);
 
   absl::Notification shutdown_;
   std::thread connection_thread_;
@@ -1027,28 +1078,23 @@ void Worker::Impl::RunJob(StageAssignment assignment,
       DoneMessage(job->job_id(), job->stage(), status, error, was_cancelled));
 }
 
-void Worker::Impl::RecordStep(int stage, const StepReport& report,
-                              double seconds) {
-  if (metrics_ == nullptr) return;
+std::unique_ptr<StageMetrics> Worker::Impl::MetricsOfStage(int stage) {
+  if (metrics_ == nullptr) return nullptr;
   const std::string k = absl::StrCat(stage);
-  steps_->Add({{"stage", k}}).Increment();
-  step_seconds_
-      ->Add({{"stage", k}},
-            prometheus::Histogram::BucketBoundaries{0.001, 0.002, 0.005, 0.01,
-                                                    0.02, 0.05, 0.1, 0.2, 0.5,
-                                                    1, 2, 5, 10, 30})
-      .Observe(seconds);
-  const std::pair<const char*, double> phases[] = {
-      {"forward", report.times.forward},
-      {"backward", report.times.backward},
-      {"comm", report.times.comm},
-      {"idle", report.times.idle},
-      {"optimizer", report.times.optimizer}};
-  for (const auto& [phase, s] : phases) {
-    phase_seconds_->Add({{"stage", k}, {"phase", phase}}).Increment(s);
+  std::array<prometheus::Counter*, 5> phases;
+  for (int i = 0; i < 5; ++i) {
+    phases[i] = &phase_seconds_->Add(
+        {{"stage", k}, {"phase", StageMetrics::kPhases[i]}});
   }
-  bubble_->Add({{"stage", k}})
-      .Set(seconds > 0 ? std::min(1.0, report.times.idle / seconds) : 0.0);
+  return std::make_unique<StageMetrics>(
+      steps_->Add({{"stage", k}}),
+      step_seconds_->Add({{"stage", k}},
+                         prometheus::Histogram::BucketBoundaries{
+                             0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2,
+                             0.5, 1, 2, 5, 10, 30}),
+      phases, bubble_->Add({{"stage", k}}),
+      payload_bytes_->Add({{"stage", k}, {"direction", "sent"}}),
+      payload_bytes_->Add({{"stage", k}, {"direction", "received"}}));
 }
 
 void Worker::Impl::Report(const WorkerMessage& message) {
@@ -1223,21 +1269,9 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
         Report(m);
       };
     }
-    int64_t sent_before = 0;
-    int64_t received_before = 0;
+    std::unique_ptr<StageMetrics> metrics = MetricsOfStage(s);
     run.on_step = [&](const StepReport& report, double seconds) {
-      RecordStep(s, report, seconds);
-      if (payload_bytes_ != nullptr && transport != nullptr) {
-        const int64_t sent = transport->payload_bytes_sent();
-        const int64_t received = transport->payload_bytes_received();
-        const std::string k = absl::StrCat(s);
-        payload_bytes_->Add({{"stage", k}, {"direction", "sent"}})
-            .Increment(static_cast<double>(sent - sent_before));
-        payload_bytes_->Add({{"stage", k}, {"direction", "received"}})
-            .Increment(static_cast<double>(received - received_before));
-        sent_before = sent;
-        received_before = received;
-      }
+      if (metrics != nullptr) metrics->Record(report, seconds, transport.get());
       Report(StepMessage(job_id, s, report, seconds));
     };
     if (s == num_stages - 1) {
