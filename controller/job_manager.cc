@@ -325,19 +325,25 @@ std::string JobManager::TensorboardDir(const std::string& job_id) const {
   return absl::StrCat(options_.data_dir, "/tensorboard/", job_id);
 }
 
-TensorboardWriter* JobManager::TensorboardLocked(JobEntry& e) {
-  if (e.tensorboard == nullptr && !e.tensorboard_failed) {
+void JobManager::WriteTensorboardLocked(JobEntry& e, const JobEvent& event) {
+  if (e.tensorboard_failed) return;
+  if (e.tensorboard == nullptr) {
     absl::StatusOr<std::unique_ptr<TensorboardWriter>> w =
         TensorboardWriter::Open(TensorboardDir(e.job.job_id()));
-    if (w.ok()) {
-      e.tensorboard = *std::move(w);
-    } else {
+    if (!w.ok()) {
       e.tensorboard_failed = true;
       LOG(ERROR) << "job " << e.job.job_id()
                  << ": no TensorBoard events: " << w.status();
+      return;
     }
+    e.tensorboard = *std::move(w);
   }
-  return e.tensorboard.get();
+  absl::Status st = e.tensorboard->Write(event);
+  if (!st.ok()) {
+    LOG(ERROR) << "job " << e.job.job_id() << ": " << st;
+    e.tensorboard.reset();
+    e.tensorboard_failed = true;
+  }
 }
 
 JobEventLog* JobManager::LogLocked(JobEntry& e) {
@@ -913,14 +919,7 @@ void JobManager::HandleStepLocked(WorkerEntry& w,
   e->job.set_steps_completed(step);
   *e->job.mutable_last_step() = *m;
   CommitLocked(*e, &event);
-  if (TensorboardWriter* tb = TensorboardLocked(*e)) {
-    absl::Status st = tb->WriteStep(event.step());
-    if (!st.ok()) {
-      LOG(ERROR) << "job " << e->job.job_id() << ": " << st;
-      e->tensorboard.reset();
-      e->tensorboard_failed = true;
-    }
-  }
+  WriteTensorboardLocked(*e, event);
 }
 
 void JobManager::HandleEvalLocked(WorkerEntry& w,
@@ -935,14 +934,7 @@ void JobManager::HandleEvalLocked(WorkerEntry& w,
   *event.mutable_eval() = r.eval();
   *e->job.mutable_last_eval() = r.eval();
   CommitLocked(*e, &event);
-  if (TensorboardWriter* tb = TensorboardLocked(*e)) {
-    absl::Status st = tb->WriteEval(event.eval());
-    if (!st.ok()) {
-      LOG(ERROR) << "job " << e->job.job_id() << ": " << st;
-      e->tensorboard.reset();
-      e->tensorboard_failed = true;
-    }
-  }
+  WriteTensorboardLocked(*e, event);
 }
 
 void JobManager::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {

@@ -263,8 +263,9 @@ class JobManager {
   JobEventLog* LogLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // <data_dir>/tensorboard/<job_id>.
   std::string TensorboardDir(const std::string& job_id) const;
-  // e's event file, opened on first use; null after an error.
-  TensorboardWriter* TensorboardLocked(JobEntry& e)
+  // Adds a published step or eval to e's event file (opened on first use;
+  // after an error, logged once, the job writes no more events).
+  void WriteTensorboardLocked(JobEntry& e, const v1::JobEvent& event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persists e.job plus `event` (when not null) and appends the event.
   void CommitLocked(JobEntry& e, v1::JobEvent* event)

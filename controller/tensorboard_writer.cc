@@ -54,13 +54,13 @@ absl::StatusOr<std::unique_ptr<TensorboardWriter>> TensorboardWriter::Open(
   tensorboard::Event first;
   first.set_wall_time(WallTime());
   first.set_file_version("brain.Event:2");
-  RETURN_IF_ERROR(w->Write(first));
+  RETURN_IF_ERROR(w->WriteRecord(first));
   return w;
 }
 
 TensorboardWriter::~TensorboardWriter() { std::fclose(file_); }
 
-absl::Status TensorboardWriter::Write(const tensorboard::Event& event) {
+absl::Status TensorboardWriter::WriteRecord(const tensorboard::Event& event) {
   const std::string data = event.SerializeAsString();
   std::string record;
   std::string len;
@@ -74,6 +74,12 @@ absl::Status TensorboardWriter::Write(const tensorboard::Event& event) {
     return absl::InternalError(
         absl::StrCat(path_, ": write failed: ", std::strerror(errno)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status TensorboardWriter::Write(const v1::JobEvent& event) {
+  if (event.has_step()) return WriteStep(event.step());
+  if (event.has_eval()) return WriteEval(event.eval());
   return absl::OkStatus();
 }
 
@@ -97,7 +103,7 @@ absl::Status TensorboardWriter::WriteStep(const v1::StepMetrics& step) {
     Add(s, p + "idle_s", t.idle_s());
     Add(s, p + "optimizer_s", t.optimizer_s());
   }
-  return Write(event);
+  return WriteRecord(event);
 }
 
 absl::Status TensorboardWriter::WriteEval(const v1::EvalMetrics& eval) {
@@ -109,7 +115,7 @@ absl::Status TensorboardWriter::WriteEval(const v1::EvalMetrics& eval) {
   for (const auto& [name, value] : eval.metrics()) {
     Add(s, absl::StrCat("eval/", name), value);
   }
-  return Write(event);
+  return WriteRecord(event);
 }
 
 }  // namespace trainyard

@@ -36,14 +36,16 @@ class TensorboardWriter {
   TensorboardWriter& operator=(const TensorboardWriter&) = delete;
 
   const std::string& path() const { return path_; }
-  absl::Status WriteStep(const v1::StepMetrics& step);
-  absl::Status WriteEval(const v1::EvalMetrics& eval);
+  // The scalars of a step or eval event; other events write nothing.
+  absl::Status Write(const v1::JobEvent& event);
 
  private:
+  absl::Status WriteStep(const v1::StepMetrics& step);
+  absl::Status WriteEval(const v1::EvalMetrics& eval);
   TensorboardWriter(std::string path, FILE* f)
       : path_(std::move(path)), file_(f) {}
   // One record, flushed (a reader sees it at once).
-  absl::Status Write(const tensorboard::Event& event);
+  absl::Status WriteRecord(const tensorboard::Event& event);
 
   const std::string path_;
   FILE* const file_;
