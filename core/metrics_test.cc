@@ -18,23 +18,29 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// GET /metrics over a plain socket; the whole response.
-std::string Scrape(int port) {
+// Sends `request` (nothing when empty) to 127.0.0.1:`port` over a plain
+// socket; the whole response.
+std::string Ask(int port, const std::string& request) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(port);
   ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
   EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  EXPECT_EQ(::write(fd, req.data(), req.size()),
-            static_cast<ssize_t>(req.size()));
+  if (!request.empty()) {
+    EXPECT_EQ(::write(fd, request.data(), request.size()),
+              static_cast<ssize_t>(request.size()));
+  }
   std::string out;
   char buf[4096];
   ssize_t n;
   while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
   ::close(fd);
   return out;
+}
+
+std::string Scrape(int port) {
+  return Ask(port, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
 }
 
 TEST(MetricsEndpointTest, ServesRegistryMetricsAndCollectors) {
@@ -67,23 +73,7 @@ TEST(MetricsEndpointTest, OtherPathsAndGarbageGetClearAnswers) {
   auto endpoint = MetricsEndpoint::Start("127.0.0.1:0");
   ASSERT_TRUE(endpoint.ok()) << endpoint.status();
   const int port = (*endpoint)->port();
-  auto ask = [port](const std::string& request) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-    if (!request.empty()) {
-      EXPECT_GT(::write(fd, request.data(), request.size()), 0);
-    }
-    std::string out;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-    ::close(fd);
-    return out;
-  };
+  auto ask = [port](const std::string& request) { return Ask(port, request); };
   EXPECT_THAT(ask("GET / HTTP/1.0\r\n\r\n"), HasSubstr("404 Not Found"));
   EXPECT_THAT(ask("\x16\x03\x01garbage\r\n\r\n"), HasSubstr("400 Bad Request"));
   EXPECT_THAT(ask(std::string(8192, 'A')), HasSubstr("400 Bad Request"));
