@@ -185,3 +185,31 @@ def small_spec(stages=4, steps=12, plugin="cross_entropy", name="small",
 
 def steps_of(events):
     return [e.step for e in events if e.WhichOneof("event") == "step"]
+
+
+def wide_spec(name, steps, batch=128, recovery=None, checkpoint=None,
+              eval_every=0):
+    """The recovery tests' and benchmark's 4-stage job: three 256-768-256
+    LayerNorm blocks and a small head (4.7 MB of state per wide stage), 1F1B
+    with 4 microbatches, on 4096 synthetic gaussian blobs of 256 features."""
+    wide = {"outFeatures": 256, "ffnHiddenSize": 768, "norm": "layernorm"}
+    data = {"train": {"synthetic": {"kind": "gaussian_blobs",
+                                    "numSamples": 4096, "numFeatures": 256,
+                                    "numOutputs": 5, "noise": 1.0}},
+            "batchSize": batch, "shuffle": True}
+    if eval_every:
+        data.update(evalFraction=0.125, evalEvery=eval_every)
+    spec = {
+        "name": name, "steps": steps, "seed": 7,
+        "model": {"blocks": [wide, wide, wide,
+                             {"outFeatures": 5, "ffnHiddenSize": 64}]},
+        "parallelism": {"stages": 4, "microbatches": 4, "schedule": "1f1b"},
+        "optimizer": {"type": "adamw", "lr": 0.002, "clipGrad": 1.0},
+        "task": {"plugin": "cross_entropy"},
+        "data": data,
+    }
+    if recovery is not None:
+        spec["recovery"] = recovery
+    if checkpoint is not None:
+        spec["checkpoint"] = checkpoint
+    return spec

@@ -29,31 +29,19 @@ import time
 
 import grpc
 
-from cluster import TERMINAL, Cluster, pb, pb_grpc, spec_from_json, wait_for
+from cluster import (TERMINAL, Cluster, pb, pb_grpc, spec_from_json, wait_for,
+                     wide_spec)
 
 
 BATCH = 128
 
 
 def spec(ckpt_dir, steps, every=0, snapshot_every=0):
-    wide = {"outFeatures": 256, "ffnHiddenSize": 768, "norm": "layernorm"}
-    s = {
-        "name": "recovery-benchmark", "steps": steps, "seed": 7,
-        "model": {"blocks": [wide, wide, wide,
-                             {"outFeatures": 5, "ffnHiddenSize": 64}]},
-        "parallelism": {"stages": 4, "microbatches": 4, "schedule": "1f1b"},
-        "optimizer": {"type": "adamw", "lr": 0.002, "clipGrad": 1.0},
-        "task": {"plugin": "cross_entropy"},
-        "data": {"train": {"synthetic": {"kind": "gaussian_blobs",
-                                         "numSamples": 4096, "numFeatures": 256,
-                                         "numOutputs": 5, "noise": 1.0}},
-                 "batchSize": BATCH, "shuffle": True},
-        "recovery": {"maxRestarts": 3, "backoffMs": 0,
-                     "snapshotEvery": snapshot_every},
-    }
-    if every:
-        s["checkpoint"] = {"dir": ckpt_dir, "every": every}
-    return s
+    return wide_spec(
+        "recovery-benchmark", steps, batch=BATCH,
+        checkpoint={"dir": ckpt_dir, "every": every} if every else None,
+        recovery={"maxRestarts": 3, "backoffMs": 0,
+                  "snapshotEvery": snapshot_every})
 
 
 class Recorder(threading.Thread):

@@ -37,7 +37,7 @@ import time
 import grpc
 
 from cluster import (CLI_BIN, PLUGIN_DIR, TERMINAL, Cluster, pb, pb_grpc,
-                     spec_from_json, wait_for)
+                     spec_from_json, wait_for, wide_spec)
 
 SCENARIO = sys.argv[1] if len(sys.argv) > 1 else "chaos"
 STEPS = 600
@@ -46,23 +46,10 @@ WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 
 
 def make_spec(ckpt_dir, max_restarts=6, snapshot_every=0):
-    wide = {"outFeatures": 256, "ffnHiddenSize": 768, "norm": "layernorm"}
-    return {
-        "name": f"recovery-{SCENARIO}", "steps": STEPS, "seed": 7,
-        "model": {"blocks": [wide, wide, wide,
-                             {"outFeatures": 5, "ffnHiddenSize": 64}]},
-        "parallelism": {"stages": 4, "microbatches": 4, "schedule": "1f1b"},
-        "optimizer": {"type": "adamw", "lr": 0.002, "clipGrad": 1.0},
-        "task": {"plugin": "cross_entropy"},
-        "data": {"train": {"synthetic": {"kind": "gaussian_blobs",
-                                         "numSamples": 4096, "numFeatures": 256,
-                                         "numOutputs": 5, "noise": 1.0}},
-                 "evalFraction": 0.125, "evalEvery": 100, "batchSize": 128,
-                 "shuffle": True},
-        "checkpoint": {"dir": ckpt_dir, "every": EVERY},
-        "recovery": {"maxRestarts": max_restarts, "backoffMs": 200,
-                     "snapshotEvery": snapshot_every},
-    }
+    return wide_spec(f"recovery-{SCENARIO}", STEPS, eval_every=100,
+                     checkpoint={"dir": ckpt_dir, "every": EVERY},
+                     recovery={"maxRestarts": max_restarts, "backoffMs": 200,
+                               "snapshotEvery": snapshot_every})
 
 
 def stage_files(ckpt_dir, step):
