@@ -565,6 +565,7 @@ void JobManager::StartJobLocked(JobEntry& e,
   e.assigned = absl::Now();
   e.recovery_reported = !restart;
   e.restored = absl::InfiniteFuture();
+  e.progressed_early = false;
   rendezvous_.Open(job_id);
   SetStateLocked(
       e, v1::RUNNING,
@@ -1054,11 +1055,17 @@ void JobManager::HandleStartedLocked(WorkerEntry& w,
   e->restored = absl::Now();
   e->snapshot_holders.erase(e->snapshot_holders.upper_bound(e->resume_steps[0]),
                             e->snapshot_holders.end());
+  if (e->progressed_early) RecordRecoveryLocked(*e, e->restored);
 }
 
 void JobManager::RecordRecoveryLocked(JobEntry& e_ref, absl::Time now) {
   JobEntry* e = &e_ref;
-  if (e->recovery_reported || e->restored == absl::InfiniteFuture()) return;
+  if (e->recovery_reported) return;
+  if (e->restored == absl::InfiniteFuture()) {
+    // Recorded when the last StageStarted arrives.
+    e->progressed_early = true;
+    return;
+  }
   e->recovery_reported = true;
   JobEvent event;
   v1::JobRecovery* r = event.mutable_recovery();

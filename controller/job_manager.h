@@ -200,6 +200,9 @@ class JobManager {
     std::vector<int64_t> resume_steps;
     bool recovery_reported = true;  // the JobRecovery event is recorded
     absl::Time restored = absl::InfiniteFuture();  // every stage started
+    // The new gang's first step (or end) was reported before every stage's
+    // StageStarted had arrived (they come on different streams).
+    bool progressed_early = false;
 
     // ---- State to resume from (StateHeld reports).
     // step -> per stage, the workers holding that stage's snapshot.
@@ -301,7 +304,9 @@ class JobManager {
   void HandleStartedLocked(WorkerEntry& w, const v1::StageStarted& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the JobRecovery event of e's current restart, whose gang has
-  // restored and completed its first step (or ended) at `now`.
+  // restored and completed its first step (or ended) at `now`. A first
+  // step reported before every StageStarted (other streams) is remembered,
+  // and the event is recorded when the last StageStarted arrives.
   void RecordRecoveryLocked(JobEntry& e, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleHeldLocked(WorkerEntry& w, const v1::StateHeld& held)
