@@ -43,6 +43,30 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, the /metrics port is written here (atomically) once "
           "serving.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "The controller's TLS certificate (PEM). With --tls_key, --tls_ca "
+          "and --tokens_file: the secure setup (README, \"Security model\").");
+ABSL_FLAG(std::string, tls_key, "", "Private key of --tls_cert (PEM).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "The cluster CA (PEM): workers must present a client certificate "
+          "it signed to register.");
+ABSL_FLAG(std::string, tokens_file, "",
+          "Users, roles and token hashes (`trainyard token` adds one); "
+          "re-read when it changes. Every JobService call needs a token.");
+ABSL_FLAG(std::string, job_data_dir, "",
+          "The workers' data folder (their --data_dir, e.g. /data in the "
+          "pods) as specs name it: a spec with a path that leaves it is "
+          "refused at submit (INVALID_ARGUMENT naming the field). Empty = "
+          "only the workers check.");
+ABSL_FLAG(std::string, plugin_dir, "",
+          "The workers' task plugins (the same lib<name>.so files): when set, "
+          "SubmitJob also checks task.config with the plugin's "
+          "validate_config (no files opened). Only trusted plugins: their "
+          "code runs in the controller. Empty = the workers check.");
+ABSL_FLAG(bool, insecure, false,
+          "Plaintext gRPC and no authentication: anyone who can reach the "
+          "port can submit, see and cancel every job and register as a "
+          "worker. Only for a machine nobody else can reach.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once the "
           "server is serving.");
@@ -107,6 +131,39 @@ int main(int argc, char** argv) {
   if (options.data_dir.empty()) {
     fprintf(stderr, "trainyard-controller: --data_dir is required\n");
     return 2;
+  }
+  options.tls.insecure = absl::GetFlag(FLAGS_insecure);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
+  options.job_data_dir = absl::GetFlag(FLAGS_job_data_dir);
+  options.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
+  const bool any_security =
+      !options.tls.cert_file.empty() || !options.tls.key_file.empty() ||
+      !options.tls.ca_file.empty() || !options.tokens_file.empty();
+  if (options.tls.insecure && any_security) {
+    fprintf(stderr,
+            "trainyard-controller: --insecure cannot be combined with "
+            "--tls_cert, --tls_key, --tls_ca or --tokens_file\n");
+    return 2;
+  }
+  if (!options.tls.insecure &&
+      (options.tls.cert_file.empty() || options.tls.key_file.empty() ||
+       options.tls.ca_file.empty() || options.tokens_file.empty())) {
+    fprintf(stderr,
+            "trainyard-controller: secure by default: give --tls_cert, "
+            "--tls_key, --tls_ca and --tokens_file (`trainyard certs --out "
+            "DIR` makes them all), or --insecure for plaintext without "
+            "authentication\n");
+    return 2;
+  }
+  if (options.tls.insecure) {
+    LOG(WARNING) << "--insecure: plaintext gRPC and no authentication; "
+                    "anyone who can reach "
+                 << options.listen
+                 << " can submit, see and cancel every job and register as "
+                    "a worker";
   }
   absl::Status st =
       trainyard::RunServer(options, absl::GetFlag(FLAGS_port_file), signals);

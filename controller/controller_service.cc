@@ -17,16 +17,85 @@ using v1::ControllerMessage;
 using v1::JobEvent;
 using v1::WorkerMessage;
 
+// A server stream that writes what NextLocked() picks, one write in
+// flight, until there is nothing left and FinishedLocked() says the stream
+// is over (or the client cancels, or a write fails). Subclasses call Pump()
+// whenever something new may be readable.
+//
+// Lifetime: owned by itself through self_ (set by the subclass's Create)
+// until OnDone; the sources that notify it hold only a weak_ptr, so a
+// notification racing with OnDone finds either a live object (and
+// `finished_`) or none.
+template <typename T>
+class PumpedStream : public grpc::ServerWriteReactor<T> {
+ public:
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) cancelled_ = true;
+    }
+    Pump();
+  }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+    }
+    Pump();
+  }
+
+  void OnDone() override {
+    Closed();
+    std::shared_ptr<void> keep = std::move(self_);
+  }
+
+ protected:
+  // The next message into *out; false when there is none right now.
+  virtual bool NextLocked(T* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // With nothing to write: whether the stream is over (else it waits for
+  // the next Pump()).
+  virtual bool FinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // Called once, from OnDone.
+  virtual void Closed() {}
+
+  void Pump() {
+    absl::MutexLock lock(&mu_);
+    if (writing_ || finished_) return;
+    if (cancelled_) {
+      finished_ = true;
+      this->Finish(
+          grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
+      return;
+    }
+    if (NextLocked(&buf_)) {
+      writing_ = true;
+      this->StartWrite(&buf_);
+      return;
+    }
+    if (FinishedLocked()) {
+      finished_ = true;
+      this->Finish(grpc::Status::OK);
+    }
+  }
+
+  std::shared_ptr<void> self_;
+  absl::Mutex mu_;
+
+ private:
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  T buf_ ABSL_GUARDED_BY(mu_);  // the message being written
+};
+
 // WatchJob: the current state, then the job's steps/evals/notes from
 // from_step on (replayed from the event log), then live events; ends after
 // the terminal state. Reads the shared JobEventLog with its own cursor; at
 // most one write is in flight, so a slow client only holds back its own
 // cursor.
-//
-// Lifetime: owned by itself through self_ from creation to OnDone; the log
-// holds only a weak_ptr, so a notification racing with OnDone finds either
-// a live object (and `finished_`) or none.
-class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
+class WatchReactor final : public PumpedStream<JobEvent>,
                            public JobEventLog::Listener,
                            public std::enable_shared_from_this<WatchReactor> {
  public:
@@ -52,28 +121,6 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
 
   void OnJobEvents() override { Pump(); }
 
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) cancelled_ = true;
-    }
-    Pump();
-  }
-
-  void OnCancel() override {
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-    }
-    Pump();
-  }
-
-  void OnDone() override {
-    open_->fetch_sub(1);
-    std::shared_ptr<WatchReactor> keep = std::move(self_);
-  }
-
  private:
   WatchReactor(std::shared_ptr<JobEventLog> log, std::string job_id,
                int64_t from_step)
@@ -81,15 +128,20 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
         job_id_(std::move(job_id)),
         from_step_(from_step) {}
 
-  // Picks the next event to send, if any, into buf_.
-  bool NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void Closed() override { open_->fetch_sub(1); }
+
+  bool FinishedLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return terminal_;
+  }
+
+  bool NextLocked(JobEvent* out) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // The current state goes first, so a watcher knows where the job
     // stands; for a finished job it goes last instead, after the replayed
     // history, so "stop at the terminal state" never skips the history.
     const bool finished_job = IsTerminal(first_.state().state());
     if (!sent_first_ && !finished_job) {
       sent_first_ = true;
-      buf_ = first_;
+      *out = first_;
       return true;
     }
     JobEvent ev;
@@ -110,60 +162,97 @@ class WatchReactor final : public grpc::ServerWriteReactor<JobEvent>,
       } else {
         continue;
       }
-      buf_ = std::move(ev);
-      buf_.set_job_id(job_id_);
+      *out = std::move(ev);
+      out->set_job_id(job_id_);
       return true;
     }
     if (!sent_first_ && finished_job) {
       sent_first_ = true;
       terminal_ = true;
-      buf_ = first_;
+      *out = first_;
       return true;
     }
     return false;
   }
 
-  void Pump() {
-    absl::MutexLock lock(&mu_);
-    if (writing_ || finished_) return;
-    if (cancelled_) {
-      finished_ = true;
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "watch cancelled"));
-      return;
-    }
-    if (NextLocked()) {
-      writing_ = true;
-      StartWrite(&buf_);
-      return;
-    }
-    if (terminal_) {
-      finished_ = true;
-      Finish(grpc::Status::OK);
-    }
-  }
-
   const std::shared_ptr<JobEventLog> log_;
   const std::string job_id_;
   const int64_t from_step_;
-  std::shared_ptr<WatchReactor> self_;
   std::shared_ptr<std::atomic<int64_t>> open_;
 
-  absl::Mutex mu_;
   JobEvent first_ ABSL_GUARDED_BY(mu_);
   int64_t boundary_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cursor_ ABSL_GUARDED_BY(mu_) = 0;
   bool sent_first_ ABSL_GUARDED_BY(mu_) = false;
   bool terminal_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  JobEvent buf_ ABSL_GUARDED_BY(mu_);  // the message being written
 };
 
 // A write reactor that only reports an error.
-class FailedWatch final : public grpc::ServerWriteReactor<JobEvent> {
+template <typename T>
+class FailedStream final : public grpc::ServerWriteReactor<T> {
  public:
-  explicit FailedWatch(const grpc::Status& status) { Finish(status); }
+  explicit FailedStream(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
+using FailedWatch = FailedStream<JobEvent>;
+
+// WatchLogs: the job's log lines from from_seq on, then (follow) new ones
+// until the ring is closed (the job ended). The ring holds a weak_ptr.
+class LogsReactor final : public PumpedStream<v1::LogLine>,
+                          public LogRing::Listener,
+                          public std::enable_shared_from_this<LogsReactor> {
+ public:
+  static LogsReactor* Create(std::shared_ptr<LogRing> ring, int64_t from_seq,
+                             bool follow) {
+    std::shared_ptr<LogsReactor> r(
+        new LogsReactor(std::move(ring), from_seq, follow));
+    r->self_ = r;
+    const LogRing::Snapshot snap =
+        follow ? r->ring_->Subscribe(r) : r->ring_->state();
+    {
+      absl::MutexLock lock(&r->mu_);
+      r->end_ = snap.end;
+    }
+    r->Pump();
+    return r.get();
+  }
+
+  void OnLogLines() override { Pump(); }
+
+ private:
+  LogsReactor(std::shared_ptr<LogRing> ring, int64_t from_seq, bool follow)
+      : ring_(std::move(ring)), follow_(follow), cursor_(from_seq) {}
+
+  bool NextLocked(v1::LogLine* out) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // Closed is read before the line: no line is appended after the close,
+    // so a closed ring with nothing left to read is done.
+    closed_ = ring_->state().closed;
+    if ((follow_ || cursor_ < end_) && ring_->Read(&cursor_, out) &&
+        (follow_ || out->seq() < end_)) {
+      ++cursor_;
+      return true;
+    }
+    return false;
+  }
+
+  bool FinishedLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !follow_ || closed_;
+  }
+
+  const std::shared_ptr<LogRing> ring_;
+  const bool follow_;
+
+  int64_t cursor_ ABSL_GUARDED_BY(mu_);
+  int64_t end_ ABSL_GUARDED_BY(mu_) = 0;      // without follow: stop here
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // as of the last NextLocked
+};
+
+// A worker stream refused before its first read.
+class RefusedWorker final
+    : public grpc::ServerBidiReactor<WorkerMessage, ControllerMessage> {
+ public:
+  explicit RefusedWorker(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
 
@@ -297,12 +386,27 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
+absl::StatusOr<Caller> JobServiceImpl::Authenticate(
+    grpc::CallbackServerContext* context) {
+  if (tokens_ == nullptr) return Caller{"", true};
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  return tokens_->Authenticate(
+      it == metadata.end()
+          ? absl::string_view()
+          : absl::string_view(it->second.data(), it->second.size()));
+}
+
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(
     grpc::CallbackServerContext* context, const v1::SubmitJobRequest* request,
     v1::Job* response) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<Caller> caller = Authenticate(context);
   grpc::ServerUnaryReactor* reactor =
-      Reply(context, manager_->SubmitJob(*request), response);
+      Reply(context,
+            caller.ok() ? manager_->SubmitJob(*request, *caller)
+                        : absl::StatusOr<v1::Job>(caller.status()),
+            response);
   if (submit_seconds_ != nullptr) {
     submit_seconds_->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   }
@@ -312,18 +416,30 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest* request,
     v1::Job* response) {
-  return Reply(context, manager_->GetJob(request->job_id()), response);
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) return Reply<v1::Job>(context, caller.status(), response);
+  return Reply(context, manager_->GetJob(request->job_id(), *caller), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(
     grpc::CallbackServerContext* context, const v1::ListJobsRequest* request,
     v1::ListJobsResponse* response) {
-  return Reply(context, manager_->ListJobs(*request), response);
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) {
+    return Reply<v1::ListJobsResponse>(context, caller.status(), response);
+  }
+  return Reply(context, manager_->ListJobs(*request, *caller), response);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(
     grpc::CallbackServerContext* context, const v1::ListWorkersRequest*,
     v1::ListWorkersResponse* response) {
+  // Any authenticated user may see the workers (capacity, placement); they
+  // carry no job specs.
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) {
+    return Reply<v1::ListWorkersResponse>(context, caller.status(), response);
+  }
   for (const JobManager::WorkerInfo& w : manager_->ListWorkers()) {
     v1::WorkerStatus* out = response->add_workers();
     out->set_worker_id(w.id);
@@ -342,13 +458,17 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(
     grpc::CallbackServerContext* context, const v1::CancelJobRequest* request,
     v1::Job* response) {
-  return Reply(context, manager_->CancelJob(*request), response);
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) return Reply<v1::Job>(context, caller.status(), response);
+  return Reply(context, manager_->CancelJob(*request, *caller), response);
 }
 
 grpc::ServerWriteReactor<JobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) return new FailedWatch(ToGrpcStatus(caller.status()));
   absl::StatusOr<std::shared_ptr<JobEventLog>> log =
-      manager_->WatchJob(request->job_id());
+      manager_->WatchJob(request->job_id(), *caller);
   if (!log.ok()) return new FailedWatch(ToGrpcStatus(log.status()));
   if (request->from_step() < 0) {
     return new FailedWatch(ToGrpcStatus(absl::InvalidArgumentError(
@@ -358,8 +478,43 @@ grpc::ServerWriteReactor<JobEvent>* JobServiceImpl::WatchJob(
                               request->from_step(), watchers_);
 }
 
+grpc::ServerUnaryReactor* JobServiceImpl::GetTrace(
+    grpc::CallbackServerContext* context, const v1::GetTraceRequest* request,
+    v1::GetTraceResponse* response) {
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) {
+    return Reply<v1::GetTraceResponse>(context, caller.status(), response);
+  }
+  return Reply(context, manager_->GetTrace(*request, *caller), response);
+}
+
+grpc::ServerWriteReactor<v1::LogLine>* JobServiceImpl::WatchLogs(
+    grpc::CallbackServerContext* context, const v1::WatchLogsRequest* request) {
+  using Failed = FailedStream<v1::LogLine>;
+  absl::StatusOr<Caller> caller = Authenticate(context);
+  if (!caller.ok()) return new Failed(ToGrpcStatus(caller.status()));
+  if (request->from_seq() < 0) {
+    return new Failed(ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("from_seq: must be >= 0, got ", request->from_seq()))));
+  }
+  absl::StatusOr<std::shared_ptr<LogRing>> ring =
+      manager_->WatchLogs(request->job_id(), *caller);
+  if (!ring.ok()) return new Failed(ToGrpcStatus(ring.status()));
+  return LogsReactor::Create(*std::move(ring), request->from_seq(),
+                             request->follow());
+}
+
 grpc::ServerBidiReactor<WorkerMessage, ControllerMessage>*
 WorkerServiceImpl::Connect(grpc::CallbackServerContext* context) {
+  if (require_certificate_ && !PeerHasVerifiedCertificate(*context)) {
+    LOG(WARNING) << "WorkerService.Connect from " << context->peer()
+                 << " refused: no client certificate";
+    return new RefusedWorker(grpc::Status(
+        grpc::StatusCode::UNAUTHENTICATED,
+        "WorkerService needs a client certificate signed by the cluster CA: "
+        "start the worker with --tls_cert and --tls_key (e.g. worker.pem and "
+        "worker.key from `trainyard certs`)"));
+  }
   return WorkerStream::Create(manager_, context);
 }
 
@@ -371,12 +526,29 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   mopts.heartbeat_timeout = options.heartbeat_timeout;
   mopts.adopt_timeout = options.adopt_timeout;
   mopts.drain_timeout = options.drain_timeout;
+  mopts.job_data_dir = options.job_data_dir;
+  mopts.plugin_dir = options.plugin_dir;
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
       JobManager::Create(mopts);
   if (!manager.ok()) return manager.status();
 
   std::unique_ptr<ControllerServer> server(new ControllerServer());
   server->manager_ = *std::move(manager);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options.tls);
+  if (!credentials.ok()) {
+    server->manager_->Shutdown();
+    return credentials.status();
+  }
+  if (!options.tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenTable>> tokens =
+        TokenTable::Load(options.tokens_file);
+    if (!tokens.ok()) {
+      server->manager_->Shutdown();
+      return tokens.status();
+    }
+    server->tokens_ = *std::move(tokens);
+  }
   prometheus::Histogram* submit_seconds = nullptr;
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
@@ -394,8 +566,8 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
                                        0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
                                        0.05, 0.1, 0.2, 0.5, 1, 2, 5});
   }
-  server->job_service_ =
-      std::make_unique<JobServiceImpl>(server->manager_.get(), submit_seconds);
+  server->job_service_ = std::make_unique<JobServiceImpl>(
+      server->manager_.get(), submit_seconds, server->tokens_.get());
   if (server->metrics_ != nullptr) {
     JobManager* manager_ptr = server->manager_.get();
     JobServiceImpl* jobs = server->job_service_.get();
@@ -428,8 +600,10 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       return out;
     });
   }
-  server->worker_service_ =
-      std::make_unique<WorkerServiceImpl>(server->manager_.get());
+  server->worker_service_ = std::make_unique<WorkerServiceImpl>(
+      server->manager_.get(),
+      /*require_certificate=*/!options.tls.insecure &&
+          !options.tls.ca_file.empty());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -441,8 +615,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(options.listen, *credentials, &port);
   builder.RegisterService(server->job_service_.get());
   builder.RegisterService(server->worker_service_.get());
   server->server_ = builder.BuildAndStart();
@@ -456,7 +629,11 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
   server->address_ = absl::StrCat(host, ":", port);
   LOG(INFO) << "trainyard-controller serving on " << server->address_
-            << ", data in " << options.data_dir;
+            << (options.tls.insecure ? " (plaintext)" : " (TLS)")
+            << ", data in " << options.data_dir
+            << (server->tokens_ != nullptr
+                    ? absl::StrCat(", tokens from ", options.tokens_file)
+                    : std::string(", no authentication"));
   return server;
 }
 

@@ -28,6 +28,8 @@
 #include "grpcpp/grpcpp.h"
 #include "prometheus/histogram.h"
 #include "proto/trainyard.grpc.pb.h"
+#include "security/tls.h"
+#include "security/tokens.h"
 
 namespace trainyard {
 
@@ -35,12 +37,18 @@ namespace trainyard {
 // their numeric values).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// Every call is authenticated first when `tokens` is set (a bearer token in
+// the `authorization` request header; UNAUTHENTICATED otherwise), and runs
+// as that caller (JobManager decides what they may see and do). Without
+// `tokens` every caller is an anonymous admin (--insecure).
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
   // `submit_seconds` (may be null) observes each SubmitJob's latency.
+  // `tokens` (may be null; not owned).
   explicit JobServiceImpl(JobManager* manager,
-                          prometheus::Histogram* submit_seconds = nullptr)
-      : manager_(manager), submit_seconds_(submit_seconds) {}
+                          prometheus::Histogram* submit_seconds = nullptr,
+                          TokenTable* tokens = nullptr)
+      : manager_(manager), submit_seconds_(submit_seconds), tokens_(tokens) {}
   // Open WatchJob streams.
   int64_t watchers() const { return watchers_->load(); }
 
@@ -63,24 +71,42 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(
       grpc::CallbackServerContext* context,
       const v1::WatchJobRequest* request) override;
+  grpc::ServerUnaryReactor* GetTrace(grpc::CallbackServerContext* context,
+                                     const v1::GetTraceRequest* request,
+                                     v1::GetTraceResponse* response) override;
+  // The log lines held from request.from_seq on, then (with follow) new
+  // ones until the job ends; one write in flight, so a slow reader holds
+  // back only itself (lines that fall out of the ring meanwhile show as a
+  // gap in seq).
+  grpc::ServerWriteReactor<v1::LogLine>* WatchLogs(
+      grpc::CallbackServerContext* context,
+      const v1::WatchLogsRequest* request) override;
 
  private:
+  absl::StatusOr<Caller> Authenticate(grpc::CallbackServerContext* context);
+
   JobManager* const manager_;                    // not owned
   prometheus::Histogram* const submit_seconds_;  // not owned; may be null
+  TokenTable* const tokens_;                     // not owned; may be null
   // Shared with the watch reactors, which may outlive a call.
   std::shared_ptr<std::atomic<int64_t>> watchers_ =
       std::make_shared<std::atomic<int64_t>>(0);
 };
 
+// With `require_certificate`, a stream whose peer did not present a client
+// certificate signed by the cluster CA is refused (UNAUTHENTICATED) before
+// any message is read: it can neither register nor receive assignments.
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  explicit WorkerServiceImpl(JobManager* manager) : manager_(manager) {}
+  WorkerServiceImpl(JobManager* manager, bool require_certificate)
+      : manager_(manager), require_certificate_(require_certificate) {}
 
   grpc::ServerBidiReactor<v1::WorkerMessage, v1::ControllerMessage>* Connect(
       grpc::CallbackServerContext* context) override;
 
  private:
   JobManager* const manager_;  // not owned
+  const bool require_certificate_;
 };
 
 struct ControllerOptions {
@@ -94,6 +120,20 @@ struct ControllerOptions {
   absl::Duration drain_timeout = absl::Seconds(10);
   // Prometheus /metrics (docs/CONTROLLER.md, "Metrics"); empty = none.
   std::string metrics_listen;
+  // The gRPC port's security. Plaintext by default here (in-process tests);
+  // the daemon makes its operator choose (TLS files, or --insecure). With
+  // tls.ca_file set, WorkerService needs a client certificate it signed.
+  TlsOptions tls = [] {
+    TlsOptions t;
+    t.insecure = true;
+    return t;
+  }();
+  // Users and their token hashes (security/tokens.h); empty = no
+  // authentication (every caller is an anonymous admin).
+  std::string tokens_file;
+  // JobManagerOptions::job_data_dir and plugin_dir.
+  std::string job_data_dir;
+  std::string plugin_dir;
 };
 
 class ControllerServer {
@@ -122,6 +162,7 @@ class ControllerServer {
   ControllerServer() = default;
 
   std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<TokenTable> tokens_;
   std::unique_ptr<MetricsEndpoint> metrics_;
   std::unique_ptr<JobServiceImpl> job_service_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;

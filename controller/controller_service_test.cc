@@ -16,9 +16,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "core/job_plan.h"
+#include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "gtest/gtest.h"
+#include "security/tokens.h"
 
 namespace trainyard {
 namespace {
@@ -226,6 +228,32 @@ class FakeWorker {
     m.mutable_held()->set_step(step);
     Send(m);
   }
+  void Log(const std::string& job, int stage, const std::string& text) {
+    WorkerMessage m;
+    m.mutable_log()->set_job_id(job);
+    m.mutable_log()->set_stage(stage);
+    m.mutable_log()->set_time_ms(absl::ToUnixMillis(absl::Now()));
+    m.mutable_log()->set_text(text);
+    Send(m);
+  }
+  // A step report whose trace has one forward span per microbatch.
+  void TracedStep(const std::string& job, int stage, int64_t step,
+                  int microbatches) {
+    WorkerMessage m;
+    m.mutable_step()->set_job_id(job);
+    m.mutable_step()->set_stage(stage);
+    m.mutable_step()->mutable_step()->set_step(step);
+    v1::StageTrace* t = m.mutable_step()->mutable_trace();
+    t->set_step_us(1000);
+    for (int i = 0; i < microbatches; ++i) {
+      v1::StageSpan* span = t->add_spans();
+      span->set_kind(v1::SPAN_FORWARD);
+      span->set_microbatch(i);
+      span->set_start_us(100 * i);
+      span->set_end_us(100 * i + 80);
+    }
+    Send(m);
+  }
   void Started(const std::string& job, int stage, int64_t resume_step) {
     WorkerMessage m;
     m.mutable_started()->set_job_id(job);
@@ -336,9 +364,11 @@ class ControllerTest : public ::testing::Test {
   }
   void TearDown() override { server_.reset(); }
 
-  void StartServer(absl::Duration adopt_timeout = absl::Seconds(10)) {
+  void StartServer(absl::Duration adopt_timeout = absl::Seconds(10),
+                   const std::string& tokens_file = "") {
     ControllerOptions opts;
     opts.data_dir = dir_;
+    opts.tokens_file = tokens_file;
     opts.heartbeat_interval = absl::Milliseconds(100);
     opts.heartbeat_timeout = absl::Milliseconds(800);
     opts.adopt_timeout = adopt_timeout;
@@ -1278,6 +1308,141 @@ TEST_F(ControllerTest, RestartedControllerReadoptsARunningJob) {
   ASSERT_TRUE(m && m->has_cancel());
   EXPECT_EQ(m->cancel().job_id(), job_id);
   EXPECT_NE(m->cancel().reason().find("SUCCEEDED"), std::string::npos);
+}
+
+// Reads a whole WatchLogs stream.
+struct LogsRead {
+  grpc::Status status;
+  std::vector<v1::LogLine> lines;
+};
+LogsRead ReadLogs(v1::JobService::Stub* stub, const std::string& job_id,
+                  bool follow, const std::string& token = "") {
+  v1::WatchLogsRequest req;
+  req.set_job_id(job_id);
+  req.set_follow(follow);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  auto reader = stub->WatchLogs(&ctx, req);
+  LogsRead out;
+  v1::LogLine line;
+  while (reader->Read(&line)) out.lines.push_back(line);
+  out.status = reader->Finish();
+  return out;
+}
+
+TEST_F(ControllerTest, WatchLogsReplaysThenFollowsUntilTheJobEnds) {
+  auto w0 = NewWorker("s0");
+  auto w1 = NewWorker("s1");
+  Job job = Submit("logged", Spec(2));
+  ASSERT_TRUE(w0->Next()->has_assign());
+  ASSERT_TRUE(w1->Next()->has_assign());
+  w0->Log(job.job_id(), 0, "stage 0 started");
+  // The line travels on the worker's stream; wait until it is held.
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  LogsRead held;
+  do {
+    held = ReadLogs(jobs_.get(), job.job_id(), /*follow=*/false);
+    ASSERT_TRUE(held.status.ok()) << held.status.error_message();
+  } while (held.lines.empty() && absl::Now() < deadline);
+  ASSERT_EQ(held.lines.size(), 1u);
+  EXPECT_EQ(held.lines[0].worker_id(), w0->id());
+  EXPECT_EQ(held.lines[0].worker_name(), "s0");
+
+  LogsRead followed;
+  std::thread follower(
+      [&] { followed = ReadLogs(jobs_.get(), job.job_id(), /*follow=*/true); });
+  w1->Log(job.job_id(), 1, "stage 1 started");
+  w0->Log(job.job_id(), 0, "stage 0 done");
+  w0->Done(job.job_id(), 0);
+  w1->Log(job.job_id(), 1, "stage 1 done");
+  w1->Done(job.job_id(), 1);
+  WaitState(job.job_id(), v1::SUCCEEDED);
+  follower.join();  // the stream ends with the job
+  ASSERT_TRUE(followed.status.ok()) << followed.status.error_message();
+  std::vector<std::string> texts;
+  for (const v1::LogLine& l : followed.lines) texts.push_back(l.text());
+  EXPECT_THAT(texts, ::testing::UnorderedElementsAre(
+                         "stage 0 started", "stage 1 started", "stage 0 done",
+                         "stage 1 done"));
+  for (size_t i = 0; i < followed.lines.size(); ++i) {
+    EXPECT_EQ(followed.lines[i].seq(), static_cast<int64_t>(i));
+  }
+  // After the end, a follower gets the lines and the end at once.
+  LogsRead after = ReadLogs(jobs_.get(), job.job_id(), /*follow=*/true);
+  EXPECT_TRUE(after.status.ok());
+  EXPECT_EQ(after.lines.size(), 4u);
+}
+
+TEST_F(ControllerTest, GetTraceReturnsTheStagesSpans) {
+  auto w0 = NewWorker("s0");
+  auto w1 = NewWorker("s1");
+  Job job = Submit("traced", Spec(2));
+  ASSERT_TRUE(w0->Next()->has_assign());
+  ASSERT_TRUE(w1->Next()->has_assign());
+  w0->TracedStep(job.job_id(), 0, 1, 4);
+  w1->TracedStep(job.job_id(), 1, 1, 4);
+  v1::GetTraceRequest req;
+  req.set_job_id(job.job_id());
+  req.set_step(1);
+  v1::GetTraceResponse trace;
+  grpc::Status st;
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  do {
+    grpc::ClientContext ctx;
+    st = jobs_->GetTrace(&ctx, req, &trace);
+  } while ((!st.ok() || trace.stages_size() < 2) && absl::Now() < deadline);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(trace.stages_size(), 2);
+  EXPECT_EQ(trace.stages(1).worker_id(), w1->id());
+  EXPECT_EQ(trace.stages(1).spans_size(), 4);
+
+  req.set_step(7);
+  grpc::ClientContext ctx;
+  st = jobs_->GetTrace(&ctx, req, &trace);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(st.error_message(),
+              ::testing::HasSubstr("step 7 is not held; steps 1..1 are"));
+}
+
+TEST_F(ControllerTest, TracesAndLogsAreAuthenticatedAndOwned) {
+  const std::string tokens = dir_ + "/tokens";
+  const std::string alice = NewToken();
+  const std::string bob = NewToken();
+  ASSERT_TRUE(AppendToken(tokens, "alice", Role::kUser, alice).ok());
+  ASSERT_TRUE(AppendToken(tokens, "bob", Role::kUser, bob).ok());
+  server_.reset();
+  StartServer(absl::Seconds(10), tokens);
+  v1::SubmitJobRequest submit;
+  submit.set_request_id("alices");
+  *submit.mutable_spec() = Spec(1);
+  Job job;
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + alice);
+    ASSERT_TRUE(jobs_->SubmitJob(&ctx, submit, &job).ok());
+  }
+  auto get_trace = [&](const std::string& token) {
+    v1::GetTraceRequest req;
+    req.set_job_id(job.job_id());
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    v1::GetTraceResponse resp;
+    return jobs_->GetTrace(&ctx, req, &resp);
+  };
+  EXPECT_EQ(get_trace("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(get_trace(bob).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  grpc::Status mine = get_trace(alice);
+  EXPECT_EQ(mine.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(mine.error_message(), ::testing::HasSubstr("has not run yet"));
+
+  EXPECT_EQ(ReadLogs(jobs_.get(), job.job_id(), false).status.error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(ReadLogs(jobs_.get(), job.job_id(), false, bob).status.error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  LogsRead own = ReadLogs(jobs_.get(), job.job_id(), false, alice);
+  EXPECT_TRUE(own.status.ok()) << own.status.error_message();
+  EXPECT_TRUE(own.lines.empty());
 }
 
 }  // namespace

@@ -32,15 +32,7 @@ void JobEventLog::Notify() {
   std::vector<std::shared_ptr<Listener>> live;
   {
     absl::MutexLock lock(&mu_);
-    std::vector<std::weak_ptr<Listener>> kept;
-    kept.reserve(listeners_.size());
-    for (auto& weak : listeners_) {
-      if (auto l = weak.lock()) {
-        live.push_back(std::move(l));
-        kept.push_back(std::move(weak));
-      }
-    }
-    listeners_ = std::move(kept);
+    live = listeners_.Live();
   }
   for (auto& l : live) l->OnJobEvents();
 }
@@ -52,7 +44,7 @@ int64_t JobEventLog::size() const {
 
 JobEventLog::Snapshot JobEventLog::Subscribe(std::weak_ptr<Listener> listener) {
   absl::MutexLock lock(&mu_);
-  listeners_.push_back(std::move(listener));
+  listeners_.Add(std::move(listener));
   Snapshot snap;
   snap.state = state_;
   snap.size = static_cast<int64_t>(events_.size());

@@ -22,6 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "controller/weak_listeners.h"
 #include "proto/trainyard.pb.h"
 
 namespace trainyard {
@@ -66,7 +67,7 @@ class JobEventLog {
   mutable absl::Mutex mu_;
   std::vector<v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
   v1::JobStateChange state_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::weak_ptr<Listener>> listeners_ ABSL_GUARDED_BY(mu_);
+  WeakListeners<Listener> listeners_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trainyard

@@ -14,8 +14,10 @@
 #include "absl/time/clock.h"
 #include "controller/scheduler.h"
 #include "core/job_plan.h"
+#include "core/sha256.h"
 #include "core/status_macros.h"
 #include "glog/logging.h"
+#include "task_plugins/task_loader.h"
 
 namespace trainyard {
 namespace {
@@ -26,9 +28,15 @@ using v1::JobState;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
-PlanOptions ControllerPlanOptions() {
+PlanOptions ControllerPlanOptions(const JobManagerOptions& manager) {
   PlanOptions options;
   options.check_files = false;
+  if (!manager.job_data_dir.empty()) {
+    // Relative paths resolve on the workers, against the same folder.
+    options.base_dir = manager.job_data_dir;
+    options.confine_to = manager.job_data_dir;
+    options.confine_flag = "the controller's --job_data_dir";
+  }
   // Workers check memory and devices against their own machines; the
   // controller only schedules, so neither may reject a spec here.
   options.memory_limit_bytes = std::numeric_limits<uint64_t>::max();
@@ -77,6 +85,10 @@ constexpr int64_t kMaxWorkerIdAhead = 1000000;
 // Longest note text kept in a job's history; a worker's reason is cut
 // there.
 constexpr size_t kMaxNoteBytes = 1024;
+
+// Client-chosen strings that are stored with a job.
+constexpr size_t kMaxRequestIdBytes = 256;
+constexpr size_t kMaxCancelReasonBytes = 1024;
 
 constexpr int kDefaultPageSize = 50;
 constexpr size_t kMaxListResponseBytes = size_t{2} << 20;
@@ -168,7 +180,8 @@ absl::Status JobManager::Load() {
     auto e = std::make_unique<JobEntry>();
     e->order = ++order;
     e->job = std::move(job);
-    job_by_request_[e->job.request_id()] = e->job.job_id();
+    job_by_request_[RequestKey(e->job.owner(), e->job.request_id())] =
+        e->job.job_id();
     JobEntry& entry = *e;
     jobs_[e->job.job_id()] = std::move(e);
     // Worker ids stay unique across restarts, so a reconnecting worker can
@@ -181,7 +194,7 @@ absl::Status JobManager::Load() {
     }
     if (IsTerminal(entry.job.state())) continue;
     absl::StatusOr<JobPlan> plan =
-        PlanJob(entry.job.spec(), ControllerPlanOptions());
+        PlanJob(entry.job.spec(), ControllerPlanOptions(options_));
     if (!plan.ok()) {
       FinishJobLocked(entry, v1::FAILED,
                       absl::StrCat("spec no longer valid after restart: ",
@@ -404,6 +417,37 @@ void JobManager::SetStateLocked(JobEntry& e, JobState state,
   event.mutable_state()->set_state(state);
   event.mutable_state()->set_reason(reason);
   CommitLocked(e, &event);
+  if (IsTerminal(state)) EndTelemetryLocked(e);
+}
+
+TraceBuffer* JobManager::TracesLocked(JobEntry& e) {
+  if (e.traces == nullptr && !IsTerminal(e.job.state())) {
+    e.traces =
+        std::make_unique<TraceBuffer>(e.num_stages, options_.trace_limits);
+  }
+  return e.traces.get();
+}
+
+LogRing* JobManager::LogRingLocked(JobEntry& e) {
+  if (e.logs == nullptr && !IsTerminal(e.job.state())) {
+    e.logs = std::make_shared<LogRing>(options_.log_limits);
+  }
+  return e.logs.get();
+}
+
+void JobManager::EndTelemetryLocked(JobEntry& e) {
+  if (e.logs != nullptr) e.logs->Close();
+  if (e.logs == nullptr && e.traces == nullptr) return;
+  ended_with_telemetry_.push_back(e.job.job_id());
+  while (static_cast<int>(ended_with_telemetry_.size()) >
+         std::max(0, options_.keep_ended_jobs)) {
+    auto it = jobs_.find(ended_with_telemetry_.front());
+    ended_with_telemetry_.pop_front();
+    if (it == jobs_.end()) continue;
+    // Open WatchLogs streams keep their (closed) ring until they finish.
+    it->second->logs.reset();
+    it->second->traces.reset();
+  }
 }
 
 void JobManager::FinishJobLocked(JobEntry& e, JobState state,
@@ -530,6 +574,7 @@ void JobManager::StartJobLocked(JobEntry& e,
   assign.set_job_id(job_id);
   *assign.mutable_spec() = e.normalized;
   assign.set_attempt(e.job.restarts());
+  assign.set_data_plane_secret(RandomBytes(32));
   e.from_snapshot = snapshot.has_value();
   if (snapshot.has_value()) {
     *assign.mutable_snapshot() = *snapshot;
@@ -567,6 +612,8 @@ void JobManager::StartJobLocked(JobEntry& e,
   e.restored = absl::InfiniteFuture();
   e.progressed_early = false;
   rendezvous_.Open(job_id);
+  TracesLocked(e);
+  LogRingLocked(e);
   SetStateLocked(
       e, v1::RUNNING,
       !restart ? std::string()
@@ -589,30 +636,48 @@ void JobManager::StartJobLocked(JobEntry& e,
 
 // ---- JobService.
 
-absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request) {
+absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request,
+                                          const Caller& caller) {
   if (request.request_id().empty()) {
     return absl::InvalidArgumentError(
         "request_id: required (a client-chosen idempotency key)");
   }
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: ", request.request_id().size(),
+                     " bytes, limit ", kMaxRequestIdBytes));
+  }
+  const std::string key = RequestKey(caller.user, request.request_id());
   {
     absl::MutexLock lock(&mu_);
-    auto it = job_by_request_.find(request.request_id());
+    auto it = job_by_request_.find(key);
     if (it != job_by_request_.end()) return jobs_.at(it->second)->job;
   }
   absl::StatusOr<JobPlan> plan =
-      PlanJob(request.spec(), ControllerPlanOptions());
+      PlanJob(request.spec(), ControllerPlanOptions(options_));
   // PlanJob's message already lists every problem with its field path.
   if (!plan.ok()) return plan.status();
+  if (!options_.plugin_dir.empty()) {
+    ASSIGN_OR_RETURN(const std::string config, TaskConfigJson(request.spec()));
+    absl::StatusOr<ConfigCheck> check = ValidateTaskConfig(
+        options_.plugin_dir, request.spec().task().plugin(), config);
+    if (absl::IsNotFound(check.status())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("task.plugin: ", check.status().message()));
+    }
+    if (!check.ok()) return check.status();
+  }
   Job result;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) {
       return absl::UnavailableError("controller shutting down");
     }
-    auto it = job_by_request_.find(request.request_id());
+    auto it = job_by_request_.find(key);
     if (it != job_by_request_.end()) return jobs_.at(it->second)->job;
     Job job;
     job.set_request_id(request.request_id());
+    job.set_owner(caller.user);
     *job.mutable_spec() = request.spec();
     job.set_priority(request.priority());
     job.set_create_time_ms(NowMs());
@@ -622,7 +687,7 @@ absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request) {
     e->order = static_cast<int64_t>(jobs_.size()) + 1;  // jobs never leave
     SetPlanLocked(*e, *plan);
     const std::string id = e->job.job_id();
-    job_by_request_[request.request_id()] = id;
+    job_by_request_[key] = id;
     jobs_[id] = std::move(e);
     if (created.created) {
       // The history starts with the QUEUED state, stored as event 0.
@@ -636,19 +701,34 @@ absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request) {
   return result;
 }
 
-absl::StatusOr<Job> JobManager::GetJob(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<JobManager::JobEntry*> JobManager::FindJobLocked(
+    const std::string& job_id, const Caller& caller, const char* verb) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job ", job_id, ": not found"));
+    return absl::NotFoundError(
+        absl::StrCat("job ", Quote(job_id), ": not found"));
   }
-  Job job = it->second->job;
+  if (!caller.admin && it->second->job.owner() != caller.user) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job ", job_id,
+                     " belongs to another user: only its owner or an "
+                     "admin may ",
+                     verb, " it"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<Job> JobManager::GetJob(const std::string& job_id,
+                                       const Caller& caller) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobEntry * e, FindJobLocked(job_id, caller, "see"));
+  Job job = e->job;
   job.set_tensorboard_dir(TensorboardDir(job_id));
   return job;
 }
 
 absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(
-    const v1::ListJobsRequest& request) {
+    const v1::ListJobsRequest& request, const Caller& caller) {
   if (request.page_size() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("page_size: must be >= 0, got ", request.page_size()));
@@ -664,8 +744,8 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(
         !absl::SimpleAtoi(decoded.substr(sizeof(kTokenPrefix) - 1), &before) ||
         before <= 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("page_token: not a token from ListJobs: \"",
-                       request.page_token(), "\""));
+          absl::StrCat("page_token: not a token from ListJobs: ",
+                       Quote(request.page_token())));
     }
   }
   std::vector<JobState> states;
@@ -678,8 +758,10 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(
     states.push_back(s);
   }
   int64_t next_before = 0;
-  ASSIGN_OR_RETURN(std::vector<Job> jobs,
-                   store_->ListJobs(states, limit, before, &next_before));
+  ASSIGN_OR_RETURN(
+      std::vector<Job> jobs,
+      store_->ListJobs(states, caller.admin ? nullptr : &caller.user, limit,
+                       before, &next_before));
   v1::ListJobsResponse response;
   size_t bytes = 0;
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -703,16 +785,19 @@ absl::StatusOr<v1::ListJobsResponse> JobManager::ListJobs(
   return response;
 }
 
-absl::StatusOr<Job> JobManager::CancelJob(const v1::CancelJobRequest& request) {
+absl::StatusOr<Job> JobManager::CancelJob(const v1::CancelJobRequest& request,
+                                          const Caller& caller) {
+  if (request.reason().size() > kMaxCancelReasonBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reason: ", request.reason().size(), " bytes, limit ",
+                     kMaxCancelReasonBytes));
+  }
   Job result;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(request.job_id());
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("job ", request.job_id(), ": not found"));
-    }
-    JobEntry& e = *it->second;
+    ASSIGN_OR_RETURN(JobEntry * found,
+                     FindJobLocked(request.job_id(), caller, "cancel"));
+    JobEntry& e = *found;
     if (IsTerminal(e.job.state())) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", e.job.job_id(), " is already ",
@@ -723,10 +808,14 @@ absl::StatusOr<Job> JobManager::CancelJob(const v1::CancelJobRequest& request) {
     if (shutting_down_) {
       return absl::UnavailableError("controller shutting down");
     }
-    const std::string reason =
-        request.reason().empty()
-            ? std::string("cancelled by request")
-            : absl::StrCat("cancelled by request: ", request.reason());
+    // Who asked is part of the record (on a --insecure controller nobody
+    // is known).
+    const std::string by = caller.user.empty()
+                               ? std::string("cancelled by request")
+                               : absl::StrCat("cancelled by ", caller.user);
+    const std::string reason = request.reason().empty()
+                                   ? by
+                                   : absl::StrCat(by, ": ", request.reason());
     const bool running =
         e.job.state() == v1::RUNNING || e.job.state() == v1::RECOVERING;
     FinishJobLocked(e, v1::CANCELLED, reason, /*cancel_workers=*/running);
@@ -738,14 +827,49 @@ absl::StatusOr<Job> JobManager::CancelJob(const v1::CancelJobRequest& request) {
 }
 
 absl::StatusOr<std::shared_ptr<JobEventLog>> JobManager::WatchJob(
-    const std::string& job_id) {
+    const std::string& job_id, const Caller& caller) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job ", job_id, ": not found"));
+  ASSIGN_OR_RETURN(JobEntry * e, FindJobLocked(job_id, caller, "watch"));
+  LogLocked(*e);
+  return e->log;
+}
+
+absl::StatusOr<v1::GetTraceResponse> JobManager::GetTrace(
+    const v1::GetTraceRequest& request, const Caller& caller) {
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step: must be >= 0 (0 = the newest), got ", request.step()));
   }
-  LogLocked(*it->second);
-  return it->second->log;
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobEntry * e,
+                   FindJobLocked(request.job_id(), caller, "see"));
+  if (e->traces == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "job ", e->job.job_id(), ": no step traces held (",
+        e->job.state() == v1::QUEUED
+            ? std::string("it has not run yet")
+            : absl::StrCat("the controller keeps them in memory for jobs "
+                           "that have not ended and the ",
+                           options_.keep_ended_jobs,
+                           " that ended last, and not across its restarts"),
+        ")"));
+  }
+  return e->traces->Get(e->job.job_id(), request.step());
+}
+
+absl::StatusOr<std::shared_ptr<LogRing>> JobManager::WatchLogs(
+    const std::string& job_id, const Caller& caller) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobEntry * e, FindJobLocked(job_id, caller, "watch"));
+  if (LogRingLocked(*e) == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "job ", job_id, " ended ", v1::JobState_Name(e->job.state()),
+        " and its log lines are no longer kept (the controller keeps them "
+        "in memory for jobs that have not ended and the ",
+        options_.keep_ended_jobs,
+        " that ended last, and not across its restarts)"));
+  }
+  return e->logs;
 }
 
 // ---- WorkerService.
@@ -823,6 +947,9 @@ void JobManager::OnWorkerMessage(const std::string& worker_id,
       case v1::WorkerMessage::kHeld:
         HandleHeldLocked(w, msg.held());
         break;
+      case v1::WorkerMessage::kLog:
+        HandleLogLocked(w, msg.log());
+        break;
       case v1::WorkerMessage::kRendezvousPut:
         HandleRendezvousPutLocked(w, msg.rendezvous_put());
         break;
@@ -893,6 +1020,15 @@ void JobManager::HandleStepLocked(WorkerEntry& w,
   JobEntry* e = RunningJobOfLocked(w, r.job_id(), r.stage());
   if (e == nullptr) return;
   const int64_t step = r.step().step();
+  if (r.has_trace()) {
+    // Also for steps already published: the stages' reports of one step
+    // arrive on different streams, the last stage's often first.
+    v1::StageTrace trace = r.trace();
+    trace.set_stage(r.stage());
+    trace.set_worker_id(w.id);
+    trace.set_worker_name(w.name);
+    TracesLocked(*e)->AddStep(step, e->job.restarts(), std::move(trace));
+  }
   if (r.stage() == e->num_stages - 1) RecordRecoveryLocked(*e, absl::Now());
   if (step <= e->job.steps_completed()) return;  // already published
   std::vector<v1::StageTiming>& timings = e->pending_steps[step];
@@ -926,7 +1062,15 @@ void JobManager::HandleStepLocked(WorkerEntry& w,
 void JobManager::HandleEvalLocked(WorkerEntry& w,
                                   const v1::StageEvalReport& r) {
   JobEntry* e = RunningJobOfLocked(w, r.job_id(), r.stage());
-  if (e == nullptr || r.stage() != e->num_stages - 1) return;
+  if (e == nullptr) return;
+  if (r.has_trace()) {
+    v1::StageTrace trace = r.trace();
+    trace.set_stage(r.stage());
+    TracesLocked(*e)->AddEval(r.eval().step(), e->job.restarts(), trace);
+  }
+  // Every stage reports its evals (for their spans); the metrics are the
+  // last stage's.
+  if (r.stage() != e->num_stages - 1) return;
   // A restarted gang recomputes evals it has already published.
   if (e->job.has_last_eval() && r.eval().step() <= e->job.last_eval().step()) {
     return;
@@ -1023,6 +1167,53 @@ void JobManager::HandleTransportLocked(WorkerEntry& w,
   NoteLocked(
       *e, t.stage(),
       absl::StrCat("transport: ", t.reason().empty() ? t.kind() : t.reason()));
+}
+
+void JobManager::HandleLogLocked(WorkerEntry& w, const v1::StageLogLine& l) {
+  // Only a stage the controller counts this worker in (running, or
+  // draining for a restart): a line about anything else is not the job's.
+  if (w.job_id.empty() || w.job_id != l.job_id() || w.stage != l.stage()) {
+    return;
+  }
+  JobEntry& e = *jobs_.at(w.job_id);
+  LogRing* ring = LogRingLocked(e);
+  if (ring == nullptr) return;
+  const absl::Time now = absl::Now();
+  if (w.log_refilled == absl::InfinitePast()) {
+    w.log_tokens = options_.log_burst;
+  } else {
+    w.log_tokens = std::min(
+        options_.log_burst,
+        w.log_tokens + options_.log_lines_per_second *
+                           absl::ToDoubleSeconds(now - w.log_refilled));
+  }
+  w.log_refilled = now;
+  if (w.log_tokens < 1) {
+    ++w.logs_dropped;
+    return;
+  }
+  w.log_tokens -= 1;
+  v1::LogLine line;
+  line.set_stage(l.stage());
+  line.set_worker_id(w.id);
+  line.set_worker_name(w.name);
+  if (w.logs_dropped > 0) {
+    line.set_time_ms(NowMs());
+    line.set_severity(v1::LOG_SEVERITY_WARNING);
+    line.set_text(
+        absl::StrCat("(controller) ", w.logs_dropped, " line(s) from worker ",
+                     WorkerLabel(w.id, w.name), " dropped: more than ",
+                     options_.log_lines_per_second, " lines/s"));
+    ring->Append(line);
+    w.logs_dropped = 0;
+  }
+  line.set_time_ms(l.time_ms());
+  line.set_severity(v1::LogSeverity_IsValid(l.severity())
+                        ? l.severity()
+                        : v1::LOG_SEVERITY_ERROR);
+  // Cut before the copy: the text may be as long as a gRPC message.
+  line.set_text(CutUtf8(l.text(), options_.log_limits.max_line_bytes));
+  ring->Append(std::move(line));
 }
 
 void JobManager::NoteLocked(JobEntry& e, int stage, std::string text) {

@@ -22,6 +22,12 @@
 // to the workers running their stages, and records the transport each job's
 // stages chose as a JobNote in the job's history.
 //
+// Observability, in memory only: the span traces of each job's newest steps
+// (controller/trace_buffer.h, for GetTrace) and each job's newest log lines
+// from its workers (controller/log_ring.h, for WatchLogs). Both are kept
+// for jobs that have not ended and for the `keep_ended_jobs` jobs that
+// ended last.
+//
 // Workers are reached through WorkerLink (the gRPC layer implements it over
 // the Connect stream; tests may fake it). Messages to workers are queued
 // while the manager's lock is held and delivered, in order, after it is
@@ -50,10 +56,13 @@
 #include "absl/time/time.h"
 #include "controller/job_event_log.h"
 #include "controller/job_store.h"
+#include "controller/log_ring.h"
 #include "controller/rendezvous_table.h"
 #include "controller/tensorboard_writer.h"
+#include "controller/trace_buffer.h"
 #include "core/job_plan.h"
 #include "proto/trainyard.pb.h"
+#include "security/tokens.h"
 
 namespace trainyard {
 
@@ -79,6 +88,27 @@ struct JobManagerOptions {
   // How long a restarting job waits for a cancelled stage of its old gang
   // to stop before it drops that stage's worker (declared lost).
   absl::Duration drain_timeout = absl::Seconds(10);
+  // The workers' data folder (their --data_dir) as paths in specs name it;
+  // when set, SubmitJob refuses a spec with a path that leaves it
+  // (PlanOptions::confine_to), before any worker sees the spec.
+  std::string job_data_dir;
+  // Where the workers' task plugins are (the same lib<name>.so files):
+  // when set, SubmitJob also asks the plugin to check task.config
+  // (validate_config, which opens no files), so a bad config is refused at
+  // submit rather than when the job starts. Runs the plugins' code in the
+  // controller: point it only at trusted plugins. Empty = the workers check.
+  std::string plugin_dir;
+  // Per job: step traces and log lines kept in memory.
+  TraceLimits trace_limits;
+  LogRingLimits log_limits;
+  // Log lines taken from one worker: a token bucket of this rate and
+  // burst; lines beyond it are dropped and counted (a notice line says so
+  // with the worker's next line taken).
+  double log_lines_per_second = 200;
+  double log_burst = 1000;
+  // Ended jobs whose traces and log lines are still kept (the newest
+  // ended); older ones' are dropped.
+  int keep_ended_jobs = 16;
 };
 
 // Whether a stage that failed with `code` may succeed when the job is
@@ -103,19 +133,43 @@ class JobManager {
   void Shutdown();
 
   // ---- JobService. Errors are absl codes; the RPC layer maps them.
+  // `caller` is who asks (the RPC layer authenticates them): a job belongs
+  // to the user who submitted it; a non-admin caller sees and cancels only
+  // their own jobs (PermissionDenied naming the job otherwise, with nothing
+  // changed) and lists only their own. The default caller is an anonymous
+  // admin (a controller run with --insecure, and in-process tests).
+  //
   // InvalidArgument: missing request_id, or a spec PlanJob rejects (the
-  // message lists every field path). A known request_id returns its job.
-  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request);
+  // message lists every field path). A request_id the caller used before
+  // returns that job.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::SubmitJobRequest& request,
+                                    const Caller& caller = Caller{"", true});
   // NotFound naming the id.
-  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
+                                 const Caller& caller = Caller{"", true});
   // InvalidArgument for a negative page_size or a malformed page_token.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(
-      const v1::ListJobsRequest& request);
+      const v1::ListJobsRequest& request,
+      const Caller& caller = Caller{"", true});
   // NotFound; FailedPrecondition naming the state of a finished job.
-  absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
+  absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request,
+                                    const Caller& caller = Caller{"", true});
   // The job's event log (loaded from the store on first use). NotFound.
   absl::StatusOr<std::shared_ptr<JobEventLog>> WatchJob(
-      const std::string& job_id);
+      const std::string& job_id, const Caller& caller = Caller{"", true});
+  // Every stage's spans of step `request.step()` (0: the newest step all
+  // stages have reported). NotFound naming the job, or the step and the
+  // steps held; PermissionDenied as GetJob; InvalidArgument for a
+  // negative step.
+  absl::StatusOr<v1::GetTraceResponse> GetTrace(
+      const v1::GetTraceRequest& request,
+      const Caller& caller = Caller{"", true});
+  // The job's log ring, for WatchLogs (closed once the job has ended).
+  // NotFound for an unknown job, or an ended job whose lines are no longer
+  // kept (older than the last `keep_ended_jobs` ended, or ended before
+  // this controller started); PermissionDenied as WatchJob.
+  absl::StatusOr<std::shared_ptr<LogRing>> WatchLogs(
+      const std::string& job_id, const Caller& caller = Caller{"", true});
 
   // ---- WorkerService.
   // Registers a worker and sends it WorkerRegistered through `link`;
@@ -219,6 +273,11 @@ class JobManager {
     std::unique_ptr<TensorboardWriter> tensorboard;
     bool tensorboard_failed = false;
 
+    // In memory only; null until first needed, and again once the job is
+    // among the ended jobs no longer kept (JobManagerOptions).
+    std::unique_ptr<TraceBuffer> traces;
+    std::shared_ptr<LogRing> logs;
+
     // ---- Re-adoption after a controller restart.
     bool adopting = false;
     absl::Time adopt_deadline = absl::InfiniteFuture();
@@ -240,6 +299,11 @@ class JobManager {
     // counts it in any gang (a refused claim after a reconnect): the worker
     // gets no new stage until it reports that one's end.
     std::string stale_job;
+    // Log line rate limit (token bucket), and lines dropped by it since the
+    // last one taken.
+    double log_tokens = 0;
+    absl::Time log_refilled = absl::InfinitePast();
+    int64_t logs_dropped = 0;
   };
   struct Outgoing {
     std::shared_ptr<WorkerLink> link;
@@ -264,6 +328,19 @@ class JobManager {
   void Deliver() ABSL_LOCKS_EXCLUDED(mu_);
 
   JobEventLog* LogLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // e's trace buffer and log ring, made on first use; null for an ended
+  // job that has none (they are made only while a job may still run).
+  TraceBuffer* TracesLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  LogRing* LogRingLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes e's log ring and keeps its telemetry among the ended jobs',
+  // dropping the oldest beyond keep_ended_jobs.
+  void EndTelemetryLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job, if `caller` may `verb` ("see", "cancel", "watch") it:
+  // NotFound, or PermissionDenied for another user's job.
+  absl::StatusOr<JobEntry*> FindJobLocked(const std::string& job_id,
+                                          const Caller& caller,
+                                          const char* verb)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // <data_dir>/tensorboard/<job_id>.
   std::string TensorboardDir(const std::string& job_id) const;
   // Adds a published step or eval to e's event file (opened on first use;
@@ -332,6 +409,8 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleTransportLocked(WorkerEntry& w, const v1::StageTransport& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleLogLocked(WorkerEntry& w, const v1::StageLogLine& line)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleRendezvousPutLocked(WorkerEntry& w, const v1::RendezvousPut& put)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleRendezvousGetLocked(WorkerEntry& w, const v1::RendezvousGet& get)
@@ -363,6 +442,8 @@ class JobManager {
   std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
   RendezvousTable rendezvous_ ABSL_GUARDED_BY(mu_);
   bool delivering_ ABSL_GUARDED_BY(mu_) = false;
+  // Ended jobs that still hold traces or log lines, oldest ended first.
+  std::deque<std::string> ended_with_telemetry_ ABSL_GUARDED_BY(mu_);
 
   std::thread liveness_;
 };

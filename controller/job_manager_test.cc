@@ -67,11 +67,13 @@ v1::JobSpec Spec(int stages) {
 
 class JobManagerTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Make(JobManagerOptions()); }
+  // Replaces the manager by one with `opts` in a fresh folder.
+  void Make(JobManagerOptions opts) {
     std::string tmpl = std::string(getenv("TEST_TMPDIR")) + "/jm_XXXXXX";
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    JobManagerOptions opts;
     opts.data_dir = tmpl;
+    manager_.reset();
     auto m = JobManager::Create(opts);
     ASSERT_TRUE(m.ok()) << m.status();
     manager_ = *std::move(m);
@@ -97,13 +99,53 @@ class JobManagerTest : public ::testing::Test {
     m.mutable_step()->mutable_step()->add_stages()->set_comm_s(stage + 0.5);
     manager_->OnWorkerMessage(worker, m);
   }
+  // A step report of `stage` carrying a trace of `spans` forward spans.
+  void TracedStep(const std::string& worker, const std::string& job, int stage,
+                  int64_t step, int spans) {
+    v1::WorkerMessage m;
+    m.mutable_step()->set_job_id(job);
+    m.mutable_step()->set_stage(stage);
+    m.mutable_step()->mutable_step()->set_step(step);
+    v1::StageTrace* t = m.mutable_step()->mutable_trace();
+    t->set_step_us(100 * spans);
+    for (int i = 0; i < spans; ++i) {
+      v1::StageSpan* s = t->add_spans();
+      s->set_kind(v1::SPAN_FORWARD);
+      s->set_microbatch(i);
+      s->set_start_us(100 * i);
+      s->set_end_us(100 * i + 50);
+    }
+    manager_->OnWorkerMessage(worker, m);
+  }
+  void LogLine(const std::string& worker, const std::string& job, int stage,
+               const std::string& text) {
+    v1::WorkerMessage m;
+    m.mutable_log()->set_job_id(job);
+    m.mutable_log()->set_stage(stage);
+    m.mutable_log()->set_time_ms(1700000000123);
+    m.mutable_log()->set_text(text);
+    manager_->OnWorkerMessage(worker, m);
+  }
+  // Every line held in the job's log ring.
+  std::vector<v1::LogLine> Lines(const std::string& job) {
+    std::vector<v1::LogLine> out;
+    auto ring = manager_->WatchLogs(job);
+    EXPECT_TRUE(ring.ok()) << ring.status();
+    if (!ring.ok()) return out;
+    v1::LogLine line;
+    for (int64_t seq = 0; (*ring)->Read(&seq, &line); ++seq) {
+      out.push_back(line);
+    }
+    return out;
+  }
   // Submits a `stages`-stage job on `device` and returns its id.
-  std::string SubmitRunning(int stages, const std::string& device = "cpu") {
+  std::string SubmitRunning(int stages, const std::string& device = "cpu",
+                            const Caller& caller = Caller{"", true}) {
     v1::SubmitJobRequest req;
     req.set_request_id(absl::StrCat("r", ++submitted_));
     *req.mutable_spec() = Spec(stages);
     req.mutable_spec()->set_device(device);
-    auto job = manager_->SubmitJob(req);
+    auto job = manager_->SubmitJob(req, caller);
     EXPECT_TRUE(job.ok()) << job.status();
     EXPECT_EQ(job->state(), v1::RUNNING);
     return job->job_id();
@@ -420,6 +462,183 @@ TEST_F(JobManagerTest, TransportChoiceIsNotedOnceInTheHistory) {
   EXPECT_EQ(notes[0].stage(), 0);
   EXPECT_EQ(notes[0].step(), 0);
   EXPECT_EQ(notes[0].text(), "transport: every stage is on cpu: using TCP");
+}
+
+v1::GetTraceRequest TraceRequest(const std::string& job, int64_t step) {
+  v1::GetTraceRequest req;
+  req.set_job_id(job);
+  req.set_step(step);
+  return req;
+}
+
+TEST_F(JobManagerTest, GetTraceReturnsEveryStageOfTheStep) {
+  auto l0 = std::make_shared<FakeLink>();
+  auto l1 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  std::string w1 = Register("b", l1);
+  const std::string job = SubmitRunning(2);
+  TracedStep(w1, job, 1, 1, 3);  // published first
+  TracedStep(w0, job, 0, 1, 2);  // still kept for the trace
+  TracedStep(w0, job, 1, 2, 2);  // not w0's stage: ignored
+  auto trace = manager_->GetTrace(TraceRequest(job, 1));
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->step(), 1);
+  ASSERT_EQ(trace->stages_size(), 2);
+  EXPECT_EQ(trace->stages(0).stage(), 0);
+  EXPECT_EQ(trace->stages(0).worker_id(), w0);
+  EXPECT_EQ(trace->stages(0).worker_name(), "a");
+  EXPECT_EQ(trace->stages(0).spans_size(), 2);
+  EXPECT_EQ(trace->stages(1).worker_id(), w1);
+  EXPECT_EQ(trace->stages(1).spans_size(), 3);
+  EXPECT_EQ(trace->newest_step(), 1);
+}
+
+TEST_F(JobManagerTest, GetTraceOfAStepNoLongerHeldIsNotFound) {
+  JobManagerOptions opts;
+  opts.trace_limits.max_steps = 4;
+  Make(opts);
+  auto l0 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  const std::string job = SubmitRunning(1);
+  for (int64_t step = 1; step <= 10; ++step) TracedStep(w0, job, 0, step, 1);
+  auto gone = manager_->GetTrace(TraceRequest(job, 3));
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(gone.status().message()),
+              ::testing::HasSubstr(absl::StrCat(
+                  "job ", job, ": step 3 is not held; steps 7..10 are")));
+  auto newest = manager_->GetTrace(TraceRequest(job, 0));
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step(), 10);
+  EXPECT_EQ(manager_->GetTrace(TraceRequest("job-99", 1)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->GetTrace(TraceRequest(job, -1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobManagerTest, TracesAndLogsOfAnotherUsersJobArePermissionDenied) {
+  auto l0 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  const Caller alice{"alice", false};
+  const Caller bob{"bob", false};
+  const std::string job = SubmitRunning(1, "cpu", alice);
+  TracedStep(w0, job, 0, 1, 2);
+  LogLine(w0, job, 0, "hello");
+  auto denied = manager_->GetTrace(TraceRequest(job, 1), bob);
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(denied.status().message()),
+              ::testing::HasSubstr(
+                  absl::StrCat("job ", job, " belongs to another user")));
+  EXPECT_EQ(manager_->WatchLogs(job, bob).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(manager_->GetTrace(TraceRequest(job, 1), alice).ok());
+  EXPECT_TRUE(manager_->WatchLogs(job, alice).ok());
+  EXPECT_TRUE(
+      manager_->GetTrace(TraceRequest(job, 1), Caller{"ops", true}).ok());
+}
+
+TEST_F(JobManagerTest, LogLinesOfTheJobsStagesAreKeptWithTheirWorker) {
+  auto l0 = std::make_shared<FakeLink>();
+  auto l1 = std::make_shared<FakeLink>();
+  auto l2 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  std::string w1 = Register("b", l1);
+  const std::string job = SubmitRunning(2);
+  std::string idle = Register("c", l2);
+  LogLine(w0, job, 0, "stage 0 started");
+  LogLine(w1, job, 1, "stage 1 started");
+  LogLine(w0, job, 1, "not w0's stage");
+  LogLine(idle, job, 0, "from a worker outside the job");
+  LogLine(w0, "job-99", 0, "another job");
+  std::vector<v1::LogLine> lines = Lines(job);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0].seq(), 0);
+  EXPECT_EQ(lines[0].stage(), 0);
+  EXPECT_EQ(lines[0].worker_id(), w0);
+  EXPECT_EQ(lines[0].worker_name(), "a");
+  EXPECT_EQ(lines[0].time_ms(), 1700000000123);
+  EXPECT_EQ(lines[0].text(), "stage 0 started");
+  EXPECT_EQ(lines[1].stage(), 1);
+  EXPECT_EQ(lines[1].worker_id(), w1);
+  // Each line is cut at 1 KiB.
+  LogLine(w0, job, 0, std::string(5000, 'x'));
+  EXPECT_EQ(Lines(job).back().text().size(), 1024u);
+}
+
+TEST_F(JobManagerTest, LogRingIsBounded) {
+  JobManagerOptions opts;
+  opts.log_limits.max_lines = 50;
+  opts.log_burst = 1e9;
+  Make(opts);
+  auto l0 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  const std::string job = SubmitRunning(1);
+  for (int i = 0; i < 500; ++i) LogLine(w0, job, 0, absl::StrCat("line ", i));
+  std::vector<v1::LogLine> lines = Lines(job);
+  ASSERT_EQ(lines.size(), 50u);
+  EXPECT_EQ(lines.front().seq(), 450);
+  EXPECT_EQ(lines.front().text(), "line 450");
+  EXPECT_EQ(lines.back().seq(), 499);
+}
+
+TEST_F(JobManagerTest, AWorkerBeyondTheLogRateLosesLinesAndIsToldSo) {
+  JobManagerOptions opts;
+  opts.log_burst = 5;
+  opts.log_lines_per_second = 20;
+  Make(opts);
+  auto l0 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  const std::string job = SubmitRunning(1);
+  for (int i = 0; i < 1000; ++i) LogLine(w0, job, 0, absl::StrCat("spam ", i));
+  const size_t taken = Lines(job).size();
+  EXPECT_GE(taken, 5u);
+  EXPECT_LT(taken, 50u);
+  absl::SleepFor(absl::Milliseconds(200));  // a few tokens come back
+  LogLine(w0, job, 0, "after the burst");
+  std::vector<v1::LogLine> lines = Lines(job);
+  ASSERT_EQ(lines.size(), taken + 2);
+  EXPECT_THAT(
+      lines[taken].text(),
+      ::testing::MatchesRegex("\\(controller\\) [0-9]+ line\\(s\\) from worker "
+                              "w-1 \\(a\\) dropped: more than 20 lines/s"));
+  EXPECT_EQ(lines[taken].severity(), v1::LOG_SEVERITY_WARNING);
+  EXPECT_EQ(lines.back().text(), "after the burst");
+}
+
+TEST_F(JobManagerTest, LogsEndWithTheJobAndOnlyTheNewestEndedJobsKeepThem) {
+  JobManagerOptions opts;
+  opts.keep_ended_jobs = 1;
+  Make(opts);
+  auto l0 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  const std::string first = SubmitRunning(1);
+  LogLine(w0, first, 0, "first job");
+  TracedStep(w0, first, 0, 1, 1);
+  auto ring = manager_->WatchLogs(first);
+  ASSERT_TRUE(ring.ok());
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(first);
+  ASSERT_TRUE(manager_->CancelJob(cancel).ok());
+  EXPECT_TRUE((*ring)->state().closed);
+  // Still kept: it is the one ended job kept.
+  EXPECT_EQ(Lines(first).size(), 1u);
+  EXPECT_TRUE(manager_->GetTrace(TraceRequest(first, 1)).ok());
+
+  const std::string second = SubmitRunning(1);
+  LogLine(w0, second, 0, "second job");
+  cancel.set_job_id(second);
+  ASSERT_TRUE(manager_->CancelJob(cancel).ok());
+  auto gone = manager_->WatchLogs(first);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(gone.status().message()),
+              ::testing::HasSubstr("no longer kept"));
+  EXPECT_EQ(manager_->GetTrace(TraceRequest(first, 1)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Lines(second).size(), 1u);
+  // The ring the first job's reader holds stays readable.
+  int64_t seq = 0;
+  v1::LogLine line;
+  EXPECT_TRUE((*ring)->Read(&seq, &line));
+  EXPECT_EQ(line.text(), "first job");
 }
 
 }  // namespace

@@ -5,11 +5,13 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
 #include "glog/logging.h"
@@ -23,7 +25,7 @@ using v1::JobEvent;
 constexpr char kJobColumns[] =
     "seq, job_id, request_id, spec, state, reason, priority, create_time_ms, "
     "start_time_ms, end_time_ms, steps_completed, last_step, last_eval, "
-    "workers, recovery";
+    "workers, recovery, owner";
 
 // One prepared statement; finalized on destruction.
 class Stmt {
@@ -61,7 +63,10 @@ class Stmt {
 absl::Status ReadJob(Stmt& s, Job* job, int64_t* seq) {
   if (seq != nullptr) *seq = s.Int(0);
   job->set_job_id(s.Text(1));
-  job->set_request_id(s.Text(2));
+  job->set_owner(s.Text(15));
+  // The column holds RequestKey(owner, request_id).
+  job->set_request_id(std::string(absl::StripPrefix(
+      s.Text(2), job->owner().empty() ? "" : job->owner() + ":")));
   if (!job->mutable_spec()->ParseFromString(s.Text(3))) {
     return absl::DataLossError(
         absl::StrCat("job ", job->job_id(), ": stored spec does not parse"));
@@ -110,6 +115,11 @@ std::string SerializeOrEmpty(const google::protobuf::Message& m, bool has) {
 }
 
 }  // namespace
+
+std::string RequestKey(const std::string& owner,
+                       const std::string& request_id) {
+  return owner.empty() ? request_id : absl::StrCat(owner, ":", request_id);
+}
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
     const std::string& data_dir) {
@@ -179,22 +189,27 @@ absl::Status JobStore::Init() {
            " last_step BLOB,"
            " last_eval BLOB,"
            " workers TEXT NOT NULL DEFAULT '',"
-           " recovery BLOB);"
+           " recovery BLOB,"
+           " owner TEXT NOT NULL DEFAULT '');"
            "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs(state, seq);"
            "CREATE TABLE IF NOT EXISTS job_events ("
            " job_id TEXT NOT NULL,"
            " seq INTEGER NOT NULL,"
            " event BLOB NOT NULL,"
            " PRIMARY KEY (job_id, seq)) WITHOUT ROWID;"));
-  // A database from a controller older than the recovery column gains it.
-  bool has_recovery = false;
+  // A database from an older controller gains the columns added since.
+  std::set<std::string> columns;
   {
     Stmt s(db_, "SELECT name FROM pragma_table_info('jobs')");
     if (!s.ok()) return Error("read the jobs table's columns");
-    while (s.Step() == SQLITE_ROW) has_recovery |= s.Text(0) == "recovery";
+    while (s.Step() == SQLITE_ROW) columns.insert(s.Text(0));
   }
-  if (!has_recovery) {
+  if (columns.count("recovery") == 0) {
     RETURN_IF_ERROR(Exec("ALTER TABLE jobs ADD COLUMN recovery BLOB"));
+  }
+  if (columns.count("owner") == 0) {
+    RETURN_IF_ERROR(
+        Exec("ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''"));
   }
   return absl::OkStatus();
 }
@@ -207,7 +222,7 @@ absl::StatusOr<JobStore::Created> JobStore::CreateJob(const Job& job) {
   {
     Stmt s(db_, absl::StrCat("SELECT ", kJobColumns,
                              " FROM jobs WHERE request_id = ?"));
-    s.Bind(1, job.request_id());
+    s.Bind(1, RequestKey(job.owner(), job.request_id()));
     int rc = s.Step();
     if (rc == SQLITE_ROW) {
       Created existing;
@@ -226,14 +241,16 @@ absl::StatusOr<JobStore::Created> JobStore::CreateJob(const Job& job) {
   {
     Stmt s(db_,
            "INSERT INTO jobs (job_id, request_id, spec, state, reason, "
-           "priority, create_time_ms) VALUES (?, ?, ?, ?, ?, ?, ?)");
-    s.Bind(1, "pending:" + job.request_id());
-    s.Bind(2, job.request_id());
+           "priority, create_time_ms, owner) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+    const std::string key = RequestKey(job.owner(), job.request_id());
+    s.Bind(1, "pending:" + key);
+    s.Bind(2, key);
     s.BindBlob(3, job.spec().SerializeAsString());
     s.Bind(4, static_cast<int64_t>(v1::QUEUED));
     s.Bind(5, job.reason());
     s.Bind(6, static_cast<int64_t>(job.priority()));
     s.Bind(7, job.create_time_ms());
+    s.Bind(8, job.owner());
     if (s.Step() != SQLITE_DONE) return fail("insert job");
     seq = sqlite3_last_insert_rowid(db_);
   }
@@ -373,10 +390,11 @@ absl::Status JobStore::Commit() {
 }
 
 absl::StatusOr<std::vector<Job>> JobStore::ListJobs(
-    const std::vector<v1::JobState>& states, int limit, int64_t before,
-    int64_t* next_before) {
+    const std::vector<v1::JobState>& states, const std::string* owner,
+    int limit, int64_t before, int64_t* next_before) {
   absl::MutexLock lock(&mu_);
   std::string sql = absl::StrCat("SELECT ", kJobColumns, " FROM jobs WHERE 1");
+  if (owner != nullptr) absl::StrAppend(&sql, " AND owner = ?");
   if (before > 0) absl::StrAppend(&sql, " AND seq < ", before);
   if (!states.empty()) {
     std::vector<std::string> parts;
@@ -386,6 +404,7 @@ absl::StatusOr<std::vector<Job>> JobStore::ListJobs(
   absl::StrAppend(&sql, " ORDER BY seq DESC LIMIT ", limit + 1);
   Stmt s(db_, sql);
   if (!s.ok()) return Error("list jobs");
+  if (owner != nullptr) s.Bind(1, *owner);
   std::vector<Job> jobs;
   *next_before = 0;
   int rc;

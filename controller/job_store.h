@@ -3,9 +3,9 @@
 //
 // Tables (docs/CONTROLLER.md has the full schema):
 //   jobs        one row per job: id, request_id (UNIQUE, the idempotency
-//               key), the submitted spec as serialized JobSpec bytes, state,
-//               reason, priority, times, steps_completed, last step/eval,
-//               workers.
+//               key, per owner: RequestKey), the submitted spec as
+//               serialized JobSpec bytes, state, reason, priority, times,
+//               steps_completed, last step/eval, workers, restarts, owner.
 //   job_events  the job's event history (JobEvent bytes keyed by job id and
 //               a dense 0-based sequence number): state changes, every
 //               StepMetrics and EvalMetrics. This is the metrics history
@@ -42,6 +42,11 @@ struct sqlite3;
 
 namespace trainyard {
 
+// The idempotency key of a request: request ids are per owner, so one user
+// cannot reach another's job by reusing its request id. User names have no
+// ':' (security/tokens.h), so the key is unambiguous.
+std::string RequestKey(const std::string& owner, const std::string& request_id);
+
 class JobStore {
  public:
   // Opens (creating if needed) <data_dir>/controller.db; creates data_dir if
@@ -58,8 +63,9 @@ class JobStore {
   };
   // Inserts a QUEUED job with a fresh id ("job-<n>") for `request_id`, plus
   // its first event (the QUEUED state change), or returns the job already
-  // stored under `request_id`. `job` supplies spec, priority, reason and
-  // create_time_ms; job_id/state are assigned here.
+  // stored under the same owner and `request_id`. `job` supplies spec,
+  // priority, reason, owner and create_time_ms; job_id/state are assigned
+  // here.
   absl::StatusOr<Created> CreateJob(const v1::Job& job);
 
   // Rewrites the mutable columns of job.job_id() and, when `event` is not
@@ -80,13 +86,14 @@ class JobStore {
   absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(
       const std::string& job_id, int64_t* next_seq = nullptr);
 
-  // Newest first. `states` empty = all. Returns up to `limit` jobs created
-  // before the job with creation number `before` (0 = from the newest);
-  // `next_before` is set to the creation number to continue from, or 0 when
-  // there are no more.
+  // Newest first. `states` empty = all; `owner` null = everyone's, else
+  // only that owner's jobs. Returns up to `limit` jobs created before the
+  // job with creation number `before` (0 = from the newest); `next_before`
+  // is set to the creation number to continue from, or 0 when there are no
+  // more.
   absl::StatusOr<std::vector<v1::Job>> ListJobs(
-      const std::vector<v1::JobState>& states, int limit, int64_t before,
-      int64_t* next_before);
+      const std::vector<v1::JobState>& states, const std::string* owner,
+      int limit, int64_t before, int64_t* next_before);
 
  private:
   JobStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}

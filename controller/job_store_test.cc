@@ -153,18 +153,18 @@ TEST(JobStoreTest, ListNewestFirstWithFilterAndPaging) {
     }
   }
   int64_t next = 0;
-  auto page = (*store)->ListJobs({}, 2, 0, &next);
+  auto page = (*store)->ListJobs({}, nullptr, 2, 0, &next);
   ASSERT_TRUE(page.ok());
   ASSERT_EQ(page->size(), 2u);
   EXPECT_EQ((*page)[0].request_id(), "r4");
   EXPECT_EQ((*page)[1].request_id(), "r3");
   ASSERT_GT(next, 0);
-  page = (*store)->ListJobs({}, 2, next, &next);
+  page = (*store)->ListJobs({}, nullptr, 2, next, &next);
   EXPECT_EQ((*page)[0].request_id(), "r2");
-  page = (*store)->ListJobs({}, 2, next, &next);
+  page = (*store)->ListJobs({}, nullptr, 2, next, &next);
   ASSERT_EQ(page->size(), 1u);
   EXPECT_EQ(next, 0);
-  page = (*store)->ListJobs({v1::CANCELLED}, 10, 0, &next);
+  page = (*store)->ListJobs({v1::CANCELLED}, nullptr, 10, 0, &next);
   ASSERT_EQ(page->size(), 2u);
   EXPECT_EQ((*page)[0].request_id(), "r3");
   EXPECT_EQ((*page)[1].request_id(), "r1");

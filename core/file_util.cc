@@ -6,10 +6,16 @@
 
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <string>
 #include <system_error>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace trainyard {
 namespace {
@@ -118,12 +124,12 @@ absl::Status SyncDirectory(const std::string& path) {
 }
 
 absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view contents) {
+                                 absl::string_view contents, int mode) {
   static std::atomic<uint64_t> counter{0};
   const std::string dir = Dirname(path);
   const std::string tmp =
       absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return ErrnoError(tmp, "cannot create temp file", errno);
   FdCloser closer(fd);
   absl::Status status = WriteAll(fd, contents, tmp);
@@ -186,6 +192,56 @@ std::string JoinPath(absl::string_view a, absl::string_view b) {
   while (!b.empty() && b.front() == '/') b.remove_prefix(1);
   if (a == "/") return absl::StrCat("/", b);
   return absl::StrCat(a, "/", b);
+}
+
+std::string CleanAbsolutePath(const std::string& path) {
+  std::string abs = path;
+  if (abs.empty() || abs[0] != '/') {
+    char cwd[PATH_MAX];
+    abs = absl::StrCat(::getcwd(cwd, sizeof(cwd)) != nullptr ? cwd : "/", "/",
+                       path);
+  }
+  std::vector<std::string> parts;
+  for (absl::string_view part : absl::StrSplit(abs, '/')) {
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+      continue;
+    }
+    parts.emplace_back(part);
+  }
+  return "/" + absl::StrJoin(parts, "/");
+}
+
+absl::StatusOr<std::string> ResolveSymlinks(const std::string& abs) {
+  std::string head = abs;
+  std::string tail;
+  while (true) {
+    char buf[PATH_MAX];
+    if (::realpath(head.c_str(), buf) != nullptr) {
+      const std::string real = buf;
+      if (tail.empty()) return real;
+      return real == "/" ? "/" + tail : real + "/" + tail;
+    }
+    const int why = errno;
+    struct stat st;
+    if (::lstat(head.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("\"", head,
+                       "\" is a symbolic link that does not "
+                       "resolve (",
+                       std::strerror(why), ")"));
+    }
+    const size_t slash = head.rfind('/');
+    if (slash == std::string::npos || head == "/") return abs;
+    tail = tail.empty() ? head.substr(slash + 1)
+                        : head.substr(slash + 1) + "/" + tail;
+    head = slash == 0 ? "/" : head.substr(0, slash);
+  }
+}
+
+bool PathIsInside(const std::string& real, const std::string& root) {
+  return real == root || root == "/" || absl::StartsWith(real, root + "/");
 }
 
 }  // namespace trainyard

@@ -25,9 +25,10 @@ absl::StatusOr<int64_t> FileSize(const std::string& path);
 // the old file (or no file) or the complete new one, never a partial one:
 // writes a temp file in the same folder, fsyncs it, renames it over `path`
 // and fsyncs the folder. The folder must exist. On failure the temp file is
-// removed and an existing file at `path` is untouched.
+// removed and an existing file at `path` is untouched. `mode` is the new
+// file's permission bits (before the umask), e.g. 0600 for a private key.
 absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view contents);
+                                 absl::string_view contents, int mode = 0644);
 
 // mkdir -p: creates `path` and missing parents. OK if it already exists as a
 // folder.
@@ -45,6 +46,20 @@ std::string JoinPath(absl::string_view a, absl::string_view b);
 // The folder of the running binary (from /proc/self/exe; "." if that
 // cannot be read).
 std::string ExecutableDir();
+
+// `path` made absolute against the current folder (when relative) and
+// lexically cleaned: "//", "." and ".." collapsed ("/a/../../b" -> "/b").
+std::string CleanAbsolutePath(const std::string& path);
+
+// The clean absolute path `abs` with symlinks resolved: the real path of its
+// longest existing prefix, plus the rest (so a folder not made yet counts).
+// FailedPrecondition when a prefix exists but does not resolve (a dangling
+// symlink, a loop): where it points is unknown, so nothing can be said
+// about where the path leads.
+absl::StatusOr<std::string> ResolveSymlinks(const std::string& abs);
+
+// Whether the resolved path `real` is `root` or inside it (both resolved).
+bool PathIsInside(const std::string& real, const std::string& root);
 
 }  // namespace trainyard
 

@@ -1,6 +1,7 @@
 #include "core/file_util.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -80,6 +81,37 @@ TEST(FileUtilTest, PathHelpers) {
   EXPECT_EQ(JoinPath("a/", "/b"), "a/b");
   EXPECT_EQ(JoinPath("", "b"), "b");
   EXPECT_EQ(JoinPath("/", "b"), "/b");
+}
+
+TEST(FileUtilTest, CleanAbsolutePathCollapsesDotsAndStaysAtRoot) {
+  EXPECT_EQ(CleanAbsolutePath("/a//b/./c/../d"), "/a/b/d");
+  EXPECT_EQ(CleanAbsolutePath("/a/../../.."), "/");
+  EXPECT_EQ(CleanAbsolutePath("/"), "/");
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  EXPECT_EQ(CleanAbsolutePath("x/./y"),
+            CleanAbsolutePath(std::string(cwd)) + "/x/y");
+}
+
+TEST(FileUtilTest, ResolveSymlinksFollowsLinksAndRefusesDanglingOnes) {
+  const std::string dir = CleanAbsolutePath(TmpDir() + "/resolve");
+  ASSERT_TRUE(CreateDirectories(dir + "/real/sub").ok());
+  ::unlink((dir + "/link").c_str());
+  ::unlink((dir + "/dangling").c_str());
+  ASSERT_EQ(::symlink((dir + "/real").c_str(), (dir + "/link").c_str()), 0);
+  ASSERT_EQ(::symlink((dir + "/nowhere").c_str(), (dir + "/dangling").c_str()),
+            0);
+  absl::StatusOr<std::string> real = ResolveSymlinks(dir + "/link/sub/new/f");
+  ASSERT_TRUE(real.ok()) << real.status();
+  EXPECT_EQ(*real, *ResolveSymlinks(dir) + "/real/sub/new/f");
+  absl::StatusOr<std::string> bad = ResolveSymlinks(dir + "/dangling/f");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("does not resolve"));
+  EXPECT_TRUE(PathIsInside("/data/x", "/data"));
+  EXPECT_TRUE(PathIsInside("/data", "/data"));
+  EXPECT_FALSE(PathIsInside("/database", "/data"));
+  EXPECT_TRUE(PathIsInside("/anything", "/"));
 }
 
 }  // namespace

@@ -18,13 +18,6 @@ namespace trainyard {
 namespace {
 
 template <typename T>
-void Put(std::string* out, T value) {
-  char buf[sizeof(T)];
-  std::memcpy(buf, &value, sizeof(T));
-  out->append(buf, sizeof(T));
-}
-
-template <typename T>
 T Get(const char* p) {
   T value;
   std::memcpy(&value, p, sizeof(T));
@@ -267,10 +260,10 @@ absl::StatusOr<uint64_t> AppendTensorDescs(
                                                    limits.max_payload_bytes));
   }
   for (const auto& [name, tensor] : tensors) {
-    Put<uint16_t>(out, static_cast<uint16_t>(name.size()));
-    Put<uint8_t>(out, static_cast<uint8_t>(tensor.dtype()));
-    Put<uint8_t>(out, static_cast<uint8_t>(tensor.ndim()));
-    for (int64_t d : tensor.shape()) Put<int64_t>(out, d);
+    AppendLittleEndian<uint16_t>(out, static_cast<uint16_t>(name.size()));
+    AppendLittleEndian<uint8_t>(out, static_cast<uint8_t>(tensor.dtype()));
+    AppendLittleEndian<uint8_t>(out, static_cast<uint8_t>(tensor.ndim()));
+    for (int64_t d : tensor.shape()) AppendLittleEndian<int64_t>(out, d);
     out->append(name);
   }
   return payload;
@@ -375,16 +368,16 @@ absl::StatusOr<std::string> EncodeFrameHeader(
   if (!payload.ok()) return payload.status();
   std::string out;
   out.reserve(kFramePrefixSize + job_id.size() + descs.size());
-  Put<uint32_t>(&out, kFrameMagic);
-  Put<uint16_t>(&out, kFrameVersion);
-  Put<uint16_t>(&out, static_cast<uint16_t>(kind));
-  Put<uint32_t>(&out, 0);  // header_size, patched below
-  Put<uint32_t>(&out, static_cast<uint32_t>(tensors.size()));
-  Put<int64_t>(&out, step);
-  Put<int32_t>(&out, microbatch);
-  Put<uint16_t>(&out, static_cast<uint16_t>(job_id.size()));
-  Put<uint16_t>(&out, 0);
-  Put<uint64_t>(&out, *payload);
+  AppendLittleEndian<uint32_t>(&out, kFrameMagic);
+  AppendLittleEndian<uint16_t>(&out, kFrameVersion);
+  AppendLittleEndian<uint16_t>(&out, static_cast<uint16_t>(kind));
+  AppendLittleEndian<uint32_t>(&out, 0);  // header_size, patched below
+  AppendLittleEndian<uint32_t>(&out, static_cast<uint32_t>(tensors.size()));
+  AppendLittleEndian<int64_t>(&out, step);
+  AppendLittleEndian<int32_t>(&out, microbatch);
+  AppendLittleEndian<uint16_t>(&out, static_cast<uint16_t>(job_id.size()));
+  AppendLittleEndian<uint16_t>(&out, 0);
+  AppendLittleEndian<uint64_t>(&out, *payload);
   out.append(job_id.data(), job_id.size());
   out.append(descs);
   const uint32_t header_size = static_cast<uint32_t>(out.size());
@@ -517,11 +510,15 @@ absl::StatusOr<AbortReason> DecodeAbortFrame(
 
 std::string EncodeHandshake(const Handshake& handshake) {
   std::string out;
-  Put<uint32_t>(&out, kHandshakeMagic);
-  Put<uint16_t>(&out, kFrameVersion);
-  Put<uint16_t>(&out, static_cast<uint16_t>(handshake.job_id.size()));
-  Put<int32_t>(&out, handshake.from_rank);
-  Put<int32_t>(&out, handshake.to_rank);
+  AppendLittleEndian<uint32_t>(&out, kHandshakeMagic);
+  AppendLittleEndian<uint16_t>(&out, kHandshakeVersion);
+  AppendLittleEndian<uint16_t>(&out,
+                               static_cast<uint16_t>(handshake.job_id.size()));
+  AppendLittleEndian<int32_t>(&out, handshake.from_rank);
+  AppendLittleEndian<int32_t>(&out, handshake.to_rank);
+  std::string nonce = handshake.nonce;
+  nonce.resize(kHandshakeNonceSize, '\0');
+  out.append(nonce);
   out.append(handshake.job_id);
   return out;
 }
@@ -535,10 +532,12 @@ absl::StatusOr<Handshake> DecodeHandshakePrefix(const char* data,
                         kHandshakeMagic));
   }
   const uint16_t version = Get<uint16_t>(data + 4);
-  if (version != kFrameVersion) {
-    return absl::DataLossError(absl::StrCat("unsupported handshake version ",
-                                            version, " (expected ",
-                                            kFrameVersion, ")"));
+  if (version != kHandshakeVersion) {
+    return absl::DataLossError(absl::StrCat(
+        "unsupported handshake version ", version, " (expected ",
+        kHandshakeVersion, "; the two workers run different Trainyard ",
+        version < kHandshakeVersion ? "releases, the dialer the older one)"
+                                    : "releases, the dialer the newer one)"));
   }
   *job_id_length = Get<uint16_t>(data + 6);
   if (*job_id_length == 0 || *job_id_length > kMaxJobIdLength) {
@@ -552,37 +551,91 @@ absl::StatusOr<Handshake> DecodeHandshakePrefix(const char* data,
   return h;
 }
 
-std::string EncodeHandshakeReply(bool accepted, absl::string_view reason) {
-  reason = reason.substr(0, kMaxHandshakeReasonLength);
+absl::Status DecodeHandshakeRest(absl::string_view rest, Handshake* handshake) {
+  if (rest.size() <= kHandshakeNonceSize ||
+      rest.size() > HandshakeRestSize(kMaxJobIdLength)) {
+    return absl::DataLossError(absl::StrCat(
+        "handshake nonce and job id of ", rest.size(), " bytes, expected ",
+        kHandshakeNonceSize, " + [1, ", kMaxJobIdLength, "]"));
+  }
+  handshake->nonce.assign(rest.data(), kHandshakeNonceSize);
+  handshake->job_id.assign(rest.data() + kHandshakeNonceSize,
+                           rest.size() - kHandshakeNonceSize);
+  return absl::OkStatus();
+}
+
+std::string EncodeHandshakeReply(HandshakeReplyCode code,
+                                 absl::string_view body) {
+  if (code == HandshakeReplyCode::kRejected) {
+    body = body.substr(0, kMaxHandshakeReasonLength);
+  }
   std::string out;
-  Put<uint32_t>(&out, kHandshakeReplyMagic);
-  Put<uint32_t>(&out, accepted ? 0 : 1);
-  Put<uint16_t>(&out, static_cast<uint16_t>(reason.size()));
-  Put<uint16_t>(&out, 0);
-  out.append(reason.data(), reason.size());
+  AppendLittleEndian<uint32_t>(&out, kHandshakeReplyMagic);
+  AppendLittleEndian<uint32_t>(&out, static_cast<uint32_t>(code));
+  AppendLittleEndian<uint16_t>(&out, static_cast<uint16_t>(body.size()));
+  AppendLittleEndian<uint16_t>(&out, 0);
+  out.append(body.data(), body.size());
   return out;
 }
 
-absl::Status DecodeHandshakeReplyPrefix(const char* data, bool* accepted,
-                                        uint16_t* reason_length) {
+absl::Status DecodeHandshakeReplyPrefix(const char* data,
+                                        HandshakeReplyCode* code,
+                                        uint16_t* body_length) {
   const uint32_t magic = Get<uint32_t>(data);
   if (magic != kHandshakeReplyMagic) {
     return absl::DataLossError(
         absl::StrFormat("bad handshake reply magic 0x%08x (expected 0x%08x)",
                         magic, kHandshakeReplyMagic));
   }
-  const uint32_t code = Get<uint32_t>(data + 4);
-  if (code > 1) {
-    return absl::DataLossError(absl::StrCat("bad handshake reply code ", code));
+  const uint32_t raw_code = Get<uint32_t>(data + 4);
+  *body_length = Get<uint16_t>(data + 8);
+  switch (raw_code) {
+    case static_cast<uint32_t>(HandshakeReplyCode::kRejected):
+      if (*body_length > kMaxHandshakeReasonLength) {
+        return absl::DataLossError(absl::StrCat("handshake reply reason of ",
+                                                *body_length, " bytes, limit ",
+                                                kMaxHandshakeReasonLength));
+      }
+      break;
+    case static_cast<uint32_t>(HandshakeReplyCode::kAccepted):
+      if (*body_length != kHandshakeMacSize) {
+        return absl::DataLossError(
+            absl::StrCat("handshake accept carries a proof of ", *body_length,
+                         " bytes, expected ", kHandshakeMacSize));
+      }
+      break;
+    case static_cast<uint32_t>(HandshakeReplyCode::kChallenge):
+      if (*body_length != kHandshakeNonceSize) {
+        return absl::DataLossError(absl::StrCat(
+            "handshake challenge carries a nonce of ", *body_length,
+            " bytes, expected ", kHandshakeNonceSize));
+      }
+      break;
+    default:
+      return absl::DataLossError(
+          absl::StrCat("bad handshake reply code ", raw_code));
   }
-  *accepted = code == 0;
-  *reason_length = Get<uint16_t>(data + 8);
-  if (*reason_length > kMaxHandshakeReasonLength) {
-    return absl::DataLossError(absl::StrCat("handshake reply reason of ",
-                                            *reason_length, " bytes, limit ",
-                                            kMaxHandshakeReasonLength));
-  }
+  *code = static_cast<HandshakeReplyCode>(raw_code);
   return absl::OkStatus();
+}
+
+std::string EncodeHandshakeProof(absl::string_view mac) {
+  std::string out;
+  AppendLittleEndian<uint32_t>(&out, kHandshakeProofMagic);
+  std::string tag(mac);
+  tag.resize(kHandshakeMacSize, '\0');
+  out.append(tag);
+  return out;
+}
+
+absl::StatusOr<std::string> DecodeHandshakeProof(const char* data) {
+  const uint32_t magic = Get<uint32_t>(data);
+  if (magic != kHandshakeProofMagic) {
+    return absl::DataLossError(
+        absl::StrFormat("bad handshake proof magic 0x%08x (expected 0x%08x)",
+                        magic, kHandshakeProofMagic));
+  }
+  return std::string(data + 4, kHandshakeMacSize);
 }
 
 }  // namespace trainyard

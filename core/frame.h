@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,17 +27,33 @@
 
 namespace trainyard {
 
-// "TYFR", "TYHS" and "TYHA" as little-endian u32.
+// "TYFR", "TYHS", "TYHA" and "TYHP" as little-endian u32.
 inline constexpr uint32_t kFrameMagic = 0x52465954;
 inline constexpr uint32_t kHandshakeMagic = 0x53485954;
 inline constexpr uint32_t kHandshakeReplyMagic = 0x41485954;
+inline constexpr uint32_t kHandshakeProofMagic = 0x50485954;
 // 2: all-reduce values are float64 tensors (were int64 holding the bits).
 inline constexpr uint16_t kFrameVersion = 2;
+// The hello's version. 3: both ends prove they hold the job secret
+// (challenge-response) before any frame. Versions 1 and 2 were the frame
+// version, and had no authentication.
+inline constexpr uint16_t kHandshakeVersion = 3;
 
 inline constexpr size_t kFramePrefixSize = 40;
 inline constexpr size_t kFrameTrailerSize = 4;  // CRC32C
 inline constexpr size_t kHandshakePrefixSize = 16;
 inline constexpr size_t kHandshakeReplyPrefixSize = 12;
+inline constexpr size_t kHandshakeNonceSize = 32;
+inline constexpr size_t kHandshakeMacSize = 32;  // HMAC-SHA256
+inline constexpr size_t kHandshakeProofSize = 4 + kHandshakeMacSize;
+
+// Appends `value`'s bytes in the wire's (little-endian) order.
+template <typename T>
+void AppendLittleEndian(std::string* out, T value) {
+  char buf[sizeof(T)];
+  std::memcpy(buf, &value, sizeof(T));
+  out->append(buf, sizeof(T));
+}
 
 // Limits; a frame or handshake that claims more is rejected before any
 // allocation.
@@ -166,23 +183,60 @@ std::vector<std::pair<std::string, Tensor>> AbortFrameTensors(
 absl::StatusOr<AbortReason> DecodeAbortFrame(
     const FrameHeader& header, const std::vector<Tensor>& tensors);
 
-// Handshake: the first bytes on a connection, from the dialing rank.
+// Connection handshake, version kHandshakeVersion (docs/TRANSPORT_FRAME.md
+// "Connection setup"): the dialer's hello, the listener's challenge, the
+// dialer's proof, the listener's accept carrying its own proof; the listener
+// may answer a rejection with a reason instead at any step. The proofs
+// themselves (HMAC inputs) are core/tcp_handshake.h.
+
+// The dialer's hello: the first bytes on a connection.
 struct Handshake {
   std::string job_id;
   int32_t from_rank = 0;
   int32_t to_rank = 0;
+  // The dialer's fresh random nonce, kHandshakeNonceSize bytes (the encoder
+  // zero-pads or cuts anything else).
+  std::string nonce;
 };
+// The fixed prefix, the nonce, then the job id.
 std::string EncodeHandshake(const Handshake& handshake);
 // `data` holds kHandshakePrefixSize bytes; returns the handshake without
-// its job id and the job id's length in *job_id_length (<= kMaxJobIdLength).
+// its nonce and job id, and the job id's length in *job_id_length (1 ..
+// kMaxJobIdLength). DataLoss for a bad magic, another version (an older or
+// newer peer: the message says which versions) or a bad length; all three
+// are checked on these 16 bytes, before waiting for more.
 absl::StatusOr<Handshake> DecodeHandshakePrefix(const char* data,
                                                 uint16_t* job_id_length);
+// Bytes after the prefix: the nonce and the job id.
+inline size_t HandshakeRestSize(uint16_t job_id_length) {
+  return kHandshakeNonceSize + job_id_length;
+}
+// Fills handshake->nonce and ->job_id from the HandshakeRestSize() bytes
+// after the prefix. DataLoss when `rest` has another size.
+absl::Status DecodeHandshakeRest(absl::string_view rest, Handshake* handshake);
 
-// The listener's answer: accepted, or rejected with a reason.
-std::string EncodeHandshakeReply(bool accepted, absl::string_view reason);
-// `data` holds kHandshakeReplyPrefixSize bytes.
-absl::Status DecodeHandshakeReplyPrefix(const char* data, bool* accepted,
-                                        uint16_t* reason_length);
+// The listener's messages: a code and a body whose meaning and size the
+// code fixes.
+enum class HandshakeReplyCode : uint32_t {
+  kAccepted = 0,   // body: the listener's proof, kHandshakeMacSize bytes
+  kRejected = 1,   // body: the reason, UTF-8, <= kMaxHandshakeReasonLength
+  kChallenge = 2,  // body: the listener's nonce, kHandshakeNonceSize bytes
+};
+// A rejection's reason is cut to kMaxHandshakeReasonLength bytes.
+std::string EncodeHandshakeReply(HandshakeReplyCode code,
+                                 absl::string_view body);
+// `data` holds kHandshakeReplyPrefixSize bytes. DataLoss for a bad magic, an
+// unknown code, or a body length that code does not allow.
+absl::Status DecodeHandshakeReplyPrefix(const char* data,
+                                        HandshakeReplyCode* code,
+                                        uint16_t* body_length);
+
+// The dialer's proof: magic and kHandshakeMacSize bytes of HMAC
+// (kHandshakeProofSize bytes in all).
+std::string EncodeHandshakeProof(absl::string_view mac);
+// `data` holds kHandshakeProofSize bytes; returns the MAC. DataLoss for a
+// bad magic.
+absl::StatusOr<std::string> DecodeHandshakeProof(const char* data);
 
 }  // namespace trainyard
 

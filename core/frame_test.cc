@@ -8,6 +8,7 @@
 namespace trainyard {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(Crc32cTest, KnownVectors) {
@@ -145,25 +146,84 @@ TEST(FrameTest, HeaderRejectsPayloadMismatchAndBadDims) {
   EXPECT_THAT(header.status().message(), HasSubstr("dimension 0 = -5"));
 }
 
-TEST(HandshakeTest, RoundTripAndRejects) {
-  std::string hs = EncodeHandshake({"job", 3, 1});
+TEST(HandshakeTest, HelloRoundTripAndRejects) {
+  const std::string nonce(kHandshakeNonceSize, '\x5a');
+  std::string hs = EncodeHandshake({"job", 3, 1, nonce});
+  ASSERT_EQ(hs.size(), kHandshakePrefixSize + kHandshakeNonceSize + 3);
   uint16_t len = 0;
   auto h = DecodeHandshakePrefix(hs.data(), &len);
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(h->from_rank, 3);
   EXPECT_EQ(h->to_rank, 1);
   EXPECT_EQ(len, 3);
+  ASSERT_EQ(HandshakeRestSize(len), hs.size() - kHandshakePrefixSize);
+  ASSERT_TRUE(DecodeHandshakeRest(
+                  absl::string_view(hs).substr(kHandshakePrefixSize), &*h)
+                  .ok());
+  EXPECT_EQ(h->nonce, nonce);
+  EXPECT_EQ(h->job_id, "job");
+  EXPECT_THAT(DecodeHandshakeRest(nonce, &*h).message(),
+              HasSubstr("handshake nonce and job id of 32 bytes"));
   hs[1] = 0;
   EXPECT_THAT(DecodeHandshakePrefix(hs.data(), &len).status().message(),
               HasSubstr("bad handshake magic"));
+}
 
-  std::string reply = EncodeHandshakeReply(false, "no such job");
-  bool accepted = true;
-  uint16_t reason_len = 0;
-  ASSERT_TRUE(
-      DecodeHandshakeReplyPrefix(reply.data(), &accepted, &reason_len).ok());
-  EXPECT_FALSE(accepted);
-  EXPECT_EQ(reply.substr(kHandshakeReplyPrefixSize, reason_len), "no such job");
+// A version-2 dialer (no nonce, no proof) is told why on its 16-byte prefix,
+// without the listener waiting for bytes it will never send.
+TEST(HandshakeTest, OlderVersionIsRejectedOnThePrefix) {
+  std::string v2 = EncodeHandshake({"job", 1, 0, ""});
+  const uint16_t two = 2;
+  std::memcpy(&v2[4], &two, 2);
+  uint16_t len = 0;
+  absl::Status s = DecodeHandshakePrefix(v2.data(), &len).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("unsupported handshake version 2 (expected 3"),
+                    HasSubstr("the dialer the older one")));
+}
+
+TEST(HandshakeTest, ReplyCodesFixTheirBodySizes) {
+  HandshakeReplyCode code;
+  uint16_t body_len = 0;
+  for (auto [c, body] :
+       {std::pair{HandshakeReplyCode::kChallenge, std::string(32, 'n')},
+        std::pair{HandshakeReplyCode::kAccepted, std::string(32, 'm')},
+        std::pair{HandshakeReplyCode::kRejected, std::string("no such job")}}) {
+    const std::string reply = EncodeHandshakeReply(c, body);
+    ASSERT_TRUE(
+        DecodeHandshakeReplyPrefix(reply.data(), &code, &body_len).ok());
+    EXPECT_EQ(code, c);
+    EXPECT_EQ(reply.substr(kHandshakeReplyPrefixSize, body_len), body);
+  }
+  // A rejection's reason is cut to the limit; an accept must carry a proof.
+  const std::string long_reason = EncodeHandshakeReply(
+      HandshakeReplyCode::kRejected, std::string(5000, 'r'));
+  EXPECT_EQ(long_reason.size(),
+            kHandshakeReplyPrefixSize + kMaxHandshakeReasonLength);
+  const std::string short_proof =
+      EncodeHandshakeReply(HandshakeReplyCode::kAccepted, "");
+  EXPECT_THAT(DecodeHandshakeReplyPrefix(short_proof.data(), &code, &body_len)
+                  .message(),
+              HasSubstr("handshake accept carries a proof of 0 bytes, "
+                        "expected 32"));
+  std::string bad_code = short_proof;
+  bad_code[4] = 7;
+  EXPECT_THAT(
+      DecodeHandshakeReplyPrefix(bad_code.data(), &code, &body_len).message(),
+      HasSubstr("bad handshake reply code 7"));
+}
+
+TEST(HandshakeTest, ProofRoundTripAndBadMagic) {
+  const std::string mac(kHandshakeMacSize, '\x11');
+  std::string proof = EncodeHandshakeProof(mac);
+  ASSERT_EQ(proof.size(), kHandshakeProofSize);
+  auto got = DecodeHandshakeProof(proof.data());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, mac);
+  proof[0] = 'X';
+  EXPECT_THAT(DecodeHandshakeProof(proof.data()).status().message(),
+              HasSubstr("bad handshake proof magic"));
 }
 
 // Encodes an abort frame's header for `status` and decodes it the way a

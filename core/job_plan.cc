@@ -61,14 +61,6 @@ class Problems {
   size_t count_ = 0;
 };
 
-// "value" (its first kMaxQuotedBytes bytes, escaped, and its size when
-// longer): error messages never carry a long value back.
-std::string Quote(const std::string& s) {
-  if (s.size() <= kMaxQuotedBytes) return absl::StrCat("\"", s, "\"");
-  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxQuotedBytes)),
-                      "...\" (", s.size(), " bytes)");
-}
-
 int StructDepth(const google::protobuf::Value& v);
 
 // Nesting depth of a Struct (1 for a flat one).
@@ -184,73 +176,40 @@ bool CheckOneOf(Problems* p, const std::string& path, const std::string& value,
 
 std::string FormatDouble(double v) { return absl::StrFormat("%g", v); }
 
-// Lexically cleans an absolute path: collapses "//", "." and "..".
-std::string CleanPath(const std::string& path) {
-  std::vector<std::string> parts;
-  std::stringstream ss(path);
-  std::string part;
-  while (std::getline(ss, part, '/')) {
-    if (part.empty() || part == ".") continue;
-    if (part == "..") {
-      if (!parts.empty()) parts.pop_back();
-      continue;
-    }
-    parts.push_back(part);
-  }
-  return "/" + absl::StrJoin(parts, "/");
-}
-
-std::string CurrentDir() {
-  char buf[4096];
-  if (getcwd(buf, sizeof(buf)) == nullptr) return "/";
-  return buf;
-}
-
-// `abs` with symlinks resolved: the real path of its longest existing
-// ancestor, plus the rest (a checkpoint folder may not exist yet).
-std::string RealPath(const std::string& abs) {
-  std::string head = abs;
-  std::string tail;
-  while (true) {
-    char buf[PATH_MAX];
-    if (realpath(head.c_str(), buf) != nullptr) {
-      std::string real = buf;
-      if (tail.empty()) return real;
-      return real == "/" ? "/" + tail : real + "/" + tail;
-    }
-    const size_t slash = head.rfind('/');
-    if (slash == std::string::npos || head == "/") return abs;
-    tail = tail.empty() ? head.substr(slash + 1)
-                        : head.substr(slash + 1) + "/" + tail;
-    head = slash == 0 ? "/" : head.substr(0, slash);
-  }
-}
-
 // Adds a problem for `field` when `abs` (as written: `written`) is not
 // inside `root` once symlinks are resolved.
 void CheckConfined(Problems* p, const std::string& field,
                    const std::string& written, const std::string& abs,
-                   const std::string& root) {
-  if (root.empty()) return;
-  const std::string real_root =
-      RealPath(CleanPath(root[0] == '/' ? root : CurrentDir() + "/" + root));
-  const std::string real = RealPath(abs);
-  if (real == real_root || real_root == "/" ||
-      absl::StartsWith(real, real_root + "/")) {
+                   const PlanOptions& options) {
+  if (options.confine_to.empty()) return;
+  absl::StatusOr<std::string> root =
+      ResolveSymlinks(CleanAbsolutePath(options.confine_to));
+  if (!root.ok()) {
+    p->Add(field,
+           absl::StrCat("the data folder ", options.confine_to, " (",
+                        options.confine_flag, "): ", root.status().message()));
     return;
   }
-  p->Add(field, absl::StrCat(Quote(written), " resolves to ", Quote(real),
-                             ", outside this worker's data folder ", real_root,
-                             " (--data_dir): paths must stay inside it"));
+  absl::StatusOr<std::string> real = ResolveSymlinks(abs);
+  if (!real.ok()) {
+    p->Add(field, absl::StrCat(Quote(written),
+                               " cannot be shown to stay inside the data "
+                               "folder ",
+                               *root, ": ", real.status().message()));
+    return;
+  }
+  if (PathIsInside(*real, *root)) return;
+  p->Add(field,
+         absl::StrCat(Quote(written), " resolves to ", Quote(*real),
+                      ", outside the data folder ", *root, " (",
+                      options.confine_flag, "): paths must stay inside it"));
 }
 
 // `path` made absolute against `base` (itself made absolute against the
 // current directory).
 std::string ResolvePath(const std::string& base, const std::string& path) {
-  if (!path.empty() && path[0] == '/') return CleanPath(path);
-  std::string b = base.empty() ? CurrentDir() : base;
-  if (b[0] != '/') b = CurrentDir() + "/" + b;
-  return CleanPath(b + "/" + path);
+  if (!path.empty() && path[0] == '/') return CleanAbsolutePath(path);
+  return CleanAbsolutePath(CleanAbsolutePath(base) + "/" + path);
 }
 
 // Empty when `abs` is a readable regular file; otherwise the reason, naming
@@ -299,9 +258,8 @@ void CheckNpySource(const std::string& path, trainyard::v1::NpySource* npy,
   npy->set_targets(ResolvePath(options.base_dir, targets_written));
   const size_t problems = p->size();
   CheckConfined(p, path + ".features", features_written, npy->features(),
-                options.confine_to);
-  CheckConfined(p, path + ".targets", targets_written, npy->targets(),
-                options.confine_to);
+                options);
+  CheckConfined(p, path + ".targets", targets_written, npy->targets(), options);
   if (p->size() > problems) return;  // never opened
   if (!options.check_files) return;
 
@@ -887,7 +845,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
     init->set_safetensors(ResolvePath(options.base_dir, written));
     const size_t problems = p.size();
     CheckConfined(&p, "model.init.safetensors", written, init->safetensors(),
-                  options.confine_to);
+                  options);
     if (options.check_files && p.size() == problems) {
       std::string problem = FileProblem(written, init->safetensors());
       if (!problem.empty()) p.Add("model.init.safetensors", problem);
@@ -1091,8 +1049,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   } else {
     const std::string written = ckpt->dir();
     ckpt->set_dir(ResolvePath(options.base_dir, written));
-    CheckConfined(&p, "checkpoint.dir", written, ckpt->dir(),
-                  options.confine_to);
+    CheckConfined(&p, "checkpoint.dir", written, ckpt->dir(), options);
   }
 
   // ---- Recovery.
@@ -1185,6 +1142,22 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
         FormatBytes(limit)));
   }
   return plan;
+}
+
+std::string Quote(const std::string& s) {
+  if (s.size() <= kMaxQuotedBytes) return absl::StrCat("\"", s, "\"");
+  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxQuotedBytes)),
+                      "...\" (", s.size(), " bytes)");
+}
+
+absl::StatusOr<std::string> TaskConfigJson(const JobSpec& spec) {
+  if (!spec.task().has_config()) return std::string("{}");
+  std::string json;
+  if (!google::protobuf::util::MessageToJsonString(spec.task().config(), &json)
+           .ok()) {
+    return absl::InvalidArgumentError("task.config: not valid JSON");
+  }
+  return json;
 }
 
 }  // namespace trainyard

@@ -47,6 +47,11 @@ inline constexpr int kMaxTaskConfigDepth = 16;
 // Longest prefix of a value an error message quotes.
 inline constexpr size_t kMaxQuotedBytes = 64;
 
+// A value as an error message shows it: "value", or its first
+// kMaxQuotedBytes bytes C-escaped and its size when longer, so an error
+// never carries a long value back to the caller.
+std::string Quote(const std::string& s);
+
 // JobSpec.recovery defaults and limits (docs/SPEC.md).
 inline constexpr int kDefaultMaxRestarts = 3;
 inline constexpr int kMaxRestartsLimit = 1000;
@@ -67,6 +72,8 @@ struct PlanOptions {
   // init safetensors, checkpoint dir) must resolve inside this folder,
   // symlinks included; one that does not is a problem naming its field.
   std::string confine_to;
+  // How the problem names the folder's origin.
+  std::string confine_flag = "this worker's --data_dir";
 };
 
 // Bytes the job is estimated to need; formulas in docs/SPEC.md ("Memory").
@@ -127,6 +134,11 @@ struct JobPlan {
 // rejected with ResourceExhausted, naming the estimate and the limit.
 absl::StatusOr<JobPlan> PlanJob(const trainyard::v1::JobSpec& spec,
                                 const PlanOptions& options);
+
+// task.config as the JSON text a plugin's create() / validate_config()
+// takes ("{}" when unset). InvalidArgument naming task.config when the
+// Struct cannot be written as JSON.
+absl::StatusOr<std::string> TaskConfigJson(const trainyard::v1::JobSpec& spec);
 
 // Contiguous split of blocks with these parameter counts into `stages`
 // non-empty stages (1 <= stages <= size) minimising the largest stage's

@@ -1,7 +1,10 @@
 #include "core/sha256.h"
 
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/rand.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -64,6 +67,38 @@ absl::StatusOr<std::string> Sha256HexOfFile(const std::string& path) {
     }
   }
   return Finish(ctx.get());
+}
+
+std::string HmacSha256(absl::string_view key, absl::string_view data) {
+  unsigned char tag[kHmacSha256Size];
+  size_t len = 0;
+  // Never a null pointer: an empty string_view may have data() == nullptr.
+  static const char kNone[1] = {0};
+  const unsigned char* in = reinterpret_cast<const unsigned char*>(
+      data.empty() ? kNone : data.data());
+  CHECK(EVP_Q_mac(/*libctx=*/nullptr, "HMAC", /*propq=*/nullptr, "SHA256",
+                  /*params=*/nullptr, key.empty() ? kNone : key.data(),
+                  key.size(), in, data.size(), tag, sizeof(tag),
+                  &len) != nullptr)
+      << "EVP_Q_mac(HMAC-SHA256) failed: "
+      << ERR_error_string(ERR_get_error(), nullptr);
+  CHECK_EQ(len, kHmacSha256Size);
+  return std::string(reinterpret_cast<const char*>(tag), len);
+}
+
+std::string RandomBytes(size_t n) {
+  std::string out(n, '\0');
+  // RAND_bytes takes an int count.
+  constexpr size_t kPiece = size_t{1} << 30;
+  for (size_t done = 0; done < n; done += kPiece) {
+    const size_t take = std::min(kPiece, n - done);
+    CHECK_EQ(RAND_bytes(reinterpret_cast<unsigned char*>(&out[done]),
+                        static_cast<int>(take)),
+             1)
+        << "RAND_bytes(" << take
+        << ") failed: " << ERR_error_string(ERR_get_error(), nullptr);
+  }
+  return out;
 }
 
 }  // namespace trainyard

@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -20,6 +21,8 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,6 +31,7 @@
 #include "core/frame.h"
 #include "core/ipv4_address.h"
 #include "core/status_macros.h"
+#include "core/tcp_handshake.h"
 #include "glog/logging.h"
 
 namespace trainyard {
@@ -72,8 +76,8 @@ class Fd {
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
-// An eventfd that, once signalled, stays readable: every poll() that
-// includes it wakes up.
+// An eventfd that, once signalled, stays readable until Clear(): every
+// poll() that includes it wakes up.
 class StopSignal {
  public:
   StopSignal() : fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
@@ -83,6 +87,12 @@ class StopSignal {
     uint64_t one = 1;
     ssize_t n = ::write(fd_.get(), &one, sizeof(one));
     (void)n;  // fails only when the counter would overflow: already set
+  }
+  // Makes it unreadable again (for use as a wakeup, not a stop).
+  void Clear() {
+    uint64_t count;
+    ssize_t n = ::read(fd_.get(), &count, sizeof(count));
+    (void)n;  // EAGAIN: not signalled
   }
   int fd() const { return fd_.get(); }
 
@@ -437,25 +447,50 @@ absl::Status CheckFrameContent(const Frame& f, int to_rank, int from_rank) {
 }
 
 // A listener registration: the connections accepted so far for one job
-// rank, by the dialing rank.
+// rank, by the dialing rank, and the job secret their dialers must prove.
 struct Registration {
-  Registration(std::string job_id, int rank, int world_size)
-      : job_id(std::move(job_id)), rank(rank), accepted(world_size) {}
+  Registration(std::string job_id, int rank, int world_size, std::string secret)
+      : job_id(std::move(job_id)),
+        rank(rank),
+        secret(std::move(secret)),
+        accepted(world_size),
+        accepting(world_size, false) {}
   const std::string job_id;
   const int rank;
+  const std::string secret;
   absl::Mutex mu;
   std::vector<Fd> accepted ABSL_GUARDED_BY(mu);
+  // The dialer of that rank has proved itself and its accept is being
+  // written: another connection from it is a duplicate.
+  std::vector<bool> accepting ABSL_GUARDED_BY(mu);
   bool closed ABSL_GUARDED_BY(mu) = false;
 };
 
+// A pending connection's leftover bytes are read and dropped, up to this
+// many, before it is closed: closing with unread data would reset the
+// connection, and the dialer could lose the rejection's reason.
+constexpr size_t kMaxDiscardedBytes = 4096;
+
+// New connections taken per loop iteration, so that a flood of connects
+// cannot starve the handshakes already in progress.
+constexpr int kMaxAcceptsPerRound = 64;
+
 }  // namespace
 
+// All pending handshakes run on one thread (HandshakeLoop): a poll() over
+// the listening socket, a wakeup eventfd (Register) and every connection in
+// its handshake, each a small state machine (Pending) with its own
+// deadline. Nothing in the loop blocks: sockets are non-blocking and a
+// rejection is written with one send() that may fall short.
 class PeerListenerImpl : public PeerListener {
  public:
   PeerListenerImpl(Fd fd, std::string address,
-                   const PeerListenerOptions& options)
-      : fd_(std::move(fd)), address_(std::move(address)), options_(options) {
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+                   const PeerListenerOptions& options, int max_pending)
+      : fd_(std::move(fd)),
+        address_(std::move(address)),
+        options_(options),
+        max_pending_(max_pending) {
+    loop_thread_ = std::thread([this] { HandshakeLoop(); });
   }
 
   ~PeerListenerImpl() override {
@@ -463,29 +498,29 @@ class PeerListenerImpl : public PeerListener {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
     }
-    stop_.Signal();
-    accept_thread_.join();
-    std::map<int64_t, std::thread> threads;
-    {
-      absl::MutexLock lock(&mu_);
-      threads.swap(handshakes_);
-    }
-    for (auto& [id, t] : threads) t.join();
+    wake_.Signal();
+    loop_thread_.join();
   }
 
   std::string address() const override { return address_; }
 
   absl::StatusOr<std::shared_ptr<Registration>> Register(
-      const std::string& job_id, int rank, int world_size) {
-    absl::MutexLock lock(&mu_);
-    auto& slot = registry_[{job_id, rank}];
-    if (slot != nullptr) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("listener ", address_, ": job \"", job_id, "\" rank ",
-                       rank, " is already connecting through it"));
+      const std::string& job_id, int rank, int world_size,
+      const std::string& secret) {
+    std::shared_ptr<Registration> reg;
+    {
+      absl::MutexLock lock(&mu_);
+      auto& slot = registry_[{job_id, rank}];
+      if (slot != nullptr) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("listener ", address_, ": job \"", job_id, "\" rank ",
+                         rank, " is already connecting through it"));
+      }
+      slot = std::make_shared<Registration>(job_id, rank, world_size, secret);
+      reg = slot;
     }
-    slot = std::make_shared<Registration>(job_id, rank, world_size);
-    return slot;
+    wake_.Signal();  // handshakes waiting for it go on
+    return reg;
   }
 
   void Unregister(const std::shared_ptr<Registration>& reg) {
@@ -499,33 +534,132 @@ class PeerListenerImpl : public PeerListener {
   }
 
  private:
-  void AcceptLoop() {
+  // One connection in its handshake. Only the loop thread touches it.
+  struct Pending {
+    enum class State {
+      kHello,         // reading the hello (prefix, then nonce and job id)
+      kRegistration,  // waiting up to unknown_job_timeout for (job, to_rank)
+      kProof,         // challenge sent (or being sent); reading the proof
+      kAccepting,     // writing the accept; then the fd goes to `reg`
+    };
+    Fd fd;
+    std::string peer;  // the dialer's address
+    State state = State::kHello;
+    absl::Time deadline;
+    std::string in;                      // the message being read, so far
+    size_t want = kHandshakePrefixSize;  // its size, as far as known
+    Handshake hello;
+    std::string who;  // "rank 1 of job "j" for rank 0", once the hello is in
+    std::shared_ptr<Registration> reg;  // from the challenge on
+    std::string listener_nonce;
+    std::string out;  // the challenge or the accept
+    size_t written = 0;
+    bool finished = false;  // closed or handed over; dropped from the loop
+  };
+  using State = Pending::State;
+
+  void HandshakeLoop() {
+    std::vector<std::unique_ptr<Pending>> pending;
+    std::vector<pollfd> fds;
+    absl::Time accept_paused_until = absl::InfinitePast();
     while (true) {
-      absl::Status s =
-          WaitFd(fd_.get(), POLLIN, absl::InfiniteFuture(), stop_.fd());
-      if (absl::IsCancelled(s)) return;
-      ReapHandshakes();
-      sockaddr_in from{};
-      socklen_t len = sizeof(from);
-      const int c = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&from),
-                              &len, SOCK_CLOEXEC);
-      if (c < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
-            errno != ECONNABORTED) {
-          LOG(WARNING) << "listener " << address_
-                       << ": accept: " << ErrnoText(errno);
+      const absl::Time now = absl::Now();
+      for (auto& p : pending) {
+        if (now >= p->deadline) Expire(p.get());
+      }
+      Sweep(&pending);
+      const bool accepting = now >= accept_paused_until;
+      absl::Time next =
+          accepting ? absl::InfiniteFuture() : accept_paused_until;
+      fds.clear();
+      fds.push_back({wake_.fd(), POLLIN, 0});
+      fds.push_back({accepting ? fd_.get() : -1, POLLIN, 0});  // -1: skipped
+      for (const auto& p : pending) {
+        short events = 0;
+        if (p->state == State::kHello || p->state == State::kProof) {
+          events |= POLLIN;
+        }
+        if (p->written < p->out.size()) events |= POLLOUT;
+        // With no events, poll still reports POLLHUP and POLLERR.
+        fds.push_back({p->fd.get(), events, 0});
+        next = std::min(next, p->deadline);
+      }
+      if (::poll(fds.data(), fds.size(), PollTimeoutMs(next)) < 0) {
+        if (errno != EINTR) {
+          LOG(ERROR) << "listener " << address_
+                     << ": poll: " << ErrnoText(errno);
           absl::SleepFor(absl::Milliseconds(10));
         }
         continue;
       }
+      if (fds[0].revents & POLLIN) {
+        wake_.Clear();
+        {
+          absl::MutexLock lock(&mu_);
+          if (stopping_) return;  // pending connections close, unanswered
+        }
+        for (auto& p : pending) {
+          if (p->state == State::kRegistration) Route(p.get());
+        }
+      }
+      for (size_t i = 0; i < pending.size(); ++i) {
+        Pending* p = pending[i].get();
+        const short revents = fds[i + 2].revents;
+        if (revents == 0 || p->finished) continue;
+        if (revents & POLLOUT) Flush(p);
+        if (p->finished) continue;
+        if (p->state == State::kHello || p->state == State::kProof) {
+          if (revents & (POLLIN | POLLHUP | POLLERR)) Read(p);
+        } else if (p->state == State::kRegistration &&
+                   (revents & (POLLHUP | POLLERR))) {
+          Close(p, absl::StrCat(p->who,
+                                ": the dialer closed the connection while it "
+                                "waited for that job/rank to register"));
+        } else if (p->state == State::kAccepting) {
+          Flush(p);  // reports the error
+        }
+      }
+      Sweep(&pending);
+      if (fds[1].revents & POLLIN) Accept(&pending, &accept_paused_until);
+    }
+  }
+
+  void Sweep(std::vector<std::unique_ptr<Pending>>* pending) {
+    pending->erase(std::remove_if(pending->begin(), pending->end(),
+                                  [](const std::unique_ptr<Pending>& p) {
+                                    return p->finished;
+                                  }),
+                   pending->end());
+  }
+
+  // Takes the connections waiting in the backlog; over the cap they are
+  // closed unread.
+  void Accept(std::vector<std::unique_ptr<Pending>>* pending,
+              absl::Time* paused_until) {
+    for (int i = 0; i < kMaxAcceptsPerRound; ++i) {
+      sockaddr_in from{};
+      socklen_t len = sizeof(from);
+      const int c = ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&from),
+                              &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (c < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        // Out of descriptors (EMFILE) or memory: the connection stays in the
+        // backlog, and the socket stays readable; pause rather than spin.
+        if (accept_errors_++ % 100 == 0) {
+          LOG(WARNING) << "listener " << address_
+                       << ": accept: " << ErrnoText(errno) << " ("
+                       << accept_errors_ << " so far); pausing accepts 100ms";
+        }
+        *paused_until = absl::Now() + absl::Milliseconds(100);
+        return;
+      }
       Fd conn(c);
-      absl::MutexLock lock(&mu_);
-      if (static_cast<int>(handshakes_.size() - finished_.size()) >=
-          options_.max_pending_handshakes) {
-        // Closed unread: a flood of idle connections costs no threads.
+      if (static_cast<int>(pending->size()) >= max_pending_) {
+        // Closed unread: a flood of idle connections costs a descriptor
+        // each until its handshake deadline, and no more.
         if (refused_++ % 1000 == 0) {
-          LOG(WARNING) << "listener " << address_ << ": "
-                       << options_.max_pending_handshakes
+          LOG(WARNING) << "listener " << address_ << ": " << max_pending_
                        << " handshakes pending; closing the connection from "
                        << SockaddrToString(from) << " (" << refused_
                        << " closed so far)";
@@ -533,125 +667,262 @@ class PeerListenerImpl : public PeerListener {
         continue;
       }
       SetConnectionOptions(conn.get());
-      const int64_t id = next_id_++;
-      handshakes_[id] = std::thread([this, id, conn = std::move(conn),
-                                     peer = SockaddrToString(from)]() mutable {
-        HandleHandshake(std::move(conn), peer);
-        absl::MutexLock lock(&mu_);
-        finished_.push_back(id);
-      });
+      auto p = std::make_unique<Pending>();
+      p->fd = std::move(conn);
+      p->peer = SockaddrToString(from);
+      p->deadline = absl::Now() + options_.handshake_timeout;
+      Read(p.get());  // the hello may be there already
+      pending->push_back(std::move(p));
     }
   }
 
-  void ReapHandshakes() {
-    std::vector<std::thread> done;
-    {
-      absl::MutexLock lock(&mu_);
-      for (int64_t id : finished_) {
-        auto it = handshakes_.find(id);
-        done.push_back(std::move(it->second));
-        handshakes_.erase(it);
+  // Reads what has arrived of the current message; acts on each complete
+  // one.
+  void Read(Pending* p) {
+    while (!p->finished &&
+           (p->state == State::kHello || p->state == State::kProof)) {
+      if (p->in.size() == p->want) {
+        Complete(p);
+        continue;
       }
-      finished_.clear();
+      const size_t have = p->in.size();
+      p->in.resize(p->want);
+      const ssize_t r = ::recv(p->fd.get(), &p->in[have], p->want - have, 0);
+      const int err = errno;
+      p->in.resize(have + std::max<ssize_t>(r, 0));
+      if (r > 0) continue;
+      if (r < 0 && err == EINTR) continue;
+      if (r < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return;
+      const std::string what =
+          r == 0 ? std::string("connection closed") : ErrnoText(err);
+      if (p->state == State::kHello) {
+        Reject(p, absl::StrCat("handshake: ", what, " after ", have, " of ",
+                               p->want, " bytes"));
+      } else {
+        Reject(p, absl::StrCat(p->who, ": handshake: ", what,
+                               " before the proof (got ", have, " of ", p->want,
+                               " bytes)"));
+      }
     }
-    for (auto& t : done) t.join();
   }
 
-  void Reject(int fd, const std::string& peer, const std::string& reason) {
-    LOG(WARNING) << "listener " << address_ << ": closing connection from "
-                 << peer << ": " << reason;
-    WriteString(fd, EncodeHandshakeReply(false, reason),
-                absl::Now() + absl::Seconds(1), stop_.fd())
-        .IgnoreError();
+  // Acts on a complete message: `p->in` holds `p->want` bytes.
+  void Complete(Pending* p) {
+    if (p->state == State::kHello && p->want == kHandshakePrefixSize) {
+      uint16_t job_len = 0;
+      absl::StatusOr<Handshake> hs =
+          DecodeHandshakePrefix(p->in.data(), &job_len);
+      if (!hs.ok()) {
+        Reject(p, std::string(hs.status().message()));
+        return;
+      }
+      p->hello = *std::move(hs);
+      p->want = kHandshakePrefixSize + HandshakeRestSize(job_len);
+      return;
+    }
+    if (p->state == State::kHello) {
+      const absl::Status s = DecodeHandshakeRest(
+          absl::string_view(p->in).substr(kHandshakePrefixSize), &p->hello);
+      if (!s.ok()) {
+        Reject(p, std::string(s.message()));
+        return;
+      }
+      // Escaped: the job id comes from an unauthenticated peer and goes into
+      // logs.
+      p->who = absl::StrCat("rank ", p->hello.from_rank, " of job \"",
+                            absl::CHexEscape(p->hello.job_id), "\" for rank ",
+                            p->hello.to_rank);
+      p->state = State::kRegistration;
+      p->deadline = absl::Now() + options_.unknown_job_timeout;
+      Route(p);
+      return;
+    }
+    CheckProof(p);
   }
 
-  void HandleHandshake(Fd conn, const std::string& peer) {
-    const absl::Time deadline = absl::Now() + options_.handshake_timeout;
-    char prefix[kHandshakePrefixSize];
-    size_t got = 0;
-    absl::Status s = ReadFull(conn.get(), prefix, sizeof(prefix), deadline,
-                              stop_.fd(), &got);
-    if (!s.ok()) {
-      Reject(conn.get(), peer,
-             absl::StrCat("handshake: ", s.message(), " after ", got, " of ",
-                          kHandshakePrefixSize, " bytes"));
-      return;
-    }
-    uint16_t job_len = 0;
-    absl::StatusOr<Handshake> hs = DecodeHandshakePrefix(prefix, &job_len);
-    if (!hs.ok()) {
-      Reject(conn.get(), peer, std::string(hs.status().message()));
-      return;
-    }
-    hs->job_id.resize(job_len);
-    s = ReadFull(conn.get(), hs->job_id.data(), job_len, deadline, stop_.fd(),
-                 &got);
-    if (!s.ok()) {
-      Reject(conn.get(), peer,
-             absl::StrCat("handshake: ", s.message(), " reading the job id"));
-      return;
-    }
-    // Wait for the transport of that job and rank to register.
+  // A connection whose hello is in: once its (job, to_rank) has registered,
+  // checks the ranks and sends the challenge.
+  void Route(Pending* p) {
     std::shared_ptr<Registration> reg;
     {
-      const std::pair<std::string, int> key = {hs->job_id, hs->to_rank};
-      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || registry_.count(key) > 0;
-      };
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&ready),
-                           options_.unknown_job_timeout);
-      if (!stopping_ && registry_.count(key) > 0) reg = registry_[key];
+      auto it = registry_.find({p->hello.job_id, p->hello.to_rank});
+      if (it == registry_.end()) return;  // still waiting
+      reg = it->second;
     }
-    const std::string who =
-        absl::StrCat("rank ", hs->from_rank, " of job \"", hs->job_id,
-                     "\" for rank ", hs->to_rank);
-    if (reg == nullptr) {
-      Reject(conn.get(), peer,
-             absl::StrCat(who,
-                          ": no such job/rank registered with this "
-                          "listener within ",
-                          absl::FormatDuration(options_.unknown_job_timeout)));
-      return;
-    }
-    absl::MutexLock lock(&reg->mu);
-    const int world = static_cast<int>(reg->accepted.size());
     std::string reason;
-    if (reg->closed) {
-      reason = "that transport is no longer accepting connections";
-    } else if (hs->from_rank <= reg->rank || hs->from_rank >= world) {
-      reason = absl::StrCat("from-rank must be in (", reg->rank, ", ", world,
-                            ") (higher ranks dial lower ones)");
-    } else if (reg->accepted[hs->from_rank].valid()) {
-      reason = "duplicate connection";
+    {
+      absl::MutexLock lock(&reg->mu);
+      const int world = static_cast<int>(reg->accepted.size());
+      if (reg->closed) {
+        reason = "that transport is no longer accepting connections";
+      } else if (p->hello.from_rank <= reg->rank ||
+                 p->hello.from_rank >= world) {
+        reason = absl::StrCat("from-rank must be in (", reg->rank, ", ", world,
+                              ") (higher ranks dial lower ones)");
+      }
     }
     if (!reason.empty()) {
-      Reject(conn.get(), peer, absl::StrCat(who, ": ", reason));
+      Reject(p, absl::StrCat(p->who, ": ", reason));
       return;
     }
-    s = WriteString(conn.get(), EncodeHandshakeReply(true, ""),
-                    absl::Now() + absl::Seconds(1), stop_.fd());
-    if (!s.ok()) {
-      LOG(WARNING) << "listener " << address_ << ": " << who
-                   << ": cannot answer handshake: " << s.message();
+    p->reg = std::move(reg);
+    p->listener_nonce = NewHandshakeNonce();
+    p->state = State::kProof;
+    p->deadline = absl::Now() + options_.handshake_timeout;
+    p->in.clear();
+    p->want = kHandshakeProofSize;
+    p->out =
+        EncodeHandshakeReply(HandshakeReplyCode::kChallenge, p->listener_nonce);
+    p->written = 0;
+    Flush(p);
+  }
+
+  // The proof is in: only a dialer that holds the secret gets further.
+  void CheckProof(Pending* p) {
+    absl::StatusOr<std::string> mac = DecodeHandshakeProof(p->in.data());
+    const std::string failed =
+        absl::StrCat(p->who, ": data-plane authentication failed");
+    if (!mac.ok()) {
+      Reject(p, absl::StrCat(failed, ": ", mac.status().message()));
       return;
     }
-    reg->accepted[hs->from_rank] = std::move(conn);
+    Registration& reg = *p->reg;
+    if (!HandshakeMacMatches(HandshakeMac(reg.secret, HandshakeRole::kDialer,
+                                          p->hello, p->listener_nonce),
+                             *mac)) {
+      Reject(p, absl::StrCat(failed, " (wrong or missing job secret)"));
+      return;
+    }
+    const int from = p->hello.from_rank;
+    std::string reason;
+    {
+      absl::MutexLock lock(&reg.mu);
+      if (reg.closed) {
+        reason = "that transport is no longer accepting connections";
+      } else if (reg.accepted[from].valid() || reg.accepting[from]) {
+        reason = "duplicate connection";
+      } else {
+        reg.accepting[from] = true;
+      }
+    }
+    if (!reason.empty()) {
+      Reject(p, absl::StrCat(p->who, ": ", reason));
+      return;
+    }
+    p->state = State::kAccepting;
+    p->deadline = absl::Now() + options_.handshake_timeout;
+    p->out =
+        EncodeHandshakeReply(HandshakeReplyCode::kAccepted,
+                             HandshakeMac(reg.secret, HandshakeRole::kListener,
+                                          p->hello, p->listener_nonce));
+    p->written = 0;
+    Flush(p);
+  }
+
+  // Writes what it can of `p->out`; once an accept is out, hands the
+  // connection over.
+  void Flush(Pending* p) {
+    while (p->written < p->out.size()) {
+      const ssize_t w = ::send(p->fd.get(), p->out.data() + p->written,
+                               p->out.size() - p->written, MSG_NOSIGNAL);
+      if (w > 0) {
+        p->written += static_cast<size_t>(w);
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      Close(p, absl::StrCat(p->who.empty() ? "handshake" : p->who,
+                            ": cannot answer the handshake: ",
+                            w < 0 ? ErrnoText(errno) : "send returned 0"));
+      return;
+    }
+    if (p->state != State::kAccepting) return;
+    Registration& reg = *p->reg;
+    bool handed = false;
+    {
+      absl::MutexLock lock(&reg.mu);
+      reg.accepting[p->hello.from_rank] = false;
+      if (!reg.closed) {
+        reg.accepted[p->hello.from_rank] = std::move(p->fd);
+        handed = true;
+      }
+    }
+    if (!handed) {
+      LOG(WARNING) << "listener " << address_ << ": " << p->who
+                   << ": accepted, but that transport stopped accepting "
+                      "connections meanwhile; closing it";
+    }
+    p->fd.Reset();
+    p->finished = true;
+  }
+
+  // A deadline passed.
+  void Expire(Pending* p) {
+    switch (p->state) {
+      case State::kHello:
+        Reject(p, absl::StrCat("handshake: timed out after ", p->in.size(),
+                               " of ", p->want, " bytes"));
+        return;
+      case State::kRegistration:
+        Reject(p, absl::StrCat(
+                      p->who,
+                      ": no such job/rank registered with this "
+                      "listener within ",
+                      absl::FormatDuration(options_.unknown_job_timeout)));
+        return;
+      case State::kProof:
+        Reject(p, absl::StrCat(
+                      p->who, ": handshake: no proof of the job secret within ",
+                      absl::FormatDuration(options_.handshake_timeout),
+                      " (got ", p->in.size(), " of ", p->want, " bytes)"));
+        return;
+      case State::kAccepting:
+        Close(p, absl::StrCat(p->who,
+                              ": cannot answer the handshake: timed out "
+                              "writing the accept"));
+        return;
+    }
+  }
+
+  // Logs why, sends the rejection with one non-blocking send (best effort:
+  // a dialer that does not read loses it), and closes.
+  void Reject(Pending* p, const std::string& reason) {
+    const std::string reply =
+        EncodeHandshakeReply(HandshakeReplyCode::kRejected, reason);
+    const ssize_t w = ::send(p->fd.get(), reply.data(), reply.size(),
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+    Close(p, reason);
+  }
+
+  // Logs why and closes the connection, dropping what it sent unread.
+  void Close(Pending* p, const std::string& reason) {
+    LOG(WARNING) << "listener " << address_ << ": closing connection from "
+                 << p->peer << ": " << reason;
+    if (p->state == State::kAccepting) {
+      absl::MutexLock lock(&p->reg->mu);
+      p->reg->accepting[p->hello.from_rank] = false;
+    }
+    char sink[kMaxDiscardedBytes];
+    (void)::recv(p->fd.get(), sink, sizeof(sink), MSG_DONTWAIT);
+    p->fd.Reset();
+    p->finished = true;
   }
 
   const Fd fd_;
   const std::string address_;
   const PeerListenerOptions options_;
-  StopSignal stop_;
-  std::thread accept_thread_;
+  const int max_pending_;  // options_.max_pending_handshakes, fd-limited
+  StopSignal wake_;        // Register and the destructor
+  std::thread loop_thread_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::pair<std::string, int>, std::shared_ptr<Registration>> registry_
       ABSL_GUARDED_BY(mu_);
-  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int64_t, std::thread> handshakes_ ABSL_GUARDED_BY(mu_);
-  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;  // closed at the cap
-  std::vector<int64_t> finished_ ABSL_GUARDED_BY(mu_);
+  // Only the loop thread.
+  int64_t refused_ = 0;  // closed at the cap
+  int64_t accept_errors_ = 0;
 };
 
 absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(
@@ -678,26 +949,115 @@ absl::StatusOr<std::unique_ptr<PeerListener>> PeerListener::Listen(
     return absl::UnavailableError(
         absl::StrCat("listen on ", address, ": bind: ", ErrnoText(errno)));
   }
-  if (::listen(fd.get(), 128) != 0) {
+  if (::listen(fd.get(), SOMAXCONN) != 0) {
     return absl::UnavailableError(
         absl::StrCat("listen on ", address, ": listen: ", ErrnoText(errno)));
   }
   socklen_t len = sizeof(sa);
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len);
-  return std::unique_ptr<PeerListener>(
-      new PeerListenerImpl(std::move(fd), SockaddrToString(sa), options));
+  // Pending handshakes hold a descriptor each; leave half of the process's
+  // limit to everything else (transports, gRPC, files).
+  int max_pending = options.max_pending_handshakes;
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+      nofile.rlim_cur != RLIM_INFINITY &&
+      nofile.rlim_cur / 2 < static_cast<rlim_t>(max_pending)) {
+    max_pending = std::max(1, static_cast<int>(nofile.rlim_cur / 2));
+    LOG(INFO) << "listener " << SockaddrToString(sa) << ": at most "
+              << max_pending
+              << " pending handshakes (half the descriptor limit "
+              << nofile.rlim_cur << "), not " << options.max_pending_handshakes;
+  }
+  return std::unique_ptr<PeerListener>(new PeerListenerImpl(
+      std::move(fd), SockaddrToString(sa), options, max_pending));
 }
 
 namespace {
 
-// Dials `address`, retrying refused connections, and performs the
-// handshake. Errors say why the last attempt failed; Cancelled as soon as
-// `stop_fd` fires.
-absl::StatusOr<Fd> Dial(const std::string& address, const Handshake& hs,
-                        absl::Time deadline, int stop_fd) {
+const char* ReplyName(HandshakeReplyCode code) {
+  switch (code) {
+    case HandshakeReplyCode::kAccepted:
+      return "an accept";
+    case HandshakeReplyCode::kRejected:
+      return "a rejection";
+    case HandshakeReplyCode::kChallenge:
+      return "a challenge";
+  }
+  return "a reply";
+}
+
+// Reads one listener message and returns its body if it is a `want`. A
+// rejection is Unavailable "handshake rejected: <the listener's reason>".
+absl::StatusOr<std::string> ReadHandshakeReply(int fd, HandshakeReplyCode want,
+                                               absl::Time deadline,
+                                               int stop_fd) {
+  char prefix[kHandshakeReplyPrefixSize];
+  size_t got = 0;
+  RETURN_IF_ERROR(
+      ReadFull(fd, prefix, sizeof(prefix), deadline, stop_fd, &got));
+  HandshakeReplyCode code;
+  uint16_t body_len = 0;
+  RETURN_IF_ERROR(DecodeHandshakeReplyPrefix(prefix, &code, &body_len));
+  std::string body(body_len, '\0');
+  RETURN_IF_ERROR(
+      ReadFull(fd, body.data(), body.size(), deadline, stop_fd, &got));
+  if (code == HandshakeReplyCode::kRejected) {
+    return absl::UnavailableError(absl::StrCat("handshake rejected: ", body));
+  }
+  if (code != want) {
+    return absl::DataLossError(
+        absl::StrCat("expected ", ReplyName(want), ", got ", ReplyName(code)));
+  }
+  return body;
+}
+
+// The dialer's side of the handshake on a connected socket: hello (with a
+// fresh nonce), the listener's challenge, our proof, then the accept and the
+// listener's proof, checked before anything else is read. Errors say which
+// step failed; a rejection carries the listener's reason.
+absl::Status DialHandshake(int fd, Handshake hello, const std::string& secret,
+                           absl::Time deadline, int stop_fd) {
+  hello.nonce = NewHandshakeNonce();
+  auto step = [](const char* what, const absl::Status& s) {
+    if (s.ok() || absl::IsCancelled(s) ||
+        absl::StartsWith(s.message(), "handshake rejected: ")) {
+      return s;
+    }
+    return absl::Status(s.code(),
+                        absl::StrCat("handshake: ", what, ": ", s.message()));
+  };
+  RETURN_IF_ERROR(
+      step("sending the hello",
+           WriteString(fd, EncodeHandshake(hello), deadline, stop_fd)));
+  absl::StatusOr<std::string> listener_nonce =
+      ReadHandshakeReply(fd, HandshakeReplyCode::kChallenge, deadline, stop_fd);
+  RETURN_IF_ERROR(step("reading the challenge", listener_nonce.status()));
+  const std::string proof = EncodeHandshakeProof(
+      HandshakeMac(secret, HandshakeRole::kDialer, hello, *listener_nonce));
+  RETURN_IF_ERROR(
+      step("sending the proof", WriteString(fd, proof, deadline, stop_fd)));
+  absl::StatusOr<std::string> listener_mac =
+      ReadHandshakeReply(fd, HandshakeReplyCode::kAccepted, deadline, stop_fd);
+  RETURN_IF_ERROR(step("reading the accept", listener_mac.status()));
+  if (!HandshakeMacMatches(HandshakeMac(secret, HandshakeRole::kListener, hello,
+                                        *listener_nonce),
+                           *listener_mac)) {
+    return absl::UnauthenticatedError(
+        "handshake: data-plane authentication of the listener failed: its "
+        "proof does not match this job's secret (a different secret, or "
+        "another process at that address)");
+  }
+  return absl::OkStatus();
+}
+
+// Dials `address`, retrying refused connections and failed handshakes, and
+// performs the handshake. Errors say why the last attempt failed; Cancelled
+// as soon as `stop_fd` fires.
+absl::StatusOr<Fd> Dial(const std::string& address, const Handshake& hello,
+                        const std::string& secret, absl::Time deadline,
+                        int stop_fd) {
   ASSIGN_OR_RETURN(sockaddr_in sa, ResolveIpv4(address));
   absl::Status last = absl::DeadlineExceededError("no attempt made");
-  const std::string hello = EncodeHandshake(hs);
   const absl::Status cancelled =
       absl::CancelledError("connection setup cancelled");
   while (absl::Now() < deadline) {
@@ -727,26 +1087,11 @@ absl::StatusOr<Fd> Dial(const std::string& address, const Handshake& hs,
       if (SleepUnlessStopped(absl::Milliseconds(20), stop_fd)) return cancelled;
       continue;
     }
-    absl::Status s = WriteString(fd.get(), hello, deadline, stop_fd);
-    char reply[kHandshakeReplyPrefixSize];
-    size_t got = 0;
-    if (s.ok())
-      s = ReadFull(fd.get(), reply, sizeof(reply), deadline, stop_fd, &got);
-    bool accepted = false;
-    uint16_t reason_len = 0;
-    if (s.ok()) s = DecodeHandshakeReplyPrefix(reply, &accepted, &reason_len);
-    std::string reason(reason_len, '\0');
-    if (s.ok()) {
-      s = ReadFull(fd.get(), reason.data(), reason.size(), deadline, stop_fd,
-                   &got);
-    }
+    const absl::Status s =
+        DialHandshake(fd.get(), hello, secret, deadline, stop_fd);
     if (absl::IsCancelled(s)) return cancelled;
-    if (s.ok() && accepted) return fd;
-    last =
-        s.ok()
-            ? absl::UnavailableError(
-                  absl::StrCat("handshake rejected: ", reason))
-            : absl::UnavailableError(absl::StrCat("handshake: ", s.message()));
+    if (s.ok()) return fd;
+    last = s;
     if (SleepUnlessStopped(absl::Milliseconds(50), stop_fd)) return cancelled;
   }
   return last;
@@ -1228,8 +1573,9 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
   const absl::Status cancelled =
       absl::CancelledError(absl::StrCat(me, ": connection setup cancelled"));
   if (cancel_requested()) return cancelled;
-  ASSIGN_OR_RETURN(std::shared_ptr<Registration> reg,
-                   impl->Register(options.job_id, options.rank, world));
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Registration> reg,
+      impl->Register(options.job_id, options.rank, world, options.secret));
   const absl::Time deadline = absl::Now() + options.connect_timeout;
 
   // Dial every lower rank in parallel; higher ranks dial us. `stop_dialing`
@@ -1244,8 +1590,8 @@ absl::StatusOr<std::unique_ptr<Transport>> ConnectTcpTransport(
   for (int r = 0; r < options.rank; ++r) {
     dialers.emplace_back([&, r] {
       dialed[r] = Dial(options.peer_addresses[r],
-                       Handshake{options.job_id, options.rank, r}, deadline,
-                       stop_dialing.fd());
+                       Handshake{options.job_id, options.rank, r},
+                       options.secret, deadline, stop_dialing.fd());
       absl::MutexLock lock(&reg->mu);
       --dialing;
     });

@@ -7,7 +7,8 @@
 // TcpTransport with the addresses of every stage (from the controller's
 // rendezvous); the transport dials the peers it needs and accepts the
 // connections the others dial, through the listener, matched by job id and
-// rank in a handshake.
+// rank in a handshake in which both ends prove they hold the job's secret
+// (TcpTransportOptions::secret) before any frame is exchanged.
 //
 // Guarantees (on top of transport.h): every read and write has a timeout;
 // a partial read, a peer that disconnects, a frame with a bad magic,
@@ -32,24 +33,31 @@
 namespace trainyard {
 
 struct PeerListenerOptions {
-  // Longest an accepted connection may take to send its handshake.
+  // Longest an accepted connection may take to send its hello, and again
+  // its proof once challenged.
   absl::Duration handshake_timeout = absl::Seconds(5);
   // How long a handshake for a job/rank that has not registered yet waits
   // for it (the dialer may be faster than the local stage); after that the
   // connection is closed and the reason logged and sent back.
   absl::Duration unknown_job_timeout = absl::Seconds(10);
   // At most this many connections in their handshake at once (each holds a
-  // thread until its handshake ends); one more is closed at once, unread.
-  // Dialers of a real job retry until their connect timeout, so a flood of
-  // idle connections delays them by at most handshake_timeout.
-  int max_pending_handshakes = 128;
+  // descriptor, no thread, until its handshake ends); one more is closed at
+  // once, unread. Listen lowers it to half the process's descriptor limit
+  // (RLIMIT_NOFILE). Dialers of a real job retry until their connect
+  // timeout; an idle connection holds its place for at most
+  // handshake_timeout (unknown_job_timeout once its hello names a job), so
+  // a flood that stops delays them by at most that.
+  int max_pending_handshakes = 1024;
 };
 
 // Accepts peer connections on one port and hands each, after its handshake,
 // to the TcpTransport being set up for that job and rank. Connections that
-// fail the handshake are answered with the reason, logged and closed; the
-// listener keeps serving. It must outlive every ConnectTcpTransport call
-// that uses it (not the transports it returned).
+// fail the handshake (a bad hello, an unknown job, a wrong proof of the job
+// secret, a timeout) are answered with the reason, logged and closed; the
+// listener keeps serving, and the registration of the job they named stays
+// open for the real peer. All pending handshakes share one thread: a slow or
+// silent connection does not hold up another's. It must outlive every
+// ConnectTcpTransport call that uses it (not the transports it returned).
 class PeerListener {
  public:
   // Listens on `address` ("127.0.0.1:0" picks a free port; "0.0.0.0:7000"
@@ -66,6 +74,17 @@ class PeerListener {
 struct TcpTransportOptions {
   std::string job_id;
   int rank = 0;
+  // The job's data-plane secret (bytes; the controller gives every stage of
+  // a job attempt the same random 32 bytes). Each connection's ends prove to
+  // each other that they hold it (HMAC-SHA256 challenge-response,
+  // docs/TRANSPORT_FRAME.md) before any frame: a dialer that cannot is
+  // rejected ("... data-plane authentication failed (wrong or missing job
+  // secret)") and a listener that cannot fails that dial attempt. Only the
+  // connection setup is authenticated: frames are neither encrypted nor
+  // signed. Empty is allowed
+  // (tests, --insecure clusters): the same protocol runs with an empty key,
+  // which anyone can compute.
+  std::string secret;
   // host:port of every rank, indexed by rank; entry `rank` is ours.
   std::vector<std::string> peer_addresses;
   // Longest wait to establish all connections.

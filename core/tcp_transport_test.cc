@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -17,6 +18,9 @@
 #include "core/frame.h"
 #include "core/in_process_transport.h"
 #include "core/random.h"
+#include "core/sha256.h"
+#include "core/tcp_handshake.h"
+#include "core/test_socket.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -42,7 +46,7 @@ struct Cluster {
   std::vector<std::string> addresses;
 };
 
-Cluster Connect(int n, const std::string& job) {
+Cluster Connect(int n, const std::string& job, const std::string& secret = "") {
   Cluster c;
   for (int r = 0; r < n; ++r) {
     c.listeners.push_back(MustListen());
@@ -56,6 +60,7 @@ Cluster Connect(int n, const std::string& job) {
       o.job_id = job;
       o.rank = r;
       o.peer_addresses = c.addresses;
+      o.secret = secret;
       o.connect_timeout = absl::Seconds(5);
       o.io_timeout = absl::Seconds(5);
       results[r] = ConnectTcpTransport(c.listeners[r].get(), o);
@@ -536,20 +541,8 @@ TEST(TcpTransportTest, UnsetCancelFlagLetsTheConnectionsComeUp) {
 // A raw socket to the listener, for fault injection.
 class RawPeer {
  public:
-  explicit RawPeer(const std::string& address) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    const size_t colon = address.rfind(':');
-    int port = 0;
-    CHECK(absl::SimpleAtoi(address.substr(colon + 1), &port));
-    sa.sin_port = htons(port);
-    ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
-    timeval tv{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    ::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    CHECK_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  }
+  explicit RawPeer(const std::string& address)
+      : fd_(ConnectTestSocket(address, 5)) {}
   ~RawPeer() { Close(); }
   void Close() {
     if (fd_ >= 0) ::close(fd_);
@@ -569,20 +562,65 @@ class RawPeer {
       out.append(buf, n);
     }
   }
-  // Reads the handshake reply: "" when accepted, else the reason.
+  // Reads one listener message into *body; "<no reply>" when the connection
+  // closes (or 5 s pass) first.
+  absl::StatusOr<HandshakeReplyCode> ReadMessage(std::string* body) {
+    HandshakeReplyCode code;
+    absl::Status s = ReadListenerMessage(fd_, &code, body);
+    if (absl::IsDeadlineExceeded(s))
+      return absl::UnavailableError("<no reply>");
+    if (!s.ok()) return s;
+    return code;
+  }
+  // Reads the listener's reason for closing: its rejection, or what else
+  // came instead.
   std::string ReadReply() {
-    char prefix[kHandshakeReplyPrefixSize];
-    if (::recv(fd_, prefix, sizeof(prefix), MSG_WAITALL) !=
-        static_cast<ssize_t>(sizeof(prefix))) {
-      return "<no reply>";
+    std::string body;
+    absl::StatusOr<HandshakeReplyCode> code = ReadMessage(&body);
+    if (!code.ok()) return std::string(code.status().message());
+    if (*code != HandshakeReplyCode::kRejected) {
+      return absl::StrCat("<reply code ", static_cast<int>(*code), ">");
     }
-    bool accepted = false;
-    uint16_t len = 0;
-    absl::Status s = DecodeHandshakeReplyPrefix(prefix, &accepted, &len);
-    if (!s.ok()) return std::string(s.message());
-    std::string reason(len, '\0');
-    if (len > 0) ::recv(fd_, reason.data(), len, MSG_WAITALL);
-    return accepted ? "" : reason;
+    return body;
+  }
+  // Sends `hello` (with a fresh nonce) and reads the challenge: the
+  // listener's nonce, or "" after writing the reason to *error.
+  std::string Hello(Handshake* hello, std::string* error) {
+    hello->nonce = NewHandshakeNonce();
+    Write(EncodeHandshake(*hello));
+    std::string body;
+    absl::StatusOr<HandshakeReplyCode> code = ReadMessage(&body);
+    if (!code.ok()) {
+      *error = std::string(code.status().message());
+    } else if (*code != HandshakeReplyCode::kChallenge) {
+      *error = *code == HandshakeReplyCode::kRejected
+                   ? body
+                   : absl::StrCat("<reply code ", static_cast<int>(*code), ">");
+    } else {
+      return body;
+    }
+    return "";
+  }
+  // The whole dialer side with `secret`: "" when the listener accepted and
+  // proved the secret, else the reason.
+  std::string Authenticate(const std::string& job, int from, int to,
+                           const std::string& secret) {
+    Handshake hello{job, from, to};
+    std::string error;
+    const std::string listener_nonce = Hello(&hello, &error);
+    if (listener_nonce.empty()) return error;
+    Write(EncodeHandshakeProof(
+        HandshakeMac(secret, HandshakeRole::kDialer, hello, listener_nonce)));
+    std::string body;
+    absl::StatusOr<HandshakeReplyCode> code = ReadMessage(&body);
+    if (!code.ok()) return std::string(code.status().message());
+    if (*code == HandshakeReplyCode::kRejected) return body;
+    if (!HandshakeMacMatches(HandshakeMac(secret, HandshakeRole::kListener,
+                                          hello, listener_nonce),
+                             body)) {
+      return "<listener proof does not match>";
+    }
+    return "";
   }
 
  private:
@@ -609,8 +647,7 @@ Impersonation Impersonate(PeerListener* listener, const std::string& job,
     t = ConnectTcpTransport(listener, o);
   });
   imp.rank1 = std::make_unique<RawPeer>(listener->address());
-  imp.rank1->Write(EncodeHandshake({job, 1, 0}));
-  const std::string reply = imp.rank1->ReadReply();
+  const std::string reply = imp.rank1->Authenticate(job, 1, 0, /*secret=*/"");
   connect.join();
   CHECK_EQ(reply, "");
   CHECK(t.ok()) << t.status();
@@ -657,6 +694,132 @@ class FaultInjectionTest : public ::testing::Test {
   std::unique_ptr<PeerListener> listener_;
 };
 
+// Rank `rank` of a 2-rank job on `mine`, the other rank at `other`.
+absl::StatusOr<std::unique_ptr<Transport>> ConnectRank(
+    int rank, PeerListener* mine, const std::string& other,
+    const std::string& job, const std::string& secret, absl::Duration timeout) {
+  TcpTransportOptions o;
+  o.job_id = job;
+  o.rank = rank;
+  o.peer_addresses = rank == 0
+                         ? std::vector<std::string>{mine->address(), other}
+                         : std::vector<std::string>{other, mine->address()};
+  o.secret = secret;
+  o.connect_timeout = timeout;
+  o.io_timeout = absl::Seconds(5);
+  return ConnectTcpTransport(mine, o);
+}
+
+// `from` sends a small activation to `to`, which must receive it bitwise.
+void ExpectFrameGetsThrough(Transport* from, Transport* to, uint64_t seed) {
+  Message m;
+  m.tensors = {{"x", RandomFloats({3, 5}, seed)}};
+  ASSERT_TRUE(from->Send(to->rank(), m).ok());
+  auto got = to->Recv(from->rank(), absl::Seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->tensors.size(), 1u);
+  EXPECT_TRUE(BitwiseEqual(got->tensors[0].second, RandomFloats({3, 5}, seed)));
+}
+
+TEST(TcpTransportAuthTest, RanksWithTheSameSecretConnectAndExchangeFrames) {
+  Cluster c = Connect(3, "secret-ok", RandomBytes(32));
+  ExpectFrameGetsThrough(c.ranks[0].get(), c.ranks[1].get(), 1);
+  ExpectFrameGetsThrough(c.ranks[2].get(), c.ranks[1].get(), 2);
+  ExpectFrameGetsThrough(c.ranks[1].get(), c.ranks[0].get(), 3);
+  std::vector<std::thread> threads;
+  std::vector<std::vector<double>> v(3);
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      v[r] = {double(r + 1)};
+      ASSERT_TRUE(c.ranks[r]->AllReduceSum(&v[r], absl::Seconds(5)).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(v[r][0], 6.0);
+}
+
+TEST(TcpTransportAuthTest, WrongSecretIsRejectedAndTheRealPeerStillConnects) {
+  auto l0 = MustListen();
+  auto l1 = MustListen();
+  const std::string secret = RandomBytes(32);
+  absl::StatusOr<std::unique_ptr<Transport>> t0;
+  std::thread rank0([&] {
+    t0 =
+        ConnectRank(0, l0.get(), l1->address(), "j", secret, absl::Seconds(10));
+  });
+  const std::string rejected =
+      "rank 0 (" + l0->address() +
+      "): handshake rejected: rank 1 of job \"j\" for rank 0: data-plane "
+      "authentication failed (wrong or missing job secret)";
+  for (const std::string& wrong : {RandomBytes(32), std::string()}) {
+    auto bad =
+        ConnectRank(1, l1.get(), l0->address(), "j", wrong, absl::Seconds(1));
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_THAT(bad.status().message(), HasSubstr(rejected));
+  }
+  // The registration stayed open: the rank with the secret gets in.
+  auto t1 =
+      ConnectRank(1, l1.get(), l0->address(), "j", secret, absl::Seconds(5));
+  rank0.join();
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  ASSERT_TRUE(t0.ok()) << t0.status();
+  ExpectFrameGetsThrough(t1->get(), t0->get(), 4);
+  ExpectFrameGetsThrough(t0->get(), t1->get(), 5);
+}
+
+// A listener that does not hold the secret answers every dial with a
+// challenge and an accept whose proof it made up.
+TEST(TcpTransportAuthTest, ListenerWithoutTheSecretFailsTheDialAttempt) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(::listen(lfd, 16), 0);
+  socklen_t len = sizeof(sa);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&sa), &len);
+  const std::string impostor = absl::StrCat("127.0.0.1:", ntohs(sa.sin_port));
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
+  std::thread fake([&] {
+    while (!stop.load()) {
+      const int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd < 0) {
+        absl::SleepFor(absl::Milliseconds(5));
+        continue;
+      }
+      ::fcntl(fd, F_SETFL, 0);  // blocking
+      std::string hello(kHandshakePrefixSize + kHandshakeNonceSize + 1, '\0');
+      if (::recv(fd, hello.data(), hello.size(), MSG_WAITALL) ==
+          static_cast<ssize_t>(hello.size())) {
+        const std::string c = EncodeHandshakeReply(
+            HandshakeReplyCode::kChallenge, NewHandshakeNonce());
+        ::send(fd, c.data(), c.size(), MSG_NOSIGNAL);
+        char proof[kHandshakeProofSize];
+        ::recv(fd, proof, sizeof(proof), MSG_WAITALL);
+        const std::string a = EncodeHandshakeReply(
+            HandshakeReplyCode::kAccepted, RandomBytes(32));
+        ::send(fd, a.data(), a.size(), MSG_NOSIGNAL);
+        ++answered;
+      }
+      ::close(fd);
+    }
+  });
+  auto mine = MustListen();
+  auto t = ConnectRank(1, mine.get(), impostor, "k", RandomBytes(32),
+                       absl::Seconds(1));
+  stop.store(true);
+  fake.join();
+  ::close(lfd);
+  EXPECT_GE(answered.load(), 1);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(t.status().message(),
+              HasSubstr("rank 0 (" + impostor +
+                        "): handshake: data-plane authentication of the "
+                        "listener failed: its proof does not match this "
+                        "job's secret"));
+}
+
 // Threads of this process (Linux: /proc/self/task).
 int ThreadCount() {
   int n = 0;
@@ -667,30 +830,142 @@ int ThreadCount() {
   return n;
 }
 
-TEST(TcpTransportTest, AFloodOfIdleConnectionsCostsBoundedThreads) {
-  PeerListenerOptions o;
-  o.handshake_timeout = absl::Milliseconds(500);
-  o.max_pending_handshakes = 8;
-  auto listener = MustListen(o);
+// One thread multiplexes every pending handshake: 200 silent connections
+// and 20 half hellos cost no thread and do not hold up a real job, which
+// connects in well under the 5 s handshake timeout they are waiting out.
+TEST(TcpTransportAuthTest, IdleConnectionsDoNotDelayARealHandshake) {
+  auto l0 = MustListen();
+  auto l1 = MustListen();
   const int before = ThreadCount();
   std::vector<std::unique_ptr<RawPeer>> idle;
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 220; ++i) {
+    idle.push_back(std::make_unique<RawPeer>(l0->address()));
+    if (i >= 200) idle.back()->Write("TYHS");
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_LE(ThreadCount(), before);
+  const std::string secret = RandomBytes(32);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<Transport>> t0;
+  std::thread rank0([&] {
+    t0 = ConnectRank(0, l0.get(), l1->address(), "busy", secret,
+                     absl::Seconds(5));
+  });
+  auto t1 =
+      ConnectRank(1, l1.get(), l0->address(), "busy", secret, absl::Seconds(5));
+  rank0.join();
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(t0.ok()) << t0.status();
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  EXPECT_LT(took, absl::Seconds(1));
+  ExpectFrameGetsThrough(t1->get(), t0->get(), 6);
+}
+
+TEST(TcpTransportAuthTest, ConnectionsBeyondTheCapAreClosedUnread) {
+  PeerListenerOptions o;
+  o.handshake_timeout = absl::Seconds(3);
+  o.max_pending_handshakes = 8;
+  auto listener = MustListen(o);
+  std::vector<std::unique_ptr<RawPeer>> idle;
+  for (int i = 0; i < 8; ++i) {
     idle.push_back(std::make_unique<RawPeer>(listener->address()));
   }
-  absl::SleepFor(absl::Milliseconds(200));
-  EXPECT_LE(ThreadCount(), before + 8 + 2) << before;
-  // Once the pending ones time out, a real job still connects (its dialer
-  // retries through the flood).
+  // The ninth is closed at once, with no reply, long before the timeout.
+  RawPeer extra(listener->address());
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(extra.ReadAll(), "");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  // Closing the idle ones frees their places at once; a real job connects.
   idle.clear();
-  absl::SleepFor(absl::Milliseconds(200));
-  auto imp = Impersonate(listener.get(), "after-flood");
-  imp.rank1->Write(FrameBytes("after-flood", RandomFloats({2, 2}, 3), false));
+  absl::SleepFor(absl::Milliseconds(100));
+  auto imp = Impersonate(listener.get(), "after-cap");
+  imp.rank1->Write(FrameBytes("after-cap", RandomFloats({2, 2}, 3), false));
   auto m = imp.rank0->Recv(1, absl::Seconds(5));
   ASSERT_TRUE(m.ok()) << m.status();
   PeerListenerOptions bad;
   bad.max_pending_handshakes = 0;
   EXPECT_THAT(PeerListener::Listen("127.0.0.1:0", bad).status().message(),
               HasSubstr("max_pending_handshakes must be >= 1"));
+}
+
+// Rank 0 of job `job` on `listener` with `secret`, connecting in the
+// background until the test's real rank 1 (a RawPeer) comes.
+struct WaitingRank0 {
+  WaitingRank0(PeerListener* listener, const std::string& job,
+               const std::string& secret)
+      : thread([=] {
+          t = ConnectRank(0, listener, "127.0.0.1:1", job, secret,
+                          absl::Seconds(5));
+        }) {}
+  Transport* Join() {
+    thread.join();
+    CHECK(t.ok()) << t.status();
+    return t->get();
+  }
+  absl::StatusOr<std::unique_ptr<Transport>> t;
+  std::thread thread;
+};
+
+TEST_F(FaultInjectionTest, GarbageProofIsRejectedBeforeAnyFrameIsRead) {
+  const std::string secret = RandomBytes(32);
+  WaitingRank0 rank0(listener_.get(), "proof", secret);
+  // A valid hello, a made-up proof and a frame right behind it.
+  RawPeer attacker(listener_->address());
+  Handshake hello{"proof", 1, 0};
+  std::string error;
+  ASSERT_NE(attacker.Hello(&hello, &error), "") << error;
+  attacker.Write(EncodeHandshakeProof(RandomBytes(32)) +
+                 FrameBytes("proof", RandomFloats({2, 2}, 66), false));
+  EXPECT_EQ(attacker.ReadReply(),
+            "rank 1 of job \"proof\" for rank 0: data-plane authentication "
+            "failed (wrong or missing job secret)");
+  // Not even a proof's shape.
+  RawPeer garbage(listener_->address());
+  ASSERT_NE(garbage.Hello(&hello, &error), "") << error;
+  garbage.Write(std::string(kHandshakeProofSize, 'Z'));
+  EXPECT_THAT(garbage.ReadReply(),
+              HasSubstr("rank 1 of job \"proof\" for rank 0: data-plane "
+                        "authentication failed: bad handshake proof magic"));
+  // The real rank 1 still connects; rank 0 gets its frame, not the
+  // attacker's.
+  RawPeer real(listener_->address());
+  ASSERT_EQ(real.Authenticate("proof", 1, 0, secret), "");
+  Transport* t0 = rank0.Join();
+  real.Write(FrameBytes("proof", RandomFloats({2, 2}, 7), false));
+  auto m = t0->Recv(1, absl::Seconds(5));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(BitwiseEqual(m->tensors[0].second, RandomFloats({2, 2}, 7)));
+}
+
+TEST_F(FaultInjectionTest, SilenceAfterTheChallengeTimesOut) {
+  WaitingRank0 rank0(listener_.get(), "mute", "s");
+  RawPeer mute(listener_->address());
+  Handshake hello{"mute", 1, 0};
+  std::string error;
+  ASSERT_NE(mute.Hello(&hello, &error), "") << error;
+  mute.Write("TYHP");
+  EXPECT_EQ(mute.ReadReply(),
+            "rank 1 of job \"mute\" for rank 0: handshake: no proof of the job "
+            "secret within 500ms (got 4 of 36 bytes)");
+  RawPeer real(listener_->address());
+  ASSERT_EQ(real.Authenticate("mute", 1, 0, "s"), "");
+  Transport* t0 = rank0.Join();
+  real.Write(FrameBytes("mute", RandomFloats({1}, 8), false));
+  EXPECT_TRUE(t0->Recv(1, absl::Seconds(5)).ok());
+}
+
+// A version-2 dialer (no nonce, no proof) learns why at once.
+TEST_F(FaultInjectionTest, OlderHandshakeVersionIsRejectedClearly) {
+  std::string v2 = EncodeHandshake({"old", 1, 0});
+  const uint16_t two = 2;
+  std::memcpy(&v2[4], &two, 2);
+  v2.resize(kHandshakePrefixSize);
+  v2 += "old";  // version 2: the job id right after the prefix
+  RawPeer old(listener_->address());
+  old.Write(v2);
+  // Not a timeout waiting for the nonce it will never send.
+  EXPECT_THAT(old.ReadReply(),
+              HasSubstr("unsupported handshake version 2 (expected 3"));
 }
 
 TEST_F(FaultInjectionTest, GarbageHandshakeIsRejectedWithReason) {
@@ -896,15 +1171,29 @@ struct FakeRank0 {
     CHECK_GE(fd, 0);
     timeval tv{5, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    // The listener's side of the handshake, with the empty secret.
     char prefix[kHandshakePrefixSize];
     CHECK_EQ(::recv(fd, prefix, sizeof(prefix), MSG_WAITALL),
              static_cast<ssize_t>(sizeof(prefix)));
     uint16_t job_len = 0;
-    CHECK(DecodeHandshakePrefix(prefix, &job_len).ok());
-    std::string job_id(job_len, '\0');
-    CHECK_EQ(::recv(fd, job_id.data(), job_len, MSG_WAITALL), job_len);
-    CHECK_EQ(job_id, job);
-    Write(EncodeHandshakeReply(true, ""));
+    absl::StatusOr<Handshake> hello = DecodeHandshakePrefix(prefix, &job_len);
+    CHECK(hello.ok()) << hello.status();
+    std::string rest(HandshakeRestSize(job_len), '\0');
+    CHECK_EQ(::recv(fd, rest.data(), rest.size(), MSG_WAITALL),
+             static_cast<ssize_t>(rest.size()));
+    CHECK(DecodeHandshakeRest(rest, &*hello).ok());
+    CHECK_EQ(hello->job_id, job);
+    const std::string nonce = NewHandshakeNonce();
+    Write(EncodeHandshakeReply(HandshakeReplyCode::kChallenge, nonce));
+    char proof[kHandshakeProofSize];
+    CHECK_EQ(::recv(fd, proof, sizeof(proof), MSG_WAITALL),
+             static_cast<ssize_t>(sizeof(proof)));
+    CHECK(HandshakeMacMatches(
+        HandshakeMac("", HandshakeRole::kDialer, *hello, nonce),
+        *DecodeHandshakeProof(proof)));
+    Write(EncodeHandshakeReply(
+        HandshakeReplyCode::kAccepted,
+        HandshakeMac("", HandshakeRole::kListener, *hello, nonce)));
     connect.join();
     CHECK(t.ok()) << t.status();
     rank1 = *std::move(t);

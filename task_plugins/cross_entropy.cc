@@ -28,15 +28,16 @@ class CrossEntropyTask : public PluginTask {
     return {"ignore_index", "label_smoothing"};
   }
 
+  // Touches nothing: the same call serves validate_config.
   static absl::StatusOr<std::unique_ptr<PluginTask>> Create(
-      const nlohmann::json& config) {
+      const nlohmann::json& config, const CreateContext&) {
     absl::StatusOr<int64_t> ignore = GetInt(config, "ignore_index", -100);
     if (!ignore.ok()) return ignore.status();
     absl::StatusOr<double> eps = GetNumber(config, "label_smoothing", 0.0);
     if (!eps.ok()) return eps.status();
     if (*eps < 0 || *eps > 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "config.label_smoothing: must be in [0, 1], got ", *eps));
+          "task.config.label_smoothing: must be in [0, 1], got ", *eps));
     }
     return std::unique_ptr<PluginTask>(new CrossEntropyTask(*ignore, *eps));
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -247,17 +248,53 @@ TEST(CrossEntropyTest, BadConfigIsRefused) {
   auto plugin = LoadPlugin(PluginDir(), "cross_entropy");
   ASSERT_NE(plugin, nullptr);
   auto a = Task::Create(plugin, R"({"label_smoothing": 1.5})");
-  EXPECT_EQ(a.status().message(),
-            "plugin \"cross_entropy\": create: config.label_smoothing: must be "
-            "in [0, 1], got 1.5");
+  EXPECT_EQ(
+      a.status().message(),
+      "plugin \"cross_entropy\": create: task.config.label_smoothing: must be "
+      "in [0, 1], got 1.5");
   auto b = Task::Create(plugin, R"({"ignore_index": "x"})");
-  EXPECT_EQ(b.status().message(),
-            "plugin \"cross_entropy\": create: config.ignore_index: must be an "
-            "integer, got \"x\"");
+  EXPECT_EQ(
+      b.status().message(),
+      "plugin \"cross_entropy\": create: task.config.ignore_index: must be an "
+      "integer, got \"x\"");
   auto c = Task::Create(plugin, "[1]");
-  EXPECT_EQ(c.status().message(),
-            "plugin \"cross_entropy\": create: config must be a JSON object, "
-            "got [1]");
+  EXPECT_EQ(
+      c.status().message(),
+      "plugin \"cross_entropy\": create: task.config must be a JSON object, "
+      "got [1]");
+}
+
+TEST(CrossEntropyTest, ValidateConfigAcceptsWhatCreateAccepts) {
+  for (const std::string config :
+       {"{}", R"({"ignore_index": 3, "label_smoothing": 0.1})",
+        R"({"label_smoothing": 1})"}) {
+    auto r = ValidateTaskConfig(PluginDir(), "cross_entropy", config);
+    ASSERT_TRUE(r.ok()) << config << ": " << r.status();
+    EXPECT_EQ(*r, ConfigCheck::kValid);
+  }
+}
+
+TEST(CrossEntropyTest, ValidateConfigRefusesWhatCreateRefuses) {
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"label_smoothing": 1.5})",
+       "task.config.label_smoothing: must be in [0, 1], got 1.5"},
+      {R"({"label_smoothing": -0.1})",
+       "task.config.label_smoothing: must be in [0, 1], got -0.1"},
+      {R"({"ignore_index": "x"})",
+       "task.config.ignore_index: must be an integer, got \"x\""},
+      {R"({"ignore_index": 1.5})",
+       "task.config.ignore_index: must be an integer, got 1.5"},
+      {"[1]", "task.config must be a JSON object, got [1]"},
+      {R"({"smoothing": 0.1})",
+       "task.config: unknown key \"smoothing\" (allowed: ignore_index, "
+       "label_smoothing)"},
+  };
+  for (const auto& [config, message] : cases) {
+    auto r = ValidateTaskConfig(PluginDir(), "cross_entropy", config);
+    ASSERT_FALSE(r.ok()) << config;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), message);
+  }
 }
 
 }  // namespace

@@ -12,7 +12,10 @@
 //   "teacher":  path to a safetensors file with blocks.{i}.fc1.weight
 //               [fc1_out, in], blocks.{i}.fc2.weight [out, ffn], optional
 //               .fc1.bias/.fc2.bias and .norm.weight/.norm.bias; a relative
-//               path is resolved against "base_dir" when given.
+//               path is resolved against "base_dir" when given, else against
+//               the host's data folder. With a data folder (create_confined)
+//               the resolved path, symlinks included, must stay inside it
+//               (ResolveDataPath).
 //   "teacher_blocks": [{"activation", "norm", "residual"}, ...] one per
 //               block, or top-level "activation" / "norm" / "residual" for
 //               every block (defaults gelu / none / false).
@@ -49,8 +52,12 @@ struct BlockStyle {
   bool residual = false;
 };
 
+// Reads activation / norm / residual from `j` over `style`. `where` names
+// the object ("task.config." or "task.config.teacher_blocks[i]."); only a
+// teacher_blocks entry refuses other keys (the top level has its own).
 absl::StatusOr<BlockStyle> ParseStyle(const nlohmann::json& j,
                                       const std::string& where,
+                                      bool other_keys_allowed,
                                       BlockStyle style) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
@@ -59,20 +66,106 @@ absl::StatusOr<BlockStyle> ParseStyle(const nlohmann::json& j,
         return absl::InvalidArgumentError(
             absl::StrCat(where, key, ": must be a string, got ", it->dump()));
       }
-      (key == "activation" ? style.activation : style.norm) =
-          it->get<std::string>();
+      const std::string name = it->get<std::string>();
+      const absl::Status known = key == "activation"
+                                     ? ActivationFromName(name).status()
+                                     : NormTypeFromName(name).status();
+      if (!known.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, key, ": ", known.message()));
+      }
+      (key == "activation" ? style.activation : style.norm) = name;
     } else if (key == "residual") {
       if (!it->is_boolean()) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, key, ": must be a boolean, got ", it->dump()));
       }
       style.residual = it->get<bool>();
-    } else if (where != "config.") {
+    } else if (!other_keys_allowed) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, key, ": unknown key (allowed: activation, norm, residual)"));
     }
   }
   return style;
+}
+
+// The config, checked for keys, types and ranges; nothing is opened.
+struct Options {
+  double temperature = 2.0;
+  double alpha = 0.5;
+  int64_t ignore_index = -100;
+  std::string teacher;   // as written
+  std::string base_dir;  // as written; "" when absent
+  BlockStyle common;     // top-level activation / norm / residual
+  // From teacher_blocks, one per block; empty: `common` for every block.
+  std::vector<BlockStyle> blocks;
+  bool has_teacher_blocks = false;
+};
+
+absl::StatusOr<Options> ParseOptions(const nlohmann::json& config) {
+  Options o;
+  absl::StatusOr<double> t = GetNumber(config, "temperature", o.temperature);
+  if (!t.ok()) return t.status();
+  if (!(*t > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task.config.temperature: must be > 0, got ", *t));
+  }
+  absl::StatusOr<double> alpha = GetNumber(config, "alpha", o.alpha);
+  if (!alpha.ok()) return alpha.status();
+  if (*alpha < 0 || *alpha > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task.config.alpha: must be in [0, 1], got ", *alpha));
+  }
+  absl::StatusOr<int64_t> ignore =
+      GetInt(config, "ignore_index", o.ignore_index);
+  if (!ignore.ok()) return ignore.status();
+  absl::StatusOr<std::string> teacher = GetString(config, "teacher", "");
+  if (!teacher.ok()) return teacher.status();
+  if (teacher->empty()) {
+    return absl::InvalidArgumentError(
+        "task.config.teacher: required (path to the teacher's safetensors "
+        "file)");
+  }
+  absl::StatusOr<std::string> base_dir = GetString(config, "base_dir", "");
+  if (!base_dir.ok()) return base_dir.status();
+  o.temperature = *t;
+  o.alpha = *alpha;
+  o.ignore_index = *ignore;
+  o.teacher = *teacher;
+  o.base_dir = *base_dir;
+
+  absl::StatusOr<BlockStyle> common =
+      ParseStyle(config, "task.config.", true, BlockStyle());
+  if (!common.ok()) return common.status();
+  o.common = *common;
+  auto list = config.find("teacher_blocks");
+  if (list != config.end()) {
+    if (config.contains("activation") || config.contains("norm") ||
+        config.contains("residual")) {
+      return absl::InvalidArgumentError(
+          "task.config: give either teacher_blocks or a top-level "
+          "activation/norm/residual, not both");
+    }
+    if (!list->is_array()) {
+      return absl::InvalidArgumentError(
+          "task.config.teacher_blocks: must be a list of objects");
+    }
+    o.has_teacher_blocks = true;
+    for (size_t i = 0; i < list->size(); ++i) {
+      const std::string where =
+          absl::StrCat("task.config.teacher_blocks[", i, "].");
+      if (!(*list)[i].is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where.substr(0, where.size() - 1),
+                         ": must be an object, got ", (*list)[i].dump()));
+      }
+      absl::StatusOr<BlockStyle> st =
+          ParseStyle((*list)[i], where, false, BlockStyle());
+      if (!st.ok()) return st.status();
+      o.blocks.push_back(*st);
+    }
+  }
+  return o;
 }
 
 class LogitDistillationTask : public PluginTask {
@@ -82,38 +175,22 @@ class LogitDistillationTask : public PluginTask {
             "residual", "temperature", "alpha",          "ignore_index"};
   }
 
+  // Checks the config, then (unless ctx.validate_only) resolves the teacher
+  // path inside ctx.data_dir and reads the teacher.
   static absl::StatusOr<std::unique_ptr<PluginTask>> Create(
-      const nlohmann::json& config) {
+      const nlohmann::json& config, const CreateContext& ctx) {
+    absl::StatusOr<Options> options = ParseOptions(config);
+    if (!options.ok()) return options.status();
+    if (ctx.validate_only) return nullptr;
+    absl::StatusOr<std::string> path =
+        ResolveDataPath(ctx, "teacher", options->teacher, options->base_dir);
+    if (!path.ok()) return path.status();
     std::unique_ptr<LogitDistillationTask> task(new LogitDistillationTask());
-    absl::StatusOr<double> t = GetNumber(config, "temperature", 2.0);
-    if (!t.ok()) return t.status();
-    if (!(*t > 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config.temperature: must be > 0, got ", *t));
-    }
-    absl::StatusOr<double> alpha = GetNumber(config, "alpha", 0.5);
-    if (!alpha.ok()) return alpha.status();
-    if (*alpha < 0 || *alpha > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config.alpha: must be in [0, 1], got ", *alpha));
-    }
-    absl::StatusOr<int64_t> ignore = GetInt(config, "ignore_index", -100);
-    if (!ignore.ok()) return ignore.status();
-    absl::StatusOr<std::string> teacher = GetString(config, "teacher", "");
-    if (!teacher.ok()) return teacher.status();
-    if (teacher->empty()) {
-      return absl::InvalidArgumentError(
-          "config.teacher: required (path to the teacher's safetensors file)");
-    }
-    absl::StatusOr<std::string> base_dir = GetString(config, "base_dir", "");
-    if (!base_dir.ok()) return base_dir.status();
-    task->temperature_ = *t;
-    task->alpha_ = *alpha;
-    task->ignore_index_ = *ignore;
-    task->teacher_path_ = (*teacher)[0] == '/' || base_dir->empty()
-                              ? *teacher
-                              : absl::StrCat(*base_dir, "/", *teacher);
-    absl::Status s = task->LoadTeacher(config);
+    task->temperature_ = options->temperature;
+    task->alpha_ = options->alpha;
+    task->ignore_index_ = options->ignore_index;
+    task->teacher_path_ = *path;
+    absl::Status s = task->LoadTeacher(*options);
     if (!s.ok()) return s;
     return std::unique_ptr<PluginTask>(std::move(task));
   }
@@ -270,13 +347,13 @@ class LogitDistillationTask : public PluginTask {
   LogitDistillationTask() = default;
 
   // Reads the teacher file and checks it against the block styles.
-  absl::Status LoadTeacher(const nlohmann::json& config) {
+  absl::Status LoadTeacher(const Options& options) {
     const std::string who = absl::StrCat("teacher ", teacher_path_, ": ");
     absl::StatusOr<SafetensorsFile> file = ReadSafetensors(teacher_path_);
     if (!file.ok()) {
       return absl::Status(
           file.status().code(),
-          absl::StrCat("config.teacher: ", file.status().message()));
+          absl::StrCat("task.config.teacher: ", file.status().message()));
     }
     std::map<std::string, Tensor> tensors;
     for (const auto& [name, t] : file->tensors) tensors[name] = t;
@@ -290,40 +367,15 @@ class LogitDistillationTask : public PluginTask {
     }
 
     // One style per block.
-    absl::StatusOr<BlockStyle> common =
-        ParseStyle(config, "config.", BlockStyle());
-    if (!common.ok()) return common.status();
-    std::vector<BlockStyle> styles(num_blocks, *common);
-    auto list = config.find("teacher_blocks");
-    if (list != config.end()) {
-      if (config.contains("activation") || config.contains("norm") ||
-          config.contains("residual")) {
-        return absl::InvalidArgumentError(
-            "config: give either teacher_blocks or a top-level "
-            "activation/norm/residual, not both");
+    std::vector<BlockStyle> styles(num_blocks, options.common);
+    if (options.has_teacher_blocks) {
+      if (static_cast<int>(options.blocks.size()) != num_blocks) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who, "has ", num_blocks, " blocks (blocks.0 .. blocks.",
+            num_blocks - 1, ") but task.config.teacher_blocks lists ",
+            options.blocks.size()));
       }
-      if (!list->is_array()) {
-        return absl::InvalidArgumentError(
-            "config.teacher_blocks: must be a list of objects");
-      }
-      if (static_cast<int>(list->size()) != num_blocks) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(who, "has ", num_blocks,
-                         " blocks (blocks.0 .. blocks.", num_blocks - 1,
-                         ") but config.teacher_blocks lists ", list->size()));
-      }
-      for (int i = 0; i < num_blocks; ++i) {
-        const std::string where =
-            absl::StrCat("config.teacher_blocks[", i, "].");
-        if (!(*list)[i].is_object()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(where, " must be an object"));
-        }
-        absl::StatusOr<BlockStyle> st =
-            ParseStyle((*list)[i], where, BlockStyle());
-        if (!st.ok()) return st.status();
-        styles[i] = *st;
-      }
+      styles = options.blocks;
     }
 
     std::set<std::string> used;

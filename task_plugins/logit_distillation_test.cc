@@ -1,9 +1,17 @@
 // liblogit_distillation.so through the loader: teacher forward, loss and
 // dLoss/dOutput against float64 references and finite differences,
-// microbatch invariance, metrics and teacher loading errors.
+// microbatch invariance, metrics, teacher loading errors, validate_config
+// and the teacher path confined to a data folder.
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -292,7 +300,7 @@ TEST(LogitDistillationTest, MissingTeacherFileNamesIt) {
   auto task = Create(R"({"teacher": "/nonexistent/t.safetensors"})");
   ASSERT_FALSE(task.ok());
   EXPECT_NE(task.status().message().find(
-                "plugin \"logit_distillation\": create: config.teacher: "),
+                "plugin \"logit_distillation\": create: task.config.teacher: "),
             absl::string_view::npos)
       << task.status();
   EXPECT_NE(task.status().message().find("/nonexistent/t.safetensors"),
@@ -356,7 +364,7 @@ TEST(LogitDistillationTest, BlockCountMustMatchTeacherBlocks) {
       task.status().message(),
       absl::StrCat("plugin \"logit_distillation\": create: teacher ", path,
                    ": has 2 blocks (blocks.0 .. blocks.1) but "
-                   "config.teacher_blocks lists 1"));
+                   "task.config.teacher_blocks lists 1"));
 }
 
 TEST(LogitDistillationTest, FeatureWidthMismatchNamesTensor) {
@@ -393,6 +401,215 @@ TEST(LogitDistillationTest, StudentClassCountMustMatchTeacher) {
                          "/teacher.safetensors: teacher_logits [3, 4] (tensor "
                          "blocks.1.fc2.weight gives 4 classes) do not match "
                          "the student output [3, 5]"));
+}
+
+// --- validate_config --------------------------------------------------------
+
+TEST(LogitDistillationTest, ValidateConfigOpensNoFile) {
+  // Neither teacher exists; paths are checked for their type only (the
+  // controller does not know the worker's data folder).
+  for (const std::string& config :
+       {absl::StrCat(R"({"teacher": "/nonexistent/t.safetensors", )", kBlocks,
+                     "}"),
+        std::string(R"({"teacher": "../../t.safetensors", "base_dir": "/x",)"
+                    R"( "norm": "layernorm", "temperature": 0.5,)"
+                    R"( "alpha": 1, "ignore_index": 0})")}) {
+    auto r = ValidateTaskConfig(PluginDir(), "logit_distillation", config);
+    ASSERT_TRUE(r.ok()) << config << ": " << r.status();
+    EXPECT_EQ(*r, ConfigCheck::kValid);
+  }
+}
+
+TEST(LogitDistillationTest, ValidateConfigRefusesBadShape) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"{}",
+       "task.config.teacher: required (path to the teacher's safetensors "
+       "file)"},
+      {R"({"teacher": 3})", "task.config.teacher: must be a string, got 3"},
+      {R"({"teacher": "t", "base_dir": false})",
+       "task.config.base_dir: must be a string, got false"},
+      {R"({"teacher": "t", "alpha": 2})",
+       "task.config.alpha: must be in [0, 1], got 2"},
+      {R"({"teacher": "t", "temperature": 0})",
+       "task.config.temperature: must be > 0, got 0"},
+      {R"({"teacher": "t", "activation": "tanh"})",
+       "task.config.activation: unknown activation \"tanh\" (expected relu, "
+       "gelu, gelu_tanh or swiglu)"},
+      {R"({"teacher": "t", "residual": "yes"})",
+       "task.config.residual: must be a boolean, got \"yes\""},
+      {R"({"teacher": "t", "teacher_blocks": {}})",
+       "task.config.teacher_blocks: must be a list of objects"},
+      {R"({"teacher": "t", "teacher_blocks": [{}, 1]})",
+       "task.config.teacher_blocks[1]: must be an object, got 1"},
+      {R"({"teacher": "t", "teacher_blocks": [{"norm": "batchnorm"}]})",
+       "task.config.teacher_blocks[0].norm: unknown norm \"batchnorm\" "
+       "(expected none, layernorm or rmsnorm)"},
+      {R"({"teacher": "t", "teacher_blocks": [{"act": "relu"}]})",
+       "task.config.teacher_blocks[0].act: unknown key (allowed: activation, "
+       "norm, residual)"},
+      {R"({"teacher": "t", "teacher_blocks": [], "norm": "none"})",
+       "task.config: give either teacher_blocks or a top-level "
+       "activation/norm/residual, not both"},
+      {R"({"teacher": "t", "teachr": "u"})",
+       "task.config: unknown key \"teachr\" (allowed: activation, alpha, "
+       "base_dir, ignore_index, norm, residual, teacher, teacher_blocks, "
+       "temperature)"},
+  };
+  for (const auto& [config, message] : cases) {
+    auto r = ValidateTaskConfig(PluginDir(), "logit_distillation", config);
+    ASSERT_FALSE(r.ok()) << config;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), message);
+  }
+}
+
+// --- Paths confined to a data folder ----------------------------------------
+
+// <scratch>/<name>/data holding teacher.safetensors and
+// sub/teacher.safetensors, and outside it <scratch>/<name>/outside.safetensors
+// (a valid teacher too) and secret.txt. All paths are real (symlinks resolved).
+struct Folders {
+  std::string root;  // <scratch>/<name>
+  std::string data;  // root/data
+};
+
+Folders MakeFolders(const std::string& name) {
+  char buf[PATH_MAX];
+  EXPECT_NE(realpath(testing::TempDir().c_str(), buf), nullptr);
+  Folders f;
+  f.root = absl::StrCat(buf, "/", name);
+  f.data = f.root + "/data";
+  for (const std::string& dir : {f.root, f.data, f.data + "/sub"}) {
+    EXPECT_EQ(mkdir(dir.c_str(), 0755), 0) << dir;
+  }
+  for (const std::string& file :
+       {f.data + "/teacher.safetensors", f.data + "/sub/teacher.safetensors",
+        f.root + "/outside.safetensors"}) {
+    absl::Status s = WriteSafetensors(file, TeacherFile());
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  std::ofstream(f.root + "/secret.txt") << "TOP-SECRET-BYTES";
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<Task>> CreateIn(const std::string& data_dir,
+                                               const std::string& fields) {
+  auto plugin = LoadPlugin(PluginDir(), "logit_distillation");
+  if (plugin == nullptr) return absl::InternalError("load failed");
+  return Task::Create(plugin, absl::StrCat("{", fields, ", ", kBlocks, "}"),
+                      data_dir);
+}
+
+std::string Outside(const std::string& written, const std::string& real,
+                    const Folders& f) {
+  return absl::StrCat(
+      "plugin \"logit_distillation\": create: task.config.teacher: \"", written,
+      "\" resolves to \"", real, "\", outside the data folder ", f.data,
+      ": file paths in task.config must stay inside it");
+}
+
+TEST(LogitDistillationTest, ConfinedTeacherInsideTheDataFolderLoads) {
+  const Folders f = MakeFolders("confined_inside");
+  for (const std::string& fields :
+       {std::string(R"("teacher": "teacher.safetensors")"),
+        std::string(R"("teacher": "./sub/../teacher.safetensors")"),
+        std::string(R"("teacher": "teacher.safetensors", "base_dir": "sub")"),
+        absl::StrCat(R"("teacher": ")", f.data, R"(/sub/teacher.safetensors")"),
+        absl::StrCat(R"("teacher": "teacher.safetensors", "base_dir": ")",
+                     f.data, R"(")")}) {
+    auto task = CreateIn(f.data, fields);
+    ASSERT_TRUE(task.ok()) << fields << ": " << task.status();
+    Step step = Forward(task->get(), RandomFloats({3, kD}, 1), {0, 1, 2});
+    EXPECT_EQ(step.teacher_logits.shape(), (Shape{3, kC})) << fields;
+  }
+}
+
+TEST(LogitDistillationTest, ConfinedTeacherOutsideTheDataFolderIsRefused) {
+  const Folders f = MakeFolders("confined_outside");
+  const std::string outside = f.root + "/outside.safetensors";
+  for (const std::string& written :
+       {std::string("../outside.safetensors"),
+        std::string("sub/../../outside.safetensors"), outside}) {
+    auto task =
+        CreateIn(f.data, absl::StrCat(R"("teacher": ")", written, R"(")"));
+    ASSERT_FALSE(task.ok()) << written;
+    EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(task.status().message(), Outside(written, outside, f));
+  }
+  // The same file loads when nothing is confined.
+  auto free =
+      Create(absl::StrCat(R"({"teacher": ")", outside, R"(", )", kBlocks, "}"));
+  EXPECT_TRUE(free.ok()) << free.status();
+}
+
+TEST(LogitDistillationTest, ConfinedBaseDirCannotLeadOutside) {
+  const Folders f = MakeFolders("confined_base_dir");
+  const std::string outside = f.root + "/outside.safetensors";
+  for (const std::string& base : {std::string(".."), f.root}) {
+    auto task =
+        CreateIn(f.data, absl::StrCat(R"("teacher": "outside.safetensors", )",
+                                      R"("base_dir": ")", base, R"(")"));
+    ASSERT_FALSE(task.ok()) << base;
+    EXPECT_EQ(task.status().message(),
+              Outside("outside.safetensors", outside, f));
+  }
+}
+
+TEST(LogitDistillationTest, ConfinedSymlinkPointingOutsideIsRefused) {
+  const Folders f = MakeFolders("confined_symlink");
+  const std::string outside = f.root + "/outside.safetensors";
+  ASSERT_EQ(symlink(outside.c_str(), (f.data + "/link.safetensors").c_str()),
+            0);
+  ASSERT_EQ(symlink("..", (f.data + "/up").c_str()), 0);
+  for (const std::string written :
+       {"link.safetensors", "up/outside.safetensors"}) {
+    auto task =
+        CreateIn(f.data, absl::StrCat(R"("teacher": ")", written, R"(")"));
+    ASSERT_FALSE(task.ok()) << written;
+    EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(task.status().message(), Outside(written, outside, f));
+  }
+}
+
+TEST(LogitDistillationTest, ConfinedSymlinkStayingInsideIsAccepted) {
+  const Folders f = MakeFolders("confined_symlink_inside");
+  ASSERT_EQ(symlink("sub/teacher.safetensors",
+                    (f.data + "/alias.safetensors").c_str()),
+            0);
+  auto task = CreateIn(f.data, R"("teacher": "alias.safetensors")");
+  EXPECT_TRUE(task.ok()) << task.status();
+  // The data folder itself may be reached through a symlink.
+  const std::string link = f.root + "/data_link";
+  ASSERT_EQ(symlink(f.data.c_str(), link.c_str()), 0);
+  auto via_link = CreateIn(link, R"("teacher": "teacher.safetensors")");
+  EXPECT_TRUE(via_link.ok()) << via_link.status();
+}
+
+TEST(LogitDistillationTest, ConfinedDanglingSymlinkIsRefused) {
+  const Folders f = MakeFolders("confined_dangling");
+  ASSERT_EQ(symlink("/nonexistent/t.safetensors",
+                    (f.data + "/dangling.safetensors").c_str()),
+            0);
+  auto task = CreateIn(f.data, R"("teacher": "dangling.safetensors")");
+  ASSERT_FALSE(task.ok());
+  EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(task.status().message(),
+            absl::StrCat("plugin \"logit_distillation\": create: "
+                         "task.config.teacher: \"dangling.safetensors\" "
+                         "cannot be shown to stay inside the data folder ",
+                         f.data, ": \"", f.data,
+                         "/dangling.safetensors\" is a symbolic link that "
+                         "does not resolve (No such file or directory)"));
+}
+
+TEST(LogitDistillationTest, ConfinedRefusalShowsNoFileBytes) {
+  const Folders f = MakeFolders("confined_secret");
+  auto task = CreateIn(f.data, R"("teacher": "../secret.txt")");
+  ASSERT_FALSE(task.ok());
+  EXPECT_EQ(task.status().message(),
+            Outside("../secret.txt", f.root + "/secret.txt", f));
+  EXPECT_EQ(task.status().message().find("TOP-SECRET"),
+            absl::string_view::npos);
 }
 
 }  // namespace

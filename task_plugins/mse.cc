@@ -20,15 +20,16 @@ class MseTask : public PluginTask {
  public:
   static std::set<std::string> ConfigKeys() { return {"reduction"}; }
 
+  // Touches nothing: the same call serves validate_config.
   static absl::StatusOr<std::unique_ptr<PluginTask>> Create(
-      const nlohmann::json& config) {
+      const nlohmann::json& config, const CreateContext&) {
     absl::StatusOr<std::string> reduction =
         GetString(config, "reduction", "mean");
     if (!reduction.ok()) return reduction.status();
     if (*reduction != "mean") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config.reduction: only \"mean\" is supported, got \"",
-                       *reduction, "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "task.config.reduction: only \"mean\" is supported, got \"",
+          *reduction, "\""));
     }
     return std::unique_ptr<PluginTask>(new MseTask());
   }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -178,8 +179,33 @@ TEST(MseTest, OnlyMeanReduction) {
   auto task = Task::Create(plugin, R"({"reduction": "sum"})");
   EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(task.status().message(),
-            "plugin \"mse\": create: config.reduction: only \"mean\" is "
+            "plugin \"mse\": create: task.config.reduction: only \"mean\" is "
             "supported, got \"sum\"");
+}
+
+TEST(MseTest, ValidateConfigAcceptsWhatCreateAccepts) {
+  for (const std::string config : {"{}", R"({"reduction": "mean"})"}) {
+    auto r = ValidateTaskConfig(PluginDir(), "mse", config);
+    ASSERT_TRUE(r.ok()) << config << ": " << r.status();
+    EXPECT_EQ(*r, ConfigCheck::kValid);
+  }
+}
+
+TEST(MseTest, ValidateConfigRefusesWhatCreateRefuses) {
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"reduction": "sum"})",
+       "task.config.reduction: only \"mean\" is supported, got \"sum\""},
+      {R"({"reduction": 1})", "task.config.reduction: must be a string, got 1"},
+      {R"({"typo": 1})",
+       "task.config: unknown key \"typo\" (allowed: reduction)"},
+      {"not json", "task.config is not valid JSON: not json"},
+  };
+  for (const auto& [config, message] : cases) {
+    auto r = ValidateTaskConfig(PluginDir(), "mse", config);
+    ASSERT_FALSE(r.ok()) << config;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), message);
+  }
 }
 
 }  // namespace

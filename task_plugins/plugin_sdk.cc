@@ -1,12 +1,22 @@
 #include "task_plugins/plugin_sdk.h"
 
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "core/file_util.h"
 
 namespace trainyard {
 namespace plugin {
@@ -18,21 +28,21 @@ void SetError(TrainyardError* err, const std::string& message) {
 
 absl::StatusOr<nlohmann::json> ParseConfig(
     const char* text, const std::set<std::string>& allowed) {
-  if (text == nullptr) return absl::InvalidArgumentError("config is NULL");
+  if (text == nullptr) return absl::InvalidArgumentError("task.config is NULL");
   nlohmann::json j = nlohmann::json::parse(text, nullptr,
                                            /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config is not valid JSON: ", text));
+        absl::StrCat("task.config is not valid JSON: ", text));
   }
   if (!j.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config must be a JSON object, got ", text));
+        absl::StrCat("task.config must be a JSON object, got ", text));
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (allowed.count(it.key()) == 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("config: unknown key \"", it.key(),
+          absl::StrCat("task.config: unknown key \"", it.key(),
                        "\" (allowed: ", absl::StrJoin(allowed, ", "), ")"));
     }
   }
@@ -44,13 +54,13 @@ absl::StatusOr<double> GetNumber(const nlohmann::json& config,
   auto it = config.find(key);
   if (it == config.end()) return fallback;
   if (!it->is_number()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.", key, ": must be a number, got ", it->dump()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task.config.", key, ": must be a number, got ", it->dump()));
   }
   const double v = it->get<double>();
   if (!std::isfinite(v)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config.", key, ": must be finite"));
+        absl::StrCat("task.config.", key, ": must be finite"));
   }
   return v;
 }
@@ -60,8 +70,8 @@ absl::StatusOr<int64_t> GetInt(const nlohmann::json& config,
   auto it = config.find(key);
   if (it == config.end()) return fallback;
   if (!it->is_number_integer()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.", key, ": must be an integer, got ", it->dump()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task.config.", key, ": must be an integer, got ", it->dump()));
   }
   return it->get<int64_t>();
 }
@@ -72,10 +82,46 @@ absl::StatusOr<std::string> GetString(const nlohmann::json& config,
   auto it = config.find(key);
   if (it == config.end()) return fallback;
   if (!it->is_string()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.", key, ": must be a string, got ", it->dump()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task.config.", key, ": must be a string, got ", it->dump()));
   }
   return it->get<std::string>();
+}
+
+absl::StatusOr<std::string> ResolveDataPath(const CreateContext& ctx,
+                                            const std::string& key,
+                                            const std::string& path,
+                                            const std::string& base_dir) {
+  const std::string field = absl::StrCat("task.config.", key, ": ");
+  if (path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, "empty path"));
+  }
+  auto join = [](const std::string& base, const std::string& p) {
+    if (p[0] == '/' || base.empty()) return p;
+    return absl::StrCat(base, "/", p);
+  };
+  if (ctx.data_dir.empty()) return join(base_dir, path);
+
+  absl::StatusOr<std::string> root =
+      ResolveSymlinks(CleanAbsolutePath(ctx.data_dir));
+  if (!root.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "data folder ", ctx.data_dir, ": ", root.status().message()));
+  }
+  const std::string base = base_dir.empty() ? *root : join(*root, base_dir);
+  const std::string joined = join(base, path);
+  absl::StatusOr<std::string> real = ResolveSymlinks(CleanAbsolutePath(joined));
+  const bool inside = real.ok() && PathIsInside(*real, *root);
+  if (inside) return *real;
+  if (!real.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, "\"", path, "\" cannot be shown to stay inside the data folder ",
+        *root, ": ", real.status().message()));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, "\"", path, "\" resolves to \"", *real,
+                   "\", outside the data folder ", *root,
+                   ": file paths in task.config must stay inside it"));
 }
 
 std::string ShapeString(const TrainyardTensor& t) {

@@ -1,9 +1,19 @@
 // Plugin-side helpers for writing a task plugin in C++ (the host never
-// includes this). A plugin derives from PluginTask, implements a static
-//   absl::StatusOr<std::unique_ptr<PluginTask>> Create(const nlohmann::json&)
+// includes this). A plugin derives from PluginTask, implements
+//   static std::set<std::string> ConfigKeys();
+//   static absl::StatusOr<std::unique_ptr<PluginTask>> Create(
+//       const nlohmann::json& config, const CreateContext& ctx);
 // and exports its table with TRAINYARD_EXPORT_TASK_PLUGIN(Class, "name").
-// The adapter turns absl::Status into the ABI's int + TrainyardError, and
-// catches every exception so none crosses the C boundary.
+// The adapter parses the config (unknown keys are errors), turns
+// absl::Status into the ABI's int + TrainyardError, and catches every
+// exception so none crosses the C boundary.
+//
+// From that one Create the adapter fills three ABI entries: create,
+// create_confined (ctx.data_dir set) and validate_config (ctx.validate_only:
+// Create checks the config and returns before opening anything). A plugin
+// whose Create takes only the config still builds; its table then has no
+// validate_config and no create_confined (a host with a data folder gives it
+// only an empty config).
 //
 // Ownership: the task handle is the PluginTask*, deleted by destroy().
 // Thread safety: the ABI calls one handle from one thread at a time.
@@ -16,6 +26,8 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,6 +47,20 @@ class PluginTask {
                                    TrainyardLossResult* result,
                                    TrainyardSink* metrics) = 0;
   virtual absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) = 0;
+};
+
+// What the host tells Create besides the config.
+struct CreateContext {
+  // The folder every file path in the config must stay inside, symlinks
+  // included (the worker's --data_dir): absolute, symlinks resolved; empty
+  // when the host has none. Open a path key only through ResolveDataPath.
+  std::string data_dir;
+  // Set when the host only checks the config (validate_config, e.g. on the
+  // controller at submit, where the job's files may not exist): Create must
+  // check keys, types and ranges and then return without opening files or
+  // touching devices. It returns nullptr, or a task when making one touches
+  // nothing (the SDK deletes it at once).
+  bool validate_only = false;
 };
 
 // Writes `message` (truncated) into err.
@@ -66,6 +92,21 @@ absl::StatusOr<int64_t> GetInt(const nlohmann::json& config,
 absl::StatusOr<std::string> GetString(const nlohmann::json& config,
                                       const std::string& key,
                                       const std::string& fallback);
+
+// The file named by config key `key` (value `path`), ready to open. A
+// relative path resolves against `base_dir` when it is not empty, else
+// against ctx.data_dir; a relative base_dir resolves against ctx.data_dir.
+// Without ctx.data_dir, returns that join as it is (the current folder is the
+// base of what stays relative). With it, ".." and symlinks are resolved and
+// the result must lie inside ctx.data_dir: returns its real path (open that,
+// not `path`), or InvalidArgument
+//   task.config.<key>: "<path>" resolves to "<real path>", outside the data
+//   folder <data_dir>: file paths in task.config must stay inside it
+// (also for a dangling symlink on the way). Never opens the file.
+absl::StatusOr<std::string> ResolveDataPath(const CreateContext& ctx,
+                                            const std::string& key,
+                                            const std::string& path,
+                                            const std::string& base_dir = "");
 
 // "[2, 3]" for an ABI tensor; "float32"/"int32"/"int64" for a dtype.
 std::string ShapeString(const TrainyardTensor& t);
@@ -101,20 +142,62 @@ absl::StatusOr<void*> AddTensor(TrainyardSink* sink, const std::string& name,
                                 int32_t dtype,
                                 const std::vector<int64_t>& shape);
 
+// Whether T::Create takes a CreateContext.
+template <typename T, typename = void>
+struct TakesCreateContext : std::false_type {};
+template <typename T>
+struct TakesCreateContext<
+    T, std::void_t<decltype(T::Create(std::declval<const nlohmann::json&>(),
+                                      std::declval<const CreateContext&>()))>>
+    : std::true_type {};
+
 template <typename T>
 struct TableAdapter {
-  static void* Create(const char* config_json, TrainyardError* err) {
+  // Parses the config and runs T::Create; the task it made, or an error.
+  static absl::StatusOr<std::unique_ptr<PluginTask>> Run(
+      const char* config_json, const CreateContext& ctx) {
+    absl::StatusOr<nlohmann::json> config =
+        ParseConfig(config_json, T::ConfigKeys());
+    if (!config.ok()) return config.status();
+    if constexpr (TakesCreateContext<T>::value) {
+      return T::Create(*config, ctx);
+    } else {
+      return T::Create(*config);
+    }
+  }
+  static void* CreateWith(const char* config_json, const CreateContext& ctx,
+                          TrainyardError* err) {
     void* handle = nullptr;
     Guard(err, [&]() -> absl::Status {
-      absl::StatusOr<nlohmann::json> config =
-          ParseConfig(config_json, T::ConfigKeys());
-      if (!config.ok()) return config.status();
-      absl::StatusOr<std::unique_ptr<PluginTask>> task = T::Create(*config);
+      absl::StatusOr<std::unique_ptr<PluginTask>> task = Run(config_json, ctx);
       if (!task.ok()) return task.status();
+      if (*task == nullptr) {
+        return absl::InternalError("Create returned OK without a task");
+      }
       handle = task->release();
       return absl::OkStatus();
     });
     return handle;
+  }
+  static void* Create(const char* config_json, TrainyardError* err) {
+    return CreateWith(config_json, CreateContext(), err);
+  }
+  static void* CreateConfined(const char* config_json, const char* data_dir,
+                              TrainyardError* err) {
+    if (data_dir == nullptr || data_dir[0] == '\0') {
+      SetError(err, "create_confined: no data folder given");
+      return nullptr;
+    }
+    CreateContext ctx;
+    ctx.data_dir = data_dir;
+    return CreateWith(config_json, ctx, err);
+  }
+  static int Validate(const char* config_json, TrainyardError* err) {
+    return Guard(err, [&]() -> absl::Status {
+      CreateContext ctx;
+      ctx.validate_only = true;
+      return Run(config_json, ctx).status();  // a task made is deleted here
+    });
   }
   static int Build(void* task, const TrainyardBatch* batch, TrainyardSink* out,
                    TrainyardError* err) {
@@ -142,13 +225,17 @@ struct TableAdapter {
     TrainyardTaskV1 t;
     std::memset(&t, 0, sizeof(t));
     t.abi_version = TRAINYARD_TASK_ABI_VERSION;
-    t.struct_size = sizeof(TrainyardTaskV1);
+    t.struct_size = TRAINYARD_TASK_V1_SIZE_CURRENT;
     t.name = name;
     t.create = &Create;
     t.build_forward_inputs = &Build;
     t.compute_loss = &Loss;
     t.update_metrics = &Metrics;
     t.destroy = &Destroy;
+    if constexpr (TakesCreateContext<T>::value) {
+      t.validate_config = &Validate;
+      t.create_confined = &CreateConfined;
+    }
     return t;
   }
 };

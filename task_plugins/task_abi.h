@@ -8,7 +8,9 @@
  *   create(config) -> { build_forward_inputs -> compute_loss x M
  *                       -> update_metrics }* -> finalize -> destroy
  *
- * with state_dict / load_state_dict at any point between steps.
+ * with state_dict / load_state_dict at any point between steps. A host with
+ * a data folder creates through create_confined instead of create, and
+ * validate_config checks a config on its own, without a task.
  *
  * A plugin is a shared library lib<name>.so that exports one C symbol per
  * ABI version it speaks, `trainyard_task_v1`, returning a pointer to a static
@@ -133,7 +135,8 @@ typedef struct TrainyardEvent {
 } TrainyardEvent;
 
 typedef struct TrainyardTaskV1 {
-  /* Must be TRAINYARD_TASK_ABI_VERSION and sizeof(TrainyardTaskV1). */
+  /* TRAINYARD_TASK_ABI_VERSION, and TRAINYARD_TASK_V1_SIZE_CURRENT (or
+   * TRAINYARD_TASK_V1_SIZE_BASE for a table that ends at destroy). */
   uint32_t abi_version;
   uint32_t struct_size;
   /* Human-readable name, e.g. "cross_entropy". */
@@ -184,7 +187,40 @@ typedef struct TrainyardTaskV1 {
 
   /* Required. Frees the handle; never fails. */
   void (*destroy)(void* task);
+
+  /* ---- Appended to v1. A plugin built before these fields sets
+   * struct_size = TRAINYARD_TASK_V1_SIZE_BASE and its table ends at
+   * destroy; the host reads a field below only when struct_size covers it,
+   * and treats it as NULL otherwise. ---- */
+
+  /* Optional (NULL = the plugin cannot check a config without creating a
+   * task). Checks the shape of `config_json` (keys, types, ranges: what
+   * create would refuse before opening anything) and returns 0 when it is
+   * valid, non-zero with err set otherwise. It must not open files, touch
+   * devices or keep state: the host runs it where the job's files may not
+   * exist (the controller, at submit), from any thread, concurrently, with
+   * no task handle. A path in the config is checked for its type only. */
+  int (*validate_config)(const char* config_json, TrainyardError* err);
+
+  /* Optional (NULL = the plugin cannot confine file paths). create() for a
+   * host with a data folder: `data_dir` (never NULL; absolute, symlinks
+   * resolved) is the folder every file path in `config_json` must stay
+   * inside once resolved, symlinks included. A relative path resolves
+   * against it (or against a folder key of the plugin's own, itself
+   * resolved against it). A path that leaves it is refused, with err naming
+   * the key (`task.config.<key>`) and the folder, before the file is opened.
+   * A host with a data folder calls this instead of create; when it is
+   * NULL, the host refuses every config but an empty object. */
+  void* (*create_confined)(const char* config_json, const char* data_dir,
+                           TrainyardError* err);
 } TrainyardTaskV1;
+
+/* The two struct_size values a v1 host accepts: the first layout (ending at
+ * destroy) and the current one (ending at create_confined). Any other is
+ * refused. */
+#define TRAINYARD_TASK_V1_SIZE_BASE \
+  ((uint32_t)offsetof(TrainyardTaskV1, validate_config))
+#define TRAINYARD_TASK_V1_SIZE_CURRENT ((uint32_t)sizeof(TrainyardTaskV1))
 
 /* The one symbol a v1 plugin exports. */
 typedef const TrainyardTaskV1* (*TrainyardTaskV1Entry)(void);

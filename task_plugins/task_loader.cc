@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <set>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/file_util.h"
@@ -393,6 +396,47 @@ absl::StatusOr<bool> ElfExportsSymbol(const std::string& path,
   return false;
 }
 
+// A message about the task config as the controller reports it: field
+// paths under "task.config" as they are, anything else after
+// "task.config: "; at most TRAINYARD_ERROR_LEN bytes, cut at a UTF-8
+// character boundary.
+std::string TaskConfigMessage(const std::string& plugin_message) {
+  std::string m = absl::StartsWith(plugin_message, "task.config")
+                      ? plugin_message
+                      : absl::StrCat("task.config: ", plugin_message);
+  if (m.size() > TRAINYARD_ERROR_LEN) {
+    size_t n = TRAINYARD_ERROR_LEN;
+    while (n > 0 && (static_cast<unsigned char>(m[n]) & 0xC0) == 0x80) --n;
+    m.resize(n);
+  }
+  return m;
+}
+
+// Whether `json` is "{}" give or take whitespace: a config that cannot hold
+// a file path.
+bool IsEmptyJsonObject(const std::string& json) {
+  std::string compact;
+  for (char c : json) {
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') compact += c;
+  }
+  return compact == "{}";
+}
+
+// The real path (absolute, symlinks resolved) of the existing folder `dir`.
+absl::StatusOr<std::string> RealFolder(const std::string& dir) {
+  char buf[PATH_MAX];
+  if (realpath(dir.c_str(), buf) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("data folder ", dir, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("data folder ", dir, ": not a directory"));
+  }
+  return std::string(buf);
+}
+
 std::string DlError() {
   const char* e = dlerror();
   return e != nullptr ? std::string(e) : std::string("(no dlerror text)");
@@ -469,21 +513,28 @@ absl::StatusOr<std::unique_ptr<TaskPlugin>> TaskPlugin::Load(
         absl::StrCat(who, path, " speaks task ABI version ", table->abi_version,
                      ", this host speaks ", TRAINYARD_TASK_ABI_VERSION));
   }
-  if (table->struct_size != sizeof(TrainyardTaskV1)) {
+  if (table->struct_size != TRAINYARD_TASK_V1_SIZE_CURRENT &&
+      table->struct_size != TRAINYARD_TASK_V1_SIZE_BASE) {
     return absl::FailedPreconditionError(absl::StrCat(
         who, path, ": TrainyardTaskV1 struct_size is ", table->struct_size,
-        ", expected ", sizeof(TrainyardTaskV1)));
+        ", expected ", TRAINYARD_TASK_V1_SIZE_CURRENT, " (or ",
+        TRAINYARD_TASK_V1_SIZE_BASE, ", the layout before validate_config)"));
   }
-  if (table->name == nullptr) {
+  // Only the bytes the plugin declares are read: an older table ends at
+  // destroy, and the fields after it stay NULL in the copy.
+  TrainyardTaskV1 copy;
+  std::memset(&copy, 0, sizeof(copy));
+  std::memcpy(&copy, table, table->struct_size);
+  if (copy.name == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat(who, path, ": TrainyardTaskV1.name is NULL"));
   }
   const std::pair<const char*, bool> required[] = {
-      {"create", table->create != nullptr},
-      {"build_forward_inputs", table->build_forward_inputs != nullptr},
-      {"compute_loss", table->compute_loss != nullptr},
-      {"update_metrics", table->update_metrics != nullptr},
-      {"destroy", table->destroy != nullptr},
+      {"create", copy.create != nullptr},
+      {"build_forward_inputs", copy.build_forward_inputs != nullptr},
+      {"compute_loss", copy.compute_loss != nullptr},
+      {"update_metrics", copy.update_metrics != nullptr},
+      {"destroy", copy.destroy != nullptr},
   };
   for (const auto& [field, present] : required) {
     if (!present) {
@@ -493,24 +544,77 @@ absl::StatusOr<std::unique_ptr<TaskPlugin>> TaskPlugin::Load(
     }
   }
   return std::unique_ptr<TaskPlugin>(
-      new TaskPlugin(name, path, handle.release(), table));
+      new TaskPlugin(name, path, handle.release(), copy));
 }
 
 TaskPlugin::~TaskPlugin() {
   if (handle_ != nullptr) dlclose(handle_);
 }
 
+absl::StatusOr<ConfigCheck> TaskPlugin::ValidateConfig(
+    const std::string& config_json) const {
+  if (table_.validate_config == nullptr) return ConfigCheck::kNotChecked;
+  const std::string config = config_json.empty() ? "{}" : config_json;
+  TrainyardError err;
+  std::memset(&err, 0, sizeof(err));
+  int rc = 0;
+  try {
+    rc = table_.validate_config(config.c_str(), &err);
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat(Prefix(name_, "validate_config"),
+                     "threw a C++ exception across the ABI: ", e.what()));
+  } catch (...) {
+    return absl::InternalError(absl::StrCat(
+        Prefix(name_, "validate_config"), "threw an exception across the ABI"));
+  }
+  if (rc == 0) return ConfigCheck::kValid;
+  err.message[TRAINYARD_ERROR_LEN - 1] = '\0';
+  return absl::InvalidArgumentError(TaskConfigMessage(
+      err.message[0] != '\0' ? std::string(err.message)
+                             : absl::StrCat("refused by plugin \"", name_,
+                                            "\" without a message")));
+}
+
+absl::StatusOr<ConfigCheck> ValidateTaskConfig(const std::string& plugin_dir,
+                                               const std::string& plugin_name,
+                                               const std::string& config_json) {
+  ASSIGN_OR_RETURN(std::unique_ptr<TaskPlugin> plugin,
+                   TaskPlugin::Load(plugin_dir, plugin_name));
+  return plugin->ValidateConfig(config_json);
+}
+
 absl::StatusOr<std::unique_ptr<Task>> Task::Create(
-    std::shared_ptr<const TaskPlugin> plugin, const std::string& config_json) {
+    std::shared_ptr<const TaskPlugin> plugin, const std::string& config_json,
+    const std::string& data_dir) {
   if (plugin == nullptr) {
     return absl::InvalidArgumentError("Task::Create: null plugin");
   }
   const std::string config = config_json.empty() ? "{}" : config_json;
-  void* handle = nullptr;
   const TrainyardTaskV1& t = plugin->table();
+  std::string real_data_dir;
+  if (!data_dir.empty()) {
+    absl::StatusOr<std::string> real = RealFolder(data_dir);
+    if (!real.ok()) {
+      return Prefixed(real.status(), Prefix(plugin->name(), "create"));
+    }
+    real_data_dir = *std::move(real);
+    if (t.create_confined == nullptr && !IsEmptyJsonObject(config)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Prefix(plugin->name(), "create"), "the plugin cannot confine file ",
+          "paths in task.config to the data folder ", real_data_dir,
+          " (its table has no create_confined: built before it, or from an ",
+          "SDK plugin whose Create takes no CreateContext), so it accepts ",
+          "only an empty task.config here"));
+    }
+  }
+  void* handle = nullptr;
   RETURN_IF_ERROR(
       CallPlugin(*plugin, "create", nullptr, [&](TrainyardError* err) {
-        handle = t.create(config.c_str(), err);
+        handle =
+            real_data_dir.empty() || t.create_confined == nullptr
+                ? t.create(config.c_str(), err)
+                : t.create_confined(config.c_str(), real_data_dir.c_str(), err);
         if (handle == nullptr) {
           if (err->message[0] == '\0') {
             std::snprintf(err->message, sizeof(err->message),

@@ -44,6 +44,12 @@ namespace trainyard {
 // else <binary's folder>/../task_plugins.
 std::string DefaultPluginDir();
 
+// What checking a config without a task found, when the config is valid.
+enum class ConfigCheck {
+  kValid,       // the plugin's validate_config accepted it
+  kNotChecked,  // the plugin has no validate_config: only create checks it
+};
+
 // A loaded, validated plugin library. Immutable after Load.
 class TaskPlugin {
  public:
@@ -52,8 +58,10 @@ class TaskPlugin {
   //   InvalidArgument     bad name or empty plugin_dir
   //   NotFound            no such file, or no trainyard_task_v1 symbol
   //   FailedPrecondition  dlopen failed (dlerror() text included), the entry
-  //                       returned NULL, wrong abi_version or struct_size,
-  //                       NULL name or NULL required function
+  //                       returned NULL, wrong abi_version, a struct_size
+  //                       other than TRAINYARD_TASK_V1_SIZE_BASE or
+  //                       TRAINYARD_TASK_V1_SIZE_CURRENT, NULL name or NULL
+  //                       required function
   static absl::StatusOr<std::unique_ptr<TaskPlugin>> Load(
       const std::string& plugin_dir, const std::string& name);
 
@@ -64,12 +72,27 @@ class TaskPlugin {
   const std::string& name() const { return name_; }  // as passed to Load
   const std::string& path() const { return path_; }  // the .so loaded
   // The table's own name field, e.g. "cross_entropy".
-  std::string table_name() const { return table_->name; }
-  const TrainyardTaskV1& table() const { return *table_; }
+  std::string table_name() const { return table_.name; }
+  // The plugin's table in the current layout: a copy of its first
+  // struct_size bytes, with the fields it does not cover NULL.
+  const TrainyardTaskV1& table() const { return table_; }
+  // The plugin's struct_size (TRAINYARD_TASK_V1_SIZE_BASE for a plugin built
+  // before validate_config).
+  uint32_t struct_size() const { return table_.struct_size; }
+
+  // Checks `config_json` ("{}" if empty) with the plugin's validate_config,
+  // which touches no files or devices. Thread-safe. Returns kNotChecked when
+  // the plugin has none. Errors:
+  //   InvalidArgument  the plugin refused the config: the plugin's message,
+  //                    prefixed "task.config: " unless it already names a
+  //                    field under task.config, at most 1 KiB
+  //   Internal         validate_config threw across the ABI
+  absl::StatusOr<ConfigCheck> ValidateConfig(
+      const std::string& config_json) const;
 
  private:
   TaskPlugin(std::string name, std::string path, void* handle,
-             const TrainyardTaskV1* table)
+             const TrainyardTaskV1& table)
       : name_(std::move(name)),
         path_(std::move(path)),
         handle_(handle),
@@ -77,9 +100,19 @@ class TaskPlugin {
 
   std::string name_;
   std::string path_;
-  void* handle_;                  // from dlopen; dlclose'd in the destructor
-  const TrainyardTaskV1* table_;  // static data inside the library
+  void* handle_;           // from dlopen; dlclose'd in the destructor
+  TrainyardTaskV1 table_;  // copied at Load; see table()
 };
+
+// Checks a job's task config without creating a task, e.g. on the
+// controller at submit: loads <plugin_dir>/lib<plugin_name>.so with
+// TaskPlugin::Load's checks (nothing else in the folder is loaded) and runs
+// TaskPlugin::ValidateConfig. The library is closed before returning, so a
+// call per submit holds nothing (the code stays mapped, RTLD_NODELETE, once
+// per file). Thread-safe. Errors: TaskPlugin::Load's, then ValidateConfig's.
+absl::StatusOr<ConfigCheck> ValidateTaskConfig(const std::string& plugin_dir,
+                                               const std::string& plugin_name,
+                                               const std::string& config_json);
 
 // What build_forward_inputs produced for one step.
 struct ForwardInputs {
@@ -105,9 +138,22 @@ using Metrics = std::vector<std::pair<std::string, double>>;
 // FailedPrecondition. Every message starts with `plugin "<name>": <call>:`.
 class Task {
  public:
-  // Calls create(config_json) ("{}" if empty).
+  // Creates a task from `config_json` ("{}" if empty).
+  //
+  // `data_dir` empty: calls create(config_json); file paths in the config
+  // are not confined.
+  // `data_dir` set (the worker's --data_dir): every file path in the config
+  // must resolve, symlinks included, inside that folder. Calls
+  // create_confined(config_json, real path of data_dir); a path outside is
+  // InvalidArgument naming task.config.<key> and the folder. A plugin
+  // without create_confined (built before it, or an SDK plugin whose Create
+  // takes no CreateContext) gets only an empty config ("{}"); any other is
+  // FailedPrecondition, since its paths could not be confined.
+  // Other errors: InvalidArgument when the plugin refuses the config;
+  // FailedPrecondition when data_dir is not an existing folder.
   static absl::StatusOr<std::unique_ptr<Task>> Create(
-      std::shared_ptr<const TaskPlugin> plugin, const std::string& config_json);
+      std::shared_ptr<const TaskPlugin> plugin, const std::string& config_json,
+      const std::string& data_dir = "");
 
   ~Task();  // destroy(handle)
   Task(const Task&) = delete;

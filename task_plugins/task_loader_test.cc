@@ -1,10 +1,16 @@
 #include "task_plugins/task_loader.h"
 
+#include <dirent.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/tensor.h"
@@ -134,7 +140,9 @@ TEST(TaskPluginTest, WrongStructSizeIsRefused) {
                          "/libbad_struct_size.so: TrainyardTaskV1 struct_size "
                          "is ",
                          sizeof(TrainyardTaskV1) - sizeof(void*), ", expected ",
-                         sizeof(TrainyardTaskV1)));
+                         sizeof(TrainyardTaskV1), " (or ",
+                         TRAINYARD_TASK_V1_SIZE_BASE,
+                         ", the layout before validate_config)"));
 }
 
 TEST(TaskPluginTest, NullRequiredFunctionIsRefused) {
@@ -183,9 +191,10 @@ TEST(TaskTest, ShippedPluginRefusesUnknownConfigKey) {
   auto task = Task::Create(plugin, R"({"reduction": "mean", "typo": 1})");
   ASSERT_FALSE(task.ok());
   EXPECT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(task.status().message(),
-            "plugin \"mse\": create: config: unknown key \"typo\" (allowed: "
-            "reduction)");
+  EXPECT_EQ(
+      task.status().message(),
+      "plugin \"mse\": create: task.config: unknown key \"typo\" (allowed: "
+      "reduction)");
 }
 
 // --- A well-behaved lifecycle ---------------------------------------------
@@ -472,6 +481,230 @@ TEST(TaskTest, MicrobatchIndexMustBeInRange) {
   EXPECT_EQ(
       r.status().message(),
       "plugin \"misbehaving\": compute_loss: microbatch 2 outside [0, 2)");
+}
+
+// --- Table layouts ----------------------------------------------------------
+
+TEST(TaskPluginTest, FirstLayoutStillLoadsAndRuns) {
+  // Its table ends at destroy and garbage follows: reading past struct_size
+  // would crash this test.
+  auto plugin = LoadPlugin(TestdataPluginDir(), "old_layout");
+  ASSERT_NE(plugin, nullptr);
+  EXPECT_EQ(plugin->struct_size(), TRAINYARD_TASK_V1_SIZE_BASE);
+  EXPECT_EQ(plugin->table().validate_config, nullptr);
+  EXPECT_EQ(plugin->table().create_confined, nullptr);
+  auto task = Task::Create(plugin, R"({"any": "thing"})");
+  ASSERT_TRUE(task.ok()) << task.status();
+  auto fwd = (*task)->BuildForwardInputs(Batch(), 0, false);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  EXPECT_EQ(fwd->inputs.shape(), (Shape{kB, kD}));
+}
+
+TEST(TaskPluginTest, CurrentLayoutCarriesTheNewEntries) {
+  auto plugin = LoadPlugin(PluginDir(), "mse");
+  ASSERT_NE(plugin, nullptr);
+  EXPECT_EQ(plugin->struct_size(), TRAINYARD_TASK_V1_SIZE_CURRENT);
+  EXPECT_NE(plugin->table().validate_config, nullptr);
+  EXPECT_NE(plugin->table().create_confined, nullptr);
+}
+
+TEST(TaskPluginTest, SdkPluginWithoutCreateContextGetsNoNewEntries) {
+  auto plugin = LoadPlugin(TestdataPluginDir(), "sdk_without_context");
+  ASSERT_NE(plugin, nullptr);
+  EXPECT_EQ(plugin->struct_size(), TRAINYARD_TASK_V1_SIZE_CURRENT);
+  EXPECT_EQ(plugin->table().validate_config, nullptr);
+  EXPECT_EQ(plugin->table().create_confined, nullptr);
+  EXPECT_TRUE(Task::Create(plugin, R"({"path": "x"})").ok());
+}
+
+// --- ValidateTaskConfig -----------------------------------------------------
+
+TEST(ValidateTaskConfigTest, ValidConfigIsValid) {
+  for (const std::string config : {"", "{}", R"({"reduction": "mean"})"}) {
+    auto r = ValidateTaskConfig(PluginDir(), "mse", config);
+    ASSERT_TRUE(r.ok()) << config << ": " << r.status();
+    EXPECT_EQ(*r, ConfigCheck::kValid) << config;
+  }
+}
+
+TEST(ValidateTaskConfigTest, RefusedConfigIsInvalidArgumentUnderTaskConfig) {
+  auto r = ValidateTaskConfig(PluginDir(), "mse",
+                              R"({"reduction": "mean", "typo": 1})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "task.config: unknown key \"typo\" (allowed: reduction)");
+}
+
+TEST(ValidateTaskConfigTest, MessageNamingNoFieldIsPrefixed) {
+  auto r = ValidateTaskConfig(TestdataPluginDir(), "misbehaving",
+                              R"({"mode": "validate_refuse"})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "task.config: refused on purpose (mode \"validate_refuse\")");
+  // The same plugin accepts its working modes.
+  auto ok = ValidateTaskConfig(TestdataPluginDir(), "misbehaving",
+                               R"({"mode": "ok"})");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, ConfigCheck::kValid);
+}
+
+TEST(ValidateTaskConfigTest, RefusalWithoutMessageNamesThePlugin) {
+  auto r = ValidateTaskConfig(TestdataPluginDir(), "misbehaving",
+                              R"({"mode": "validate_silent"})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "task.config: refused by plugin \"misbehaving\" without a "
+            "message");
+}
+
+TEST(ValidateTaskConfigTest, LongMessageIsCutToOneKiBOnACharacterBoundary) {
+  auto r = ValidateTaskConfig(TestdataPluginDir(), "misbehaving",
+                              R"({"mode": "validate_long"})");
+  ASSERT_FALSE(r.ok());
+  const absl::string_view m = r.status().message();
+  EXPECT_LE(m.size(), 1024u);
+  EXPECT_GT(m.size(), 1000u);
+  ASSERT_TRUE(absl::StartsWith(m, "task.config: \xc3\xa9"));
+  // Whole two-byte characters only: after the 13-byte prefix, an even count.
+  EXPECT_EQ((m.size() - 13) % 2, 0u) << m.size();
+  EXPECT_EQ(m.substr(m.size() - 2), "\xc3\xa9");
+}
+
+TEST(ValidateTaskConfigTest, ExceptionIsInternal) {
+  auto r = ValidateTaskConfig(TestdataPluginDir(), "misbehaving",
+                              R"({"mode": "validate_throw"})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(r.status().message(),
+            "plugin \"misbehaving\": validate_config: threw a C++ exception "
+            "across the ABI: validate_config thrown on purpose");
+}
+
+TEST(ValidateTaskConfigTest, PluginWithoutValidateConfigIsNotChecked) {
+  for (const char* name : {"old_layout", "sdk_without_context"}) {
+    auto r = ValidateTaskConfig(TestdataPluginDir(), name,
+                                R"({"path": "/anything"})");
+    ASSERT_TRUE(r.ok()) << name << ": " << r.status();
+    EXPECT_EQ(*r, ConfigCheck::kNotChecked) << name;
+  }
+}
+
+TEST(ValidateTaskConfigTest, LoadsOnlyWhatLoadWould) {
+  auto bad_name = ValidateTaskConfig(PluginDir(), "../mse", "{}");
+  ASSERT_FALSE(bad_name.ok());
+  EXPECT_EQ(bad_name.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad_name.status().message(),
+            "plugin \"../mse\": invalid plugin name: must match "
+            "[A-Za-z0-9_]+");
+  auto no_symbol = ValidateTaskConfig(TestdataPluginDir(), "no_symbol", "{}");
+  ASSERT_FALSE(no_symbol.ok());
+  EXPECT_EQ(no_symbol.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(no_symbol.status().message()),
+              HasSubstr("not a Trainyard task plugin; it was not loaded"));
+  EXPECT_EQ(getenv("TRAINYARD_NO_SYMBOL_LOADED"), nullptr);
+  auto missing = ValidateTaskConfig(PluginDir(), "xent", "{}");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+int CountEntries(const std::string& dir) {
+  int n = 0;
+  for (DIR* d = opendir(dir.c_str()); d != nullptr;) {
+    if (readdir(d) == nullptr) {
+      closedir(d);
+      break;
+    }
+    ++n;
+  }
+  return n;
+}
+
+int CountMappingsOf(const std::string& file) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find(file) != std::string::npos;
+  }
+  return n;
+}
+
+TEST(ValidateTaskConfigTest, RepeatedCallsHoldNoFilesOrMappings) {
+  const std::string dir = TestdataPluginDir();
+  ASSERT_TRUE(ValidateTaskConfig(dir, "misbehaving", "{}").ok());
+  const int fds = CountEntries("/proc/self/fd");
+  const int maps = CountMappingsOf("libmisbehaving.so");
+  EXPECT_GT(maps, 0);
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(ValidateTaskConfig(dir, "misbehaving", "{}").ok());
+  }
+  EXPECT_EQ(CountEntries("/proc/self/fd"), fds);
+  EXPECT_EQ(CountMappingsOf("libmisbehaving.so"), maps);
+}
+
+// --- Create with a data folder ----------------------------------------------
+
+// A fresh folder under the test's scratch folder.
+std::string MakeDir(const std::string& name) {
+  const std::string dir = testing::TempDir() + "/" + name;
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+TEST(TaskTest, DataFolderGoesToCreateConfined) {
+  // mse has no paths; its create_confined accepts any config create does.
+  auto plugin = LoadPlugin(PluginDir(), "mse");
+  ASSERT_NE(plugin, nullptr);
+  auto task =
+      Task::Create(plugin, R"({"reduction": "mean"})", MakeDir("confined_mse"));
+  EXPECT_TRUE(task.ok()) << task.status();
+  auto bad =
+      Task::Create(plugin, R"({"reduction": "sum"})", MakeDir("confined_mse"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(),
+            "plugin \"mse\": create: task.config.reduction: only \"mean\" is "
+            "supported, got \"sum\"");
+}
+
+TEST(TaskTest, PluginThatCannotConfineGetsOnlyAnEmptyConfig) {
+  const std::string data = MakeDir("confined_old");
+  char real[PATH_MAX];
+  ASSERT_NE(realpath(data.c_str(), real), nullptr);
+  for (const char* name : {"old_layout", "sdk_without_context"}) {
+    auto plugin = LoadPlugin(TestdataPluginDir(), name);
+    ASSERT_NE(plugin, nullptr);
+    for (const std::string empty : {"", "{}", " { }\n"}) {
+      auto task = Task::Create(plugin, empty, data);
+      EXPECT_TRUE(task.ok()) << name << " '" << empty << "': " << task.status();
+    }
+    auto task = Task::Create(plugin, R"({"path": "/etc/passwd"})", data);
+    ASSERT_FALSE(task.ok()) << name;
+    EXPECT_EQ(task.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(task.status().message(),
+              absl::StrCat("plugin \"", name,
+                           "\": create: the plugin cannot confine file paths "
+                           "in task.config to the data folder ",
+                           real,
+                           " (its table has no create_confined: built before "
+                           "it, or from an SDK plugin whose Create takes no "
+                           "CreateContext), so it accepts only an empty "
+                           "task.config here"));
+    // Without a data folder nothing is confined, as before.
+    EXPECT_TRUE(Task::Create(plugin, R"({"path": "/etc/passwd"})").ok());
+  }
+}
+
+TEST(TaskTest, MissingDataFolderIsFailedPrecondition) {
+  auto plugin = LoadPlugin(PluginDir(), "mse");
+  ASSERT_NE(plugin, nullptr);
+  auto task = Task::Create(plugin, "{}", "/nonexistent/data");
+  ASSERT_FALSE(task.ok());
+  EXPECT_EQ(task.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(task.status().message(),
+            "plugin \"mse\": create: data folder /nonexistent/data: No such "
+            "file or directory");
 }
 
 }  // namespace

@@ -83,6 +83,10 @@ TaskV1Fields = [
     ("state_dict", P), ("load_state_dict", P), ("on_event", P),
     ("process_outputs", P), ("finalize", P),
     ("destroy", C.CFUNCTYPE(None, P)),
+    # Appended to v1; a table of the first layout ends above.
+    ("validate_config", C.CFUNCTYPE(C.c_int, C.c_char_p, C.POINTER(Error))),
+    ("create_confined",
+     C.CFUNCTYPE(P, C.c_char_p, C.c_char_p, C.POINTER(Error))),
 ]
 
 
@@ -137,6 +141,19 @@ class Plugin:
         h = self.t.create(json.dumps(config).encode(), C.byref(err))
         assert h, err.message.decode()
         return h
+
+    def create_confined(self, config, data_dir):
+        """The handle, or the error message when the plugin refuses."""
+        err = Error()
+        h = self.t.create_confined(json.dumps(config).encode(),
+                                   data_dir.encode(), C.byref(err))
+        return h if h else err.message.decode()
+
+    def validate(self, config):
+        """"" when validate_config accepts the config, else its message."""
+        err = Error()
+        rc = self.t.validate_config(json.dumps(config).encode(), C.byref(err))
+        return "" if rc == 0 else err.message.decode()
 
     def build(self, h, batch):
         keep, arr = [], (Tensor * len(batch))()
@@ -202,11 +219,21 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def expect(what, ok):
+    print(f"{'ok' if ok else 'FAIL'}: {what}")
+    if not ok:
+        failures.append(what)
+
+
 def main():
     mse_so, xent_so, distill_so = sys.argv[1:4]
     g = torch.Generator().manual_seed(0)
 
     mse = Plugin(mse_so)
+    expect("mse validate_config accepts {}", mse.validate({}) == "")
+    expect("mse validate_config refuses reduction=sum",
+           mse.validate({"reduction": "sum"}).startswith(
+               "task.config.reduction: "))
     h = mse.create({})
     out = torch.randn(9, 5, generator=g)
     tgt = torch.randn(9, 5, generator=g)
@@ -235,13 +262,25 @@ def main():
          "blocks.0.fc2.bias": torch.randn(7, generator=g) * 0.1,
          "blocks.1.fc1.weight": torch.randn(5, 7, generator=g) * 0.5,
          "blocks.1.fc2.weight": torch.randn(4, 5, generator=g) * 0.8}
+    t_, alpha = 2.5, 0.3
+    config = {"teacher": "t.safetensors",
+              "teacher_blocks": [{"activation": "gelu"},
+                                 {"activation": "relu"}],
+              "temperature": t_, "alpha": alpha}
+    expect("logit_distillation validate_config opens no file",
+           distill.validate(dict(config, teacher="/nonexistent/t")) == "")
     with tempfile.TemporaryDirectory() as d:
         write_safetensors(os.path.join(d, "t.safetensors"), w)
-        t_, alpha = 2.5, 0.3
-        h = distill.create({"teacher": "t.safetensors", "base_dir": d,
-                            "teacher_blocks": [{"activation": "gelu"},
-                                               {"activation": "relu"}],
-                            "temperature": t_, "alpha": alpha})
+        data = os.path.join(d, "data")
+        os.mkdir(data)
+        refused = distill.create_confined(
+            dict(config, teacher="../t.safetensors"), data)
+        expect("create_confined refuses a teacher outside the data folder",
+               isinstance(refused, str) and
+               refused.startswith("task.config.teacher: ") and
+               "outside the data folder" in refused)
+        h = distill.create_confined(config, d)
+        assert not isinstance(h, str), h
     feats = torch.randn(9, 6, generator=g)
     targets = torch.tensor([0, 3, -100, 1, 2, 2, -100, 0, 1])
     st = distill.build(h, {"features": feats, "targets": targets})

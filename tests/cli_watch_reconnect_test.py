@@ -27,7 +27,7 @@ STEPS = 12000
 job = cluster.submit(spec_from_json(small_spec(stages=2, steps=STEPS, name="watched",
                                                samples=2048, features=64, batch=128)))
 wait_for(lambda: cluster.get(job.job_id).steps_completed >= 5, 60, "5 steps")
-watch = subprocess.Popen([CLI_BIN, "watch", job.job_id, f"--controller={cluster.address}"],
+watch = subprocess.Popen([CLI_BIN, "watch", job.job_id, *cluster.cli_flags()],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 head = first_line(watch)
 port = int(cluster.address.rsplit(":", 1)[1])
@@ -59,7 +59,7 @@ cluster.start_worker("w3")
 job2 = cluster.submit(spec_from_json(small_spec(stages=2, steps=100000, name="orphaned",
                                                 samples=2048, features=64, batch=128)))
 wait_for(lambda: cluster.get(job2.job_id).steps_completed >= 3, 60, "3 steps")
-watch = subprocess.Popen([CLI_BIN, "watch", job2.job_id, f"--controller={cluster.address}",
+watch = subprocess.Popen([CLI_BIN, "watch", job2.job_id, *cluster.cli_flags(),
                           "--reconnect_s=3"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 head = first_line(watch)

@@ -40,15 +40,32 @@ def wait_for(predicate, timeout, what):
 
 
 class Cluster:
-    def __init__(self, workers=0, heartbeat_timeout_ms=2000, metrics=False):
+    """A controller and workers. Plaintext (--insecure) by default; with
+    secure=True the daemons run as `trainyard up` runs them: TLS on the
+    controller, worker certificates (mTLS) and a tokens file, made by
+    `trainyard certs`. Then `ca_path`, `admin_token` and `add_user` are
+    there, and `jobs` calls as the admin."""
+
+    def __init__(self, workers=0, heartbeat_timeout_ms=2000, metrics=False,
+                 secure=False, controller_args=()):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.metrics = metrics  # every daemon serves /metrics
+        self.secure = secure
+        self.controller_args = list(controller_args)
         self.controller = None
         self.address = None
         self.workers = {}
         self._logs = []
         atexit.register(self.stop)
+        if secure:
+            self.pki = os.path.join(self.dir, "pki")
+            subprocess.run([CLI_BIN, "certs", "--out", self.pki], check=True,
+                           capture_output=True, timeout=60)
+            self.ca_path = os.path.join(self.pki, "ca.pem")
+            self.tokens_path = os.path.join(self.pki, "tokens")
+            self.admin_token_path = os.path.join(self.pki, "admin.token")
+            self.admin_token = open(self.admin_token_path).read().strip()
         self.start_controller()
         for i in range(workers):
             self.start_worker(f"w{i}")
@@ -67,6 +84,7 @@ class Cluster:
             f"--data_dir={self.dir}/controller", f"--port_file={port_file}",
             "--heartbeat_interval_ms=200",
             f"--heartbeat_timeout_ms={self.heartbeat_timeout_ms}"] +
+            self.controller_security_args() + self.controller_args +
             self._metrics_args("controller"))
 
         def port():
@@ -78,14 +96,65 @@ class Cluster:
             except (OSError, ValueError):
                 return None
         self.address = f"127.0.0.1:{wait_for(port, 30, 'the controller port')}"
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = self.make_channel(
+            self.admin_token if self.secure else None)
         self.jobs = pb_grpc.JobServiceStub(self.channel)
+
+    def controller_security_args(self):
+        if not self.secure:
+            return ["--insecure"]
+        return [f"--tls_cert={self.pki}/controller.pem",
+                f"--tls_key={self.pki}/controller.key",
+                f"--tls_ca={self.ca_path}", f"--tokens_file={self.tokens_path}"]
+
+    def worker_security_args(self):
+        if not self.secure:
+            return ["--insecure"]
+        return [f"--tls_cert={self.pki}/worker.pem",
+                f"--tls_key={self.pki}/worker.key", f"--tls_ca={self.ca_path}"]
+
+    def make_channel(self, token=None, tls=None):
+        """A channel to the controller: TLS with the cluster CA when the
+        cluster is secure (tls=False forces plaintext), sending `token` as a
+        bearer token on every call when given (over TLS only)."""
+        if tls is None:
+            tls = self.secure
+        if not tls:
+            # gRPC sends call credentials only over TLS: `token` is not sent.
+            return grpc.insecure_channel(self.address)
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=open(self.ca_path, "rb").read())
+        if token is not None:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(token))
+        return grpc.secure_channel(self.address, creds)
+
+    def add_user(self, name, role="user"):
+        """Adds a user to the tokens file with `trainyard token`; returns the
+        token once the controller can know it (it re-reads the file at most
+        once a second)."""
+        out = subprocess.run([CLI_BIN, "token", f"--user={name}",
+                              f"--role={role}",
+                              f"--tokens_file={self.tokens_path}"],
+                             check=True, capture_output=True, text=True,
+                             timeout=30)
+        time.sleep(1.2)
+        return out.stdout.strip()
+
+    def cli_flags(self, token_file=None):
+        """Flags the `trainyard` CLI needs to reach this cluster (as the
+        admin by default when secure)."""
+        flags = [f"--controller={self.address}"]
+        if not self.secure:
+            return flags + ["--insecure"]
+        return flags + [f"--tls_ca={self.ca_path}",
+                        f"--token_file={token_file or self.admin_token_path}"]
 
     def start_worker(self, name):
         self.workers[name] = self._spawn(name, [
             WORKER_BIN, f"--controller={self.address}", "--listen=127.0.0.1:0",
             f"--name={name}", "--threads=1", f"--plugin_dir={PLUGIN_DIR}"] +
-            self._metrics_args(name))
+            self.worker_security_args() + self._metrics_args(name))
         return self.workers[name]
 
     def _metrics_args(self, name):

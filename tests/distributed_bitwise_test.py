@@ -44,7 +44,7 @@ assert len(job.workers) == 4 and len(set(job.workers)) == 4, job.workers
 # Per-stage times over the job's history, the measured bubble and the
 # schedule's own.
 out = subprocess.run([CLI_BIN, "get", job.job_id, "--stages",
-                      f"--controller={cluster.address}"],
+                      *cluster.cli_flags()],
                      check=True, capture_output=True, text=True).stdout
 print(out)
 lines = out.splitlines()

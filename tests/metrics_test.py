@@ -57,6 +57,8 @@ steps_by_stage = {}
 for url in workers:
     w = scrape(url)
     assert value(w, "trainyard_worker_busy") == 0
+    # CPU workers have no device memory to report.
+    assert value(w, "trainyard_worker_device_memory_bytes", kind="in_use") is None
     for stage in ("0", "1"):
         n = value(w, "trainyard_worker_steps_total", stage=stage)
         if n is None:

@@ -33,7 +33,7 @@ evals = {e.eval.step: e.eval for e in events if e.WhichOneof("event") == "eval"}
 assert sorted(steps) == list(range(1, STEPS + 1)) and evals, (steps.keys(), evals)
 
 got = json.loads(subprocess.run([CLI_BIN, "get", job.job_id,
-                                 f"--controller={cluster.address}"],
+                                 *cluster.cli_flags()],
                                 check=True, capture_output=True, text=True).stdout)
 logdir = got["tensorboard_dir"]
 assert logdir == os.path.join(cluster.dir, "controller", "tensorboard", job.job_id), logdir

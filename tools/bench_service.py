@@ -5,11 +5,14 @@
 2. Metrics fan-out: 100 concurrent WatchJob watchers on a job running at the
    fastest step rate the engine reaches (a tiny 1-stage model), counting
    lost, duplicated and out-of-order updates per watcher.
+3. (--security) The cost of TLS and token authentication on 1.: plaintext
+   and secure clusters measured alternately, side by side, plus the time
+   to the first answer on a new channel (TCP, and the TLS handshake).
 
 Build, then run from anywhere:
     bazel build //controller:trainyard-controller //worker:trainyard-worker \\
         //controller/cli:trainyard //proto:trainyard_py //task_plugins:plugins
-    /usr/bin/python3 tools/bench_service.py
+    /usr/bin/python3 tools/bench_service.py [--security [--rounds N]]
 """
 import os
 import statistics
@@ -21,7 +24,7 @@ import uuid
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 os.chdir(os.path.join(REPO, "bazel-bin"))  # the harness finds binaries here
-from cluster import Cluster, pb, small_spec, spec_from_json, steps_of  # noqa: E402
+from cluster import Cluster, pb, pb_grpc, small_spec, spec_from_json, steps_of  # noqa: E402
 
 
 def percentile(values, q):
@@ -29,8 +32,10 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def bench_submit(queued=1000, measured=500):
-    cluster = Cluster(workers=0)
+def submit_latencies(cluster, queued, measured):
+    """SubmitJob latencies (ms) over the cluster's channel once `queued`
+    jobs wait, and the time (ms) to the first ListJobs answer on each of 20
+    new channels (connection setup included)."""
     spec = spec_from_json(small_spec(stages=1, steps=10))
     for _ in range(queued):
         cluster.submit(spec)
@@ -39,6 +44,44 @@ def bench_submit(queued=1000, measured=500):
         t0 = time.perf_counter()
         cluster.submit(spec, request_id=str(uuid.uuid4()))
         lat.append((time.perf_counter() - t0) * 1e3)
+    first = []
+    token = cluster.admin_token if cluster.secure else None
+    for _ in range(20):
+        t0 = time.perf_counter()
+        channel = cluster.make_channel(token)
+        pb_grpc.JobServiceStub(channel).ListJobs(
+            pb.ListJobsRequest(page_size=1), timeout=30, wait_for_ready=True)
+        first.append((time.perf_counter() - t0) * 1e3)
+        channel.close()
+    return lat, first
+
+
+def bench_security(rounds=2, queued=1000, measured=500):
+    results = {False: ([], []), True: ([], [])}
+    for r in range(rounds):
+        for secure in (False, True):
+            cluster = Cluster(workers=0, secure=secure)
+            lat, first = submit_latencies(cluster, queued, measured)
+            cluster.stop()
+            results[secure][0].extend(lat)
+            results[secure][1].extend(first)
+            print(f"round {r + 1} {'TLS+token' if secure else 'plaintext'}: "
+                  f"p50 {percentile(lat, 0.5):.2f} ms, p99 {percentile(lat, 0.99):.2f} ms",
+                  flush=True)
+    for secure in (False, True):
+        lat, first = results[secure]
+        print(f"SubmitJob, {queued} queued, {'TLS + token' if secure else 'plaintext  '}: "
+              f"{len(lat)} submits, p50 {percentile(lat, 0.5):.2f} ms, "
+              f"p99 {percentile(lat, 0.99):.2f} ms, mean {statistics.mean(lat):.2f} ms; "
+              f"new channel to first answer p50 {percentile(first, 0.5):.2f} ms")
+    ratio = lambda q: (percentile(results[True][0], q) /  # noqa: E731
+                       percentile(results[False][0], q))
+    print(f"TLS + token / plaintext: p50 x{ratio(0.5):.2f}, p99 x{ratio(0.99):.2f}")
+
+
+def bench_submit(queued=1000, measured=500):
+    cluster = Cluster(workers=0)
+    lat, _ = submit_latencies(cluster, queued, measured)
     listed = cluster.jobs.ListJobs(pb.ListJobsRequest(states=[pb.QUEUED], page_size=1000),
                                    timeout=30)
     cluster.stop()
@@ -99,5 +142,9 @@ def bench_fanout(watchers=100, steps=2000):
 
 
 if __name__ == "__main__":
-    bench_submit()
-    bench_fanout()
+    if "--security" in sys.argv:
+        rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 2
+        bench_security(rounds=rounds)
+    else:
+        bench_submit()
+        bench_fanout()

@@ -25,7 +25,7 @@ for i in $(seq "$REPEATS"); do
   sleep 0.5
   iperf3 -c 127.0.0.1 -p "$PORT" -t "$SECONDS_PER_RUN" -J >"$TMP/iperf.$i.json"
   bazel-bin/core/tcp_transport_benchmark \
-    --benchmark_filter=BM_ActivationTransfer \
+    --benchmark_filter="BM_ActivationTransfer/rows:1024/secret:0" \
     --benchmark_min_time="$SECONDS_PER_RUN" \
     --benchmark_format=json >"$TMP/bench.$i.json" 2>/dev/null
 done

@@ -1,7 +1,9 @@
 #include "worker/stage.h"
 
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -9,7 +11,6 @@
 #include "core/lr_schedule.h"
 #include "core/safetensors.h"
 #include "core/status_macros.h"
-#include "google/protobuf/util/json_util.h"
 #include "worker/checkpoint_store.h"
 #include "worker/step_reducer.h"
 
@@ -28,14 +29,54 @@ struct Stage::Microbatch {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+int64_t Micros(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+}
+
+void AddSpan(StepTrace* trace, const Span& span) {
+  if (trace->spans.size() >= kMaxSpansPerStep) {
+    trace->truncated = true;
+    return;
+  }
+  trace->spans.push_back(span);
+}
+
+// Times one part of a step: adds its seconds to *seconds and records it as
+// a span of `trace` (timed from `origin`, the step's start), each when
+// given, both from the same two clock readings.
 class Timer {
  public:
-  explicit Timer(double* acc) : acc_(acc), start_(absl::Now()) {}
-  ~Timer() { *acc_ += absl::ToDoubleSeconds(absl::Now() - start_); }
+  explicit Timer(double* seconds, StepTrace* trace = nullptr,
+                 Clock::time_point origin = {},
+                 SpanKind kind = SpanKind::kForward, int microbatch = -1)
+      : seconds_(seconds),
+        trace_(trace),
+        origin_(origin),
+        kind_(kind),
+        microbatch_(microbatch),
+        start_(Clock::now()) {}
+  ~Timer() {
+    const Clock::time_point end = Clock::now();
+    if (seconds_ != nullptr) {
+      *seconds_ += std::chrono::duration<double>(end - start_).count();
+    }
+    if (trace_ != nullptr) {
+      AddSpan(trace_, {kind_, microbatch_, Micros(start_ - origin_),
+                       Micros(end - origin_)});
+    }
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
 
  private:
-  double* acc_;
-  absl::Time start_;
+  double* const seconds_;
+  StepTrace* const trace_;
+  const Clock::time_point origin_;
+  const SpanKind kind_;
+  const int microbatch_;
+  const Clock::time_point start_;
 };
 
 // Splits `rows` rows into `parts` contiguous microbatches whose sizes differ
@@ -126,16 +167,8 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     ASSIGN_OR_RETURN(
         std::shared_ptr<const TaskPlugin> plugin,
         TaskPlugin::Load(options.plugin_dir, spec.task().plugin()));
-    std::string config = "{}";
-    if (spec.task().has_config()) {
-      config.clear();  // MessageToJsonString appends
-      if (!google::protobuf::util::MessageToJsonString(spec.task().config(),
-                                                       &config)
-               .ok()) {
-        return absl::InvalidArgumentError("task.config: not valid JSON");
-      }
-    }
-    ASSIGN_OR_RETURN(st->task_, Task::Create(plugin, config));
+    ASSIGN_OR_RETURN(const std::string config, TaskConfigJson(spec));
+    ASSIGN_OR_RETURN(st->task_, Task::Create(plugin, config, options.data_dir));
   }
   if (st->is_last()) st->loss_.emplace(st->task_.get(), st->ctx_);
   if (st->is_first()) {
@@ -251,12 +284,14 @@ absl::Status Stage::Send(int peer, Message msg) {
 }
 
 absl::StatusOr<Message> Stage::Receive(int peer, MessageKind kind, int64_t step,
-                                       const Microbatch& mb,
-                                       StageTimes* times) {
+                                       const Microbatch& mb, StageTimes* times,
+                                       StepTrace* trace) {
   const bool gradient = kind == MessageKind::kGradient;
   absl::StatusOr<Message> msg;
   {
-    Timer t(&times->idle);
+    Timer t(&times->idle, trace, step_origin_.value_or(Clock::time_point()),
+            gradient ? SpanKind::kRecvGradient : SpanKind::kRecvActivation,
+            mb.index);
     msg = transport_->Recv(peer, options_.timeout);
     // A neighbour's snapshot (sent between its steps) is handed on, not
     // waited for: it arrives before the neighbour's next message.
@@ -288,27 +323,29 @@ absl::StatusOr<Message> Stage::Receive(int peer, MessageKind kind, int64_t step,
 
 absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
                                 bool is_eval, int num_microbatches,
-                                StageTimes* times) {
+                                StageTimes* times, StepTrace* trace) {
   const MessageKind act_kind =
       is_eval ? MessageKind::kEvalActivation : MessageKind::kActivation;
+  const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
   for (const Action& a : schedule.stages[index_]) {
     Microbatch* mb = a.microbatch >= 0 ? &microbatches_[a.microbatch] : nullptr;
     switch (a.kind) {
       case ActionKind::kRecvActivation: {
-        ASSIGN_OR_RETURN(Message msg,
-                         Receive(index_ - 1, act_kind, step, *mb, times));
+        ASSIGN_OR_RETURN(Message msg, Receive(index_ - 1, act_kind, step, *mb,
+                                              times, trace));
         mb->input = msg.tensors[0].second;
         mb->state.assign(msg.tensors.begin() + 1, msg.tensors.end());
         break;
       }
       case ActionKind::kForward: {
         {
-          Timer t(&times->forward);
+          Timer t(&times->forward, trace, origin, SpanKind::kForward,
+                  mb->index);
           RETURN_IF_ERROR(Forward(mb, !is_eval));
         }
         if (!is_last()) break;
         // The loss belongs to the last stage's forward.
-        Timer t(&times->loss);
+        Timer t(&times->loss, trace, origin, SpanKind::kLoss, mb->index);
         ASSIGN_OR_RETURN(mb->grad_output,
                          loss_->Compute(mb->output, mb->state, completed_steps_,
                                         mb->index, num_microbatches, is_eval));
@@ -317,7 +354,8 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kSendActivation: {
-        Timer t(&times->comm);
+        Timer t(&times->comm, trace, origin, SpanKind::kSendActivation,
+                mb->index);
         Message msg;
         msg.kind = act_kind;
         msg.step = step;
@@ -330,19 +368,21 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kRecvGradient: {
-        ASSIGN_OR_RETURN(
-            Message msg,
-            Receive(index_ + 1, MessageKind::kGradient, step, *mb, times));
+        ASSIGN_OR_RETURN(Message msg,
+                         Receive(index_ + 1, MessageKind::kGradient, step, *mb,
+                                 times, trace));
         mb->grad_output = msg.tensors[0].second;
         break;
       }
       case ActionKind::kBackwardInput: {
-        Timer t(&times->backward);
+        Timer t(&times->backward, trace, origin, SpanKind::kBackwardInput,
+                mb->index);
         RETURN_IF_ERROR(BackwardInput(mb));
         break;
       }
       case ActionKind::kSendGradient: {
-        Timer t(&times->comm);
+        Timer t(&times->comm, trace, origin, SpanKind::kSendGradient,
+                mb->index);
         Message msg;
         msg.kind = MessageKind::kGradient;
         msg.step = step;
@@ -353,7 +393,8 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kBackwardWeight: {
-        Timer t(&times->backward);
+        Timer t(&times->backward, trace, origin, SpanKind::kBackwardWeight,
+                mb->index);
         RETURN_IF_ERROR(BackwardWeight(mb));
         break;
       }
@@ -365,9 +406,11 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
 }
 
 absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
+  const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
+  StepTrace* trace = &report->trace;
   StepContributions mine;
   {
-    Timer t(&report->times.optimizer);
+    Timer t(&report->times.optimizer, trace, origin, SpanKind::kOptimizer);
     ASSIGN_OR_RETURN(mine.sums_of_squares,
                      optimizer_->GradSumsOfSquares(store_->grads()));
   }
@@ -380,20 +423,28 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
     mine.weight_sum = loss_->weight_sum();
     mine.loss_sum = loss_->loss_sum();
   }
-  ASSIGN_OR_RETURN(
-      StepTotals totals,
-      ReduceStep(plan_, mine, num_stages_ > 1 ? transport_ : nullptr,
-                 options_.timeout, step, Where(), &report->times.comm));
-  Timer t(&report->times.optimizer);
-  report->loss = totals.loss;
-  report->grad_norm = totals.grad_norm;
-  report->checkpoint_files_written = totals.checkpoint_files_written;
+  std::optional<StepTotals> totals;
+  {
+    // ReduceStep adds the all-reduce's own time to times.comm; the span is
+    // the whole call (packing, the all-reduce, the totals).
+    Timer t(nullptr, trace, origin, SpanKind::kAllReduce);
+    ASSIGN_OR_RETURN(
+        totals,
+        ReduceStep(plan_, mine, num_stages_ > 1 ? transport_ : nullptr,
+                   options_.timeout, step, Where(), &report->times.comm));
+  }
+  Timer t(&report->times.optimizer, trace, origin, SpanKind::kOptimizer);
+  report->loss = totals->loss;
+  report->grad_norm = totals->grad_norm;
+  report->checkpoint_files_written = totals->checkpoint_files_written;
   report->lr = LearningRate(plan_.spec.optimizer(), step);
   return optimizer_->Step(&store_->params(), store_->grads(), report->lr,
-                          totals.grad_scale, &store_->params_bf16());
+                          totals->grad_scale, &store_->params_bf16());
 }
 
 absl::StatusOr<StepReport> Stage::RunStep() {
+  const Clock::time_point origin = Clock::now();
+  step_origin_ = origin;
   const int64_t step = completed_steps_;  // 0-based
   const int M = plan_.spec.parallelism().microbatches();
   StepReport report;
@@ -408,10 +459,12 @@ absl::StatusOr<StepReport> Stage::RunStep() {
     RETURN_IF_ERROR(task_->OnEvent(TRAINYARD_EVENT_STEP_BEGIN, step, ""));
   }
   if (is_first()) {
+    Timer t(nullptr, &report.trace, origin, SpanKind::kPrepareBatch);
     RETURN_IF_ERROR(PrepareBatch(*data_.train, sampler_->Next(), step,
                                  /*is_eval=*/false, M));
   }
-  RETURN_IF_ERROR(RunSchedule(train_schedule_, step, false, M, &report.times));
+  RETURN_IF_ERROR(RunSchedule(train_schedule_, step, false, M, &report.times,
+                              &report.trace));
   for (size_t b = 0; b < blocks_.size(); ++b) {
     if (!grads_written_[b]) {
       return absl::InternalError(absl::StrCat(
@@ -427,10 +480,12 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   }
   microbatches_.clear();
   ++completed_steps_;
+  report.trace.step_us = Micros(Clock::now() - origin);
   return report;
 }
 
 absl::StatusOr<EvalReport> Stage::RunEval() {
+  const Clock::time_point start = Clock::now();
   EvalReport report;
   const int64_t rows = data_.eval_rows;
   const int64_t batch = plan_.spec.data().batch_size();
@@ -453,7 +508,8 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     // Eval batches are numbered in the message's step field so that a
     // stray training message can never be mistaken for one.
     RETURN_IF_ERROR(RunSchedule(MakeForwardOnlySchedule(num_stages_, parts),
-                                eval_index, true, parts, &times));
+                                eval_index, true, parts, &times,
+                                /*trace=*/nullptr));
   }
   microbatches_.clear();
   report.samples = rows;
@@ -461,6 +517,10 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     report.loss =
         loss_->weight_sum() > 0 ? loss_->loss_sum() / loss_->weight_sum() : 0.0;
     ASSIGN_OR_RETURN(report.metrics, task_->UpdateMetrics(true));
+  }
+  if (step_origin_.has_value()) {
+    report.span = Span{SpanKind::kEval, -1, Micros(start - *step_origin_),
+                       Micros(Clock::now() - *step_origin_)};
   }
   return report;
 }

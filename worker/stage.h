@@ -29,6 +29,7 @@
 #ifndef TRAINYARD_WORKER_STAGE_H_
 #define TRAINYARD_WORKER_STAGE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -56,6 +57,9 @@ namespace trainyard {
 
 struct StageOptions {
   std::string plugin_dir;  // where lib<task.plugin>.so lives
+  // File paths in task.config must resolve inside this folder (the
+  // worker's --data_dir; docs/PLUGIN_ABI.md); "" = not confined.
+  std::string data_dir;
   // Where the stage computes; null: the CPU in fp32 (a context the stage
   // owns). Must outlive the stage.
   const ExecContext* exec = nullptr;
@@ -81,6 +85,43 @@ struct StageTimes {
   double loss = 0;       // the last stage's loss head (task plugin, copies)
 };
 
+// What a stage was doing during one span of a step (v1::SpanKind on the
+// wire). Each kind is timed where StageTimes' phases are.
+enum class SpanKind {
+  kPrepareBatch,    // first stage: rows to inputs (task plugin)
+  kForward,         // times.forward
+  kLoss,            // times.loss
+  kBackwardInput,   // times.backward
+  kBackwardWeight,  // times.backward
+  kSendActivation,  // times.comm
+  kSendGradient,    // times.comm
+  kRecvActivation,  // times.idle: waiting for the previous stage
+  kRecvGradient,    // times.idle: waiting for the next stage
+  kAllReduce,       // the step's all-reduce (ReduceStep; times.comm inside)
+  kOptimizer,       // times.optimizer
+  kEval,            // the eval pass after a step
+};
+
+struct Span {
+  SpanKind kind = SpanKind::kForward;
+  int microbatch = -1;  // -1: not about one microbatch
+  // Microseconds from the start of the step (RunStep's start) on this
+  // stage's monotonic clock.
+  int64_t start_us = 0;
+  int64_t end_us = 0;
+};
+
+// The spans of one step on one stage, in the order they happened: every
+// action of the stage's schedule (its receives as the wait for the
+// message), then the optimizer's parts. Spans never overlap (one thread
+// does them) and lie within [0, step_us].
+struct StepTrace {
+  std::vector<Span> spans;
+  int64_t step_us = 0;     // RunStep's duration
+  bool truncated = false;  // more than kMaxSpansPerStep; the rest are lost
+};
+inline constexpr size_t kMaxSpansPerStep = 4096;
+
 struct StepReport {
   int64_t step = 0;      // 1-based number of the step just completed
   double loss = 0;       // sum(w L) / sum(w); known on every stage
@@ -93,12 +134,16 @@ struct StepReport {
   // Stages that reported their file of the pending checkpoint written
   // (set_checkpoint_file_written), summed by the step's all-reduce.
   int checkpoint_files_written = 0;
+  StepTrace trace;
 };
 
 struct EvalReport {
   double loss = 0;
   int64_t samples = 0;
   std::vector<std::pair<std::string, double>> metrics;  // last stage only
+  // The whole pass as a kEval span, timed from the start of the step it
+  // follows; empty when no step ran before it on this stage.
+  std::optional<Span> span;
 };
 
 class Stage {
@@ -182,9 +227,12 @@ class Stage {
                             const std::string& where);
   Stage() = default;
   struct Microbatch;
+  using Clock = std::chrono::steady_clock;
 
+  // `trace` (null for evals) receives a span per action.
   absl::Status RunSchedule(const Schedule& schedule, int64_t step, bool is_eval,
-                           int num_microbatches, StageTimes* times);
+                           int num_microbatches, StageTimes* times,
+                           StepTrace* trace);
   absl::Status Forward(Microbatch* mb, bool save_for_backward);
   absl::Status BackwardInput(Microbatch* mb);
   absl::Status BackwardWeight(Microbatch* mb);
@@ -194,7 +242,8 @@ class Stage {
   absl::Status Send(int peer, Message msg);
   // The message's tensor `name` (the first one) on this stage's device.
   absl::StatusOr<Message> Receive(int peer, MessageKind kind, int64_t step,
-                                  const Microbatch& mb, StageTimes* times);
+                                  const Microbatch& mb, StageTimes* times,
+                                  StepTrace* trace);
   std::string Where() const;  // "stage 2"
 
   JobPlan plan_;
@@ -219,6 +268,8 @@ class Stage {
 
   std::vector<Microbatch> microbatches_;
   int64_t completed_steps_ = 0;
+  // Where the current (or last) step began: spans are timed from here.
+  std::optional<Clock::time_point> step_origin_;
   bool finalized_ = false;
   bool checkpoint_file_written_ = false;
   std::function<absl::Status(int peer, Message message)> snapshot_sink_;

@@ -35,12 +35,14 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/blas.h"
+#include "kernels/cuda/device_allocator.h"
 #include "kernels/exec_context.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "proto/trainyard.pb.h"
+#include "worker/job_log.h"
 #include "worker/stage.h"
 #include "worker/stage_runner.h"
 
@@ -190,6 +192,44 @@ class ActiveJob {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+v1::SpanKind SpanKindProto(SpanKind kind) {
+  switch (kind) {
+    case SpanKind::kPrepareBatch:
+      return v1::SPAN_PREPARE_BATCH;
+    case SpanKind::kForward:
+      return v1::SPAN_FORWARD;
+    case SpanKind::kLoss:
+      return v1::SPAN_LOSS;
+    case SpanKind::kBackwardInput:
+      return v1::SPAN_BACKWARD_INPUT;
+    case SpanKind::kBackwardWeight:
+      return v1::SPAN_BACKWARD_WEIGHT;
+    case SpanKind::kSendActivation:
+      return v1::SPAN_SEND_ACTIVATION;
+    case SpanKind::kSendGradient:
+      return v1::SPAN_SEND_GRADIENT;
+    case SpanKind::kRecvActivation:
+      return v1::SPAN_RECV_ACTIVATION;
+    case SpanKind::kRecvGradient:
+      return v1::SPAN_RECV_GRADIENT;
+    case SpanKind::kAllReduce:
+      return v1::SPAN_ALL_REDUCE;
+    case SpanKind::kOptimizer:
+      return v1::SPAN_OPTIMIZER;
+    case SpanKind::kEval:
+      return v1::SPAN_EVAL;
+  }
+  return v1::SPAN_KIND_UNSPECIFIED;
+}
+
+void AddSpanProto(const Span& span, v1::StageTrace* out) {
+  v1::StageSpan* s = out->add_spans();
+  s->set_kind(SpanKindProto(span.kind));
+  s->set_microbatch(span.microbatch);
+  s->set_start_us(span.start_us);
+  s->set_end_us(span.end_us);
+}
+
 WorkerMessage StepMessage(const std::string& job_id, int stage,
                           const StepReport& r, double step_seconds) {
   WorkerMessage m;
@@ -212,6 +252,11 @@ WorkerMessage StepMessage(const std::string& job_id, int stage,
   timing->set_comm_s(r.times.comm);
   timing->set_idle_s(r.times.idle);
   timing->set_optimizer_s(r.times.optimizer);
+  v1::StageTrace* trace = report->mutable_trace();
+  trace->set_stage(stage);
+  trace->set_step_us(r.trace.step_us);
+  trace->set_truncated(r.trace.truncated);
+  for (const Span& span : r.trace.spans) AddSpanProto(span, trace);
   return m;
 }
 
@@ -227,6 +272,10 @@ WorkerMessage EvalMessage(const std::string& job_id, int stage, int64_t step,
   eval->set_samples(r.samples);
   for (const auto& [name, value] : r.metrics) {
     (*eval->mutable_metrics())[name] = value;
+  }
+  if (r.span.has_value()) {
+    report->mutable_trace()->set_stage(stage);
+    AddSpanProto(*r.span, report->mutable_trace());
   }
   return m;
 }
@@ -402,6 +451,12 @@ absl::StatusOr<WorkerOptions> ValidateWorkerOptions(WorkerOptions options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads: must be >= 0, got ", options.threads));
   }
+  {
+    grpc::ChannelArguments unused;
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+        MakeChannelCredentials(options.tls, &unused);
+    if (!creds.ok()) return creds.status();
+  }
   if (options.connect_transport && options.peer_address.empty()) {
     return absl::InvalidArgumentError(
         "WorkerOptions.peer_address: required with connect_transport");
@@ -461,7 +516,8 @@ class Worker::Impl {
   void RunJob(StageAssignment assignment, std::shared_ptr<ActiveJob> job);
   absl::Status RunAssignment(const StageAssignment& assignment, ActiveJob* job);
   // A stage report (step, eval, transport, start, end): kept for resending
-  // after a reconnect, and written now when a registered session is live.
+  // after a reconnect (without span traces), and written now when a
+  // registered session is live.
   // Stages keep running while the controller is away.
   void Report(const WorkerMessage& message);
   // Writes to the live registered session; false when there is none.
@@ -485,6 +541,8 @@ class Worker::Impl {
 
   WorkerOptions options_;
   const Device device_;
+  // Sends the lines logged about a running job (worker/job_log.h).
+  std::unique_ptr<JobLogForwarder> job_log_;
   std::string peer_address_;
   std::unique_ptr<PeerListener> listener_;
   TransportFactory connect_transport_;
@@ -552,6 +610,14 @@ absl::Status Worker::Impl::Init() {
     }
   }
   if (options_.threads > 0) SetBlasThreads(options_.threads);
+  {
+    JobLogOptions log_options;
+    log_options.drop_prefix =
+        absl::StrCat("trainyard-worker ", options_.name, ": ");
+    job_log_ = std::make_unique<JobLogForwarder>(
+        [this](const WorkerMessage& m) { return SendLive(m); },
+        std::move(log_options));
+  }
   if (options_.create_nccl_transport) {
     create_nccl_transport_ = options_.create_nccl_transport;
   } else {
@@ -581,11 +647,13 @@ absl::Status Worker::Impl::Init() {
     connect_transport_ = [raw, connect_timeout](
                              const std::string& job_id, int rank,
                              const std::vector<std::string>& peers,
+                             const std::string& secret,
                              const std::atomic<bool>* cancel) {
       TcpTransportOptions tcp;
       tcp.job_id = job_id;
       tcp.rank = rank;
       tcp.peer_addresses = peers;
+      tcp.secret = secret;
       tcp.connect_timeout = connect_timeout;
       tcp.cancel = cancel;
       return ConnectTcpTransport(raw, tcp);
@@ -645,6 +713,21 @@ absl::Status Worker::Impl::Init() {
       std::vector<prometheus::MetricFamily> out;
       out.push_back(GaugeFamily("trainyard_worker_busy",
                                 "1 while this worker runs a stage.", busy));
+      if (device_.is_cuda()) {
+        absl::StatusOr<gpu::DeviceAllocator*> allocator =
+            gpu::DeviceAllocator::ForDevice(device_.index);
+        if (allocator.ok()) {
+          const gpu::AllocatorStats st = (*allocator)->stats();
+          out.push_back(GaugeFamily(
+              "trainyard_worker_device_memory_bytes",
+              "GPU memory of this worker's caching allocator: in_use (live "
+              "blocks), cached (free blocks kept), peak (most in use).",
+              {{{{"kind", "in_use"}}, static_cast<double>(st.bytes_in_use)},
+               {{{"kind", "cached"}}, static_cast<double>(st.bytes_cached)},
+               {{{"kind", "peak"}},
+                static_cast<double>(st.peak_bytes_in_use)}}));
+        }
+      }
       return out;
     });
   }
@@ -655,9 +738,13 @@ absl::Status Worker::Impl::Init() {
       grpc::EnableDefaultHealthCheckService(true);
       grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     });
+    TlsOptions health_tls = options_.tls;
+    health_tls.ca_file.clear();  // probes need no client certificate
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> health_creds,
+                     MakeServerCredentials(health_tls));
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(options_.health_listen,
-                             grpc::InsecureServerCredentials(), &health_port_);
+    builder.AddListeningPort(options_.health_listen, health_creds,
+                             &health_port_);
     health_server_ = builder.BuildAndStart();
     if (health_server_ == nullptr || health_port_ == 0) {
       health_server_.reset();
@@ -745,8 +832,19 @@ bool Worker::Impl::RunSession(int attempt) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      options_.controller, grpc::InsecureChannelCredentials(), args);
+  // The files were checked by ValidateWorkerOptions; a failure here (a file
+  // changed since) ends this attempt, and the loop retries.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      MakeChannelCredentials(options_.tls, &args);
+  if (!creds.ok()) {
+    LOG(ERROR) << "trainyard-worker " << options_.name << ": "
+               << creds.status().message();
+    absl::MutexLock lock(&mu_);
+    session_ = nullptr;
+    return false;
+  }
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options_.controller, *creds, args);
   std::unique_ptr<WorkerService::Stub> stub = WorkerService::NewStub(channel);
   session->stream = stub->Connect(&session->context);
   // Also the registration watchdog: it cancels the stream if the controller
@@ -863,6 +961,7 @@ void Worker::Impl::OrphanWatchdog() {
     if (job_ == nullptr || job_finished_ || !job_->abort_reason().first.ok()) {
       continue;
     }
+    ScopedJobLog scope(job_log_.get(), job_->job_id(), job_->stage());
     LOG(WARNING) << "trainyard-worker " << options_.name
                  << ": no controller for " << absl::FormatDuration(away)
                  << "; stopping job " << job_->job_id() << " stage "
@@ -986,6 +1085,7 @@ void Worker::Impl::OnAssign(Session* session,
   // The finished job has reported already; its thread is exiting.
   if (finished.joinable()) finished.join();
   if (!busy_with.empty()) {
+    ScopedJobLog scope(job_log_.get(), assignment.job_id(), assignment.stage());
     LOG(WARNING) << "trainyard-worker " << options_.name << ": refusing job "
                  << assignment.job_id() << ": busy with job " << busy_with;
     const absl::Status busy = absl::UnavailableError(
@@ -1011,6 +1111,7 @@ void Worker::Impl::OnCancel(const CancelStage& cancel) {
   const std::string reason = cancel.reason().empty()
                                  ? std::string("cancelled by the controller")
                                  : cancel.reason();
+  ScopedJobLog scope(job_log_.get(), job_->job_id(), job_->stage());
   LOG(INFO) << "trainyard-worker " << options_.name << ": cancelling job "
             << cancel.job_id() << ": " << reason;
   job_->Abort(absl::CancelledError(reason), /*cancelled=*/true);
@@ -1031,6 +1132,7 @@ void Worker::Impl::StopJob(const absl::Status& reason) {
   {
     absl::MutexLock lock(&mu_);
     if (job_ != nullptr && !job_finished_) {
+      ScopedJobLog scope(job_log_.get(), job_->job_id(), job_->stage());
       LOG(WARNING) << "trainyard-worker " << options_.name << ": aborting job "
                    << job_->job_id() << ": " << reason.message();
       job_->Abort(reason, /*cancelled=*/false);
@@ -1042,6 +1144,8 @@ void Worker::Impl::StopJob(const absl::Status& reason) {
 
 void Worker::Impl::RunJob(StageAssignment assignment,
                           std::shared_ptr<ActiveJob> job) {
+  // Everything this thread logs from here on is about the job.
+  ScopedJobLog scope(job_log_.get(), job->job_id(), job->stage());
   LOG(INFO) << "trainyard-worker " << options_.name << ": starting job "
             << job->job_id() << " stage " << job->stage() << " (attempt "
             << job->attempt() << ")";
@@ -1074,6 +1178,9 @@ void Worker::Impl::RunJob(StageAssignment assignment,
     absl::MutexLock lock(&mu_);
     job_finished_ = true;
   }
+  // The job's lines go before its end: the controller takes no lines of a
+  // stage that has ended.
+  job_log_->Flush();
   Report(
       DoneMessage(job->job_id(), job->stage(), status, error, was_cancelled));
 }
@@ -1099,7 +1206,15 @@ std::unique_ptr<StageMetrics> Worker::Impl::MetricsOfStage(int stage) {
 
 void Worker::Impl::Report(const WorkerMessage& message) {
   absl::MutexLock lock(&report_mu_);
+  if (live_ != nullptr) live_->Write(message);
+  // Kept without its span trace: a job's reports are kept for its whole
+  // run, and traces are what a live controller shows, not history.
   reports_.push_back(message);
+  if (reports_.back().has_step()) {
+    reports_.back().mutable_step()->clear_trace();
+  } else if (reports_.back().has_eval()) {
+    reports_.back().mutable_eval()->clear_trace();
+  }
   if (reports_.size() > kMaxKeptReports) {
     reports_.pop_front();
     if (!reports_dropped_) {
@@ -1110,7 +1225,6 @@ void Worker::Impl::Report(const WorkerMessage& message) {
                       "oldest";
     }
   }
-  if (live_ != nullptr) live_->Write(message);
 }
 
 void Worker::Impl::KeepSnapshot(const std::string& job_id,
@@ -1200,6 +1314,7 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
                      ExecContext::Create(device_, precision));
     StageOptions stage_options;
     stage_options.plugin_dir = options_.plugin_dir;
+    stage_options.data_dir = options_.data_dir;
     stage_options.timeout = options_.stage_timeout;
     stage_options.exec = exec.get();
     std::optional<StageSnapshot> snapshot;
@@ -1261,7 +1376,14 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
     }
     if (s == 0) {
       // The controller weighs committed checkpoints against snapshots.
-      run.on_checkpoint = [&](int64_t step, const std::string&) {
+      run.on_checkpoint = [&](int64_t step, const std::string& dir) {
+        {
+          // On the checkpoint writer's thread.
+          ScopedJobLog scope(job_log_.get(), job_id, s);
+          LOG(INFO) << "trainyard-worker " << options_.name << ": job "
+                    << job_id << " checkpoint step " << step << " saved in "
+                    << dir;
+        }
         WorkerMessage m;
         m.mutable_held()->set_job_id(job_id);
         m.mutable_held()->set_stage(-1);
@@ -1274,11 +1396,11 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
       if (metrics != nullptr) metrics->Record(report, seconds, transport.get());
       Report(StepMessage(job_id, s, report, seconds));
     };
-    if (s == num_stages - 1) {
-      run.on_eval = [&](int64_t step, const EvalReport& report) {
-        Report(EvalMessage(job_id, s, step, report));
-      };
-    }
+    // Every stage reports its evals (the pass is a span of its trace); the
+    // controller publishes the last stage's metrics.
+    run.on_eval = [&](int64_t step, const EvalReport& report) {
+      Report(EvalMessage(job_id, s, step, report));
+    };
     return RunStage(*stage, transport.get(), *plan, run);
   }();
   if (!status.ok() && transport != nullptr) {
@@ -1333,8 +1455,8 @@ absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::ConnectTransport(
   }
   std::vector<std::string> peers(assignment.peer_addresses().begin(),
                                  assignment.peer_addresses().end());
-  absl::StatusOr<std::unique_ptr<Transport>> connected =
-      connect_transport_(job_id, s, peers, job->cancel_flag());
+  absl::StatusOr<std::unique_ptr<Transport>> connected = connect_transport_(
+      job_id, s, peers, assignment.data_plane_secret(), job->cancel_flag());
   if (!connected.ok()) {
     return Prefixed(connected.status(), "connecting to the other stages: ");
   }

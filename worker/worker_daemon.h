@@ -52,6 +52,7 @@
 #include "core/transport.h"
 #include "core/transport_select.h"
 #include "proto/trainyard.pb.h"
+#include "security/tls.h"
 
 namespace trainyard {
 
@@ -60,11 +61,13 @@ namespace trainyard {
 // null, owned by the worker, valid for the call) becomes true when the job
 // is cancelled or fails; the factory should then give up promptly and
 // return Cancelled rather than wait out its connect timeout.
+// `secret` is the assignment's data-plane secret
+// (StageAssignment.data_plane_secret).
 using TransportFactory =
     std::function<absl::StatusOr<std::unique_ptr<Transport>>(
         const std::string& job_id, int rank,
         const std::vector<std::string>& peer_addresses,
-        const std::atomic<bool>* cancel)>;
+        const std::string& secret, const std::atomic<bool>* cancel)>;
 
 // Creates an NCCL transport (core/nccl_transport.h's CreateNcclTransport
 // by default). `options.rendezvous` is the worker's rendezvous through the
@@ -98,6 +101,16 @@ struct WorkerOptions {
   std::string health_listen = "127.0.0.1:0";
   // Prometheus GET /metrics (docs/CONTROLLER.md, "Metrics"); empty = none.
   std::string metrics_listen;
+  // Security of the channel to the controller (ca_file verifies it;
+  // cert_file/key_file are the client certificate the controller checks)
+  // and of the health port (served with the same certificate). Plaintext
+  // by default here (in-process tests); the daemon makes its operator
+  // choose (TLS files, or --insecure).
+  TlsOptions tls = [] {
+    TlsOptions t;
+    t.insecure = true;
+    return t;
+  }();
 
   // Longest wait for WorkerRegistered after RegisterWorker.
   absl::Duration register_timeout = absl::Seconds(10);

@@ -57,6 +57,19 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "= none.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "Write the /metrics port here once it listens.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "This worker's certificate (PEM), signed by the cluster CA: its "
+          "client certificate towards the controller and the health port's "
+          "server certificate.");
+ABSL_FLAG(std::string, tls_key, "", "Private key of --tls_cert (PEM).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "The cluster CA (PEM) the controller's certificate must chain to.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "The name to check in the controller's certificate instead of the "
+          "host in --controller (e.g. its Service name).");
+ABSL_FLAG(bool, insecure, false,
+          "Plaintext to the controller and on the health port (the "
+          "controller must run with --insecure too).");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -89,6 +102,32 @@ int main(int argc, char** argv) {
   options.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tls.insecure = absl::GetFlag(FLAGS_insecure);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  const bool any_tls =
+      !options.tls.cert_file.empty() || !options.tls.key_file.empty() ||
+      !options.tls.ca_file.empty() || !options.tls.server_name.empty();
+  if (options.tls.insecure && any_tls) {
+    fprintf(stderr,
+            "trainyard-worker: --insecure cannot be combined with --tls_*\n");
+    return 2;
+  }
+  if (!options.tls.insecure &&
+      (options.tls.cert_file.empty() || options.tls.key_file.empty() ||
+       options.tls.ca_file.empty())) {
+    fprintf(stderr,
+            "trainyard-worker: secure by default: give --tls_cert, --tls_key "
+            "and --tls_ca (worker.pem, worker.key and ca.pem from `trainyard "
+            "certs`), or --insecure for plaintext\n");
+    return 2;
+  }
+  if (options.tls.insecure) {
+    LOG(WARNING) << "--insecure: plaintext to the controller and on the "
+                    "health port";
+  }
 
   absl::StatusOr<trainyard::WorkerOptions> valid =
       trainyard::ValidateWorkerOptions(options);

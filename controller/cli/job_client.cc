@@ -7,10 +7,13 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/npy.h"
+#include "core/sha256.h"
+#include "core/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
 namespace trainyard {
@@ -51,18 +54,30 @@ void ResolveSource(const std::string& base, trainyard::v1::DataSource* src) {
 
 }  // namespace
 
-JobClient::JobClient(const std::string& controller_address,
-                     absl::Duration rpc_timeout)
-    : address_(controller_address), rpc_timeout_(rpc_timeout) {
+absl::StatusOr<std::unique_ptr<JobClient>> JobClient::Create(
+    const std::string& controller_address, const JobClientSecurity& security,
+    absl::Duration rpc_timeout) {
   // Keepalive pings notice a controller that vanished without closing the
   // connection (a watch would otherwise wait on a half-open stream).
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  channel_ = grpc::CreateCustomChannel(
-      controller_address, grpc::InsecureChannelCredentials(), args);
-  stub_ = trainyard::v1::JobService::NewStub(channel_);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> creds,
+                   MakeChannelCredentials(security.tls, &args));
+  std::unique_ptr<JobClient> client(new JobClient());
+  client->address_ = controller_address;
+  client->rpc_timeout_ = rpc_timeout;
+  client->token_ = security.token;
+  client->tls_ = !security.tls.insecure;
+  client->channel_ = grpc::CreateCustomChannel(controller_address, creds, args);
+  client->stub_ = trainyard::v1::JobService::NewStub(client->channel_);
+  return client;
+}
+
+void JobClient::Prepare(grpc::ClientContext* ctx, bool deadline) const {
+  if (deadline) SetDeadline(ctx, rpc_timeout_);
+  if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
 }
 
 absl::StatusOr<Job> JobClient::Submit(const trainyard::v1::JobSpec& spec,
@@ -80,7 +95,7 @@ absl::StatusOr<Job> JobClient::Submit(const trainyard::v1::JobSpec& spec,
   for (int attempt = 0; attempt < 4; ++attempt) {
     if (attempt > 0) absl::SleepFor(absl::Milliseconds(100 << attempt));
     grpc::ClientContext ctx;
-    SetDeadline(&ctx, rpc_timeout_);
+    Prepare(&ctx);
     Job job;
     status = stub_->SubmitJob(&ctx, req, &job);
     if (status.ok()) return job;
@@ -93,7 +108,7 @@ absl::StatusOr<Job> JobClient::Get(const std::string& job_id) {
   trainyard::v1::GetJobRequest req;
   req.set_job_id(job_id);
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
+  Prepare(&ctx);
   Job job;
   grpc::Status status = stub_->GetJob(&ctx, req, &job);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -108,7 +123,7 @@ absl::StatusOr<trainyard::v1::ListJobsResponse> JobClient::List(
   req.set_page_size(page_size);
   req.set_page_token(page_token);
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
+  Prepare(&ctx);
   trainyard::v1::ListJobsResponse resp;
   grpc::Status status = stub_->ListJobs(&ctx, req, &resp);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -121,7 +136,7 @@ absl::StatusOr<Job> JobClient::Cancel(const std::string& job_id,
   req.set_job_id(job_id);
   req.set_reason(reason);
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
+  Prepare(&ctx);
   Job job;
   grpc::Status status = stub_->CancelJob(&ctx, req, &job);
   if (!status.ok()) return FromGrpcStatus(status);
@@ -130,7 +145,7 @@ absl::StatusOr<Job> JobClient::Cancel(const std::string& job_id,
 
 absl::StatusOr<trainyard::v1::ListWorkersResponse> JobClient::ListWorkers() {
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
+  Prepare(&ctx);
   trainyard::v1::ListWorkersResponse resp;
   grpc::Status status =
       stub_->ListWorkers(&ctx, trainyard::v1::ListWorkersRequest(), &resp);
@@ -138,14 +153,22 @@ absl::StatusOr<trainyard::v1::ListWorkersResponse> JobClient::ListWorkers() {
   return resp;
 }
 
-absl::StatusOr<JobStateChange> JobClient::Watch(
-    const std::string& job_id, int64_t from_step,
-    const std::function<void(const JobEvent&)>& on_event,
-    absl::Duration reconnect_for, const std::atomic<bool>* stop) {
-  int64_t last_step = from_step - 1;  // last step event delivered
-  int64_t last_eval = from_step - 1;  // last eval event delivered
-  int32_t last_recovery = 0;          // last recovery attempt delivered
-  JobState last_state = trainyard::v1::JOB_STATE_UNSPECIFIED;
+absl::StatusOr<trainyard::v1::GetTraceResponse> JobClient::GetTrace(
+    const std::string& job_id, int64_t step) {
+  trainyard::v1::GetTraceRequest req;
+  req.set_job_id(job_id);
+  req.set_step(step);
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  trainyard::v1::GetTraceResponse resp;
+  grpc::Status status = stub_->GetTrace(&ctx, req, &resp);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return resp;
+}
+
+absl::Status JobClient::FollowStream(absl::Duration reconnect_for,
+                                     const std::atomic<bool>* stop,
+                                     const StreamAttempt& attempt) {
   auto stopped = [&] { return stop != nullptr && stop->load(); };
   // The current stream's context, so the stop watcher can cancel it.
   absl::Mutex mu;
@@ -161,7 +184,7 @@ absl::StatusOr<JobStateChange> JobClient::Watch(
       }
     });
   }
-  auto finish = [&](absl::StatusOr<JobStateChange> result) {
+  auto finish = [&](absl::Status result) {
     {
       absl::MutexLock lock(&mu);
       done = true;
@@ -172,7 +195,7 @@ absl::StatusOr<JobStateChange> JobClient::Watch(
   absl::Time give_up = absl::Now() + reconnect_for;
   std::string last_error = "not connected";
   while (true) {
-    if (stopped()) return finish(absl::CancelledError("watch interrupted"));
+    if (stopped()) return finish(absl::CancelledError("interrupted"));
     if (absl::Now() > give_up) {
       return finish(absl::UnavailableError(absl::StrCat(
           "cannot reach ", address_, " (tried for ",
@@ -182,75 +205,118 @@ absl::StatusOr<JobStateChange> JobClient::Watch(
     const absl::Time wait_until =
         std::min(give_up, absl::Now() + absl::Milliseconds(200));
     if (!channel_->WaitForConnected(absl::ToChronoTime(wait_until))) continue;
-
-    trainyard::v1::WatchJobRequest req;
-    req.set_job_id(job_id);
-    // Resume at the older of the two cursors; duplicates are dropped below.
-    req.set_from_step(std::max<int64_t>(0, std::min(last_step, last_eval) + 1));
     grpc::ClientContext ctx;
+    Prepare(&ctx, /*deadline=*/false);
     {
       absl::MutexLock lock(&mu);
       current = &ctx;
     }
-    auto reader = stub_->WatchJob(&ctx, req);
-    JobEvent event;
-    std::optional<JobStateChange> terminal;
-    while (reader->Read(&event)) {
-      give_up = absl::Now() + reconnect_for;  // the controller is alive
-      if (event.has_step()) {
-        if (event.step().step() <= last_step) continue;
-        last_step = event.step().step();
-      } else if (event.has_eval()) {
-        if (event.eval().step() <= last_eval) continue;
-        last_eval = event.eval().step();
-      } else if (event.has_recovery()) {
-        if (event.recovery().attempt() <= last_recovery) continue;
-        last_recovery = event.recovery().attempt();
-      } else if (event.has_state()) {
-        if (event.state().state() == last_state) continue;
-        last_state = event.state().state();
-      }
-      on_event(event);
-      if (event.has_state() && IsTerminal(event.state().state())) {
-        terminal = event.state();
-        ctx.TryCancel();
-        break;
-      }
-    }
-    grpc::Status status = reader->Finish();
+    // Anything read shows the controller is alive.
+    auto alive = [&] { give_up = absl::Now() + reconnect_for; };
+    std::optional<absl::Status> result = attempt(&ctx, alive, &last_error);
     {
       absl::MutexLock lock(&mu);
       current = nullptr;
     }
-    if (terminal.has_value()) return finish(*terminal);
-    if (stopped()) return finish(absl::CancelledError("watch interrupted"));
-    if (!status.ok() && !Transient(status) &&
-        status.error_code() != grpc::StatusCode::CANCELLED &&
-        status.error_code() != grpc::StatusCode::INTERNAL) {
-      return finish(FromGrpcStatus(status));
-    }
-    // The stream ended without a terminal state: reconnect.
-    last_error =
-        status.ok() ? "the stream ended early" : status.error_message();
+    if (result.has_value()) return finish(*result);
+    if (stopped()) return finish(absl::CancelledError("interrupted"));
     absl::SleepFor(absl::Milliseconds(100));
   }
 }
 
+absl::Status JobClient::WatchLogs(
+    const std::string& job_id, bool follow,
+    const std::function<void(const trainyard::v1::LogLine&)>& on_line,
+    absl::Duration reconnect_for, const std::atomic<bool>* stop) {
+  int64_t next_seq = 0;  // the first line not delivered yet
+  return FollowStream(
+      reconnect_for, stop,
+      [&](grpc::ClientContext* ctx, const std::function<void()>& alive,
+          std::string* error) -> std::optional<absl::Status> {
+        trainyard::v1::WatchLogsRequest req;
+        req.set_job_id(job_id);
+        req.set_follow(follow);
+        req.set_from_seq(next_seq);
+        auto reader = stub_->WatchLogs(ctx, req);
+        trainyard::v1::LogLine line;
+        while (reader->Read(&line)) {
+          alive();
+          if (line.seq() < next_seq) continue;
+          next_seq = line.seq() + 1;
+          on_line(line);
+        }
+        grpc::Status status = reader->Finish();
+        if (status.ok()) return absl::OkStatus();
+        if (!follow || (!Transient(status) &&
+                        status.error_code() != grpc::StatusCode::CANCELLED)) {
+          return FromGrpcStatus(status);
+        }
+        *error = status.error_message();
+        return std::nullopt;  // reconnect
+      });
+}
+
+absl::StatusOr<JobStateChange> JobClient::Watch(
+    const std::string& job_id, int64_t from_step,
+    const std::function<void(const JobEvent&)>& on_event,
+    absl::Duration reconnect_for, const std::atomic<bool>* stop) {
+  int64_t last_step = from_step - 1;  // last step event delivered
+  int64_t last_eval = from_step - 1;  // last eval event delivered
+  int32_t last_recovery = 0;          // last recovery attempt delivered
+  JobState last_state = trainyard::v1::JOB_STATE_UNSPECIFIED;
+  std::optional<JobStateChange> terminal;
+  absl::Status st = FollowStream(
+      reconnect_for, stop,
+      [&](grpc::ClientContext* ctx, const std::function<void()>& alive,
+          std::string* error) -> std::optional<absl::Status> {
+        trainyard::v1::WatchJobRequest req;
+        req.set_job_id(job_id);
+        // Resume at the older of the two cursors; duplicates are dropped
+        // below.
+        req.set_from_step(
+            std::max<int64_t>(0, std::min(last_step, last_eval) + 1));
+        auto reader = stub_->WatchJob(ctx, req);
+        JobEvent event;
+        while (reader->Read(&event)) {
+          alive();
+          if (event.has_step()) {
+            if (event.step().step() <= last_step) continue;
+            last_step = event.step().step();
+          } else if (event.has_eval()) {
+            if (event.eval().step() <= last_eval) continue;
+            last_eval = event.eval().step();
+          } else if (event.has_recovery()) {
+            if (event.recovery().attempt() <= last_recovery) continue;
+            last_recovery = event.recovery().attempt();
+          } else if (event.has_state()) {
+            if (event.state().state() == last_state) continue;
+            last_state = event.state().state();
+          }
+          on_event(event);
+          if (event.has_state() && IsTerminal(event.state().state())) {
+            terminal = event.state();
+            ctx->TryCancel();
+            break;
+          }
+        }
+        grpc::Status status = reader->Finish();
+        if (terminal.has_value()) return absl::OkStatus();
+        if (!status.ok() && !Transient(status) &&
+            status.error_code() != grpc::StatusCode::CANCELLED &&
+            status.error_code() != grpc::StatusCode::INTERNAL) {
+          return FromGrpcStatus(status);
+        }
+        // The stream ended without a terminal state: reconnect.
+        *error =
+            status.ok() ? "the stream ended early" : status.error_message();
+        return std::nullopt;
+      });
+  if (!st.ok()) return st;
+  return *terminal;
+}
+
 std::string NewRequestId() {
-  unsigned char bytes[16] = {0};
-  int fd = open("/dev/urandom", O_RDONLY);
-  if (fd >= 0) {
-    ssize_t n = read(fd, bytes, sizeof(bytes));
-    (void)n;
-    close(fd);
-  }
-  std::string out = "req-";
-  char hex[3];
-  for (unsigned char b : bytes) {
-    std::snprintf(hex, sizeof(hex), "%02x", b);
-    out += hex;
-  }
-  return out;
+  return absl::StrCat("req-", absl::BytesToHexString(RandomBytes(16)));
 }
 
 void ResolveSpecPaths(const std::string& base_dir,

@@ -11,35 +11,21 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "core/file_util.h"
+#include "core/status_macros.h"
 
 namespace trainyard {
 namespace {
 
-absl::Status MakeDirs(const std::string& path) {
-  std::string partial;
-  for (size_t i = 0; i <= path.size(); ++i) {
-    if (i == path.size() || (path[i] == '/' && i > 0)) {
-      partial = path.substr(0, i);
-      if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::InternalError(
-            absl::StrCat("mkdir ", partial, ": ", std::strerror(errno)));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
+// The file's contents, or "" when it cannot be read (yet).
 std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  return text.ok() ? *text : std::string();
 }
 
 }  // namespace
@@ -89,15 +75,33 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(
 }
 
 absl::Status LocalCluster::Start() {
-  if (auto st = MakeDirs(options_.data_dir + "/logs"); !st.ok()) return st;
-  if (auto st = MakeDirs(options_.data_dir + "/controller"); !st.ok())
-    return st;
+  RETURN_IF_ERROR(CreateDirectories(options_.data_dir + "/logs"));
+  RETURN_IF_ERROR(CreateDirectories(options_.data_dir + "/controller"));
+  // Secure by default: a throw-away CA, certificates and an admin token,
+  // new for every start.
+  std::vector<std::string> controller_security = {"--insecure"};
+  std::vector<std::string> worker_security = {"--insecure"};
+  if (!options_.insecure) {
+    ASSIGN_OR_RETURN(credentials_,
+                     WriteClusterCredentials(options_.data_dir + "/pki", {},
+                                             /*overwrite=*/true));
+    controller_security = {"--tls_cert=" + credentials_.controller_cert,
+                           "--tls_key=" + credentials_.controller_key,
+                           "--tls_ca=" + credentials_.ca_cert,
+                           "--tokens_file=" + credentials_.tokens};
+    worker_security = {"--tls_cert=" + credentials_.worker_cert,
+                       "--tls_key=" + credentials_.worker_key,
+                       "--tls_ca=" + credentials_.ca_cert};
+  }
   const std::string port_file = options_.data_dir + "/controller.port";
   unlink(port_file.c_str());
-  auto pid =
-      Spawn("controller", {options_.controller_bin, "--listen=127.0.0.1:0",
-                           "--data_dir=" + options_.data_dir + "/controller",
-                           "--port_file=" + port_file});
+  std::vector<std::string> controller_argv = {
+      options_.controller_bin, "--listen=127.0.0.1:0",
+      "--data_dir=" + options_.data_dir + "/controller",
+      "--port_file=" + port_file};
+  controller_argv.insert(controller_argv.end(), controller_security.begin(),
+                         controller_security.end());
+  auto pid = Spawn("controller", controller_argv);
   if (!pid.ok()) return pid.status();
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   int port = 0;
@@ -126,6 +130,7 @@ absl::Status LocalCluster::Start() {
     if (!options_.plugin_dir.empty()) {
       argv.push_back("--plugin_dir=" + options_.plugin_dir);
     }
+    argv.insert(argv.end(), worker_security.begin(), worker_security.end());
     auto wpid = Spawn(absl::StrCat("worker-", i), argv);
     if (!wpid.ok()) return wpid.status();
   }

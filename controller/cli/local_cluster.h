@@ -1,5 +1,8 @@
 // LocalCluster: `trainyard up` — a controller and N workers as child
-// processes on 127.0.0.1 with free ports, under one data directory.
+// processes on 127.0.0.1 with free ports, under one data directory. Secure
+// by default: Start makes a throw-away CA, certificates and an admin token
+// in <data_dir>/pki, and the daemons run with TLS, worker certificates and
+// tokens.
 //
 // Ownership: the LocalCluster owns its children; Stop() (also run by the
 // destructor) sends SIGTERM, waits, and SIGKILLs what is left.
@@ -15,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "security/cluster_credentials.h"
 
 namespace trainyard {
 
@@ -27,6 +31,8 @@ struct LocalClusterOptions {
   std::string device = "cpu";  // every worker's --device ("cpu", "cuda:N")
   int threads_per_worker = 1;
   absl::Duration start_timeout = absl::Seconds(30);
+  // Plaintext, no tokens (--insecure on every daemon).
+  bool insecure = false;
 };
 
 class LocalCluster {
@@ -41,6 +47,8 @@ class LocalCluster {
   absl::Status Start();
   // "127.0.0.1:PORT" once started.
   const std::string& controller_address() const { return address_; }
+  // The files Start wrote (empty when insecure).
+  const ClusterCredentials& credentials() const { return credentials_; }
   // Non-OK if a child has exited (naming it and its log).
   absl::Status CheckChildren();
   void Stop();
@@ -51,6 +59,7 @@ class LocalCluster {
 
   LocalClusterOptions options_;
   std::string address_;
+  ClusterCredentials credentials_;
   struct Child {
     std::string name;
     std::string log;

@@ -18,17 +18,20 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "controller/cli/chrome_trace.h"
 #include "controller/cli/job_client.h"
 #include "controller/cli/local_cluster.h"
 #include "core/device.h"
@@ -38,6 +41,10 @@
 #include "core/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/blas.h"
+#include "proto/health.grpc.pb.h"
+#include "security/cluster_credentials.h"
+#include "security/tls.h"
+#include "security/tokens.h"
 #include "worker/local_job.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec file (proto3 JSON).");
@@ -87,6 +94,38 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(std::string, run, "",
           "up: submit this spec, watch it to the end, print its final eval "
           "metrics, then stop the cluster.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "The cluster CA (PEM) the controller's certificate must chain to "
+          "(default: $TRAINYARD_CA, else the system's roots).");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Check this name in the server's certificate instead of the host "
+          "dialed.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding your bearer token (default: $TRAINYARD_TOKEN, else "
+          "the file named by $TRAINYARD_TOKEN_FILE).");
+ABSL_FLAG(bool, insecure, false,
+          "Plaintext gRPC (a controller run with --insecure). `up`: run the "
+          "local cluster without TLS or tokens.");
+ABSL_FLAG(std::string, out, "",
+          "certs: the folder to write into. trace: the file to write "
+          "(default: JOB-step<N>.trace.json in the current folder).");
+ABSL_FLAG(int64_t, step, 0,
+          "trace: the step to show (default 0: the newest step every stage "
+          "has reported).");
+ABSL_FLAG(bool, follow, false,
+          "logs: keep printing new lines until the job ends.");
+ABSL_FLAG(std::string, hosts, "",
+          "certs: comma-separated names and IPv4 addresses clients dial the "
+          "controller by (localhost and 127.0.0.1 are always included).");
+ABSL_FLAG(std::string, user, "", "token: the user the new token is for.");
+ABSL_FLAG(std::string, role, "user", "token: \"user\" or \"admin\".");
+ABSL_FLAG(std::string, tokens_file, "",
+          "token: append the new token's hash to this tokens file (the "
+          "controller picks it up within a second).");
+ABSL_FLAG(std::string, address, "", "health: host:port to check.");
+ABSL_FLAG(std::string, service, "",
+          "health: the service name to check (\"\" = the server as a "
+          "whole; trainyard.v1.WorkerRegistration = a worker registered).");
 ABSL_FLAG(std::string, controller_bin, "",
           "up: trainyard-controller binary (default: next to this one, as "
           "Bazel lays them out).");
@@ -106,10 +145,31 @@ constexpr char kUsage[] =
     "  list [--state S,...]         list jobs\n"
     "  cancel JOB_ID                cancel a job\n"
     "  watch JOB_ID [--from_step N] follow a job's steps until it ends\n"
+    "  logs JOB_ID [--follow]       the job's log lines from every worker "
+    "(the newest\n"
+    "                               10,000; --follow: until the job ends)\n"
+    "  trace JOB_ID [--step N] [--out FILE]\n"
+    "                               write one step's pipeline timeline as "
+    "Chrome\n"
+    "                               trace JSON (chrome://tracing, Perfetto); "
+    "the\n"
+    "                               newest 256 steps are kept\n"
     "  workers                      list the registered workers\n"
-    "  up [--workers N] [--device D] [--run FILE]\n"
-    "                               start a local cluster (Ctrl-C stops "
-    "it)\n";
+    "  up [--workers N] [--device D] [--run FILE] [--insecure]\n"
+    "                               start a local cluster, TLS and tokens "
+    "on (Ctrl-C stops it)\n"
+    "  certs --out DIR [--hosts H,...]\n"
+    "                               make a cluster CA, certificates, a "
+    "tokens file and an admin token\n"
+    "  token --user NAME [--role user|admin] [--tokens_file FILE]\n"
+    "                               make a token for a user\n"
+    "  health --address HOST:PORT [--service S]\n"
+    "                               check a daemon's grpc.health.v1 (exit 0 "
+    "when SERVING)\n\n"
+    "Client commands reach --controller (or $TRAINYARD_CONTROLLER) over TLS "
+    "with the CA in --tls_ca (or $TRAINYARD_CA) and the token in "
+    "$TRAINYARD_TOKEN (or --token_file, $TRAINYARD_TOKEN_FILE); --insecure "
+    "for a plaintext controller.\n";
 
 // Bazel lays binaries out as bazel-bin/controller/cli/trainyard,
 // bazel-bin/controller/trainyard-controller and bazel-bin/worker/
@@ -221,6 +281,72 @@ std::string ControllerAddress() {
   return env != nullptr && *env != '\0' ? env : "127.0.0.1:7070";
 }
 
+std::string GetEnv(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+// The token: --token_file, else $TRAINYARD_TOKEN, else the file named by
+// $TRAINYARD_TOKEN_FILE; "" when none is set.
+absl::StatusOr<std::string> TokenFromFlags() {
+  std::string file = absl::GetFlag(FLAGS_token_file);
+  std::string what = "--token_file";
+  if (file.empty()) {
+    const std::string token = GetEnv("TRAINYARD_TOKEN");
+    if (!token.empty()) {
+      return std::string(absl::StripAsciiWhitespace(token));
+    }
+    file = GetEnv("TRAINYARD_TOKEN_FILE");
+    what = "$TRAINYARD_TOKEN_FILE";
+  }
+  if (file.empty()) return std::string();
+  absl::StatusOr<int64_t> size = FileSize(file);
+  if (size.ok() && *size > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", file, ": ", *size, " bytes; not a token"));
+  }
+  absl::StatusOr<std::string> text = ReadFileToString(file);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", file, ": ", text.status().message()));
+  }
+  return std::string(absl::StripAsciiWhitespace(*text));
+}
+
+absl::StatusOr<JobClientSecurity> SecurityFromFlags() {
+  JobClientSecurity security;
+  security.tls.insecure = absl::GetFlag(FLAGS_insecure);
+  if (!security.tls.insecure) {
+    security.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+    if (security.tls.ca_file.empty()) {
+      security.tls.ca_file = GetEnv("TRAINYARD_CA");
+    }
+    security.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  }
+  ASSIGN_OR_RETURN(security.token, TokenFromFlags());
+  return security;
+}
+
+// A client for `address` (default: --controller) with the security flags;
+// null after printing why not.
+std::unique_ptr<JobClient> Connect(const char* command,
+                                   const std::string& address) {
+  absl::StatusOr<JobClientSecurity> security = SecurityFromFlags();
+  absl::StatusOr<std::unique_ptr<JobClient>> client =
+      security.ok()
+          ? JobClient::Create(address, *security)
+          : absl::StatusOr<std::unique_ptr<JobClient>>(security.status());
+  if (!client.ok()) {
+    std::cerr << "trainyard " << command << ": " << client.status().message()
+              << "\n";
+    return nullptr;
+  }
+  return *std::move(client);
+}
+std::unique_ptr<JobClient> Connect(const char* command) {
+  return Connect(command, ControllerAddress());
+}
+
 int ReportRpcError(const char* command, const JobClient& client,
                    const absl::Status& st) {
   std::cerr << "trainyard " << command << ": " << client.address() << ": "
@@ -231,11 +357,21 @@ int ReportRpcError(const char* command, const JobClient& client,
               << client.address()
               << "; start trainyard-controller there, or point --controller "
                  "(or $TRAINYARD_CONTROLLER) at one\n";
+    std::cerr << "trainyard " << command << ": "
+              << (client.tls()
+                      ? "this client speaks TLS: if the controller does too, "
+                        "pass its CA with --tls_ca (or $TRAINYARD_CA); if it "
+                        "runs with --insecure, pass --insecure"
+                      : "this client speaks plaintext (--insecure): a "
+                        "controller with TLS refuses it; pass its CA with "
+                        "--tls_ca (or $TRAINYARD_CA) instead")
+              << "\n";
   }
   if (absl::IsInvalidArgument(st) || absl::IsNotFound(st) ||
       absl::IsFailedPrecondition(st)) {
     return 2;
   }
+  if (absl::IsUnauthenticated(st) || absl::IsPermissionDenied(st)) return 4;
   return 3;
 }
 
@@ -403,7 +539,9 @@ int Submit() {
     std::cerr << "trainyard submit: " << spec.status().message() << "\n";
     return 2;
   }
-  JobClient client(ControllerAddress());
+  std::unique_ptr<JobClient> connected = Connect("submit");
+  if (connected == nullptr) return 2;
+  JobClient& client = *connected;
   std::string request_id = absl::GetFlag(FLAGS_request_id);
   if (request_id.empty()) request_id = NewRequestId();
   auto job =
@@ -513,7 +651,9 @@ int Get(const std::vector<char*>& args) {
     std::cerr << "usage: trainyard get JOB_ID [--stages]\n";
     return 2;
   }
-  JobClient client(ControllerAddress());
+  std::unique_ptr<JobClient> connected = Connect("get");
+  if (connected == nullptr) return 2;
+  JobClient& client = *connected;
   auto job = client.Get(args[2]);
   if (!job.ok()) return ReportRpcError("get", client, job.status());
   if (g_get_stages) return PrintStages(client, *job);
@@ -534,7 +674,9 @@ int List() {
     }
     states.push_back(s);
   }
-  JobClient client(ControllerAddress());
+  std::unique_ptr<JobClient> connected = Connect("list");
+  if (connected == nullptr) return 2;
+  JobClient& client = *connected;
   auto resp = client.List(states, absl::GetFlag(FLAGS_page_size),
                           absl::GetFlag(FLAGS_page_token));
   if (!resp.ok()) return ReportRpcError("list", client, resp.status());
@@ -557,7 +699,9 @@ int Cancel(const std::vector<char*>& args) {
     std::cerr << "usage: trainyard cancel JOB_ID [--reason TEXT]\n";
     return 2;
   }
-  JobClient client(ControllerAddress());
+  std::unique_ptr<JobClient> connected = Connect("cancel");
+  if (connected == nullptr) return 2;
+  JobClient& client = *connected;
   auto job = client.Cancel(args[2], absl::GetFlag(FLAGS_reason));
   if (!job.ok()) return ReportRpcError("cancel", client, job.status());
   std::cout << job->job_id() << " " << JobStateName(job->state()) << "\n";
@@ -565,7 +709,9 @@ int Cancel(const std::vector<char*>& args) {
 }
 
 int Workers() {
-  JobClient client(ControllerAddress());
+  std::unique_ptr<JobClient> connected = Connect("workers");
+  if (connected == nullptr) return 2;
+  JobClient& client = *connected;
   auto resp = client.ListWorkers();
   if (!resp.ok()) return ReportRpcError("workers", client, resp.status());
   std::cout << absl::StrFormat("%-8s %-16s %-8s %-22s %-14s %s\n", "WORKER",
@@ -607,8 +753,104 @@ int Watch(const std::vector<char*>& args) {
     std::cerr << "usage: trainyard watch JOB_ID [--from_step N]\n";
     return 2;
   }
-  JobClient client(ControllerAddress());
-  return WatchToEnd(client, args[2], absl::GetFlag(FLAGS_from_step));
+  std::unique_ptr<JobClient> connected = Connect("watch");
+  if (connected == nullptr) return 2;
+  return WatchToEnd(*connected, args[2], absl::GetFlag(FLAGS_from_step));
+}
+
+// One log line as `trainyard logs` prints it:
+// "[stage 1 w-3 worker-1] 12:00:01.234 text".
+std::string FormatLogLine(const trainyard::v1::LogLine& l) {
+  const char* severity = "";
+  if (l.severity() == trainyard::v1::LOG_SEVERITY_WARNING) {
+    severity = "WARNING: ";
+  } else if (l.severity() == trainyard::v1::LOG_SEVERITY_ERROR) {
+    severity = "ERROR: ";
+  }
+  return absl::StrCat(
+      "[stage ", l.stage(), " ", l.worker_id(), " ", l.worker_name(), "] ",
+      absl::FormatTime("%H:%M:%E3S", absl::FromUnixMillis(l.time_ms()),
+                       absl::LocalTimeZone()),
+      " ", severity, l.text());
+}
+
+int Logs(const std::vector<char*>& args) {
+  if (args.size() != 3) {
+    std::cerr << "usage: trainyard logs JOB_ID [--follow]\n";
+    return 2;
+  }
+  std::unique_ptr<JobClient> connected = Connect("logs");
+  if (connected == nullptr) return 2;
+  JobClient& client = *connected;
+  int64_t expected = 0;  // the seq the next line should have
+  absl::Status st = client.WatchLogs(
+      args[2], absl::GetFlag(FLAGS_follow),
+      [&](const trainyard::v1::LogLine& l) {
+        if (l.seq() > expected) {
+          std::cout << "(" << l.seq() - expected
+                    << " line(s) no longer held by the controller)\n";
+        }
+        expected = l.seq() + 1;
+        std::cout << FormatLogLine(l) << std::endl;
+      },
+      absl::Seconds(std::max(1, absl::GetFlag(FLAGS_reconnect_s))));
+  if (!st.ok()) return ReportRpcError("logs", client, st);
+  return 0;
+}
+
+int Trace(const std::vector<char*>& args) {
+  if (args.size() != 3) {
+    std::cerr << "usage: trainyard trace JOB_ID [--step N] [--out FILE]\n";
+    return 2;
+  }
+  const int64_t step = absl::GetFlag(FLAGS_step);
+  if (step < 0) {
+    std::cerr << "trainyard trace: --step must be >= 0 (0 = the newest), got "
+              << step << "\n";
+    return 2;
+  }
+  std::unique_ptr<JobClient> connected = Connect("trace");
+  if (connected == nullptr) return 2;
+  JobClient& client = *connected;
+  auto trace = client.GetTrace(args[2], step);
+  if (!trace.ok()) return ReportRpcError("trace", client, trace.status());
+  std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    out = absl::StrCat(trace->job_id(), "-step", trace->step(), ".trace.json");
+  }
+  absl::Status written = WriteFileAtomically(out, ChromeTraceJson(*trace));
+  if (!written.ok()) {
+    std::cerr << "trainyard trace: --out " << out << ": " << written.message()
+              << "\n";
+    return 1;
+  }
+  int spans = 0;
+  std::vector<std::string> missing;
+  std::set<int> have;
+  for (const auto& st : trace->stages()) {
+    spans += st.spans_size();
+    have.insert(st.stage());
+    if (st.truncated()) {
+      std::cerr << "trainyard trace: stage " << st.stage()
+                << " did more than the span limit allows; its trace is cut\n";
+    }
+  }
+  for (int k = 0; k < trace->num_stages(); ++k) {
+    if (have.count(k) == 0) missing.push_back(absl::StrCat(k));
+  }
+  if (!missing.empty()) {
+    std::cerr << "trainyard trace: stage(s) " << absl::StrJoin(missing, ", ")
+              << " have not reported step " << trace->step() << " (yet)\n";
+  }
+  std::cerr << "trainyard trace: wrote " << out << ": step " << trace->step()
+            << " of " << trace->job_id() << ", " << trace->stages_size()
+            << " stage(s), " << spans << " spans (steps "
+            << trace->oldest_step() << ".." << trace->newest_step()
+            << " are held). Open it in chrome://tracing or "
+               "https://ui.perfetto.dev; each stage is drawn from its own "
+               "step start (no clock sync between machines).\n";
+  std::cout << out << "\n";
+  return 0;
 }
 
 int Up() {
@@ -664,6 +906,7 @@ int Up() {
       opts.device = "cuda:0";  // a cuda job needs cuda workers
     }
   }
+  opts.insecure = absl::GetFlag(FLAGS_insecure);
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   LocalCluster cluster(opts);
@@ -671,7 +914,17 @@ int Up() {
     std::cerr << "trainyard up: " << st.message() << "\n";
     return 1;
   }
-  JobClient client(cluster.controller_address());
+  JobClientSecurity security;
+  security.tls.insecure = opts.insecure;
+  security.tls.ca_file = cluster.credentials().ca_cert;
+  security.token = cluster.credentials().admin_token_value;
+  absl::StatusOr<std::unique_ptr<JobClient>> connected =
+      JobClient::Create(cluster.controller_address(), security);
+  if (!connected.ok()) {
+    std::cerr << "trainyard up: " << connected.status().message() << "\n";
+    return 1;
+  }
+  JobClient& client = **connected;
   if (absl::Status st =
           WaitForWorkers(client, opts.workers, opts.start_timeout, &cluster);
       !st.ok()) {
@@ -683,9 +936,25 @@ int Up() {
   std::cerr << "trainyard up: controller at " << cluster.controller_address()
             << ", " << opts.workers << " workers registered; data and logs in "
             << opts.data_dir << "\n";
+  if (opts.insecure) {
+    std::cerr << "trainyard up: --insecure: plaintext, no tokens; anyone on "
+                 "this machine can use the cluster\n";
+  } else {
+    std::cerr << "trainyard up: TLS, worker certificates and tokens are on "
+                 "(throw-away CA in "
+              << opts.data_dir
+              << "/pki); to use this cluster from another shell:\n"
+              << "  export TRAINYARD_CONTROLLER="
+              << cluster.controller_address() << "\n"
+              << "  export TRAINYARD_CA=" << cluster.credentials().ca_cert
+              << "\n"
+              << "  export TRAINYARD_TOKEN_FILE="
+              << cluster.credentials().admin_token << "\n"
+              << "  (more users: trainyard token --user NAME --tokens_file "
+              << cluster.credentials().tokens << ")\n";
+  }
   if (!run_spec.has_value()) {
-    std::cerr << "trainyard up: submit with --controller="
-              << cluster.controller_address() << "; Ctrl-C stops the cluster\n";
+    std::cerr << "trainyard up: Ctrl-C stops the cluster\n";
     while (!g_stop.load()) {
       if (absl::Status st = cluster.CheckChildren(); !st.ok()) {
         std::cerr << "trainyard up: " << st.message() << "; stopping\n";
@@ -730,6 +999,117 @@ int Up() {
   return rc;
 }
 
+int Certs() {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    std::cerr << "usage: trainyard certs --out DIR [--hosts NAME,...]\n";
+    return 2;
+  }
+  std::vector<std::string> hosts =
+      absl::StrSplit(absl::GetFlag(FLAGS_hosts), ',', absl::SkipWhitespace());
+  absl::StatusOr<ClusterCredentials> creds =
+      WriteClusterCredentials(out, hosts, /*overwrite=*/false);
+  if (!creds.ok()) {
+    std::cerr << "trainyard certs: " << creds.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "controller: --tls_cert=" << creds->controller_cert
+            << " --tls_key=" << creds->controller_key
+            << " --tls_ca=" << creds->ca_cert
+            << " --tokens_file=" << creds->tokens << "\n"
+            << "workers:    --tls_cert=" << creds->worker_cert
+            << " --tls_key=" << creds->worker_key
+            << " --tls_ca=" << creds->ca_cert << "\n"
+            << "clients:    export TRAINYARD_CA=" << creds->ca_cert
+            << " TRAINYARD_TOKEN_FILE=" << creds->admin_token << "\n"
+            << "keep " << creds->ca_key
+            << " offline: whoever holds it can mint worker certificates\n";
+  return 0;
+}
+
+int Token() {
+  const std::string user = absl::GetFlag(FLAGS_user);
+  const std::string role_name = absl::GetFlag(FLAGS_role);
+  if (user.empty()) {
+    std::cerr << "usage: trainyard token --user NAME [--role user|admin] "
+                 "[--tokens_file FILE]\n";
+    return 2;
+  }
+  if (role_name != "user" && role_name != "admin") {
+    std::cerr << "trainyard token: --role must be \"user\" or \"admin\", "
+                 "got \""
+              << role_name << "\"\n";
+    return 2;
+  }
+  const Role role = role_name == "admin" ? Role::kAdmin : Role::kUser;
+  const std::string token = NewToken();
+  absl::StatusOr<std::string> line = TokensFileLine(user, role, token);
+  if (!line.ok()) {
+    std::cerr << "trainyard token: " << line.status().message() << "\n";
+    return 2;
+  }
+  const std::string tokens_file = absl::GetFlag(FLAGS_tokens_file);
+  if (!tokens_file.empty()) {
+    absl::Status st = AppendToken(tokens_file, user, role, token);
+    if (!st.ok()) {
+      std::cerr << "trainyard token: " << st.message() << "\n";
+      return 1;
+    }
+    std::cerr << "trainyard token: added " << role_name << " \"" << user
+              << "\" to " << tokens_file
+              << "; give them the token below (it is not stored)\n";
+  } else {
+    std::cerr << "trainyard token: add this line to the controller's "
+                 "--tokens_file, and give the token below to "
+              << user << ":\n"
+              << *line;
+  }
+  std::cout << token << "\n";
+  return 0;
+}
+
+int Health() {
+  const std::string address = absl::GetFlag(FLAGS_address);
+  if (address.empty()) {
+    std::cerr << "usage: trainyard health --address HOST:PORT [--service S] "
+                 "[--tls_ca FILE | --insecure]\n";
+    return 2;
+  }
+  absl::StatusOr<JobClientSecurity> security = SecurityFromFlags();
+  if (!security.ok()) {
+    std::cerr << "trainyard health: " << security.status().message() << "\n";
+    return 2;
+  }
+  grpc::ChannelArguments args;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      MakeChannelCredentials(security->tls, &args);
+  if (!creds.ok()) {
+    std::cerr << "trainyard health: " << creds.status().message() << "\n";
+    return 2;
+  }
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateCustomChannel(address, *creds, args));
+  grpc::ClientContext ctx;
+  // Under Kubernetes' default probe timeout (5 s).
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(4));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(absl::GetFlag(FLAGS_service));
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status st = stub->Check(&ctx, req, &resp);
+  if (!st.ok()) {
+    std::cerr << "trainyard health: " << address << ": "
+              << absl::StatusCodeToString(
+                     static_cast<absl::StatusCode>(st.error_code()))
+              << ": " << st.error_message() << "\n";
+    return 1;
+  }
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+  std::cout << name << "\n";
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0
+                                                                         : 1;
+}
+
 }  // namespace
 }  // namespace trainyard
 
@@ -760,7 +1140,12 @@ int main(int argc, char** argv) {
   if (command == "cancel") return trainyard::Cancel(args);
   if (command == "watch") return trainyard::Watch(args);
   if (command == "workers") return trainyard::Workers();
+  if (command == "logs") return trainyard::Logs(args);
+  if (command == "trace") return trainyard::Trace(args);
   if (command == "up") return trainyard::Up();
+  if (command == "certs") return trainyard::Certs();
+  if (command == "token") return trainyard::Token();
+  if (command == "health") return trainyard::Health();
   std::cerr << "trainyard: unknown command \"" << command << "\"\n"
             << trainyard::kUsage;
   return 2;

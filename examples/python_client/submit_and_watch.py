@@ -1,83 +1,85 @@
 #!/usr/bin/python3
-"""Submits a Trainyard job and watches it to the end, over gRPC.
+"""Submits a Trainyard job and watches it to the end, with the trainyard package.
 
-Uses stubs generated from the same .proto files as the C++ code:
+Install the package first (python/README.md), e.g. into a venv that uses
+Debian's python3-grpcio and python3-protobuf:
 
-    bazel build //proto:trainyard_py          # writes bazel-bin/proto/*_pb2*.py
-    /usr/bin/python3 examples/python_client/submit_and_watch.py \\
-        --controller 127.0.0.1:7070 --spec examples/digits.json
+    /usr/bin/python3 -m venv --system-site-packages ~/.venvs/trainyard
+    ~/.venvs/trainyard/bin/pip install --no-build-isolation ./python
+    ~/.venvs/trainyard/bin/python examples/python_client/submit_and_watch.py \\
+        --controller 127.0.0.1:7070 --insecure --spec examples/digits.json
 
-(Debian's /usr/bin/python3 with python3-grpcio and python3-protobuf.)
+(or, from a checkout without installing: PYTHONPATH=python /usr/bin/python3 ...).
 Relative paths in the spec resolve against the spec file's folder, as with
-`trainyard submit`. Prints one line per step and eval; exits 0 when the job
-SUCCEEDED, 1 otherwise.
+`trainyard submit`. TLS is the default: --tls_ca names the controller's CA
+(default $TRAINYARD_CA, else the system's roots), --insecure is plaintext;
+--token defaults to $TRAINYARD_TOKEN or the file named by
+$TRAINYARD_TOKEN_FILE. Prints one line per step and eval; exits 0 when the
+job SUCCEEDED, 1 when it did not, 2 for a bad spec or job, 3 when the
+controller could not be reached.
 """
 import argparse
-import os
 import sys
-import uuid
+
+import trainyard
 
 
-def load_stubs(stubs_dir):
-    sys.path.insert(0, stubs_dir)
-    from proto import job_spec_pb2, trainyard_pb2, trainyard_pb2_grpc  # noqa
-    return job_spec_pb2, trainyard_pb2, trainyard_pb2_grpc
-
-
-def resolve(base, path):
-    return path if not path or os.path.isabs(path) else os.path.join(base, path)
+def print_event(ev):
+    if isinstance(ev, trainyard.StepEvent):
+        extra = " ".join(f"{k}={v:.4f}" for k, v in sorted(ev.metrics.items()) if k != "loss")
+        print(f"step {ev.step} loss={ev.loss:.6f} lr={ev.lr:.6g} {extra}".rstrip(), flush=True)
+    elif isinstance(ev, trainyard.EvalEvent):
+        extra = " ".join(f"eval_{k}={v:.4f}" for k, v in sorted(ev.metrics.items())
+                         if k != "loss")
+        print(f"eval after step {ev.step}: loss={ev.loss:.6f} {extra}".rstrip(), flush=True)
+    elif isinstance(ev, trainyard.NoteEvent):
+        print(f"note: {ev.text}", flush=True)
+    elif isinstance(ev, trainyard.RecoveryEvent):
+        print(f"restart {ev.attempt}: resumed after step {ev.resume_step}; cause: {ev.cause}",
+              flush=True)
+    elif isinstance(ev, trainyard.StateEvent):
+        print(f"state {ev.state.name} {ev.reason}".rstrip(), flush=True)
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--controller", default="127.0.0.1:7070")
-    parser.add_argument("--spec", required=True)
-    parser.add_argument("--stubs", default=os.path.join(here, "..", "..", "bazel-bin"),
-                        help="folder holding proto/trainyard_pb2.py")
+    parser.add_argument("--controller", default=None,
+                        help="host:port (default $TRAINYARD_CONTROLLER, else 127.0.0.1:7070)")
+    parser.add_argument("--spec", required=True, help="a proto3 JSON job spec file")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds to wait for the job to end")
+    parser.add_argument("--token", default=None,
+                        help="bearer token (default $TRAINYARD_TOKEN or $TRAINYARD_TOKEN_FILE)")
+    tls = parser.add_mutually_exclusive_group()
+    tls.add_argument("--tls_ca", default=None,
+                     help="CA PEM file to verify the controller with (default $TRAINYARD_CA, "
+                          "else the system's roots)")
+    tls.add_argument("--insecure", action="store_true", help="plaintext, no TLS")
+    parser.add_argument("--stubs", default=None,
+                        help="ignored: the stubs ship in the trainyard package")
     args = parser.parse_args()
 
-    import grpc
-    from google.protobuf import json_format
-    job_spec_pb2, pb, pb_grpc = load_stubs(args.stubs)
-
-    spec = job_spec_pb2.JobSpec()
-    with open(args.spec) as f:
-        json_format.Parse(f.read(), spec)  # unknown fields are errors
-    base = os.path.dirname(os.path.abspath(args.spec))
-    for src in (spec.data.train, spec.data.eval):
-        if src.HasField("npy"):
-            src.npy.features = resolve(base, src.npy.features)
-            src.npy.targets = resolve(base, src.npy.targets)
-    if spec.checkpoint.dir:
-        spec.checkpoint.dir = resolve(base, spec.checkpoint.dir)
-
-    channel = grpc.insecure_channel(args.controller)
-    jobs = pb_grpc.JobServiceStub(channel)
-    job = jobs.SubmitJob(pb.SubmitJobRequest(request_id=str(uuid.uuid4()), spec=spec),
-                         timeout=30, wait_for_ready=True)
-    print(f"submitted {job.job_id}: {pb.JobState.Name(job.state)}", flush=True)
-
-    final = None
-    for event in jobs.WatchJob(pb.WatchJobRequest(job_id=job.job_id, from_step=0),
-                               timeout=args.timeout):
-        kind = event.WhichOneof("event")
-        if kind == "step":
-            s = event.step
-            extra = " ".join(f"{k}={v:.4f}" for k, v in sorted(s.metrics.items()))
-            print(f"step {s.step} loss={s.loss:.6f} lr={s.lr:.6g} {extra}", flush=True)
-        elif kind == "eval":
-            e = event.eval
-            extra = " ".join(f"eval_{k}={v:.4f}" for k, v in sorted(e.metrics.items()))
-            print(f"eval after step {e.step}: loss={e.loss:.6f} {extra}", flush=True)
-        elif kind == "state":
-            final = event.state
-            print(f"state {pb.JobState.Name(final.state)} {final.reason}".rstrip(), flush=True)
-            if final.state in (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED):
-                break
-    return 0 if final is not None and final.state == pb.SUCCEEDED else 1
+    try:
+        client = trainyard.Client(args.controller, token=args.token,
+                                  tls=False if args.insecure else args.tls_ca)
+        with client:
+            job = client.submit(args.spec)
+            print(f"submitted {job.job_id}: {trainyard.JobState(job.state).name}", flush=True)
+            final = None
+            for ev in client.watch(job.job_id, timeout=args.timeout):
+                print_event(ev)
+                if isinstance(ev, trainyard.StateEvent):
+                    final = ev.state
+    except (trainyard.InvalidArgument, trainyard.NotFound) as e:
+        print(f"submit_and_watch: {e}", file=sys.stderr)
+        return 2
+    except trainyard.Unavailable as e:
+        print(f"submit_and_watch: {e}", file=sys.stderr)
+        return 3
+    except trainyard.Error as e:
+        print(f"submit_and_watch: {e}", file=sys.stderr)
+        return 1
+    return 0 if final == trainyard.JobState.SUCCEEDED else 1
 
 
 if __name__ == "__main__":

@@ -223,6 +223,45 @@ int Finalize(void* handle, TrainyardError* err) {
 
 void Destroy(void* handle) { delete static_cast<Task*>(handle); }
 
+// Its config holds no file paths, so there is nothing to confine.
+void* CreateConfined(const char* config_json, const char*,
+                     TrainyardError* err) {
+  return Create(config_json, err);
+}
+
+// Accepts what create accepts, except for modes that break validate_config:
+// "validate_refuse" (a message naming no field), "validate_silent" (no
+// message), "validate_long" (a message of 2-byte UTF-8 characters filling
+// the whole buffer) and "validate_throw" (an exception across the ABI).
+int Validate(const char* config_json, TrainyardError* err) {
+  auto config =
+      trainyard::plugin::ParseConfig(config_json, {"mode", "fail_at_step"});
+  if (!config.ok()) {
+    SetError(err, std::string(config.status().message()));
+    return 1;
+  }
+  auto mode = trainyard::plugin::GetString(*config, "mode", "ok");
+  if (!mode.ok()) {
+    SetError(err, std::string(mode.status().message()));
+    return 1;
+  }
+  if (*mode == "validate_refuse") {
+    SetError(err, "refused on purpose (mode \"validate_refuse\")");
+    return 1;
+  }
+  if (*mode == "validate_silent") return 1;
+  if (*mode == "validate_long") {
+    std::string m;
+    while (m.size() + 2 < sizeof(err->message)) m += "\xc3\xa9";  // U+00E9
+    SetError(err, m);
+    return 1;
+  }
+  if (*mode == "validate_throw") {
+    throw std::runtime_error("validate_config thrown on purpose");
+  }
+  return 0;
+}
+
 TrainyardTaskV1 MakeTable() {
   TrainyardTaskV1 t;
   std::memset(&t, 0, sizeof(t));
@@ -238,6 +277,8 @@ TrainyardTaskV1 MakeTable() {
   t.on_event = &OnEvent;
   t.finalize = &Finalize;
   t.destroy = &Destroy;
+  t.validate_config = &Validate;
+  t.create_confined = &CreateConfined;
   return t;
 }
 
