@@ -857,6 +857,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   if (par->stages() == 0) par->set_stages(1);
   if (par->microbatches() == 0) par->set_microbatches(1);
   if (par->schedule().empty()) par->set_schedule("1f1b");
+  if (par->accumulation().empty()) par->set_accumulation("sequential");
   bool stages_ok = true;
   if (par->stages() < 1) {
     p.Add("parallelism.stages",
@@ -879,6 +880,8 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   }
   CheckOneOf(&p, "parallelism.schedule", par->schedule(),
              {"gpipe", "1f1b", "zbh1"});
+  CheckOneOf(&p, "parallelism.accumulation", par->accumulation(),
+             {"sequential", "tree"});
   bool split_ok = true;
   if (par->split_size() > 0) {
     if (stages_ok && par->split_size() != par->stages()) {

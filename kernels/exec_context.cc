@@ -1,5 +1,6 @@
 #include "kernels/exec_context.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/parallel.h"
 
 namespace trainyard {
 namespace {
@@ -162,6 +164,42 @@ absl::StatusOr<Tensor> ExecContext::Cast(const Tensor& t, DType dtype) const {
   ASSIGN_OR_RETURN(Tensor out, Empty(dtype, t.shape()));
   RETURN_IF_ERROR(CastInto(t, &out));
   return out;
+}
+
+absl::Status ExecContext::AddInto(const Tensor& src, Tensor* dst) const {
+  if (src.dtype() != DType::kFloat32 || dst->dtype() != DType::kFloat32 ||
+      src.numel() != dst->numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "add of ", DTypeName(src.dtype()), ShapeToString(src.shape()), " into ",
+        DTypeName(dst->dtype()), ShapeToString(dst->shape()),
+        ": float32 of the same size only"));
+  }
+  if (src.device() != device_ || dst->device() != device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "add of a tensor on ", src.device().ToString(), " into one on ",
+        dst->device().ToString(), " in a context on ", device_.ToString()));
+  }
+  const int64_t n = src.numel();
+  if (n == 0) return absl::OkStatus();
+  if (device_.is_cpu()) {
+    const float* s = static_cast<const float*>(src.ptr());
+    float* d = static_cast<float*>(dst->ptr());
+    // Memory-bound: split large adds across the compute threads (each
+    // element is still one add, so the split changes no bit).
+    constexpr int64_t kChunk = int64_t{1} << 16;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    ParallelFor(static_cast<int>(std::min<int64_t>(chunks, ComputeThreads())),
+                [&](int t) {
+                  const int64_t tasks =
+                      std::min<int64_t>(chunks, ComputeThreads());
+                  const int64_t begin = n * t / tasks;
+                  const int64_t end = n * (t + 1) / tasks;
+                  for (int64_t i = begin; i < end; ++i) d[i] += s[i];
+                });
+    return absl::OkStatus();
+  }
+  return gpu::AddBiasResidual(DType::kFloat32, 1, n, /*bias=*/nullptr,
+                              src.ptr(), dst->ptr(), stream());
 }
 
 absl::Status ExecContext::CastInto(const Tensor& src, Tensor* dst) const {

@@ -82,6 +82,10 @@ class ExecContext {
   absl::Status CastInto(const Tensor& src, Tensor* dst) const;
   // Copies src into *dst (same dtype and element count; any devices).
   absl::Status CopyInto(const Tensor& src, Tensor* dst) const;
+  // *dst += src, element by element (float32, same element count, both on
+  // this context's device): each element is one float add, so the result
+  // is the same bits on the CPU and on any GPU.
+  absl::Status AddInto(const Tensor& src, Tensor* dst) const;
   // Waits for the work queued on the stream.
   absl::Status Synchronize() const;
   // Makes this context's GPU current for the calling thread (CUDA calls

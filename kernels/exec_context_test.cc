@@ -1,6 +1,7 @@
 #include "kernels/exec_context.h"
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/test_util.h"
@@ -46,6 +47,20 @@ TEST(ExecContextTest, CpuCopiesAreTheHostTensors) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ExecContextTest, CpuAddIntoAddsElementwise) {
+  auto ctx = ExecContext::Create(Device::Cpu(), Precision::kFp32);
+  ASSERT_TRUE(ctx.ok());
+  Tensor dst = Tensor::FromVector({1.0f, 0.1f, -3.0f}, {3});
+  Tensor src = Tensor::FromVector({2.0f, 0.2f, 3.0f}, {3});
+  ASSERT_TRUE((*ctx)->AddInto(src, &dst).ok());
+  EXPECT_EQ(dst.data<float>()[0], 3.0f);
+  EXPECT_EQ(dst.data<float>()[1], 0.1f + 0.2f);  // one float add, same bits
+  EXPECT_EQ(dst.data<float>()[2], 0.0f);
+  Tensor wrong = Tensor::Empty(DType::kFloat32, {4});
+  EXPECT_EQ((*ctx)->AddInto(src, &wrong).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ExecContextTest, MissingGpuIsAClearError) {
   auto ctx = ExecContext::Create(Device::Cuda(1000), Precision::kFp32);
   ASSERT_FALSE(ctx.ok());
@@ -78,6 +93,27 @@ TEST(ExecContextGpuTest, RoundTripAndCasts) {
   EXPECT_NEAR(w.data<float>()[3], 1.0f / 3, 1.0f / 3 * 1e-2);
   Tensor z = *(*ctx)->ToHost(*(*ctx)->Zeros(DType::kFloat32, {5}));
   EXPECT_EQ(z.data<float>()[4], 0.0f);
+}
+
+// The same float adds on the GPU as on the CPU: the same bits.
+TEST(ExecContextGpuTest, AddIntoMatchesTheCpuBitwise) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto gpu_ctx = ExecContext::Create(Device::Cuda(0), Precision::kFp32);
+  auto cpu_ctx = ExecContext::Create(Device::Cpu(), Precision::kFp32);
+  ASSERT_TRUE(gpu_ctx.ok() && cpu_ctx.ok());
+  std::vector<float> a(1001), b(1001);
+  for (int i = 0; i < 1001; ++i) {
+    a[i] = 1.0f / (i + 1);
+    b[i] = 3.0f / (i + 7) - 0.25f;
+  }
+  Tensor ha = Tensor::FromVector(a, {1001}), hb = Tensor::FromVector(b, {1001});
+  Tensor da = *(*gpu_ctx)->ToDevice(ha), db = *(*gpu_ctx)->ToDevice(hb);
+  ASSERT_TRUE((*gpu_ctx)->AddInto(db, &da).ok());
+  ASSERT_TRUE((*cpu_ctx)->AddInto(hb, &ha).ok());
+  Tensor back = *(*gpu_ctx)->ToHost(da);
+  for (int i = 0; i < 1001; ++i) {
+    ASSERT_EQ(back.data<float>()[i], ha.data<float>()[i]) << i;
+  }
 }
 
 }  // namespace

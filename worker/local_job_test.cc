@@ -51,6 +51,36 @@ TEST(LocalJobTest, StageSplitAndScheduleAreBitwiseInvisible) {
   }
 }
 
+// parallelism.accumulation "tree" (docs/ACCUMULATION.md) keeps the split
+// and schedule invisible too, and trains to the same place up to rounding.
+TEST(LocalJobTest, TreeAccumulationIsAlsoBitwiseInvisibleToSplitAndSchedule) {
+  auto base = ClassificationSpec();
+  base.mutable_parallelism()->set_accumulation("tree");
+  RunResult ref = RunJob(WithPipeline(base, 1, 8, "1f1b"));
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+  for (int stages : {2, 4}) {
+    for (const char* schedule : {"gpipe", "1f1b", "zbh1"}) {
+      SCOPED_TRACE(::testing::Message() << "S=" << stages << " " << schedule);
+      RunResult r = RunJob(WithPipeline(base, stages, 8, schedule));
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      EXPECT_EQ(r.losses, ref.losses);
+      EXPECT_EQ(r.grad_norms, ref.grad_norms);
+      EXPECT_EQ(r.params, ref.params);
+    }
+  }
+  auto sequential = base;
+  sequential.mutable_parallelism()->set_accumulation("sequential");
+  RunResult seq = RunJob(WithPipeline(sequential, 1, 8, "1f1b"));
+  ASSERT_TRUE(seq.status.ok()) << seq.status;
+  ASSERT_EQ(seq.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < seq.losses.size(); ++i) {
+    EXPECT_NEAR(ref.losses[i], seq.losses[i], 1e-5 * std::abs(seq.losses[i]))
+        << "step " << i + 1;
+  }
+  // The switch takes effect: another association, other weight bits.
+  EXPECT_NE(ref.params, seq.params);
+}
+
 TEST(LocalJobTest, MicrobatchCountChangesLossOnlyByRounding) {
   const auto base = ClassificationSpec();
   RunResult m1 = RunJob(WithPipeline(base, 2, 1, "1f1b"));

@@ -150,6 +150,10 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     st->store_.emplace(*std::move(store));
   }
   st->grads_written_.assign(st->blocks_.size(), false);
+  // parallelism.accumulation (docs/ACCUMULATION.md).
+  if (spec.parallelism().accumulation() == "tree") {
+    st->grad_tree_.emplace(st->ctx_, st->store_->total());
+  }
 
   ASSIGN_OR_RETURN(
       StageOptimizer opt,
@@ -260,14 +264,26 @@ absl::Status Stage::BackwardInput(Microbatch* mb) {
 }
 
 absl::Status Stage::BackwardWeight(Microbatch* mb) {
+  // With the tree, each microbatch's gradient is written alone into the
+  // stage's gradient buffer and then added to the tree; without it, the
+  // GEMMs accumulate into the buffer directly.
+  const bool tree = grad_tree_.has_value();
   for (size_t b = 0; b < blocks_.size(); ++b) {
-    absl::Status st = blocks_[b]->BackwardWeight(
-        mb->saved[b].get(), grads_written_[b], &store_->block_grads(b));
+    absl::Status st = blocks_[b]->BackwardWeight(mb->saved[b].get(),
+                                                 !tree && grads_written_[b],
+                                                 &store_->block_grads(b));
     if (!st.ok()) {
       return Prefixed(st, absl::StrCat(Where(), " block ", first_block_ + b,
                                        " weight gradient: "));
     }
     grads_written_[b] = true;
+  }
+  if (tree) {
+    absl::Status st = grad_tree_->Add(store_->grads());
+    if (!st.ok()) {
+      return Prefixed(st, absl::StrCat(Where(), " microbatch ", mb->index,
+                                       " gradient sum: "));
+    }
   }
   mb->saved.clear();
   mb->input = Tensor();
@@ -470,6 +486,11 @@ absl::StatusOr<StepReport> Stage::RunStep() {
       return absl::InternalError(absl::StrCat(
           Where(), ": block ", first_block_ + b, " got no weight gradient"));
     }
+  }
+  // The tree's last fold (a few adds and one copy) is in the step's time
+  // but in no phase or span: the spans stay the schedule's actions.
+  if (grad_tree_.has_value()) {
+    RETURN_IF_ERROR(grad_tree_->Finish(&store_->grads()));
   }
   RETURN_IF_ERROR(OptimizerStep(step, &report));
   if (is_last()) {

@@ -49,6 +49,7 @@
 #include "kernels/exec_context.h"
 #include "task_plugins/task_loader.h"
 #include "worker/dataset.h"
+#include "worker/gradient_tree.h"
 #include "worker/loss_head.h"
 #include "worker/optimizer.h"
 #include "worker/param_store.h"
@@ -259,6 +260,8 @@ class Stage {
   int first_block_ = 0;  // global index of blocks_[0]
   std::optional<ParamStore> store_;
   std::vector<bool> grads_written_;  // per local block, this step
+  // The weight gradients' sum with parallelism.accumulation "tree".
+  std::optional<GradientTree> grad_tree_;
   std::optional<StageOptimizer> optimizer_;
 
   std::unique_ptr<Task> task_;             // first and/or last stage

@@ -51,7 +51,7 @@ void BM_SgemmCeiling(benchmark::State& state) {
 }
 
 void BM_TrainStep(benchmark::State& state, const char* optimizer,
-                  int microbatches) {
+                  int microbatches, bool tree_accumulation = true) {
   SetBlasThreads(static_cast<int>(state.range(0)));
   trainyard::v1::JobSpec spec;
   spec.set_name("bench");
@@ -63,6 +63,8 @@ void BM_TrainStep(benchmark::State& state, const char* optimizer,
     blk->set_ffn_hidden_size(kFfn);
   }
   spec.mutable_parallelism()->set_microbatches(microbatches);
+  spec.mutable_parallelism()->set_accumulation(
+      tree_accumulation ? "tree" : "sequential");
   spec.mutable_optimizer()->set_type(optimizer);
   spec.mutable_optimizer()->set_lr(1e-4);
   spec.mutable_optimizer()->set_clip_grad(1.0);
@@ -120,6 +122,30 @@ BENCHMARK_CAPTURE(BM_TrainStep, sgd, "sgd", 1)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_TrainStep, adamw_4_microbatches, "adamw", 4)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The cost of summing weight gradients in worker/gradient_tree.h's fixed
+// tree (parallelism.accumulation "tree") against one after another inside
+// the GEMMs (the default), side by side (docs/BENCHMARKS.md, "Gradient
+// accumulation order"):
+//   bazel run //worker:train_step_benchmark -- --benchmark_filter=accumulation
+//   \
+//       --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
+BENCHMARK_CAPTURE(BM_TrainStep, accumulation_sequential_m4, "adamw", 4, false)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TrainStep, accumulation_tree_m4, "adamw", 4, true)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TrainStep, accumulation_sequential_m16, "adamw", 16, false)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_TrainStep, accumulation_tree_m16, "adamw", 16, true)
     ->Arg(2)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
