@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <deque>
 #include <map>
 
@@ -59,7 +60,20 @@ std::string ActionToString(const Action& a) {
     case ActionKind::kOptimizerStep:
       return "OPT";
   }
-  return absl::StrCat(prefix, a.microbatch);
+  if (a.chunk == 0) return absl::StrCat(prefix, a.microbatch);
+  return absl::StrCat(prefix, a.microbatch, ".", a.chunk);
+}
+
+int Schedule::VirtualStage(int stage, int chunk) const {
+  if (stage < 0 || stage >= num_stages || chunk < 0 || chunk >= num_chunks) {
+    return -1;
+  }
+  if (layout == ChunkLayout::kV) {
+    if (num_chunks == 1) return stage;
+    if (num_chunks != 2) return -1;
+    return chunk == 0 ? stage : 2 * num_stages - 1 - stage;
+  }
+  return chunk * num_stages + stage;
 }
 
 std::string Schedule::ToString() const {
@@ -74,17 +88,40 @@ std::string Schedule::ToString() const {
 
 namespace {
 
+// The forward of `mb` on virtual stage `vs` of `num_virtual` (held as
+// `chunk` of its stage), with its receive and send.
+void AddForward(int vs, int num_virtual, int mb, int chunk,
+                std::vector<Action>* out) {
+  if (vs > 0) out->push_back({ActionKind::kRecvActivation, mb, chunk});
+  out->push_back({ActionKind::kForward, mb, chunk});
+  if (vs < num_virtual - 1) {
+    out->push_back({ActionKind::kSendActivation, mb, chunk});
+  }
+}
+
+// The input-gradient pass with its receive and send, without the weight
+// pass.
+void AddBackwardInput(int vs, int num_virtual, int mb, int chunk,
+                      std::vector<Action>* out) {
+  if (vs < num_virtual - 1) {
+    out->push_back({ActionKind::kRecvGradient, mb, chunk});
+  }
+  out->push_back({ActionKind::kBackwardInput, mb, chunk});
+  if (vs > 0) out->push_back({ActionKind::kSendGradient, mb, chunk});
+}
+
 void AddForward(int s, int S, int mb, std::vector<Action>* out) {
-  if (s > 0) out->push_back({ActionKind::kRecvActivation, mb});
-  out->push_back({ActionKind::kForward, mb});
-  if (s < S - 1) out->push_back({ActionKind::kSendActivation, mb});
+  AddForward(s, S, mb, 0, out);
+}
+
+void AddBackward(int vs, int num_virtual, int mb, int chunk,
+                 std::vector<Action>* out) {
+  AddBackwardInput(vs, num_virtual, mb, chunk, out);
+  out->push_back({ActionKind::kBackwardWeight, mb, chunk});
 }
 
 void AddBackward(int s, int S, int mb, std::vector<Action>* out) {
-  if (s < S - 1) out->push_back({ActionKind::kRecvGradient, mb});
-  out->push_back({ActionKind::kBackwardInput, mb});
-  if (s > 0) out->push_back({ActionKind::kSendGradient, mb});
-  out->push_back({ActionKind::kBackwardWeight, mb});
+  AddBackward(s, S, mb, 0, out);
 }
 
 Schedule Empty(const char* name, int S, int M, bool training) {
@@ -95,6 +132,94 @@ Schedule Empty(const char* name, int S, int M, bool training) {
   sched.training = training;
   sched.stages.resize(S);
   return sched;
+}
+
+// One run of the ZB-V list scheduler in unit time (every chunk pass costs
+// 1, messages are free): at each tick each stage starts at most one pass,
+// preferring a ready input-gradient pass (chunk 1 first), then a ready
+// forward its memory allows (chunk 1 first), then its oldest pending weight
+// pass. A stage holds a (microbatch, chunk) activation from its forward to
+// its weight pass; a chunk-1 forward needs fewer than 2S held, a chunk-0
+// forward (which lets a new microbatch into the stage) fewer than
+// clamp(S + s + cap_shift, 1, 2S). Fills `passes` (F/B/W per stage, in
+// order) and the makespan in ticks; false when the run stalls.
+bool ListScheduleV(int S, int M, int cap_shift,
+                   std::vector<std::vector<Action>>* passes, int* makespan) {
+  const int V = 2 * S;
+  const int kNever = INT_MAX;
+  // When the activation (gradient) of each microbatch reaches virtual stage
+  // vs from vs - 1 (vs + 1).
+  std::vector<std::vector<int>> act_ready(V, std::vector<int>(M, kNever));
+  std::vector<std::vector<int>> grad_ready(V, std::vector<int>(M, kNever));
+  std::fill(act_ready[0].begin(), act_ready[0].end(), 0);
+  struct StageState {
+    std::array<int, 2> next_f{0, 0}, next_b{0, 0}, next_w{0, 0};
+    int held = 0;
+  };
+  std::vector<StageState> st(S);
+  passes->assign(S, {});
+  int remaining = 6 * S * M;
+  int latest_arrival = 0;
+  for (int t = 0; remaining > 0; ++t) {
+    bool progressed = false;
+    for (int s = 0; s < S; ++s) {
+      StageState& x = st[s];
+      const int cap0 = std::clamp(S + s + cap_shift, 1, V);
+      const int vs[2] = {s, V - 1 - s};
+      Action pick{ActionKind::kOptimizerStep, -1, 0};
+      for (int c : {1, 0}) {
+        const int mb = x.next_b[c];
+        if (mb < x.next_f[c] &&
+            (vs[c] == V - 1 || grad_ready[vs[c]][mb] <= t)) {
+          pick = {ActionKind::kBackwardInput, mb, c};
+          break;
+        }
+      }
+      if (pick.microbatch < 0) {
+        for (int c : {1, 0}) {
+          const int mb = x.next_f[c];
+          if (mb < M && act_ready[vs[c]][mb] <= t &&
+              x.held < (c == 1 ? V : cap0)) {
+            pick = {ActionKind::kForward, mb, c};
+            break;
+          }
+        }
+      }
+      if (pick.microbatch < 0) {
+        for (int c : {1, 0}) {
+          if (x.next_w[c] < x.next_b[c]) {
+            pick = {ActionKind::kBackwardWeight, x.next_w[c], c};
+            break;
+          }
+        }
+      }
+      if (pick.microbatch < 0) continue;
+      const int c = pick.chunk;
+      const int mb = pick.microbatch;
+      switch (pick.kind) {
+        case ActionKind::kForward:
+          ++x.next_f[c];
+          ++x.held;
+          if (vs[c] < V - 1) act_ready[vs[c] + 1][mb] = t + 1;
+          break;
+        case ActionKind::kBackwardInput:
+          ++x.next_b[c];
+          if (vs[c] > 0) grad_ready[vs[c] - 1][mb] = t + 1;
+          break;
+        default:
+          ++x.next_w[c];
+          --x.held;
+          break;
+      }
+      latest_arrival = std::max(latest_arrival, t + 1);
+      (*passes)[s].push_back(pick);
+      *makespan = t + 1;
+      --remaining;
+      progressed = true;
+    }
+    if (!progressed && t >= latest_arrival) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -134,9 +259,7 @@ Schedule MakeZeroBubbleH1Schedule(int S, int M) {
     const int warmup = std::min(S - s - 1, M);
     const int first_deferred = M - warmup;  // W of these mbs runs last
     auto backward = [&](int mb) {
-      if (s < S - 1) acts.push_back({ActionKind::kRecvGradient, mb});
-      acts.push_back({ActionKind::kBackwardInput, mb});
-      if (s > 0) acts.push_back({ActionKind::kSendGradient, mb});
+      AddBackwardInput(s, S, mb, 0, &acts);
       if (mb < first_deferred)
         acts.push_back({ActionKind::kBackwardWeight, mb});
     };
@@ -155,6 +278,105 @@ Schedule MakeZeroBubbleH1Schedule(int S, int M) {
   return sched;
 }
 
+absl::StatusOr<Schedule> MakeInterleavedSchedule(int S, int M, int v) {
+  if (S < 1 || M < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule interleaved: needs >= 1 stage and microbatch, got ", S,
+        " and ", M));
+  }
+  if (v < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule interleaved: needs >= 2 chunks per stage, got ",
+                     v, " (with one chunk it is 1f1b)"));
+  }
+  if (M % S != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule interleaved: microbatches (", M,
+        ") must be a multiple of stages (", S,
+        "): it runs microbatches through each chunk in groups of ", S));
+  }
+  Schedule sched = Empty("interleaved", S, M, true);
+  sched.num_chunks = v;
+  sched.layout = ChunkLayout::kLoop;
+  const int V = S * v;
+  const int total = M * v;  // chunk passes of each kind per stage
+  // The k-th chunk forward (backward) of a stage: groups of S microbatches
+  // visit chunk 0, 1, ..., v-1 (backwards: v-1, ..., 0) in turn.
+  auto chunk_of = [&](int k, bool forward) {
+    const int c = (k % (S * v)) / S;
+    return forward ? c : v - 1 - c;
+  };
+  auto microbatch_of = [&](int k) { return (k / (S * v)) * S + k % S; };
+  for (int s = 0; s < S; ++s) {
+    auto& acts = sched.stages[s];
+    auto forward = [&](int k) {
+      const int c = chunk_of(k, true);
+      AddForward(c * S + s, V, microbatch_of(k), c, &acts);
+    };
+    auto backward = [&](int k) {
+      const int c = chunk_of(k, false);
+      AddBackward(c * S + s, V, microbatch_of(k), c, &acts);
+    };
+    const int warmup = std::min(2 * (S - s - 1) + (v - 1) * S, total);
+    for (int k = 0; k < warmup; ++k) forward(k);
+    for (int k = 0; k < total - warmup; ++k) {
+      forward(warmup + k);
+      backward(k);
+    }
+    for (int k = total - warmup; k < total; ++k) backward(k);
+    acts.push_back({ActionKind::kOptimizerStep, -1});
+  }
+  return sched;
+}
+
+absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(int S, int M) {
+  if (S < 1 || M < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule zbv: needs >= 1 stage and microbatch, got ", S, " and ", M));
+  }
+  // Try warm-up caps around S + s, nearest first; keep the shortest step.
+  std::vector<std::vector<Action>> best;
+  int best_makespan = INT_MAX;
+  for (int i = 0; i <= 2 * S; ++i) {
+    const int shift = (i % 2 == 0) ? -(i / 2) : (i + 1) / 2;  // 0,1,-1,...
+    std::vector<std::vector<Action>> passes;
+    int makespan = 0;
+    if (!ListScheduleV(S, M, shift, &passes, &makespan)) continue;
+    if (makespan < best_makespan) {
+      best_makespan = makespan;
+      best = std::move(passes);
+    }
+  }
+  if (best.empty()) {
+    return absl::InternalError(absl::StrCat(
+        "schedule zbv: the list scheduler stalled for every warm-up cap (S=", S,
+        ", M=", M, ")"));
+  }
+  Schedule sched = Empty("zbv", S, M, true);
+  sched.num_chunks = 2;
+  sched.layout = ChunkLayout::kV;
+  const int V = 2 * S;
+  for (int s = 0; s < S; ++s) {
+    auto& acts = sched.stages[s];
+    for (const Action& p : best[s]) {
+      const int vs = sched.VirtualStage(s, p.chunk);
+      switch (p.kind) {
+        case ActionKind::kForward:
+          AddForward(vs, V, p.microbatch, p.chunk, &acts);
+          break;
+        case ActionKind::kBackwardInput:
+          AddBackwardInput(vs, V, p.microbatch, p.chunk, &acts);
+          break;
+        default:
+          acts.push_back(p);
+          break;
+      }
+    }
+    acts.push_back({ActionKind::kOptimizerStep, -1});
+  }
+  return sched;
+}
+
 Schedule MakeForwardOnlySchedule(int S, int M) {
   Schedule sched = Empty("forward", S, M, false);
   for (int s = 0; s < S; ++s) {
@@ -165,6 +387,14 @@ Schedule MakeForwardOnlySchedule(int S, int M) {
 
 absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
                                               int M) {
+  if (name == "interleaved" || name == "zbv") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule \"", name,
+        "\" needs several model chunks per stage, which this runner does not "
+        "execute yet (it is generated and validated: see `trainyard schedule "
+        "--schedule ",
+        name, "`)"));
+  }
   if (S < 1 || M < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule needs >= 1 stage and microbatch, got ", S, " and ", M));
@@ -177,9 +407,36 @@ absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
                    "\" (expected \"gpipe\", \"1f1b\" or \"zbh1\")"));
 }
 
+absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
+                                              int M, int chunks) {
+  if (name == "interleaved") {
+    return MakeInterleavedSchedule(S, M, chunks == 0 ? 2 : chunks);
+  }
+  if (name == "zbv") {
+    if (chunks != 0 && chunks != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule zbv: holds exactly 2 chunks per stage, got ", chunks));
+    }
+    return MakeZeroBubbleVSchedule(S, M);
+  }
+  if (name == "gpipe" || name == "1f1b" || name == "zbh1") {
+    if (chunks != 0 && chunks != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule ", name, ": holds 1 chunk per stage, got ",
+                       chunks, " (\"interleaved\" and \"zbv\" take chunks)"));
+    }
+    return MakeTrainingSchedule(name, S, M);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown schedule \"", name,
+      "\" (expected \"gpipe\", \"1f1b\", \"zbh1\", \"interleaved\" or "
+      "\"zbv\")"));
+}
+
 absl::Status ValidateSchedule(const Schedule& sched) {
   const int S = sched.num_stages;
   const int M = sched.num_microbatches;
+  const int v = sched.num_chunks;
   auto fail = [&](int s, const std::string& why) {
     return absl::FailedPreconditionError(
         absl::StrCat("schedule ", sched.name, ": stage ", s, ": ", why));
@@ -189,13 +446,29 @@ absl::Status ValidateSchedule(const Schedule& sched) {
         "schedule ", sched.name, ": has ", sched.stages.size(),
         " stage lists for ", S, " stages and ", M, " microbatches"));
   }
-  // Per-stage ordering rules.
+  if (v < 1 || (sched.layout == ChunkLayout::kV && v > 2)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("schedule ", sched.name, ": ", v,
+                     " chunks per stage (must be >= 1; at most 2 for the V "
+                     "layout)"));
+  }
+  const int V = sched.num_virtual_stages();
+  const bool chunked = v > 1;
+  const char* unit = chunked ? "virtual stage" : "stage";
+  std::vector<int> stage_of(V);
   for (int s = 0; s < S; ++s) {
-    std::vector<int> fwd(M, 0), bin(M, 0), bw(M, 0);
-    std::vector<int> recv_act(M, 0), sent_act(M, 0), recv_grad(M, 0),
-        sent_grad(M, 0);
+    for (int c = 0; c < v; ++c) stage_of[sched.VirtualStage(s, c)] = s;
+  }
+  // Per (stage, chunk) ordering rules.
+  for (int s = 0; s < S; ++s) {
+    auto per_chunk = [&] {
+      return std::vector<std::vector<int>>(v, std::vector<int>(M, 0));
+    };
+    auto fwd = per_chunk(), bin = per_chunk(), bw = per_chunk();
+    auto recv_act = per_chunk(), sent_act = per_chunk(),
+         recv_grad = per_chunk(), sent_grad = per_chunk();
+    std::vector<int> next_weight(v, 0);
     int optimizer_steps = 0;
-    int next_weight = 0;
     for (const Action& a : sched.stages[s]) {
       const std::string what = ActionToString(a);
       if (optimizer_steps > 0) return fail(s, what + " after optimizer-step");
@@ -204,67 +477,95 @@ absl::Status ValidateSchedule(const Schedule& sched) {
         ++optimizer_steps;
         continue;
       }
+      if (a.chunk < 0 || a.chunk >= v) {
+        return fail(s, absl::StrCat(what, ": chunk out of range [0, ", v, ")"));
+      }
       if (a.microbatch < 0 || a.microbatch >= M) {
         return fail(
             s, absl::StrCat(what, ": microbatch out of range [0, ", M, ")"));
       }
       const int mb = a.microbatch;
+      const int c = a.chunk;
+      const int vs = sched.VirtualStage(s, c);
+      const bool first = vs == 0;
+      const bool last = vs == V - 1;
       switch (a.kind) {
         case ActionKind::kRecvActivation:
-          if (s == 0) return fail(s, what + ": first stage has no sender");
-          if (recv_act[mb]++) return fail(s, what + " twice");
+          if (first) {
+            return fail(s,
+                        absl::StrCat(what, ": first ", unit, " has no sender"));
+          }
+          if (recv_act[c][mb]++) return fail(s, what + " twice");
           break;
         case ActionKind::kForward:
-          if (s > 0 && !recv_act[mb]) return fail(s, what + " before <A");
-          if (fwd[mb]++) return fail(s, what + " twice");
+          if (!first && !recv_act[c][mb]) return fail(s, what + " before <A");
+          if (fwd[c][mb]++) return fail(s, what + " twice");
           break;
         case ActionKind::kSendActivation:
-          if (s == S - 1) return fail(s, what + ": last stage has no receiver");
-          if (!fwd[mb]) return fail(s, what + " before its forward");
-          if (sent_act[mb]++) return fail(s, what + " twice");
+          if (last) {
+            return fail(
+                s, absl::StrCat(what, ": last ", unit, " has no receiver"));
+          }
+          if (!fwd[c][mb]) return fail(s, what + " before its forward");
+          if (sent_act[c][mb]++) return fail(s, what + " twice");
           break;
         case ActionKind::kRecvGradient:
           if (!sched.training) return fail(s, what + " in forward-only");
-          if (s == S - 1) return fail(s, what + ": last stage has no sender");
-          if (recv_grad[mb]++) return fail(s, what + " twice");
+          if (last) {
+            return fail(s,
+                        absl::StrCat(what, ": last ", unit, " has no sender"));
+          }
+          if (recv_grad[c][mb]++) return fail(s, what + " twice");
           break;
         case ActionKind::kBackwardInput:
           if (!sched.training) return fail(s, what + " in forward-only");
-          if (!fwd[mb]) return fail(s, what + " before its forward");
-          if (s < S - 1 && !recv_grad[mb]) return fail(s, what + " before <G");
-          if (bin[mb]++) return fail(s, what + " twice");
+          if (!fwd[c][mb]) return fail(s, what + " before its forward");
+          if (!last && !recv_grad[c][mb]) return fail(s, what + " before <G");
+          if (bin[c][mb]++) return fail(s, what + " twice");
           break;
         case ActionKind::kSendGradient:
-          if (s == 0) return fail(s, what + ": first stage has no receiver");
-          if (!bin[mb]) return fail(s, what + " before its backward-input");
-          if (sent_grad[mb]++) return fail(s, what + " twice");
+          if (first) {
+            return fail(
+                s, absl::StrCat(what, ": first ", unit, " has no receiver"));
+          }
+          if (!bin[c][mb]) return fail(s, what + " before its backward-input");
+          if (sent_grad[c][mb]++) return fail(s, what + " twice");
           break;
         case ActionKind::kBackwardWeight:
-          if (!bin[mb]) return fail(s, what + " before its backward-input");
-          if (bw[mb]++) return fail(s, what + " twice");
+          if (!bin[c][mb]) return fail(s, what + " before its backward-input");
+          if (bw[c][mb]++) return fail(s, what + " twice");
           // Gradients accumulate in this order; ascending order under every
           // schedule is what keeps results bitwise equal across schedules.
-          if (mb != next_weight) {
-            return fail(s, absl::StrCat(what,
-                                        ": weight gradients must run in "
-                                        "ascending microbatch order, "
-                                        "expected W",
-                                        next_weight));
+          if (mb != next_weight[c]) {
+            return fail(s, ActionToString(a) +
+                               ": weight gradients must run in ascending "
+                               "microbatch order, expected " +
+                               ActionToString({ActionKind::kBackwardWeight,
+                                               next_weight[c], c}));
           }
-          ++next_weight;
+          ++next_weight[c];
           break;
         case ActionKind::kOptimizerStep:
           break;
       }
     }
-    for (int mb = 0; mb < M; ++mb) {
-      const std::string m = absl::StrCat(" of microbatch ", mb);
-      if (!fwd[mb]) return fail(s, "no forward" + m);
-      if (s < S - 1 && !sent_act[mb]) return fail(s, "no send-activation" + m);
-      if (sched.training) {
-        if (!bin[mb]) return fail(s, "no backward-input" + m);
-        if (!bw[mb]) return fail(s, "no backward-weight" + m);
-        if (s > 0 && !sent_grad[mb]) return fail(s, "no send-gradient" + m);
+    for (int c = 0; c < v; ++c) {
+      const int vs = sched.VirtualStage(s, c);
+      for (int mb = 0; mb < M; ++mb) {
+        const std::string m =
+            absl::StrCat(" of microbatch ", mb,
+                         chunked ? absl::StrCat(", chunk ", c) : std::string());
+        if (!fwd[c][mb]) return fail(s, "no forward" + m);
+        if (vs < V - 1 && !sent_act[c][mb]) {
+          return fail(s, "no send-activation" + m);
+        }
+        if (sched.training) {
+          if (!bin[c][mb]) return fail(s, "no backward-input" + m);
+          if (!bw[c][mb]) return fail(s, "no backward-weight" + m);
+          if (vs > 0 && !sent_grad[c][mb]) {
+            return fail(s, "no send-gradient" + m);
+          }
+        }
       }
     }
     if (sched.training && optimizer_steps != 1) {
@@ -272,9 +573,9 @@ absl::Status ValidateSchedule(const Schedule& sched) {
     }
   }
 
-  // Simulate: buffered sends, blocking FIFO receives.
-  // act[s]: activations in flight from s to s+1; grad[s]: from s+1 to s.
-  std::vector<std::deque<int>> act(S), grad(S);
+  // Simulate: buffered sends, blocking FIFO receives. act[vs]: activations
+  // in flight from virtual stage vs to vs+1; grad[vs]: from vs+1 to vs.
+  std::vector<std::deque<int>> act(V), grad(V);
   std::vector<size_t> pc(S, 0);
   while (true) {
     bool progressed = false;
@@ -283,9 +584,10 @@ absl::Status ValidateSchedule(const Schedule& sched) {
       const auto& acts = sched.stages[s];
       while (pc[s] < acts.size()) {
         const Action& a = acts[pc[s]];
+        const int vs = sched.VirtualStage(s, a.chunk);
         std::deque<int>* in = nullptr;
-        if (a.kind == ActionKind::kRecvActivation) in = &act[s - 1];
-        if (a.kind == ActionKind::kRecvGradient) in = &grad[s];
+        if (a.kind == ActionKind::kRecvActivation) in = &act[vs - 1];
+        if (a.kind == ActionKind::kRecvGradient) in = &grad[vs];
         if (in != nullptr) {
           if (in->empty()) break;  // blocked
           if (in->front() != a.microbatch) {
@@ -296,10 +598,12 @@ absl::Status ValidateSchedule(const Schedule& sched) {
           }
           in->pop_front();
         }
-        if (a.kind == ActionKind::kSendActivation)
-          act[s].push_back(a.microbatch);
-        if (a.kind == ActionKind::kSendGradient)
-          grad[s - 1].push_back(a.microbatch);
+        if (a.kind == ActionKind::kSendActivation) {
+          act[vs].push_back(a.microbatch);
+        }
+        if (a.kind == ActionKind::kSendGradient) {
+          grad[vs - 1].push_back(a.microbatch);
+        }
         ++pc[s];
         progressed = true;
       }
@@ -319,51 +623,74 @@ absl::Status ValidateSchedule(const Schedule& sched) {
           " wait forever"));
     }
   }
-  for (int s = 0; s < S; ++s) {
-    if (!act[s].empty() || !grad[s].empty()) {
-      return fail(s, "messages sent but never received");
+  for (int vs = 0; vs < V; ++vs) {
+    if (!act[vs].empty() || !grad[vs].empty()) {
+      return fail(stage_of[vs], "messages sent but never received");
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> SimulatedBubble(const Schedule& sched, double forward,
-                                       double backward_input,
-                                       double backward_weight) {
+absl::StatusOr<ScheduleSimulation> SimulateSchedule(const Schedule& sched,
+                                                    const PassCosts& costs) {
   const int S = sched.num_stages;
-  // When each message is available: [from stage][kind: 0 activation, 1
-  // gradient] -> per microbatch, in send order.
-  std::vector<std::array<std::map<int, double>, 2>> sent(S);
+  const int v = sched.num_chunks;
+  if (S < 1 || v < 1 || static_cast<int>(sched.stages.size()) != S) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("schedule ", sched.name, ": has ", sched.stages.size(),
+                     " stage lists for ", S, " stages and ", v, " chunks"));
+  }
+  const int V = sched.num_virtual_stages();
+  // When each message is available: [sender virtual stage][kind: 0
+  // activation, 1 gradient] -> per microbatch.
+  std::vector<std::array<std::map<int, double>, 2>> sent(V);
   std::vector<size_t> next(S, 0);
-  std::vector<double> clock(S, 0), busy(S, 0);
+  std::vector<double> clock(S, 0);
+  std::vector<int> held(S, 0);
+  ScheduleSimulation sim;
+  sim.busy.assign(S, 0);
+  sim.peak_chunk_activations.assign(S, 0);
+  sim.timeline.resize(S);
   bool progress = true;
   while (progress) {
     progress = false;
     for (int s = 0; s < S; ++s) {
       while (next[s] < sched.stages[s].size()) {
         const Action& a = sched.stages[s][next[s]];
+        const int vs = sched.VirtualStage(s, a.chunk);
+        if (vs < 0 && a.kind != ActionKind::kOptimizerStep) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "schedule ", sched.name, ": stage ", s, ": ", ActionToString(a),
+              ": chunk out of range [0, ", v, ")"));
+        }
         double cost = 0;
         switch (a.kind) {
           case ActionKind::kForward:
-            cost = forward;
+            cost = costs.forward / v;
+            // An eval forward keeps nothing for a backward.
+            if (sched.training) {
+              sim.peak_chunk_activations[s] =
+                  std::max(sim.peak_chunk_activations[s], ++held[s]);
+            }
             break;
           case ActionKind::kBackwardInput:
-            cost = backward_input;
+            cost = costs.backward_input / v;
             break;
           case ActionKind::kBackwardWeight:
-            cost = backward_weight;
+            cost = costs.backward_weight / v;
+            --held[s];
             break;
           case ActionKind::kSendActivation:
-            sent[s][0][a.microbatch] = clock[s];
+            sent[vs][0][a.microbatch] = clock[s];
             break;
           case ActionKind::kSendGradient:
-            sent[s][1][a.microbatch] = clock[s];
+            sent[vs][1][a.microbatch] = clock[s];
             break;
           case ActionKind::kRecvActivation:
           case ActionKind::kRecvGradient: {
             const bool act = a.kind == ActionKind::kRecvActivation;
-            const int from = act ? s - 1 : s + 1;
-            if (from < 0 || from >= S) {
+            const int from = act ? vs - 1 : vs + 1;
+            if (from < 0 || from >= V) {
               return absl::FailedPreconditionError(
                   absl::StrCat("schedule ", sched.name, ": stage ", s,
                                " receives from no stage"));
@@ -377,8 +704,13 @@ absl::StatusOr<double> SimulatedBubble(const Schedule& sched, double forward,
           case ActionKind::kOptimizerStep:
             break;
         }
+        if (a.kind == ActionKind::kForward ||
+            a.kind == ActionKind::kBackwardInput ||
+            a.kind == ActionKind::kBackwardWeight) {
+          sim.timeline[s].push_back({a, clock[s], clock[s] + cost});
+        }
         clock[s] += cost;
-        busy[s] += cost;
+        sim.busy[s] += cost;
         ++next[s];
         progress = true;
       }
@@ -392,11 +724,27 @@ absl::StatusOr<double> SimulatedBubble(const Schedule& sched, double forward,
           ActionToString(sched.stages[s][next[s]])));
     }
   }
-  const double makespan = *std::max_element(clock.begin(), clock.end());
-  if (makespan <= 0) return 0.0;
-  double idle = 0;
-  for (int s = 0; s < S; ++s) idle += (makespan - busy[s]) / makespan;
-  return idle / S;
+  sim.makespan = *std::max_element(clock.begin(), clock.end());
+  double idle_sum = 0, busy_sum = 0;
+  for (int s = 0; s < S; ++s) {
+    sim.idle.push_back(sim.makespan - sim.busy[s]);
+    sim.peak_in_flight.push_back(
+        static_cast<double>(sim.peak_chunk_activations[s]) / v);
+    idle_sum += sim.idle[s];
+    busy_sum += sim.busy[s];
+    if (sim.makespan > 0) sim.bubble += sim.idle[s] / sim.makespan / S;
+  }
+  if (busy_sum > 0) sim.bubble_of_compute = idle_sum / busy_sum;
+  return sim;
+}
+
+absl::StatusOr<double> SimulatedBubble(const Schedule& sched, double forward,
+                                       double backward_input,
+                                       double backward_weight) {
+  absl::StatusOr<ScheduleSimulation> sim = SimulateSchedule(
+      sched, PassCosts{forward, backward_input, backward_weight});
+  if (!sim.ok()) return sim.status();
+  return sim->bubble;
 }
 
 }  // namespace trainyard

@@ -16,6 +16,7 @@ PACKAGES=(
   libopenblas-dev libopenblas0-pthread
   libgtest-dev libgmock-dev libbenchmark-dev
   libsqlite3-dev nlohmann-json3-dev libssl-dev zlib1g-dev prometheus-cpp-dev
+  libgloo-dev
   python3-numpy python3-sklearn python3-torch python3-pip
   python3-grpcio python3-protobuf python3-setuptools python3-venv python3-yaml
   iperf3 procps

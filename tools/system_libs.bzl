@@ -38,6 +38,8 @@ _PKG_CONFIG = {
 
 _PLAIN = {
     "dl": ["-ldl"],
+    # Debian's libgloo-dev ships CMake files but no .pc.
+    "gloo": ["-lgloo", "-lpthread"],
     "pthread": ["-lpthread"],
     "grpc_reflection": ["-lgrpc++_reflection"],
     "benchmark_main": ["-lbenchmark_main", "-lbenchmark", "-lpthread"],

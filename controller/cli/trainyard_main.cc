@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -26,6 +27,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -38,6 +40,7 @@
 #include "core/file_util.h"
 #include "core/job_plan.h"
 #include "core/schedule.h"
+#include "core/schedule_timeline.h"
 #include "core/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/blas.h"
@@ -62,7 +65,19 @@ ABSL_FLAG(std::string, precision, "",
           "train: fp32, tf32 or bf16 (default: the spec's precision).");
 ABSL_FLAG(int, stages, 0,
           "train: pipeline stages (default: the spec's), blocks split "
-          "evenly by parameter count.");
+          "evenly by parameter count. schedule: pipeline stages.");
+ABSL_FLAG(int, microbatches, 0, "schedule: microbatches per step.");
+ABSL_FLAG(std::string, schedule, "1f1b",
+          "schedule: gpipe, 1f1b, zbh1, interleaved or zbv.");
+ABSL_FLAG(int, chunks, 0,
+          "schedule: model chunks per stage (default: 1; 2 for interleaved "
+          "and zbv).");
+ABSL_FLAG(std::string, costs, "1,1,1",
+          "schedule: time of a whole stage's forward, input-gradient and "
+          "weight-gradient pass of one microbatch, as F,B,W (e.g. measured "
+          "with `get JOB --stages`; 1,2,0 is an unsplit backward).");
+ABSL_FLAG(std::string, svg, "", "schedule: also draw the timeline here.");
+ABSL_FLAG(int, width, 120, "schedule: columns of the text timeline.");
 ABSL_FLAG(int64_t, stop_after_step, 0,
           "Stop after this many completed steps, as if interrupted "
           "(checkpoints permitting, a rerun with resume \"latest\" "
@@ -165,7 +180,13 @@ constexpr char kUsage[] =
     "                               make a token for a user\n"
     "  health --address HOST:PORT [--service S]\n"
     "                               check a daemon's grpc.health.v1 (exit 0 "
-    "when SERVING)\n\n"
+    "when SERVING)\n"
+    "  schedule --stages S --microbatches M --schedule NAME [--chunks V]\n"
+    "           [--costs F,B,W] [--svg FILE] [--width N]\n"
+    "                               print a pipeline schedule's actions, "
+    "timeline,\n"
+    "                               bubble and peak activations (no "
+    "controller needed)\n\n"
     "Client commands reach --controller (or $TRAINYARD_CONTROLLER) over TLS "
     "with the CA in --tls_ca (or $TRAINYARD_CA) and the token in "
     "$TRAINYARD_TOKEN (or --token_file, $TRAINYARD_TOKEN_FILE); --insecure "
@@ -1110,6 +1131,112 @@ int Health() {
                                                                          : 1;
 }
 
+// `trainyard schedule`: a schedule as data, simulated. Needs no controller.
+int ScheduleCommand() {
+  const int S = absl::GetFlag(FLAGS_stages);
+  const int M = absl::GetFlag(FLAGS_microbatches);
+  const std::string name = absl::GetFlag(FLAGS_schedule);
+  if (S < 1 || M < 1) {
+    std::cerr << "usage: trainyard schedule --stages S --microbatches M "
+                 "--schedule NAME [--chunks V] [--costs F,B,W] [--svg FILE] "
+                 "[--width N]\n"
+                 "trainyard schedule: --stages and --microbatches must be "
+                 ">= 1, got "
+              << S << " and " << M << "\n";
+    return 2;
+  }
+  PassCosts costs;
+  {
+    const std::string text = absl::GetFlag(FLAGS_costs);
+    std::vector<std::string> parts = absl::StrSplit(text, ',');
+    double v[3];
+    bool ok = parts.size() == 3;
+    for (size_t i = 0; ok && i < 3; ++i) {
+      ok =
+          absl::SimpleAtod(parts[i], &v[i]) && std::isfinite(v[i]) && v[i] >= 0;
+    }
+    if (!ok || v[0] + v[1] + v[2] <= 0) {
+      std::cerr << "trainyard schedule: --costs: expected F,B,W, three "
+                   "finite times >= 0 (not all 0), got \""
+                << text << "\"\n";
+      return 2;
+    }
+    costs = PassCosts{v[0], v[1], v[2]};
+  }
+  absl::StatusOr<Schedule> sched =
+      MakeTrainingSchedule(name, S, M, absl::GetFlag(FLAGS_chunks));
+  if (!sched.ok()) {
+    std::cerr << "trainyard schedule: " << sched.status().message() << "\n";
+    return 2;
+  }
+  if (absl::Status valid = ValidateSchedule(*sched); !valid.ok()) {
+    std::cerr << "trainyard schedule: " << valid.message() << "\n";
+    return 1;
+  }
+  absl::StatusOr<ScheduleSimulation> sim = SimulateSchedule(*sched, costs);
+  if (!sim.ok()) {
+    std::cerr << "trainyard schedule: " << sim.status().message() << "\n";
+    return 1;
+  }
+  const int v = sched->num_chunks;
+  std::cout << absl::StrFormat(
+      "schedule %s: %d stage(s), %d microbatch(es), %d chunk(s) per stage",
+      sched->name, S, M, v);
+  if (v > 1 && sched->layout == ChunkLayout::kV) {
+    std::cout << absl::StrFormat(
+        " (V: stage s holds virtual stages s and %d-s; loss on stage 0 "
+        "chunk 1)",
+        2 * S - 1);
+  } else if (v > 1) {
+    std::cout << absl::StrFormat(
+        " (loop: chunk c of stage s is virtual stage c*%d+s)", S);
+  }
+  std::cout << absl::StrFormat(
+      "\ncosts per microbatch on a whole stage: forward %g, input gradient "
+      "%g, weight gradient %g",
+      costs.forward, costs.backward_input, costs.backward_weight);
+  if (v > 1) std::cout << absl::StrFormat(" (a chunk pass: 1/%d of that)", v);
+  std::cout << "\nvalid: every send received, no deadlock, weight gradients "
+               "in ascending microbatch order per chunk\n\nactions:\n"
+            << sched->ToString() << "\ntimeline:\n"
+            << RenderTextTimeline(*sched, *sim, absl::GetFlag(FLAGS_width))
+            << "\n";
+  std::cout << absl::StrFormat("%-6s %8s %8s %8s %16s\n", "stage", "busy",
+                               "idle", "bubble", "peak_in_flight");
+  for (int s = 0; s < S; ++s) {
+    std::string peak = absl::StrFormat("%.4g", sim->peak_in_flight[s]);
+    if (v > 1) {
+      absl::StrAppendFormat(&peak, " (%d chunks)",
+                            sim->peak_chunk_activations[s]);
+    }
+    std::cout << absl::StrFormat(
+        "%-6d %8g %8g %8.4f %16s\n", s, sim->busy[s], sim->idle[s],
+        sim->makespan > 0 ? sim->idle[s] / sim->makespan : 0.0, peak);
+  }
+  std::cout << absl::StrFormat(
+      "step %g; bubble %.4f of the step (idle / (idle + busy), mean over "
+      "stages), %.4f of compute (idle / busy)\n"
+      "peak_in_flight: microbatches whose activations a stage holds at once "
+      "(forward to weight pass), in whole-stage microbatches\n",
+      sim->makespan, sim->bubble, sim->bubble_of_compute);
+  if (name == "interleaved" || name == "zbv") {
+    std::cout << "note: the worker's runner does not execute multi-chunk "
+                 "schedules yet\n";
+  }
+  const std::string svg = absl::GetFlag(FLAGS_svg);
+  if (!svg.empty()) {
+    std::ofstream f(svg, std::ios::binary | std::ios::trunc);
+    f << RenderSvgTimeline(*sched, *sim);
+    f.close();
+    if (!f) {
+      std::cerr << "trainyard schedule: --svg: cannot write " << svg << "\n";
+      return 1;
+    }
+    std::cerr << "trainyard schedule: wrote " << svg << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace trainyard
 
@@ -1146,6 +1273,7 @@ int main(int argc, char** argv) {
   if (command == "certs") return trainyard::Certs();
   if (command == "token") return trainyard::Token();
   if (command == "health") return trainyard::Health();
+  if (command == "schedule") return trainyard::ScheduleCommand();
   std::cerr << "trainyard: unknown command \"" << command << "\"\n"
             << trainyard::kUsage;
   return 2;

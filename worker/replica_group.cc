@@ -1,0 +1,144 @@
+#include "worker/replica_group.h"
+
+#include <gloo/allgather.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/exec_context.h"
+#include "worker/gradient_tree.h"
+
+namespace trainyard {
+namespace {
+
+// Gloo's store over our Rendezvous (same write-once contract). Gloo
+// reports store failures as exceptions; Join catches them.
+class RendezvousStore final : public gloo::rendezvous::Store {
+ public:
+  RendezvousStore(Rendezvous* rendezvous, absl::Duration timeout)
+      : rendezvous_(rendezvous), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status st =
+        rendezvous_->Put(key, std::string(data.begin(), data.end()));
+    if (!st.ok()) throw gloo::IoException(std::string(st.message()));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::string> v = rendezvous_->Get(key, timeout_);
+    if (!v.ok()) throw gloo::IoException(std::string(v.status().message()));
+    return std::vector<char>(v->begin(), v->end());
+  }
+
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, absl::ToChronoMilliseconds(timeout_));
+  }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    for (const std::string& key : keys) {
+      absl::StatusOr<std::string> v =
+          rendezvous_->Get(key, absl::FromChrono(timeout));
+      if (!v.ok()) throw gloo::IoException(std::string(v.status().message()));
+    }
+  }
+
+ private:
+  Rendezvous* const rendezvous_;
+  const absl::Duration timeout_;
+};
+
+}  // namespace
+
+ReplicaGroup::ReplicaGroup(ReplicaGroupOptions options,
+                           std::shared_ptr<gloo::Context> context)
+    : options_(std::move(options)), context_(std::move(context)) {}
+
+ReplicaGroup::~ReplicaGroup() = default;
+
+std::string ReplicaGroup::Name() const {
+  return absl::StrCat("replica group ", options_.key_prefix, " (replica ",
+                      options_.rank, " of ", options_.size, ")");
+}
+
+absl::StatusOr<std::unique_ptr<ReplicaGroup>> ReplicaGroup::Join(
+    Rendezvous* rendezvous, const ReplicaGroupOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica group ", options.key_prefix, ": rank ",
+                     options.rank, " of ", options.size));
+  }
+  if (options.size == 1) {
+    return std::unique_ptr<ReplicaGroup>(new ReplicaGroup(options, nullptr));
+  }
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<gloo::transport::Device> device =
+        gloo::transport::tcp::CreateDevice(attr);
+    auto context =
+        std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
+    context->setTimeout(absl::ToChronoMilliseconds(options.timeout));
+    RendezvousStore store(rendezvous, options.timeout);
+    gloo::rendezvous::PrefixStore prefixed(options.key_prefix + "/gloo", store);
+    context->connectFullMesh(prefixed, device);
+    return std::unique_ptr<ReplicaGroup>(
+        new ReplicaGroup(options, std::move(context)));
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    const std::string message = absl::StrCat(
+        "replica group ", options.key_prefix, " (replica ", options.rank,
+        " of ", options.size, "): joining failed: ", what.substr(0, 512));
+    if (what.find("imed out") != std::string::npos ||
+        what.find("deadline") != std::string::npos ||
+        what.find("Deadline") != std::string::npos) {
+      return absl::DeadlineExceededError(message);
+    }
+    return absl::UnavailableError(message);
+  }
+}
+
+absl::Status ReplicaGroup::SumInTreeOrder(Tensor* gradient) {
+  if (gradient->dtype() != DType::kFloat32 || !gradient->device().is_cpu()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Name(), ": gradients must be float32 on the host"));
+  }
+  if (options_.size == 1) return absl::OkStatus();
+  const int64_t n = gradient->numel();
+  std::vector<float> all(static_cast<size_t>(n) * options_.size);
+  try {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(gradient->data<float>(), static_cast<size_t>(n));
+    opts.setOutput(all.data(), all.size());
+    opts.setTag(next_tag_++);
+    opts.setTimeout(absl::ToChronoMilliseconds(options_.timeout));
+    gloo::allgather(opts);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(Name(), ": gradient all-gather failed: ",
+                     std::string(e.what()).substr(0, 512)));
+  }
+  // The replicas' block sums, folded in replica order by the same counter
+  // a single replica uses for its microbatches.
+  static const absl::StatusOr<std::unique_ptr<ExecContext>> host =
+      ExecContext::Create(Device::Cpu(), Precision::kFp32);
+  if (!host.ok()) return host.status();
+  GradientTree tree(host->get(), n);
+  for (int r = 0; r < options_.size; ++r) {
+    Tensor block = Tensor::Empty(DType::kFloat32, {n});
+    std::copy(all.begin() + r * n, all.begin() + (r + 1) * n,
+              block.data<float>());
+    absl::Status st = tree.Add(block);
+    if (!st.ok()) return st;
+  }
+  return tree.Finish(gradient);
+}
+
+}  // namespace trainyard

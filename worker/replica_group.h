@@ -1,0 +1,80 @@
+// ReplicaGroup: the R data-parallel replicas of one pipeline stage, which
+// sum their gradients over Gloo (Debian's libgloo) in the order of
+// worker/gradient_tree.h, so that R replicas give R = 1's bits
+// (docs/ACCUMULATION.md).
+//
+// Each replica holds the tree sum of its own aligned block of M/R
+// microbatches. SumInTreeOrder all-gathers the R block sums (Gloo's
+// allgather over its TCP transport) and every replica folds them with a
+// GradientTree in replica order: the same float additions, in the same
+// grouping, as one replica summing all M microbatches. (Gloo's own
+// allreduce adds in ring order, which differs per chunk and is not R = 1's
+// grouping: it is not used.) Memory: R gradient-sized host buffers during
+// the call.
+//
+// Rendezvous: Gloo's ranks find each other through a write-once store;
+// here that is our Rendezvous (core/rendezvous.h): the controller's
+// per-job store over the worker stream in the daemon (Debian's Gloo ships
+// no TCP store), an InProcessRendezvous for ranks as threads.
+//
+// Thread safety: one ReplicaGroup per replica; its calls from one thread.
+#ifndef TRAINYARD_WORKER_REPLICA_GROUP_H_
+#define TRAINYARD_WORKER_REPLICA_GROUP_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/rendezvous.h"
+#include "core/tensor.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace trainyard {
+
+struct ReplicaGroupOptions {
+  int rank = 0;  // this replica, 0..size-1
+  int size = 1;  // R
+  // Namespaces the group's keys in the rendezvous, e.g. "job-7/stage-1".
+  std::string key_prefix;
+  // The address Gloo's TCP transport binds and advertises.
+  std::string hostname = "127.0.0.1";
+  // Longest wait for every replica to join, and for one collective.
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+class ReplicaGroup {
+ public:
+  // Joins the group: blocks until all `size` replicas have connected
+  // (a full mesh of Gloo TCP pairs). `rendezvous` is used only during the
+  // call. Errors: InvalidArgument for a bad rank/size; DeadlineExceeded or
+  // Unavailable naming the group when a replica does not join in time.
+  static absl::StatusOr<std::unique_ptr<ReplicaGroup>> Join(
+      Rendezvous* rendezvous, const ReplicaGroupOptions& options);
+  ~ReplicaGroup();
+
+  // *gradient (float32 [n] on the host, this replica's block sum) becomes
+  // the sum over every replica in tree order: the same bits on every
+  // replica. Errors: a replica that fails or is gone (Unavailable naming
+  // the group and Gloo's reason), DeadlineExceeded after the timeout.
+  absl::Status SumInTreeOrder(Tensor* gradient);
+
+  int rank() const { return options_.rank; }
+  int size() const { return options_.size; }
+
+ private:
+  ReplicaGroup(ReplicaGroupOptions options,
+               std::shared_ptr<gloo::Context> context);
+  std::string Name() const;
+
+  const ReplicaGroupOptions options_;
+  std::shared_ptr<gloo::Context> context_;  // null when size == 1
+  uint32_t next_tag_ = 0;
+};
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_WORKER_REPLICA_GROUP_H_
