@@ -477,11 +477,12 @@ MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
   const double act_elem = bf16 ? 2 : 4;
   double act = 0;
   for (int s = 0; s < S; ++s) {
-    // zbh1 also keeps the last min(M, S-s-1) microbatches' saved tensors
-    // (and their stashed gradients) until their deferred weight pass.
+    // Microbatches whose saved tensors a stage holds at once (forward to
+    // weight pass): zbh1 defers weight passes into idle time and so holds
+    // up to 2S - s - 1 (core/schedule.h, MakeZeroBubbleH1Schedule).
     const std::string& schedule = spec.parallelism().schedule();
     const int in_flight = schedule == "gpipe"  ? M
-                          : schedule == "zbh1" ? std::min(M, 2 * (S - s) - 1)
+                          : schedule == "zbh1" ? std::min(M, 2 * S - s - 1)
                                                : std::min(M, S - s);
     double fwd = 0;      // saved per microbatch, summed over the stage
     double bwd_max = 0;  // transient backward buffers of one block
