@@ -648,10 +648,22 @@ absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request,
                      " bytes, limit ", kMaxRequestIdBytes));
   }
   const std::string key = RequestKey(caller.user, request.request_id());
+  // A job found under the key is returned only to its owner: an owner-less
+  // job (from --insecure) whose request id was "alice:r1" has alice's key
+  // for "r1" too.
+  auto existing = [&](const Job& job) -> absl::StatusOr<Job> {
+    if (job.owner() != caller.user) {
+      return absl::AlreadyExistsError(
+          "request_id: already used by another job; pick another one");
+    }
+    return job;
+  };
   {
     absl::MutexLock lock(&mu_);
     auto it = job_by_request_.find(key);
-    if (it != job_by_request_.end()) return jobs_.at(it->second)->job;
+    if (it != job_by_request_.end()) {
+      return existing(jobs_.at(it->second)->job);
+    }
   }
   absl::StatusOr<JobPlan> plan =
       PlanJob(request.spec(), ControllerPlanOptions(options_));
@@ -674,7 +686,9 @@ absl::StatusOr<Job> JobManager::SubmitJob(const v1::SubmitJobRequest& request,
       return absl::UnavailableError("controller shutting down");
     }
     auto it = job_by_request_.find(key);
-    if (it != job_by_request_.end()) return jobs_.at(it->second)->job;
+    if (it != job_by_request_.end()) {
+      return existing(jobs_.at(it->second)->job);
+    }
     Job job;
     job.set_request_id(request.request_id());
     job.set_owner(caller.user);

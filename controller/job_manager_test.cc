@@ -536,6 +536,31 @@ TEST_F(JobManagerTest, TracesAndLogsOfAnotherUsersJobArePermissionDenied) {
       manager_->GetTrace(TraceRequest(job, 1), Caller{"ops", true}).ok());
 }
 
+// Request ids are per owner; an owner-less job (--insecure) whose request
+// id happens to be "alice:r1" is not alice's "r1".
+TEST_F(JobManagerTest, RequestIdsArePerOwnerAndNeverCrossOwners) {
+  v1::SubmitJobRequest req;
+  *req.mutable_spec() = Spec(1);
+  req.set_request_id("alice:r1");
+  auto anonymous = manager_->SubmitJob(req);  // the default: anonymous admin
+  ASSERT_TRUE(anonymous.ok()) << anonymous.status();
+  req.set_request_id("r1");
+  auto alices = manager_->SubmitJob(req, Caller{"alice", false});
+  EXPECT_EQ(alices.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(alices.status().message()),
+              ::testing::HasSubstr("request_id: already used by another job"));
+  req.set_request_id("r2");
+  auto bobs = manager_->SubmitJob(req, Caller{"bob", false});
+  ASSERT_TRUE(bobs.ok());
+  EXPECT_EQ(bobs->owner(), "bob");
+  auto again = manager_->SubmitJob(req, Caller{"bob", false});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->job_id(), bobs->job_id());
+  auto other = manager_->SubmitJob(req, Caller{"carol", false});
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->job_id(), bobs->job_id());
+}
+
 TEST_F(JobManagerTest, LogLinesOfTheJobsStagesAreKeptWithTheirWorker) {
   auto l0 = std::make_shared<FakeLink>();
   auto l1 = std::make_shared<FakeLink>();

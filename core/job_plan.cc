@@ -858,7 +858,10 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   if (par->stages() == 0) par->set_stages(1);
   if (par->microbatches() == 0) par->set_microbatches(1);
   if (par->schedule().empty()) par->set_schedule("1f1b");
-  if (par->accumulation().empty()) par->set_accumulation("sequential");
+  if (par->replicas() == 0) par->set_replicas(1);
+  if (par->accumulation().empty()) {
+    par->set_accumulation(par->replicas() > 1 ? "tree" : "sequential");
+  }
   bool stages_ok = true;
   if (par->stages() < 1) {
     p.Add("parallelism.stages",
@@ -883,6 +886,32 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
              {"gpipe", "1f1b", "zbh1"});
   CheckOneOf(&p, "parallelism.accumulation", par->accumulation(),
              {"sequential", "tree"});
+  if (par->replicas() < 1 || par->replicas() > kMaxReplicas) {
+    p.Add("parallelism.replicas", absl::StrCat("must be in [1, ", kMaxReplicas,
+                                               "], got ", par->replicas()));
+  } else if (par->replicas() > 1) {
+    const int r = par->replicas();
+    const int m = par->microbatches();
+    if (!options.allow_replicas) {
+      p.Add("parallelism.replicas",
+            absl::StrCat("got ", r,
+                         ": only `trainyard train` runs data-parallel "
+                         "replicas so far (the service places S workers, not "
+                         "S x R)"));
+    } else if (m < r || m % r != 0 || ((m / r) & (m / r - 1)) != 0) {
+      p.Add("parallelism.replicas",
+            absl::StrCat("parallelism.microbatches / replicas must be a power "
+                         "of two (each replica's share one block of the "
+                         "summation tree), got ",
+                         m, " / ", r));
+    }
+    if (par->accumulation() != "tree") {
+      p.Add("parallelism.accumulation",
+            absl::StrCat("must be \"tree\" with replicas > 1 (the replicas' "
+                         "sums must follow one order), got ",
+                         Quote(par->accumulation())));
+    }
+  }
   bool split_ok = true;
   if (par->split_size() > 0) {
     if (stages_ok && par->split_size() != par->stages()) {

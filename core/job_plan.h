@@ -44,6 +44,7 @@ inline constexpr size_t kMaxPathBytes = 4096;
 inline constexpr int kMaxListEntries = 256;  // no_decay, split
 inline constexpr size_t kMaxTaskConfigBytes = size_t{64} << 10;
 inline constexpr int kMaxTaskConfigDepth = 16;
+inline constexpr int kMaxReplicas = 64;
 // Longest prefix of a value an error message quotes.
 inline constexpr size_t kMaxQuotedBytes = 64;
 
@@ -74,6 +75,9 @@ struct PlanOptions {
   std::string confine_to;
   // How the problem names the folder's origin.
   std::string confine_flag = "this worker's --data_dir";
+  // Whether parallelism.replicas > 1 may run here (`trainyard train`); the
+  // controller and the workers do not run replicas yet.
+  bool allow_replicas = false;
 };
 
 // Bytes the job is estimated to need; formulas in docs/SPEC.md ("Memory").

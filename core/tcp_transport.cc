@@ -1002,7 +1002,17 @@ absl::StatusOr<std::string> ReadHandshakeReply(int fd, HandshakeReplyCode want,
   RETURN_IF_ERROR(
       ReadFull(fd, body.data(), body.size(), deadline, stop_fd, &got));
   if (code == HandshakeReplyCode::kRejected) {
-    return absl::UnavailableError(absl::StrCat("handshake rejected: ", body));
+    // From a peer not yet authenticated: control bytes are escaped before
+    // the text reaches logs and job reasons.
+    std::string shown;
+    for (unsigned char c : body) {
+      if (c < 0x20 || c == 0x7f) {
+        absl::StrAppend(&shown, "\\x", absl::Hex(c, absl::kZeroPad2));
+      } else {
+        shown.push_back(static_cast<char>(c));
+      }
+    }
+    return absl::UnavailableError(absl::StrCat("handshake rejected: ", shown));
   }
   if (code != want) {
     return absl::DataLossError(

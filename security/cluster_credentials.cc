@@ -2,6 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
 #include "core/status_macros.h"
@@ -30,7 +33,10 @@ absl::StatusOr<ClusterCredentials> WriteClusterCredentials(
                      "another folder, or remove it first)"));
   }
   RETURN_IF_ERROR(CreateDirectories(dir));
-  ::chmod(dir.c_str(), 0700);
+  if (::chmod(dir.c_str(), 0700) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        dir, ": cannot make it private (chmod 0700): ", std::strerror(errno)));
+  }
 
   ASSIGN_OR_RETURN(KeyAndCert ca,
                    NewCertificateAuthority("Trainyard cluster CA",

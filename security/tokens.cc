@@ -59,6 +59,17 @@ absl::Status Unauthenticated(absl::string_view why) {
 
 }  // namespace
 
+TokenTable::Stamp TokenTable::StampOf(const struct stat& st) {
+  Stamp s;
+  s.size = st.st_size;
+  s.mtime_ns =
+      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  s.ctime_ns =
+      static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  s.ino = st.st_ino;
+  return s;
+}
+
 absl::StatusOr<TokenTable::Table> TokenTable::Parse(absl::string_view text,
                                                     const std::string& path) {
   Table table;
@@ -125,9 +136,7 @@ absl::StatusOr<std::unique_ptr<TokenTable>> TokenTable::Load(
                     "until one is added (`trainyard token`)";
   }
   tokens->table_ = *std::move(table);
-  tokens->stamp_ = {st.st_size,
-                    static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
-                        st.st_mtim.tv_nsec};
+  tokens->stamp_ = StampOf(st);
   tokens->last_check_ = absl::Now();
   return tokens;
 }
@@ -142,11 +151,8 @@ void TokenTable::MaybeReload() {
                  << "; keeping the " << table_.size() << " token(s) loaded";
     return;
   }
-  const Stamp stamp = {st.st_size,
-                       static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
-                           st.st_mtim.tv_nsec};
+  const Stamp stamp = StampOf(st);
   if (stamp == stamp_) return;
-  stamp_ = stamp;
   if (st.st_size > kMaxTokensFileBytes) {
     LOG(WARNING) << "tokens file " << path_ << ": " << st.st_size
                  << " bytes, limit " << kMaxTokensFileBytes
@@ -163,6 +169,8 @@ void TokenTable::MaybeReload() {
   LOG(INFO) << "tokens file " << path_ << " reloaded: " << table->size()
             << " token(s)";
   table_ = *std::move(table);
+  // Only now: a version that could not be read is tried again next time.
+  stamp_ = stamp;
 }
 
 absl::StatusOr<Caller> TokenTable::Authenticate(
@@ -203,17 +211,22 @@ absl::Status AppendToken(const std::string& path, const std::string& user,
                          Role role, const std::string& token) {
   auto line = TokensFileLine(user, role, token);
   if (!line.ok()) return line.status();
+  // A hand-edited file may lack its last newline: the new line must not be
+  // glued onto the last one.
+  std::string text = *line;
+  absl::StatusOr<std::string> old = ReadFileToString(path);
+  if (old.ok() && !old->empty() && old->back() != '\n') text = "\n" + text;
   const int fd =
       ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) {
     return absl::PermissionDeniedError(
         absl::StrCat("tokens file ", path, ": ", std::strerror(errno)));
   }
-  const ssize_t n = ::write(fd, line->data(), line->size());
+  const ssize_t n = ::write(fd, text.data(), text.size());
   const int err = errno;
   const bool synced = ::fsync(fd) == 0;
   ::close(fd);
-  if (n != static_cast<ssize_t>(line->size()) || !synced) {
+  if (n != static_cast<ssize_t>(text.size()) || !synced) {
     return absl::InternalError(absl::StrCat(
         "tokens file ", path, ": append failed: ", std::strerror(err)));
   }

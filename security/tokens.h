@@ -18,6 +18,8 @@
 #ifndef TRAINYARD_SECURITY_TOKENS_H_
 #define TRAINYARD_SECURITY_TOKENS_H_
 
+#include <sys/stat.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -57,13 +59,20 @@ class TokenTable {
   const std::string& path() const { return path_; }
 
  private:
+  // What tells a changed file: a rewrite through a new inode (editors,
+  // Kubernetes Secret updates) changes ino; an in-place edit changes
+  // ctime, which `cp -p` and `touch -r` cannot set back.
   struct Stamp {
     int64_t size = -1;
     int64_t mtime_ns = -1;
+    int64_t ctime_ns = -1;
+    uint64_t ino = 0;
     bool operator==(const Stamp& o) const {
-      return size == o.size && mtime_ns == o.mtime_ns;
+      return size == o.size && mtime_ns == o.mtime_ns &&
+             ctime_ns == o.ctime_ns && ino == o.ino;
     }
   };
+  static Stamp StampOf(const struct stat& st);
   // token hash (hex) -> caller
   using Table = std::map<std::string, Caller>;
 

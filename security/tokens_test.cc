@@ -41,6 +41,19 @@ TEST(TokensTest, KnownTokenIsItsUserAndRole) {
   EXPECT_TRUE(o->admin);
 }
 
+TEST(TokensTest, AppendAfterAHandEditWithoutTrailingNewline) {
+  const std::string path = TempPath("tokens_no_newline");
+  const std::string first = NewToken(), second = NewToken();
+  std::string line = *TokensFileLine("first", Role::kUser, first);
+  line.pop_back();  // as an editor might leave it
+  ASSERT_TRUE(WriteFileAtomically(path, line).ok());
+  ASSERT_TRUE(AppendToken(path, "second", Role::kUser, second).ok());
+  auto table = TokenTable::Load(path);
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ((*table)->Authenticate("Bearer " + first)->user, "first");
+  EXPECT_EQ((*table)->Authenticate("Bearer " + second)->user, "second");
+}
+
 TEST(TokensTest, RefusalsAreUnauthenticatedAndSayWhatToDo) {
   const std::string path = TempPath("tokens_refusals");
   const std::string token = NewToken();

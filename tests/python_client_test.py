@@ -417,20 +417,30 @@ def sent_authorization(**client_args):
                             timeout=10).get("who").reason
 
 
+def sent_over_tls(**client_args):
+    """The authorization a TLS client (the test CA) sent."""
+    return sent_authorization(address=ECHO_TLS, tls=CA, server_name="controller.test",
+                              **client_args)
+
+
 @case
 def token_is_sent_as_bearer_metadata():
     token_file = write(os.path.join(work, "token"), "file-token\n")
     with environment(**NO_AUTH_ENV):
-        assert sent_authorization(tls=False) == "<none>"
-        assert sent_authorization(tls=False, token="t-1") == "Bearer t-1"
+        assert sent_over_tls() == "<none>"
+        assert sent_over_tls(token="t-1") == "Bearer t-1"
         with environment(TRAINYARD_TOKEN_FILE=token_file):
-            assert sent_authorization(tls=False) == "Bearer file-token"
+            assert sent_over_tls() == "Bearer file-token"
             with environment(TRAINYARD_TOKEN="env-token"):
-                assert sent_authorization(tls=False) == "Bearer env-token"
-                assert sent_authorization(tls=False, token="t-2") == "Bearer t-2"
-                assert sent_authorization(tls=False, token="") == "<none>"
+                assert sent_over_tls() == "Bearer env-token"
+                assert sent_over_tls(token="t-2") == "Bearer t-2"
+                assert sent_over_tls(token="") == "<none>"
+                # Never over plaintext: whoever answers would get it.
+                assert sent_authorization(tls=False) == "<none>"
+                assert sent_authorization(tls=False, token="t-3") == "<none>"
         with environment(TRAINYARD_TOKEN_FILE=os.path.join(work, "no-token-file")):
-            e = expect_error(trainyard.InvalidArgument, trainyard.Client, ECHO_PLAIN, tls=False)
+            e = expect_error(trainyard.InvalidArgument, trainyard.Client, ECHO_TLS, tls=CA,
+                             server_name="controller.test")
             assert "no-token-file" in e.message, e.message
 
 
@@ -458,7 +468,7 @@ def tls_verifies_the_controller_with_the_given_ca():
 @case
 def auth_errors_surface_the_controllers_message_unchanged():
     with environment(**NO_AUTH_ENV):
-        c = trainyard.Client(ECHO_PLAIN, tls=False, token="bob")
+        c = trainyard.Client(ECHO_TLS, tls=CA, server_name="controller.test", token="bob")
         e = expect_error(trainyard.PermissionDenied, c.get, "deny")
         assert e.message == DENIED, e.message
         e = expect_error(trainyard.Unauthenticated, trainyard.Client(ECHO_PLAIN, tls=False).get,

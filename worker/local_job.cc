@@ -1,5 +1,6 @@
 #include "worker/local_job.h"
 
+#include <algorithm>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "core/in_process_transport.h"
 #include "core/status_macros.h"
 #include "kernels/blas.h"
+#include "worker/replica_group.h"
 #include "worker/stage_runner.h"
 
 namespace trainyard {
@@ -85,23 +87,62 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
                    PrecisionFromName(plan.spec.precision()));
   ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec,
                    ExecContext::Create(options.device, precision));
-  InProcessHub hub(S);
+  // R replicas of the S-stage pipeline (parallelism.replicas): each its own
+  // in-process transport; the copies of stage s sum their gradients through
+  // a replica group (Gloo over loopback, rendezvous in this process).
+  const int R = std::max(1, plan.spec.parallelism().replicas());
+  std::vector<std::unique_ptr<InProcessHub>> hubs;
+  for (int r = 0; r < R; ++r) hubs.push_back(std::make_unique<InProcessHub>(S));
+  InProcessRendezvous rendezvous;
+  std::vector<std::vector<std::unique_ptr<ReplicaGroup>>> groups(R);
+  for (auto& g : groups) g.resize(S);
+  if (R > 1) {
+    absl::Mutex join_mu;
+    absl::Status join_error;
+    std::vector<std::thread> joiners;
+    for (int r = 0; r < R; ++r) {
+      for (int s = 0; s < S; ++s) {
+        joiners.emplace_back([&, r, s] {
+          ReplicaGroupOptions o;
+          o.rank = r;
+          o.size = R;
+          o.key_prefix = absl::StrCat("local/stage-", s);
+          o.timeout = options.timeout;
+          absl::StatusOr<std::unique_ptr<ReplicaGroup>> g =
+              ReplicaGroup::Join(&rendezvous, o);
+          absl::MutexLock lock(&join_mu);
+          if (g.ok()) {
+            groups[r][s] = *std::move(g);
+          } else if (join_error.ok()) {
+            join_error = g.status();
+          }
+        });
+      }
+    }
+    for (auto& t : joiners) t.join();
+    if (!join_error.ok()) return join_error;
+  }
   StageOptions stage_options;
   stage_options.plugin_dir = options.plugin_dir;
   stage_options.timeout = options.timeout;
   stage_options.exec = exec.get();
+  // stages[r * S + s]
   std::vector<std::unique_ptr<Stage>> stages;
   int64_t resume_step = 0;
-  for (int s = 0; s < S; ++s) {
-    ASSIGN_OR_RETURN(StartedStage started,
-                     StartStage(plan, s, hub.rank(s), stage_options));
-    resume_step = started.resume_step;
-    if (options.on_log) {
-      for (const std::string& line : started.set_aside) {
-        options.on_log("checkpoint set aside: " + line);
+  for (int r = 0; r < R; ++r) {
+    for (int s = 0; s < S; ++s) {
+      stage_options.replica = r;
+      stage_options.replica_group = groups[r][s].get();
+      ASSIGN_OR_RETURN(StartedStage started,
+                       StartStage(plan, s, hubs[r]->rank(s), stage_options));
+      resume_step = started.resume_step;
+      if (options.on_log && r == 0) {
+        for (const std::string& line : started.set_aside) {
+          options.on_log("checkpoint set aside: " + line);
+        }
       }
+      stages.push_back(std::move(started.stage));
     }
-    stages.push_back(std::move(started.stage));
   }
   if (resume_step > 0 && options.on_log) {
     options.on_log(absl::StrCat("resumed from ", plan.spec.checkpoint().dir(),
@@ -110,18 +151,21 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
 
   absl::Mutex mu;
   absl::Status first_error;  // the root cause, not the aborts it caused
-  auto run_stage = [&](int s) {
-    Stage& stage = *stages[s];
+  auto run_stage = [&](int r, int s) {
+    Stage& stage = *stages[r * S + s];
     StageRunOptions run;
     run.stop_after_step = options.stop_after_step;
     run.timeout = options.timeout;
-    if (stage.is_last()) {
+    // Replicas hold the same state and losses: the first reports and
+    // writes checkpoints.
+    if (stage.is_last() && r == 0) {
       run.on_step = options.on_step;
       run.on_eval = options.on_eval;
     }
-    run.on_checkpoint = options.on_checkpoint;
-    absl::Status st = RunStage(stage, hub.rank(s), plan, run);
-    if (st.ok() && options.on_final_params) {
+    run.write_checkpoints = r == 0;
+    if (r == 0) run.on_checkpoint = options.on_checkpoint;
+    absl::Status st = RunStage(stage, hubs[r]->rank(s), plan, run);
+    if (st.ok() && options.on_final_params && r == 0) {
       absl::StatusOr<NamedTensors> params = stage.NamedParametersOnHost();
       st = params.status();
       if (st.ok()) options.on_final_params(s, *params);
@@ -132,13 +176,23 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
         (absl::IsAborted(first_error) && !absl::IsAborted(st))) {
       first_error = st;
     }
-    hub.rank(s)->Abort(absl::Status(
-        st.code(), absl::StrCat("stage ", s, " failed: ", st.message())));
+    // A replica's failure stops every replica: their group calls would
+    // otherwise wait out their timeout.
+    for (int q = 0; q < R; ++q) {
+      hubs[q]->rank(s)->Abort(absl::Status(
+          st.code(), absl::StrCat(R > 1 ? absl::StrCat("replica ", r, " ") : "",
+                                  "stage ", s, " failed: ", st.message())));
+    }
   };
 
   std::vector<std::thread> threads;
-  for (int s = 1; s < S; ++s) threads.emplace_back(run_stage, s);
-  run_stage(0);
+  for (int r = 0; r < R; ++r) {
+    for (int s = 0; s < S; ++s) {
+      if (r == 0 && s == 0) continue;
+      threads.emplace_back(run_stage, r, s);
+    }
+  }
+  run_stage(0, 0);
   for (auto& t : threads) t.join();
   stages.clear();
   HostAllocator()->EmptyCache();

@@ -205,6 +205,78 @@ TEST(LocalJobTest, ResumeIntoAnotherStageSplitIsBitwise) {
   EXPECT_EQ(rest.params, full.params);
 }
 
+// Data-parallel replicas (parallelism.replicas): for the same global batch
+// and microbatch count, R = 1, 2 and 4 give the same bits for every stage
+// split and schedule (docs/ACCUMULATION.md).
+TEST(LocalJobTest, ReplicasAreBitwiseInvisible) {
+  auto base = ClassificationSpec();
+  base.mutable_parallelism()->set_accumulation("tree");
+  base.set_steps(12);
+  RunResult ref = RunJob(WithPipeline(base, 1, 8, "1f1b"));
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+  ASSERT_EQ(ref.losses.size(), 12u);
+  for (int replicas : {2, 4}) {
+    for (int stages : {1, 2, 4}) {
+      for (const char* schedule : {"gpipe", "1f1b", "zbh1"}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "R=" << replicas << " S=" << stages << " " << schedule);
+        auto spec = WithPipeline(base, stages, 8, schedule);
+        spec.mutable_parallelism()->set_replicas(replicas);
+        RunResult r = RunJob(spec);
+        ASSERT_TRUE(r.status.ok()) << r.status;
+        EXPECT_EQ(r.losses, ref.losses);  // exact double equality
+        EXPECT_EQ(r.grad_norms, ref.grad_norms);
+        EXPECT_EQ(r.eval_loss, ref.eval_loss);
+        EXPECT_EQ(r.params, ref.params);  // exact float equality
+      }
+    }
+  }
+}
+
+// A checkpoint written with one (R, S) resumes at another, bitwise (the
+// state holds nothing that depends on R; the data cursor is the global
+// batch's).
+TEST(LocalJobTest, ResumeAtAnotherReplicaCountIsBitwise) {
+  const std::string dir = TempDir() + "/ckpt_replicas";
+  auto spec = WithPipeline(ClassificationSpec(), 2, 8, "1f1b");
+  spec.mutable_parallelism()->set_accumulation("tree");
+  spec.set_steps(12);
+  RunResult full = RunJob(spec);
+  ASSERT_TRUE(full.status.ok()) << full.status;
+  auto first = spec;
+  first.mutable_parallelism()->set_replicas(2);
+  first.mutable_checkpoint()->set_dir(dir);
+  first.mutable_checkpoint()->set_every(6);
+  first.mutable_checkpoint()->set_resume("latest");
+  ASSERT_TRUE(RunJob(first, 6).status.ok());
+  auto second = WithPipeline(first, 4, 8, "zbh1");
+  second.mutable_parallelism()->set_replicas(4);
+  RunResult rest = RunJob(second);
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  ASSERT_EQ(rest.losses.size(), 6u);
+  EXPECT_EQ(std::vector<double>(full.losses.begin() + 6, full.losses.end()),
+            rest.losses);
+  EXPECT_EQ(rest.params, full.params);
+}
+
+// What replicas refuse, naming the field.
+TEST(LocalJobTest, ReplicaSpecsAreChecked) {
+  auto spec = WithPipeline(ClassificationSpec(), 2, 6, "1f1b");
+  spec.mutable_parallelism()->set_replicas(4);  // 6 / 4
+  RunResult r = RunJob(spec);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status.message(),
+              HasSubstr("parallelism.replicas: parallelism.microbatches / "
+                        "replicas must be a power of two"));
+  spec = WithPipeline(ClassificationSpec(), 2, 8, "1f1b");
+  spec.mutable_parallelism()->set_replicas(2);
+  spec.mutable_parallelism()->set_accumulation("sequential");
+  r = RunJob(spec);
+  EXPECT_THAT(r.status.message(),
+              HasSubstr("parallelism.accumulation: must be \"tree\" with "
+                        "replicas > 1"));
+}
+
 TEST(LocalJobTest, RefusesToOverwriteCheckpointsWithoutResume) {
   const std::string dir = TempDir() + "/ckpt_refuse";
   auto spec = ClassificationSpec();

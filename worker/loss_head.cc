@@ -35,6 +35,8 @@ absl::StatusOr<Tensor> LossHead::Compute(const Tensor& output,
                          microbatch, num_microbatches, is_eval));
   weight_sum_ += loss.weight;
   loss_sum_ += loss.weight * loss.loss;
+  terms_.push_back(loss.weight);
+  terms_.push_back(loss.weight * loss.loss);
   if (is_eval) return Tensor();
   const float w = static_cast<float>(loss.weight);
   float* g = grad.data<float>();

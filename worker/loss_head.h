@@ -16,6 +16,7 @@
 #define TRAINYARD_WORKER_LOSS_HEAD_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
@@ -33,6 +34,7 @@ class LossHead {
   void Reset() {
     weight_sum_ = 0;
     loss_sum_ = 0;
+    terms_.clear();
   }
 
   // The loss of microbatch `microbatch` of step `step` (0-based: the steps
@@ -45,12 +47,16 @@ class LossHead {
 
   double weight_sum() const { return weight_sum_; }
   double loss_sum() const { return loss_sum_; }
+  // Each Compute's (w, w L) since Reset, in call order, flattened: the
+  // sums above are these added one after another (replicas gather them).
+  const std::vector<double>& terms() const { return terms_; }
 
  private:
   Task* task_;
   const ExecContext* ctx_;
   double weight_sum_ = 0;
   double loss_sum_ = 0;
+  std::vector<double> terms_;
 };
 
 }  // namespace trainyard

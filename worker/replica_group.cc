@@ -8,6 +8,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <chrono>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -105,6 +106,36 @@ absl::StatusOr<std::unique_ptr<ReplicaGroup>> ReplicaGroup::Join(
   }
 }
 
+absl::Status ReplicaGroup::AllGatherBytes(const void* in, size_t bytes,
+                                          char* out) {
+  if (options_.size == 1) {
+    std::memcpy(out, in, bytes);
+    return absl::OkStatus();
+  }
+  try {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(static_cast<char*>(const_cast<void*>(in)), bytes);
+    opts.setOutput(out, bytes * options_.size);
+    opts.setTag(next_tag_++);
+    opts.setTimeout(absl::ToChronoMilliseconds(options_.timeout));
+    gloo::allgather(opts);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        Name(), ": all-gather failed: ", std::string(e.what()).substr(0, 512)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<double>> ReplicaGroup::AllGather(
+    const std::vector<double>& mine) {
+  std::vector<double> all(mine.size() * options_.size);
+  const absl::Status st =
+      AllGatherBytes(mine.data(), mine.size() * sizeof(double),
+                     reinterpret_cast<char*>(all.data()));
+  if (!st.ok()) return st;
+  return all;
+}
+
 absl::Status ReplicaGroup::SumInTreeOrder(Tensor* gradient) {
   if (gradient->dtype() != DType::kFloat32 || !gradient->device().is_cpu()) {
     return absl::InvalidArgumentError(
@@ -113,18 +144,10 @@ absl::Status ReplicaGroup::SumInTreeOrder(Tensor* gradient) {
   if (options_.size == 1) return absl::OkStatus();
   const int64_t n = gradient->numel();
   std::vector<float> all(static_cast<size_t>(n) * options_.size);
-  try {
-    gloo::AllgatherOptions opts(context_);
-    opts.setInput(gradient->data<float>(), static_cast<size_t>(n));
-    opts.setOutput(all.data(), all.size());
-    opts.setTag(next_tag_++);
-    opts.setTimeout(absl::ToChronoMilliseconds(options_.timeout));
-    gloo::allgather(opts);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat(Name(), ": gradient all-gather failed: ",
-                     std::string(e.what()).substr(0, 512)));
-  }
+  const absl::Status gathered =
+      AllGatherBytes(gradient->data<float>(), n * sizeof(float),
+                     reinterpret_cast<char*>(all.data()));
+  if (!gathered.ok()) return gathered;
   // The replicas' block sums, folded in replica order by the same counter
   // a single replica uses for its microbatches.
   static const absl::StatusOr<std::unique_ptr<ExecContext>> host =

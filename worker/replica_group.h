@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -62,6 +63,11 @@ class ReplicaGroup {
   // the group and Gloo's reason), DeadlineExceeded after the timeout.
   absl::Status SumInTreeOrder(Tensor* gradient);
 
+  // Every replica's `mine` (the same length on each), concatenated in
+  // replica order. Errors as SumInTreeOrder.
+  absl::StatusOr<std::vector<double>> AllGather(
+      const std::vector<double>& mine);
+
   int rank() const { return options_.rank; }
   int size() const { return options_.size; }
 
@@ -69,6 +75,8 @@ class ReplicaGroup {
   ReplicaGroup(ReplicaGroupOptions options,
                std::shared_ptr<gloo::Context> context);
   std::string Name() const;
+  // `bytes` from every replica into out[r * bytes, (r + 1) * bytes).
+  absl::Status AllGatherBytes(const void* in, size_t bytes, char* out);
 
   const ReplicaGroupOptions options_;
   std::shared_ptr<gloo::Context> context_;  // null when size == 1

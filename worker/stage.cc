@@ -161,10 +161,23 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
                              st->store_->total(), st->ctx_));
   st->optimizer_.emplace(std::move(opt));
 
+  st->replicas_ = std::max(1, spec.parallelism().replicas());
+  st->replica_ = options.replica;
+  st->replica_group_ = options.replica_group;
+  if (st->replicas_ > 1 && (options.replica_group == nullptr ||
+                            options.replica_group->size() != st->replicas_ ||
+                            options.replica_group->rank() != options.replica ||
+                            st->grad_tree_ == std::nullopt)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        st->Where(), ": a job with ", st->replicas_,
+        " replicas needs each stage's replica group (of that size, with this "
+        "stage's replica as its rank) and accumulation \"tree\""));
+  }
+  // Each replica runs its share of the microbatches through the schedule.
   ASSIGN_OR_RETURN(
       st->train_schedule_,
       MakeTrainingSchedule(spec.parallelism().schedule(), st->num_stages_,
-                           spec.parallelism().microbatches()));
+                           spec.parallelism().microbatches() / st->replicas_));
   RETURN_IF_ERROR(ValidateSchedule(st->train_schedule_));
 
   if (st->is_first() || st->is_last()) {
@@ -197,7 +210,15 @@ absl::Status Stage::InitParameters() { return store_->Init(plan_); }
 
 absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
                                  int64_t step, bool is_eval,
-                                 int num_microbatches) {
+                                 int num_microbatches, int first, int count) {
+  // The whole batch's split into microbatches; this replica takes `count`
+  // of them from `first`, so every microbatch holds the same rows whatever
+  // the number of replicas.
+  const auto ranges =
+      SplitRows(static_cast<int64_t>(rows.size()), num_microbatches);
+  const int64_t begin = ranges[first].first;
+  const int64_t end = ranges[first + count - 1].second;
+  rows = std::vector<int64_t>(rows.begin() + begin, rows.begin() + end);
   Dataset batch = Gather(data, rows);
   NamedTensors raw = {{"features", batch.features}, {"targets", batch.targets}};
   ASSIGN_OR_RETURN(ForwardInputs in,
@@ -212,13 +233,14 @@ absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
   // One copy of the whole batch to the device; microbatches are views.
   ASSIGN_OR_RETURN(Tensor inputs, ctx_->ToDevice(in.inputs));
   ASSIGN_OR_RETURN(inputs, ctx_->Cast(inputs, ctx_->activation_dtype()));
-  auto ranges = SplitRows(static_cast<int64_t>(rows.size()), num_microbatches);
-  for (int m = 0; m < num_microbatches; ++m) {
+  for (int m = 0; m < count; ++m) {
     Microbatch& mb = microbatches_[m];
-    mb.input = inputs.Rows(ranges[m].first, ranges[m].second);
+    const int64_t lo = ranges[first + m].first - begin;
+    const int64_t hi = ranges[first + m].second - begin;
+    mb.input = inputs.Rows(lo, hi);
     mb.state.clear();
     for (auto& [name, t] : in.state) {
-      mb.state.push_back({name, t.Rows(ranges[m].first, ranges[m].second)});
+      mb.state.push_back({name, t.Rows(lo, hi)});
     }
   }
   return absl::OkStatus();
@@ -364,7 +386,8 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         Timer t(&times->loss, trace, origin, SpanKind::kLoss, mb->index);
         ASSIGN_OR_RETURN(mb->grad_output,
                          loss_->Compute(mb->output, mb->state, completed_steps_,
-                                        mb->index, num_microbatches, is_eval));
+                                        first_microbatch_ + mb->index,
+                                        num_microbatches, is_eval));
         mb->output = Tensor();
         mb->state.clear();
         break;
@@ -421,6 +444,19 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
   return absl::OkStatus();
 }
 
+absl::Status Stage::SumReplicaGradients() {
+  Tensor& grads = store_->grads();
+  if (grads.device().is_cpu()) {
+    return Prefixed(replica_group_->SumInTreeOrder(&grads),
+                    absl::StrCat(Where(), ": "));
+  }
+  // Gloo works on host memory: through a host copy.
+  ASSIGN_OR_RETURN(Tensor host, ctx_->HostCopy(grads));
+  RETURN_IF_ERROR(Prefixed(replica_group_->SumInTreeOrder(&host),
+                           absl::StrCat(Where(), ": ")));
+  return ctx_->CopyInto(host, &grads);
+}
+
 absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
   const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
   StepTrace* trace = &report->trace;
@@ -438,6 +474,18 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
   if (is_last()) {
     mine.weight_sum = loss_->weight_sum();
     mine.loss_sum = loss_->loss_sum();
+    if (replicas_ > 1) {
+      // Every microbatch's (w, w L) from every replica, in microbatch
+      // order, summed one after another: R = 1's sums, bit for bit.
+      ASSIGN_OR_RETURN(std::vector<double> all,
+                       replica_group_->AllGather(loss_->terms()));
+      mine.weight_sum = 0;
+      mine.loss_sum = 0;
+      for (size_t i = 0; i + 1 < all.size(); i += 2) {
+        mine.weight_sum += all[i];
+        mine.loss_sum += all[i + 1];
+      }
+    }
   }
   std::optional<StepTotals> totals;
   {
@@ -463,12 +511,14 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   step_origin_ = origin;
   const int64_t step = completed_steps_;  // 0-based
   const int M = plan_.spec.parallelism().microbatches();
+  const int mine = M / replicas_;  // this replica's microbatches
+  first_microbatch_ = replica_ * mine;
   StepReport report;
   report.step = step + 1;
   report.samples = plan_.spec.data().batch_size();
   microbatches_.clear();
-  microbatches_.resize(M);
-  for (int m = 0; m < M; ++m) microbatches_[m].index = m;
+  microbatches_.resize(mine);
+  for (int m = 0; m < mine; ++m) microbatches_[m].index = m;
   grads_written_.assign(blocks_.size(), false);
   if (loss_) loss_->Reset();
   if (task_ != nullptr) {
@@ -477,7 +527,8 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   if (is_first()) {
     Timer t(nullptr, &report.trace, origin, SpanKind::kPrepareBatch);
     RETURN_IF_ERROR(PrepareBatch(*data_.train, sampler_->Next(), step,
-                                 /*is_eval=*/false, M));
+                                 /*is_eval=*/false, M, first_microbatch_,
+                                 mine));
   }
   RETURN_IF_ERROR(RunSchedule(train_schedule_, step, false, M, &report.times,
                               &report.trace));
@@ -491,6 +542,10 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   // but in no phase or span: the spans stay the schedule's actions.
   if (grad_tree_.has_value()) {
     RETURN_IF_ERROR(grad_tree_->Finish(&store_->grads()));
+  }
+  if (replicas_ > 1) {
+    Timer t(&report.times.comm, nullptr);
+    RETURN_IF_ERROR(SumReplicaGradients());
   }
   RETURN_IF_ERROR(OptimizerStep(step, &report));
   if (is_last()) {
@@ -512,6 +567,8 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
   const int64_t batch = plan_.spec.data().batch_size();
   const int M = plan_.spec.parallelism().microbatches();
   if (loss_) loss_->Reset();
+  // Every replica evaluates the whole eval set (the same bits on each).
+  first_microbatch_ = 0;
   StageTimes times;
   int64_t eval_index = 0;
   for (int64_t begin = 0; begin < rows; begin += batch, ++eval_index) {
@@ -523,8 +580,8 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     if (is_first()) {
       std::vector<int64_t> idx(n);
       for (int64_t i = 0; i < n; ++i) idx[i] = begin + i;
-      RETURN_IF_ERROR(
-          PrepareBatch(*data_.eval, idx, completed_steps_, true, parts));
+      RETURN_IF_ERROR(PrepareBatch(*data_.eval, idx, completed_steps_, true,
+                                   parts, 0, parts));
     }
     // Eval batches are numbered in the message's step field so that a
     // stray training message can never be mistaken for one.

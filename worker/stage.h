@@ -53,6 +53,7 @@
 #include "worker/loss_head.h"
 #include "worker/optimizer.h"
 #include "worker/param_store.h"
+#include "worker/replica_group.h"
 
 namespace trainyard {
 
@@ -66,6 +67,12 @@ struct StageOptions {
   const ExecContext* exec = nullptr;
   // Longest wait for a neighbour or the all-reduce before failing.
   absl::Duration timeout = absl::Minutes(2);
+  // parallelism.replicas R > 1: the replica this stage belongs to (it runs
+  // microbatches [replica M/R, (replica + 1) M/R) of every step) and the
+  // group of this stage's copies in all R replicas, through which their
+  // gradients and losses are summed (not owned; must outlive the stage).
+  int replica = 0;
+  ReplicaGroup* replica_group = nullptr;
 };
 
 // Data a stage needs. Only the first stage reads rows; every stage needs
@@ -238,8 +245,13 @@ class Stage {
   absl::Status BackwardInput(Microbatch* mb);
   absl::Status BackwardWeight(Microbatch* mb);
   absl::Status OptimizerStep(int64_t step, StepReport* report);
+  // Splits `rows` into `num_microbatches` and loads microbatches
+  // [first, first + count) into microbatches_[0, count).
   absl::Status PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
-                            int64_t step, bool is_eval, int num_microbatches);
+                            int64_t step, bool is_eval, int num_microbatches,
+                            int first, int count);
+  // Replicas: sums the gradients across the replica group (tree order).
+  absl::Status SumReplicaGradients();
   absl::Status Send(int peer, Message msg);
   // The message's tensor `name` (the first one) on this stage's device.
   absl::StatusOr<Message> Receive(int peer, MessageKind kind, int64_t step,
@@ -262,6 +274,13 @@ class Stage {
   std::vector<bool> grads_written_;  // per local block, this step
   // The weight gradients' sum with parallelism.accumulation "tree".
   std::optional<GradientTree> grad_tree_;
+  // Data parallelism (StageOptions::replica, replica_group).
+  int replicas_ = 1;
+  int replica_ = 0;
+  ReplicaGroup* replica_group_ = nullptr;
+  // This step's first microbatch in the whole step's numbering (replica
+  // r starts at r M/R); microbatches_ holds this replica's M/R.
+  int first_microbatch_ = 0;
   std::optional<StageOptimizer> optimizer_;
 
   std::unique_ptr<Task> task_;             // first and/or last stage

@@ -373,7 +373,8 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
       ASSIGN_OR_RETURN(EvalReport eval, stage.RunEval());
       if (options.on_eval) options.on_eval(step, eval);
     }
-    if (!ckpt.dir().empty() && CheckpointDue(step, ckpt.every(), last_step)) {
+    if (options.write_checkpoints && !ckpt.dir().empty() &&
+        CheckpointDue(step, ckpt.every(), last_step)) {
       if (pending_step > 0) RETURN_IF_ERROR(finish_now());
       ASSIGN_OR_RETURN(SafetensorsFile contents, stage.CheckpointContents());
       pending_step = step;

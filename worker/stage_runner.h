@@ -119,6 +119,10 @@ struct StageRunOptions {
   // After this stage's checkpoint file is written, with the seconds it
   // took (serialise, write, fsync); from the writer's thread.
   std::function<void(double seconds)> on_checkpoint_file;
+  // False for every data-parallel replica but the first: replicas hold the
+  // same state, so one writes the checkpoints (all read them to resume).
+  // Every stage of a replica must use the same value.
+  bool write_checkpoints = true;
 };
 
 // Runs `stage` (already initialised or restored) through the rest of the

@@ -68,7 +68,9 @@ absl::StatusOr<std::unique_ptr<JobClient>> JobClient::Create(
   std::unique_ptr<JobClient> client(new JobClient());
   client->address_ = controller_address;
   client->rpc_timeout_ = rpc_timeout;
-  client->token_ = security.token;
+  // A plaintext controller (--insecure) checks no token, and a token sent
+  // in the clear is a token given to whoever answers: never send one.
+  client->token_ = security.tls.insecure ? std::string() : security.token;
   client->tls_ = !security.tls.insecure;
   client->channel_ = grpc::CreateCustomChannel(controller_address, creds, args);
   client->stub_ = trainyard::v1::JobService::NewStub(client->channel_);

@@ -31,7 +31,8 @@ struct JobClientSecurity {
   // Default: TLS verified against the system's roots; set ca_file to the
   // cluster CA, or insecure for a controller run with --insecure.
   TlsOptions tls;
-  // Sent as "authorization: Bearer <token>" on every call; empty = none.
+  // Sent as "authorization: Bearer <token>" on every call over TLS; empty =
+  // none. Never sent over plaintext (tls.insecure).
   std::string token;
 };
 

@@ -232,6 +232,7 @@ int Train() {
   }
   PlanOptions plan_options;
   plan_options.base_dir = Dirname(spec_path);
+  plan_options.allow_replicas = true;  // replicas run as threads here
   absl::StatusOr<JobPlan> plan = PlanJob(*spec, plan_options);
   if (!plan.ok()) {
     std::cerr << "trainyard train: " << spec_path << " is not a valid job:\n"
@@ -278,7 +279,8 @@ int Train() {
   };
   std::cerr << "trainyard train: " << plan->spec.name() << ": "
             << plan->blocks.size() << " blocks, " << plan->num_stages()
-            << " stage(s), " << plan->spec.parallelism().microbatches()
+            << " stage(s) x " << plan->spec.parallelism().replicas()
+            << " replica(s), " << plan->spec.parallelism().microbatches()
             << " microbatch(es), " << plan->spec.steps() << " steps on "
             << device.ToString() << " in " << plan->spec.precision() << "; "
             << "memory estimate " << plan->memory.description << "; BLAS "
@@ -344,7 +346,10 @@ absl::StatusOr<JobClientSecurity> SecurityFromFlags() {
     }
     security.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
   }
-  ASSIGN_OR_RETURN(security.token, TokenFromFlags());
+  // Over plaintext no token is sent (JobClient drops it), so none is read.
+  if (!security.tls.insecure) {
+    ASSIGN_OR_RETURN(security.token, TokenFromFlags());
+  }
   return security;
 }
 

@@ -39,7 +39,8 @@ class Client:
         """address: host:port; None = $TRAINYARD_CONTROLLER, else 127.0.0.1:7070.
         token: the bearer token. None = $TRAINYARD_TOKEN if set, else the
           contents (stripped) of the file named by $TRAINYARD_TOKEN_FILE if set,
-          else none. "" = none, whatever the environment says.
+          else none. "" = none, whatever the environment says. Never sent
+          over plaintext (tls=False): a plaintext controller checks none.
         tls: None = TLS, verified with the CA PEM file named by $TRAINYARD_CA if
           set, else with the system's roots; True = TLS with the system's roots;
           a path = TLS verified with that CA PEM file; False = plaintext (only
@@ -51,7 +52,9 @@ class Client:
         """
         self.address = address or os.environ.get("TRAINYARD_CONTROLLER") or DEFAULT_ADDRESS
         self._timeout = timeout
-        token = _resolve_token(token)
+        # Never over plaintext: a plaintext controller checks no token, and a
+        # token sent in the clear goes to whoever answers.
+        token = _resolve_token(token) if tls is not False else ""
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         credentials = _channel_credentials(tls)
         options = [
