@@ -252,7 +252,8 @@ absl::Status JobManager::Load() {
 }
 
 void JobManager::SetPlanLocked(JobEntry& e, const JobPlan& plan) {
-  e.num_stages = plan.num_stages();
+  e.replicas = std::max(1, plan.spec.parallelism().replicas());
+  e.num_stages = plan.num_stages() * e.replicas;
   e.normalized = WorkerSpec(e.job.spec(), plan.spec);
   e.max_restarts = e.normalized.recovery().max_restarts();
   e.backoff_ms = e.normalized.recovery().backoff_ms();
@@ -492,7 +493,8 @@ void JobManager::ScheduleLocked() {
     j.id = id;
     j.priority = e.job.priority();
     j.order = e.order;
-    j.stages = e.num_stages;
+    j.stages = e.num_stages / e.replicas;
+    j.replicas = e.replicas;
     j.device = e.normalized.device();
     queued.push_back(std::move(j));
   }

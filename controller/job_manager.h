@@ -216,7 +216,9 @@ class JobManager {
   struct JobEntry {
     v1::Job job;
     int64_t order = 0;
+    // Ranks of the gang: stages x replicas (rank = replica * S + stage).
     int num_stages = 1;
+    int replicas = 1;
     v1::JobSpec normalized;            // sent in StageAssignment
     std::shared_ptr<JobEventLog> log;  // null until first needed
     int64_t next_seq = 0;              // store sequence of the next event

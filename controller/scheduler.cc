@@ -50,10 +50,14 @@ SchedDecision Schedule(std::vector<SchedJob> queued,
       ++registered;
       if (workers[i].idle && !taken[i]) idle.push_back(i);
     }
-    const int need = std::max(job.stages, 1);
+    const int need = std::max(job.stages, 1) * std::max(job.replicas, 1);
     if (registered < need) {
       std::string needs =
           need == 1 ? absl::StrCat("a ", kind, " worker") : Plural(need, kind);
+      if (job.replicas > 1) {
+        absl::StrAppend(&needs, " (", job.stages, " stages x ", job.replicas,
+                        " replicas)");
+      }
       std::string have = registered == 0
                              ? "none registered"
                              : absl::StrCat(registered, " registered");

@@ -37,6 +37,7 @@ struct SchedJob {
   int32_t priority = 0;
   int64_t order = 0;  // creation order, smaller = older
   int stages = 1;
+  int replicas = 1;    // the gang is stages x replicas workers
   std::string device;  // JobSpec.device
 };
 

@@ -76,6 +76,18 @@ TEST(SchedulerTest, ImpossibleJobDoesNotBlockOthers) {
   EXPECT_EQ(d.waiting["gpu"], "needs a cuda worker; none registered");
 }
 
+TEST(SchedulerTest, ReplicasNeedStagesTimesReplicasWorkers) {
+  SchedJob job = Job("rep", 4, 0, 1);
+  job.replicas = 2;
+  auto d = Schedule({job}, Cpus(5));
+  EXPECT_TRUE(d.starts.empty());
+  EXPECT_EQ(d.waiting["rep"],
+            "needs 8 idle cpu workers (4 stages x 2 replicas); 5 registered");
+  d = Schedule({job}, Cpus(8));
+  ASSERT_EQ(d.starts.size(), 1u);
+  EXPECT_EQ(d.starts[0].worker_ids.size(), 8u);
+}
+
 TEST(SchedulerTest, DeviceKindsMatch) {
   std::vector<SchedWorker> workers = {
       {"w-1", "cpu", true}, {"w-2", "cuda:0", true}, {"w-3", "cuda:1", true}};

@@ -892,18 +892,19 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   } else if (par->replicas() > 1) {
     const int r = par->replicas();
     const int m = par->microbatches();
-    if (!options.allow_replicas) {
-      p.Add("parallelism.replicas",
-            absl::StrCat("got ", r,
-                         ": only `trainyard train` runs data-parallel "
-                         "replicas so far (the service places S workers, not "
-                         "S x R)"));
-    } else if (m < r || m % r != 0 || ((m / r) & (m / r - 1)) != 0) {
+    if (m < r || m % r != 0 || ((m / r) & (m / r - 1)) != 0) {
       p.Add("parallelism.replicas",
             absl::StrCat("parallelism.microbatches / replicas must be a power "
                          "of two (each replica's share one block of the "
                          "summation tree), got ",
                          m, " / ", r));
+    }
+    if (s.recovery().snapshot_every() > 0) {
+      p.Add("recovery.snapshot_every",
+            absl::StrCat("must be 0 with replicas > 1 (in-memory snapshots "
+                         "follow one pipeline; replicated jobs restart from "
+                         "checkpoints), got ",
+                         s.recovery().snapshot_every()));
     }
     if (par->accumulation() != "tree") {
       p.Add("parallelism.accumulation",

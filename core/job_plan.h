@@ -75,9 +75,7 @@ struct PlanOptions {
   std::string confine_to;
   // How the problem names the folder's origin.
   std::string confine_flag = "this worker's --data_dir";
-  // Whether parallelism.replicas > 1 may run here (`trainyard train`); the
-  // controller and the workers do not run replicas yet.
-  bool allow_replicas = false;
+
 };
 
 // Bytes the job is estimated to need; formulas in docs/SPEC.md ("Memory").

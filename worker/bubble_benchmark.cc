@@ -59,7 +59,6 @@ trainyard::v1::JobSpec Spec(int blocks, int steps, int microbatches,
 
 JobPlan Plan(const trainyard::v1::JobSpec& spec) {
   PlanOptions options;
-  options.allow_replicas = true;
   absl::StatusOr<JobPlan> plan = PlanJob(spec, options);
   CHECK(plan.ok()) << plan.status();
   return *plan;

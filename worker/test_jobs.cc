@@ -63,7 +63,6 @@ RunResult RunJob(const trainyard::v1::JobSpec& spec_in, int64_t stop_after,
   trainyard::v1::JobSpec spec = spec_in;
   spec.set_device(device.KindName());
   PlanOptions plan_options;
-  plan_options.allow_replicas = true;
   absl::StatusOr<JobPlan> plan = PlanJob(spec, plan_options);
   if (!plan.ok()) {
     result.status = plan.status();

@@ -43,6 +43,7 @@
 #include "proto/trainyard.grpc.pb.h"
 #include "proto/trainyard.pb.h"
 #include "worker/job_log.h"
+#include "worker/replica_group.h"
 #include "worker/stage.h"
 #include "worker/stage_runner.h"
 
@@ -529,12 +530,18 @@ class Worker::Impl {
   Tensor HeldSnapshot(const std::string& job_id, int stage, int64_t step);
   // The transport of a multi-stage job: chosen from the placements,
   // reported, then connected (TCP) or created (NCCL).
+  // `assignment` is this replica's pipeline (stage s of S); reports name
+  // `report_rank` (the gang rank); the transport registers as
+  // `transport_id` (the job id, or one per replica).
   absl::StatusOr<std::unique_ptr<Transport>> ConnectTransport(
-      const StageAssignment& assignment, int num_stages, ActiveJob* job);
+      const StageAssignment& assignment, int num_stages, int report_rank,
+      const std::string& transport_id, ActiveJob* job);
   // CreateNcclTransport (or the injected factory) with a rendezvous through
-  // the controller on the live session.
+  // the controller on the live session (the job's store; keys under
+  // `transport_id`).
   absl::StatusOr<std::unique_ptr<Transport>> CreateNccl(
-      const std::string& job_id, int rank, int world_size, ActiveJob* job);
+      const std::string& job_id, const std::string& transport_id, int rank,
+      int world_size, ActiveJob* job);
   void OnRendezvousReply(const trainyard::v1::RendezvousReply& reply);
   // Aborts the running stage (if any) and joins its thread.
   void StopJob(const absl::Status& reason);
@@ -1285,20 +1292,87 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
   absl::StatusOr<JobPlan> plan = PlanJob(assignment.spec(), plan_options);
   if (!plan.ok()) return Prefixed(plan.status(), "invalid job spec: ");
   const int num_stages = plan->num_stages();
-  const int s = assignment.stage();
-  if (s < 0 || s >= num_stages) {
+  // With replicas the assignment's stage is the gang rank r * S + s: this
+  // worker runs stage s of replica r, whose pipeline is ranks
+  // [r S, (r + 1) S) (their addresses and placements).
+  const int replicas = std::max(1, plan->spec.parallelism().replicas());
+  const int rank = assignment.stage();
+  if (rank < 0 || rank >= num_stages * replicas) {
     return absl::InvalidArgumentError(
-        absl::StrCat("StageAssignment.stage: must be in [0, ", num_stages,
-                     ") for this job, got ", s));
+        absl::StrCat("StageAssignment.stage: must be in [0, ",
+                     num_stages * replicas, ") for this job, got ", rank));
   }
+  const int s = rank % num_stages;
+  const int replica = rank / num_stages;
+  if (replicas > 1 && assignment.snapshot().step() > 0) {
+    return absl::InvalidArgumentError(
+        "StageAssignment.snapshot: a job with replicas resumes from "
+        "checkpoints only");
+  }
+  StageAssignment pipeline = assignment;  // this replica's ranks
+  if (replicas > 1) {
+    if (assignment.peer_addresses_size() != num_stages * replicas ||
+        (assignment.placements_size() > 0 &&
+         assignment.placements_size() != num_stages * replicas)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StageAssignment: a job of ", num_stages, " stages x ",
+                       replicas, " replicas needs ", num_stages * replicas,
+                       " peer addresses and placements"));
+    }
+    pipeline.set_stage(s);
+    pipeline.clear_peer_addresses();
+    pipeline.clear_placements();
+    for (int k = replica * num_stages; k < (replica + 1) * num_stages; ++k) {
+      pipeline.add_peer_addresses(assignment.peer_addresses(k));
+      if (assignment.placements_size() > 0) {
+        *pipeline.add_placements() = assignment.placements(k);
+      }
+    }
+  }
+  // Each replica's pipeline is its own transport, so its connections are
+  // registered under their own id.
+  const std::string transport_id =
+      replicas > 1 ? absl::StrCat(assignment.job_id(), "/replica-", replica)
+                   : assignment.job_id();
 
   std::unique_ptr<Transport> transport;
   if (num_stages > 1) {
-    ASSIGN_OR_RETURN(transport, ConnectTransport(assignment, num_stages, job));
+    ASSIGN_OR_RETURN(transport, ConnectTransport(pipeline, num_stages, rank,
+                                                 transport_id, job));
     job->SetTransport(transport.get());
   }
 
   const std::string& job_id = assignment.job_id();
+  // The copies of this stage in every replica sum their gradients over
+  // Gloo; they find each other through the job's rendezvous store at the
+  // controller.
+  std::unique_ptr<RemoteRendezvous> replica_rendezvous;
+  std::unique_ptr<ReplicaGroup> replica_group;
+  if (replicas > 1) {
+    replica_rendezvous = std::make_unique<RemoteRendezvous>(
+        absl::StrCat("controller ", options_.controller),
+        [this, job_id](const RemoteRendezvous::Request& request) {
+          return SendLive(RendezvousMessage(job_id, request));
+        });
+    job->SetRendezvous(replica_rendezvous.get());
+    ReplicaGroupOptions group;
+    group.rank = replica;
+    group.size = replicas;
+    group.key_prefix =
+        absl::StrCat(job_id, "/attempt-", assignment.attempt(), "/stage-", s);
+    group.hostname = peer_address_.substr(0, peer_address_.rfind(':'));
+    group.timeout =
+        std::min(options_.stage_timeout, options_.peer_connect_timeout);
+    absl::StatusOr<std::unique_ptr<ReplicaGroup>> joined =
+        ReplicaGroup::Join(replica_rendezvous.get(), group);
+    job->SetRendezvous(nullptr);
+    if (!joined.ok()) {
+      if (transport != nullptr) transport->Abort(joined.status());
+      job->SetTransport(nullptr);
+      return Prefixed(joined.status(), "joining the other replicas: ");
+    }
+    replica_group = *std::move(joined);
+  }
   {
     // Snapshots of another job are of no use any more.
     absl::MutexLock lock(&snapshot_mu_);
@@ -1317,6 +1391,8 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
     stage_options.data_dir = options_.data_dir;
     stage_options.timeout = options_.stage_timeout;
     stage_options.exec = exec.get();
+    stage_options.replica = replica;
+    stage_options.replica_group = replica_group.get();
     std::optional<StageSnapshot> snapshot;
     if (assignment.snapshot().step() > 0) {
       const SnapshotResume& from = assignment.snapshot();
@@ -1353,11 +1429,13 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
       LOG(INFO) << "trainyard-worker " << options_.name << ": job " << job_id
                 << " stage " << s << " resumed at step " << started.resume_step;
     }
-    Report(StartedMessage(job_id, s, started.resume_step));
+    Report(StartedMessage(job_id, rank, started.resume_step));
     StageRunOptions run;
     run.timeout = options_.stage_timeout;
     run.cancel = job->cancel_flag();
     run.snapshot_every = plan->spec.recovery().snapshot_every();
+    // Replicas hold the same state: the first writes the checkpoints.
+    run.write_checkpoints = replica == 0;
     run.may_commit = [this] {
       absl::MutexLock lock(&report_mu_);
       return live_ != nullptr;
@@ -1374,7 +1452,7 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
         checkpoint_seconds_->Observe(seconds);
       };
     }
-    if (s == 0) {
+    if (rank == 0) {
       // The controller weighs committed checkpoints against snapshots.
       run.on_checkpoint = [&](int64_t step, const std::string& dir) {
         {
@@ -1394,12 +1472,12 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
     std::unique_ptr<StageMetrics> metrics = MetricsOfStage(s);
     run.on_step = [&](const StepReport& report, double seconds) {
       if (metrics != nullptr) metrics->Record(report, seconds, transport.get());
-      Report(StepMessage(job_id, s, report, seconds));
+      Report(StepMessage(job_id, rank, report, seconds));
     };
     // Every stage reports its evals (the pass is a span of its trace); the
     // controller publishes the last stage's metrics.
     run.on_eval = [&](int64_t step, const EvalReport& report) {
-      Report(EvalMessage(job_id, s, step, report));
+      Report(EvalMessage(job_id, rank, step, report));
     };
     return RunStage(*stage, transport.get(), *plan, run);
   }();
@@ -1416,7 +1494,8 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::ConnectTransport(
-    const StageAssignment& assignment, int num_stages, ActiveJob* job) {
+    const StageAssignment& assignment, int num_stages, int report_rank,
+    const std::string& transport_id, ActiveJob* job) {
   const std::string& job_id = assignment.job_id();
   const int s = assignment.stage();
   if (assignment.peer_addresses_size() != num_stages) {
@@ -1441,12 +1520,12 @@ absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::ConnectTransport(
   LOG(INFO) << "trainyard-worker " << options_.name << ": job " << job_id
             << " stage " << s << " transport " << TransportKindName(choice.kind)
             << ": " << choice.reason;
-  Report(TransportMessage(job_id, s, choice));
+  Report(TransportMessage(job_id, report_rank, choice));
   if (job->cancel_flag()->load()) return job->abort_reason().first;
 
   if (choice.kind == TransportKind::kNccl) {
     absl::StatusOr<std::unique_ptr<Transport>> created =
-        CreateNccl(job_id, s, num_stages, job);
+        CreateNccl(job_id, transport_id, s, num_stages, job);
     if (!created.ok()) {
       return Prefixed(created.status(),
                       "creating the NCCL transport to the other stages: ");
@@ -1455,8 +1534,9 @@ absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::ConnectTransport(
   }
   std::vector<std::string> peers(assignment.peer_addresses().begin(),
                                  assignment.peer_addresses().end());
-  absl::StatusOr<std::unique_ptr<Transport>> connected = connect_transport_(
-      job_id, s, peers, assignment.data_plane_secret(), job->cancel_flag());
+  absl::StatusOr<std::unique_ptr<Transport>> connected =
+      connect_transport_(transport_id, s, peers, assignment.data_plane_secret(),
+                         job->cancel_flag());
   if (!connected.ok()) {
     return Prefixed(connected.status(), "connecting to the other stages: ");
   }
@@ -1464,7 +1544,8 @@ absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::ConnectTransport(
 }
 
 absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::CreateNccl(
-    const std::string& job_id, int rank, int world_size, ActiveJob* job) {
+    const std::string& job_id, const std::string& transport_id, int rank,
+    int world_size, ActiveJob* job) {
   // Through whichever session is live: a request made while none is fails
   // (the rendezvous needs the controller).
   RemoteRendezvous rendezvous(
@@ -1474,7 +1555,7 @@ absl::StatusOr<std::unique_ptr<Transport>> Worker::Impl::CreateNccl(
       });
   job->SetRendezvous(&rendezvous);
   NcclTransportOptions nccl;
-  nccl.job_id = job_id;
+  nccl.job_id = transport_id;
   nccl.rank = rank;
   nccl.world_size = world_size;
   nccl.device = device_.index;

@@ -232,7 +232,6 @@ int Train() {
   }
   PlanOptions plan_options;
   plan_options.base_dir = Dirname(spec_path);
-  plan_options.allow_replicas = true;  // replicas run as threads here
   absl::StatusOr<JobPlan> plan = PlanJob(*spec, plan_options);
   if (!plan.ok()) {
     std::cerr << "trainyard train: " << spec_path << " is not a valid job:\n"
