@@ -43,6 +43,14 @@ PlanOptions ControllerPlanOptions(const JobManagerOptions& manager) {
   return options;
 }
 
+// "stage 3", or with replicas "rank 3 (stage 1 of replica 1)".
+std::string RankLabel(int rank, int num_ranks, int replicas) {
+  if (replicas <= 1) return absl::StrCat("stage ", rank);
+  const int stages = num_ranks / replicas;
+  return absl::StrCat("rank ", rank, " (stage ", rank % stages, " of replica ",
+                      rank / stages, ")");
+}
+
 std::string WorkerLabel(const std::string& id, const std::string& name) {
   return absl::StrCat(id, " (", name, ")");
 }
@@ -1010,8 +1018,9 @@ void JobManager::LoseWorkerLocked(const std::string& worker_id,
     if (e.job.state() == v1::RUNNING) {
       GangBrokenLocked(
           e,
-          absl::StrCat("worker ", WorkerLabel(w.id, w.name), " running stage ",
-                       w.stage, " was lost: ", why),
+          absl::StrCat("worker ", WorkerLabel(w.id, w.name), " running ",
+                       RankLabel(w.stage, e.num_stages, e.replicas),
+                       " was lost: ", why),
           /*recoverable=*/true);
     } else if (e.job.state() == v1::RECOVERING) {
       e.draining.erase(w.id);

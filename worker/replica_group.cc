@@ -143,10 +143,11 @@ absl::Status ReplicaGroup::SumInTreeOrder(Tensor* gradient) {
   }
   if (options_.size == 1) return absl::OkStatus();
   const int64_t n = gradient->numel();
-  std::vector<float> all(static_cast<size_t>(n) * options_.size);
+  // [R, n]: replica r's block sum in row r (views below, no copies).
+  Tensor all = Tensor::Empty(DType::kFloat32, {options_.size, n});
   const absl::Status gathered =
       AllGatherBytes(gradient->data<float>(), n * sizeof(float),
-                     reinterpret_cast<char*>(all.data()));
+                     static_cast<char*>(all.raw_data()));
   if (!gathered.ok()) return gathered;
   // The replicas' block sums, folded in replica order by the same counter
   // a single replica uses for its microbatches.
@@ -155,10 +156,7 @@ absl::Status ReplicaGroup::SumInTreeOrder(Tensor* gradient) {
   if (!host.ok()) return host.status();
   GradientTree tree(host->get(), n);
   for (int r = 0; r < options_.size; ++r) {
-    Tensor block = Tensor::Empty(DType::kFloat32, {n});
-    std::copy(all.begin() + r * n, all.begin() + (r + 1) * n,
-              block.data<float>());
-    absl::Status st = tree.Add(block);
+    absl::Status st = tree.Add(all.Rows(r, r + 1).View({n}));
     if (!st.ok()) return st;
   }
   return tree.Finish(gradient);
