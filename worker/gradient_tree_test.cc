@@ -1,10 +1,10 @@
 #include "worker/gradient_tree.h"
 
 #include <functional>
-#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/test_gradients.h"
 
 namespace trainyard {
 namespace {
@@ -12,21 +12,10 @@ namespace {
 constexpr int64_t kN = 257;
 
 std::vector<Tensor> RandomGradients(int count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<Tensor> out;
-  for (int m = 0; m < count; ++m) {
-    std::vector<float> v(kN);
-    // Mixed magnitudes, so a different association changes the bits.
-    for (auto& x : v) x = u(rng) * (1 << (rng() % 20));
-    out.push_back(Tensor::FromVector(v, {kN}));
-  }
-  return out;
+  return testing::RandomGradients(count, kN, seed);
 }
 
-std::vector<float> Values(const Tensor& t) {
-  return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
-}
+using testing::Values;
 
 // The documented order, written out: an aligned block of 2^k microbatches
 // is (left half) + (right half); the blocks of M's binary decomposition,

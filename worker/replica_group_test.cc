@@ -7,7 +7,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "kernels/exec_context.h"
 #include "worker/gradient_tree.h"
+#include "worker/test_gradients.h"
 
 namespace trainyard {
 namespace {
@@ -26,15 +26,7 @@ namespace {
 constexpr int64_t kN = 1031;
 
 std::vector<Tensor> Gradients(int count, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<Tensor> out;
-  for (int m = 0; m < count; ++m) {
-    std::vector<float> v(kN);
-    for (auto& x : v) x = u(rng) * (1 << (rng() % 20));
-    out.push_back(Tensor::FromVector(v, {kN}));
-  }
-  return out;
+  return testing::RandomGradients(count, kN, seed);
 }
 
 const ExecContext* Host() {
@@ -51,9 +43,7 @@ Tensor TreeSum(const std::vector<Tensor>& g, int first, int count) {
   return out;
 }
 
-std::vector<float> Values(const Tensor& t) {
-  return std::vector<float>(t.data<float>(), t.data<float>() + t.numel());
-}
+using testing::Values;
 
 TEST(ReplicaGroupTest, ReplicasAsThreadsGiveOneReplicasBits) {
   struct Case {
