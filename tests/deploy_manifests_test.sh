@@ -14,10 +14,19 @@
 #     monitoring pods to /metrics;
 #   - the manifests run binaries the image (deploy/Dockerfile) installs, as
 #     the user it creates;
-#   - every --flag a container or probe passes is one its binary defines.
+#   - every --flag a container or probe passes is one its binary defines;
+#   - CPU and GPU workers are separate StatefulSets (the GPU one asks for
+#     one nvidia.com/gpu and runs --device=cuda:0), covered by one
+#     PodDisruptionBudget, their requests set from the sizing ConfigMap;
+#   - deploy/Dockerfile.prebuilt makes the same runtime image as
+#     deploy/Dockerfile;
+#   - the test cluster's overlay (deploy/overlays/test, used by
+#     tools/k8s_e2e.sh) renders, validates, and keeps every pod non-root and
+#     read-only with the same Secret files.
 #
 # Usage: deploy_manifests_test.sh DIR WORKER [CONTROLLER [CLI]]
-#   DIR: deploy/kubernetes (deploy/Dockerfile is read from DIR/..)
+#   DIR: deploy/kubernetes (deploy/Dockerfile* and deploy/overlays/test are
+#   read from DIR/..)
 #   WORKER, CONTROLLER, CLI: trainyard-worker, trainyard-controller and
 #   trainyard binaries whose flags are checked; the last two are optional
 #   (their flags are then not checked).
@@ -31,20 +40,35 @@ out="${TEST_TMPDIR:-$(mktemp -d)}/rendered.yaml"
 if ! command -v kubectl >/dev/null; then
   echo "SKIPPED: kubectl not installed"; exit 0
 fi
-# Bazel's runfiles are symlinks, which kustomize does not follow: copy.
-copy="${TEST_TMPDIR:-$(mktemp -d)}/manifests"
+# Bazel's runfiles are symlinks, which kustomize does not follow: copy
+# deploy/ (the base, its components and the overlays) as plain files.
+copy="${TEST_TMPDIR:-$(mktemp -d)}/deploy"
+rm -rf "$copy"
 mkdir -p "$copy"
-cp -L "$dir"/*.yaml "$copy/"
-kubectl kustomize "$copy" >"$out"
+cp -rL "$dir" "$copy/kubernetes"
+cp -rL "$dir/../overlays" "$copy/overlays"
+kubectl kustomize "$copy/kubernetes" >"$out"
 echo "rendered $(grep -c '^kind:' "$out") objects: $(grep '^kind:' "$out" | awk '{print $2}' | tr '\n' ' ')"
+overlay_out="${out%.yaml}-test-overlay.yaml"
+kubectl kustomize "$copy/overlays/test" >"$overlay_out"
+echo "rendered the test overlay: $(grep -c '^kind:' "$overlay_out") objects"
 if /usr/bin/python3 -c 'import kubernetes_validate' 2>/dev/null; then
   /usr/bin/python3 -m kubernetes_validate --strict -k 1.29.0 "$out"
+  # The overlay's objects too, but its policy/v1beta1 PodDisruptionBudget
+  # (for its 1.20 cluster; 1.29 no longer serves that version).
+  /usr/bin/python3 -c '
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+yaml.safe_dump_all([d for d in docs if d["apiVersion"] != "policy/v1beta1"],
+                   open(sys.argv[2], "w"))' "$overlay_out" "$overlay_out.v129.yaml"
+  /usr/bin/python3 -m kubernetes_validate --strict -k 1.29.0 "$overlay_out.v129.yaml"
 else
   echo "SKIPPED schema validation: kubernetes-validate missing (tools/setup.sh installs it)"
 fi
 
 # python3-yaml comes with python3-torch, which tools/setup.sh installs.
-/usr/bin/python3 - "$out" "$dir/../Dockerfile" \
+OVERLAY="$overlay_out" PREBUILT="$dir/../Dockerfile.prebuilt" \
+  /usr/bin/python3 - "$out" "$dir/../Dockerfile" \
   "trainyard-worker=$worker" "trainyard-controller=$controller" \
   "trainyard=$cli" <<'EOF'
 import os
@@ -166,7 +190,7 @@ image_binaries = {b for b in image_binaries if not b.startswith("lib")}
 # (role, container name, binary, argv) of every command run, for the flag
 # check below.
 commands = []
-pods = {}  # role -> (labels, namespace, spec)
+pods = {}  # "Kind/name" -> (role, labels, namespace, spec)
 for obj in docs:
     if obj["kind"] not in WORKLOADS:
         continue
@@ -177,8 +201,7 @@ for obj in docs:
             else "worker" if labels_match({"matchLabels": WORKER}, labels)
             else None)
     if role:
-        check(role not in pods, f"{where}: a second {role} workload")
-        pods[role] = (labels, obj["metadata"].get("namespace"), spec)
+        pods[where] = (role, labels, obj["metadata"].get("namespace"), spec)
     check(obj["metadata"].get("namespace") == NAMESPACE,
           f"{where}: not in namespace {NAMESPACE}")
 
@@ -337,8 +360,11 @@ for obj in docs:
                   f"{cwhere}: runs {b}, which {dockerfile} does not install "
                   f"(it installs {sorted(image_binaries)})")
 
-for role in ("controller", "worker"):
-    check(role in pods, f"no {role} workload rendered")
+roles = [r for r, _, _, _ in pods.values()]
+check(roles.count("controller") == 1,
+      f"{roles.count('controller')} controller workloads, want 1")
+check(roles.count("worker") == 2,
+      f"{roles.count('worker')} worker workloads, want 2 (CPU and GPU)")
 
 # --- NetworkPolicies. ---
 policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
@@ -367,7 +393,7 @@ def peer_key(peer, where):
     return (space, sel((pod or {}).get("matchLabels") or {}))
 
 
-for role, (labels, ns, spec) in pods.items():
+for where, (role, labels, ns, spec) in pods.items():
     port_names = {}
     for c in spec["containers"]:
         for p in c.get("ports", []):
@@ -377,7 +403,7 @@ for role, (labels, ns, spec) in pods.items():
                  if labels_match(p["spec"].get("podSelector") or {}, labels)
                  and "Ingress" in p["spec"].get("policyTypes", [])]
     check(any(p["spec"].get("podSelector") for p in selecting),
-          f"no NetworkPolicy selects the {role} pods by label")
+          f"no NetworkPolicy selects the {role} pods of {where} by label")
     admitted = {}  # port name -> {(namespace, labels)}
     for p in selecting:
         for i, rule in enumerate(p["spec"].get("ingress") or []):
@@ -398,10 +424,10 @@ for role, (labels, ns, spec) in pods.items():
     declared = {p.get("name") for c in spec["containers"]
                 for p in c.get("ports", [])}
     check(declared == set(want),
-          f"the {role} declares ports {sorted(declared)}, the test expects "
-          f"{sorted(want)}")
+          f"{where} ({role}) declares ports {sorted(declared)}, the test "
+          f"expects {sorted(want)}")
     check(admitted == want,
-          f"NetworkPolicies admit to the {role}: {admitted}; want {want}")
+          f"NetworkPolicies admit to {where} ({role}): {admitted}; want {want}")
 
 # --- Every flag and command is one the binary knows. ---
 helps = {}
@@ -428,6 +454,105 @@ for cwhere, what, cmd in commands:
         known = re.search(r"(^|\s)--" + re.escape(flag) + r"[ )]", text, re.M)
         check(known, f"{cwhere}: {what} passes --{flag}, which {binary} does "
               "not define")
+
+# --- CPU and GPU workers, their budget and sizing. ---
+def container(spec, name):
+    return next((c for c in spec["containers"] if c["name"] == name), None)
+
+
+by_device = {}
+for where, (role, labels, ns, spec) in pods.items():
+    if role != "worker":
+        continue
+    check(where.startswith("StatefulSet/"), f"{where}: workers are not a StatefulSet")
+    c = container(spec, "worker")
+    argv = (c.get("command") or []) + (c.get("args") or [])
+    device = flags_of(argv).get("device")
+    res = c.get("resources", {})
+    gpus = (res.get("limits", {}).get("nvidia.com/gpu"),
+            res.get("requests", {}).get("nvidia.com/gpu"))
+    if device == "cpu":
+        check(gpus == (None, None), f"{where}: a CPU worker asks for GPUs {gpus}")
+    elif check(device == "cuda:0", f"{where}: --device={device}, want cpu or cuda:0"):
+        check(gpus == (1, 1), f"{where}: GPU worker asks for nvidia.com/gpu "
+              f"(limit, request) {gpus}, want (1, 1)")
+    check(device not in by_device, f"{where}: a second --device={device} workload")
+    by_device[device] = (where, labels, spec)
+check(set(by_device) == {"cpu", "cuda:0"},
+      f"worker devices {sorted(by_device)}, want cpu and cuda:0")
+pdbs = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+for device, (where, labels, spec) in by_device.items():
+    check(spec.get("terminationGracePeriodSeconds"),
+          f"{where}: no terminationGracePeriodSeconds")
+    covering = [p for p in pdbs
+                if labels_match(p["spec"].get("selector") or {}, labels)]
+    check(len(covering) == 1 and covering[0]["apiVersion"] == "policy/v1",
+          f"{where}: covered by {len(covering)} policy/v1 PodDisruptionBudgets, want 1")
+sizing = next((d for d in docs if d["kind"] == "ConfigMap"
+               and d["metadata"]["name"] == "trainyard-sizing"), None)
+if check(sizing, "no trainyard-sizing ConfigMap (the sizing variables)") \
+        and "cpu" in by_device:
+    res = container(by_device["cpu"][2], "worker")["resources"]
+    check(str(res["requests"]["cpu"]) == sizing["data"]["worker-cpu"]
+          and res["requests"]["memory"] == sizing["data"]["worker-memory"],
+          f"CPU worker requests {res['requests']} are not the sizing "
+          f"ConfigMap's {sizing['data']}")
+
+# --- Dockerfile.prebuilt: the same runtime image. ---
+def runtime_stage(text):
+    lines, cont = [], ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        cont += line.rstrip("\\").strip() + " "
+        if not line.endswith("\\"):
+            lines.append(" ".join(cont.split()))
+            cont = ""
+    start = max(i for i, l in enumerate(lines) if l.startswith("FROM "))
+    return [l for l in lines[start:] if not l.startswith("COPY ")]
+
+
+prebuilt = os.environ.get("PREBUILT")
+if check(prebuilt and os.path.exists(prebuilt), f"no {prebuilt}"):
+    a, b = runtime_stage(image), runtime_stage(open(prebuilt).read())
+    check(a == b, f"{prebuilt}: its image differs from {dockerfile}'s runtime "
+          f"stage (besides COPY): {sorted(set(a) ^ set(b))}")
+
+# --- The test cluster's overlay. ---
+overlay = [d for d in yaml.safe_load_all(open(os.environ["OVERLAY"])) if d]
+base_objs = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+over_objs = {(d["kind"], d["metadata"]["name"]): d for d in overlay}
+extra_kinds = {k for k in set(over_objs) - set(base_objs)}
+check(all(k == "PersistentVolume" for k, _ in extra_kinds),
+      f"the test overlay adds {sorted(extra_kinds)}; want only PersistentVolumes")
+for key, obj in over_objs.items():
+    if obj["kind"] not in WORKLOADS:
+        continue
+    where = "overlay " + "/".join(key)
+    base = base_objs.get(key)
+    if not check(base, f"{where}: not in the base"):
+        continue
+    _, spec = pod_spec(obj)
+    _, bspec = pod_spec(base)
+    check(spec.get("hostNetwork") is True, f"{where}: not hostNetwork "
+          "(the test cluster has no pod network)")
+    for c in spec["containers"]:
+        csc = c.get("securityContext", {})
+        bc = container(bspec, c["name"])
+        check(csc == (bc or {}).get("securityContext"),
+              f"{where} container {c['name']}: securityContext differs from the base")
+        check(c.get("volumeMounts") == (bc or {}).get("volumeMounts"),
+              f"{where} container {c['name']}: volumeMounts differ from the base")
+        for probe in ("readinessProbe", "livenessProbe"):
+            cmd = " ".join(c.get(probe, {}).get("exec", {}).get("command", []))
+            check(BIN_DIR + "trainyard health" in cmd and "--tls_ca=" in cmd,
+                  f"{where}: {probe} does not run trainyard health over TLS")
+    check(spec.get("securityContext") == bspec.get("securityContext"),
+          f"{where}: pod securityContext differs from the base")
+    check(spec.get("volumes") == bspec.get("volumes") and
+          spec.get("automountServiceAccountToken") is False,
+          f"{where}: volumes or service account token differ from the base")
+
 for b in sorted(skipped):
     print(f"SKIPPED flag check for {b}: binary not passed to the test")
 print(f"checked {len(pods)} daemons, {len(commands)} commands, "
