@@ -533,7 +533,8 @@ void JobManager::ScheduleLocked() {
   std::vector<SchedWorker> workers;
   for (const WorkerEntry* w : ordered) {
     workers.push_back(
-        {w->id, w->caps.device(), w->job_id.empty() && w->stale_job.empty()});
+        {w->id, w->caps.device(),
+         w->job_id.empty() && w->stale_job.empty() && !w->draining});
   }
   SchedDecision decision = Schedule(std::move(queued), workers);
   for (const SchedDecision::Start& start : decision.starts) {
@@ -980,8 +981,15 @@ void JobManager::OnWorkerMessage(const std::string& worker_id,
       case v1::WorkerMessage::kRendezvousGet:
         HandleRendezvousGetLocked(w, msg.rendezvous_get());
         break;
+      case v1::WorkerMessage::kHeartbeat:
+        if (msg.heartbeat().draining() && !w.draining) {
+          w.draining = true;
+          LOG(INFO) << "worker " << WorkerLabel(w.id, w.name)
+                    << " is shutting down: no new stages for it";
+        }
+        break;
       default:
-        break;  // heartbeat (or a repeated register): liveness only
+        break;  // a repeated register: liveness only
     }
   }
   Deliver();

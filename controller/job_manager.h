@@ -301,6 +301,8 @@ class JobManager {
     // counts it in any gang (a refused claim after a reconnect): the worker
     // gets no new stage until it reports that one's end.
     std::string stale_job;
+    // Said it is shutting down (Heartbeat.draining): never scheduled again.
+    bool draining = false;
     // Log line rate limit (token bucket), and lines dropped by it since the
     // last one taken.
     double log_tokens = 0;

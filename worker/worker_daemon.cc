@@ -130,6 +130,18 @@ class ActiveJob {
     if (rendezvous_ != nullptr) rendezvous_->Abort(reason);
   }
 
+  // Lets the stage finish its current step, then end (RunStage sees the
+  // flag before the next one) with `reason`; the transport is left alone so
+  // the step's messages still flow. The first reason wins.
+  void StopAfterStep(const absl::Status& reason) {
+    absl::MutexLock lock(&mu_);
+    if (reason_.ok()) {
+      reason_ = reason;
+      cancelled_ = false;
+    }
+    cancel_.store(true);
+  }
+
   // Registers the transport to abort (null to unregister before it dies).
   void SetTransport(Transport* transport) {
     absl::MutexLock lock(&mu_);
@@ -482,6 +494,7 @@ class Worker::Impl {
 
   absl::Status Init();
   void Shutdown();
+  void Drain(absl::Duration grace);
 
   std::string peer_address() const { return peer_address_; }
   int health_port() const { return health_port_; }
@@ -582,6 +595,10 @@ class Worker::Impl {
   int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<ActiveJob> job_ ABSL_GUARDED_BY(mu_);
   bool job_finished_ ABSL_GUARDED_BY(mu_) = true;
+  // Its StageDone has been handed to the stream (Drain waits for it).
+  bool job_reported_ ABSL_GUARDED_BY(mu_) = false;
+  // Drain was called: no new stage, no reconnect.
+  std::atomic<bool> draining_{false};
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
 
   // Reports of the current job, oldest first (Report), and the registered
@@ -774,6 +791,59 @@ absl::Status Worker::Impl::Init() {
   return absl::OkStatus();
 }
 
+void Worker::Impl::Drain(absl::Duration grace) {
+  // No new stage from now on: refused here, and the controller is told.
+  draining_.store(true);
+  {
+    WorkerMessage beat;
+    beat.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(absl::Now()));
+    beat.mutable_heartbeat()->set_draining(true);
+    absl::MutexLock lock(&report_mu_);
+    if (live_ != nullptr) live_->Write(beat);
+  }
+  std::shared_ptr<ActiveJob> job;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job_ == nullptr || job_finished_) return;
+    job = job_;
+  }
+  LOG(INFO) << "trainyard-worker " << options_.name << ": asked to stop; job "
+            << job->job_id() << " stage " << job->stage()
+            << " finishes its current step (up to "
+            << absl::FormatDuration(grace) << ")";
+  job->StopAfterStep(absl::UnavailableError(absl::StrCat(
+      "worker ", options_.name,
+      " is shutting down (asked to stop): its stage ended after finishing "
+      "its current step")));
+  const absl::Time deadline = absl::Now() + grace;
+  {
+    absl::MutexLock lock(&mu_);
+    auto reported = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return job_reported_;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&reported), deadline)) {
+      LOG(WARNING) << "trainyard-worker " << options_.name << ": job "
+                   << job->job_id() << " did not finish its step within "
+                   << absl::FormatDuration(grace) << "; stopping it";
+      return;
+    }
+  }
+  // Half-close the stream, so the controller reads the StageDone (why this
+  // worker leaves) before it sees the stream end; wait, within the grace,
+  // for that session to end (its reader sees the controller close).
+  absl::MutexLock lock(&report_mu_);
+  Session* const session = live_;
+  if (session == nullptr) return;
+  {
+    absl::MutexLock wlock(&session->write_mu);
+    session->stream->WritesDone();
+  }
+  auto ended = [this, session]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(report_mu_) {
+    return live_ != session;
+  };
+  report_mu_.AwaitWithDeadline(absl::Condition(&ended), deadline);
+}
+
 void Worker::Impl::Shutdown() {
   std::call_once(shutdown_once_, [this] {
     {
@@ -809,7 +879,7 @@ void Worker::Impl::ConnectionLoop() {
     ++attempt;
     const bool registered = RunSession(attempt);
     SetRegisteredHealth(false);
-    if (shutdown_.HasBeenNotified()) break;
+    if (shutdown_.HasBeenNotified() || draining_.load()) break;
     if (registered) {
       backoff = options_.min_backoff;
       attempt = 0;
@@ -1071,7 +1141,9 @@ void Worker::Impl::OnAssign(Session* session,
       mu_.AwaitWithTimeout(absl::Condition(&finished_cond),
                            AbortedJobWait(options_.peer_connect_timeout));
     }
-    if (job_ != nullptr && !job_finished_) {
+    if (draining_.load()) {
+      busy_with = "(shutting down)";
+    } else if (job_ != nullptr && !job_finished_) {
       busy_with = job_->job_id();
     } else {
       finished = std::move(job_thread_);
@@ -1079,6 +1151,7 @@ void Worker::Impl::OnAssign(Session* session,
           assignment.job_id(), assignment.stage(), assignment.attempt());
       job_ = job;
       job_finished_ = false;
+      job_reported_ = false;
       {
         // The previous job's reports were resent at registration.
         absl::MutexLock rlock(&report_mu_);
@@ -1093,10 +1166,13 @@ void Worker::Impl::OnAssign(Session* session,
   if (finished.joinable()) finished.join();
   if (!busy_with.empty()) {
     ScopedJobLog scope(job_log_.get(), assignment.job_id(), assignment.stage());
-    LOG(WARNING) << "trainyard-worker " << options_.name << ": refusing job "
-                 << assignment.job_id() << ": busy with job " << busy_with;
     const absl::Status busy = absl::UnavailableError(
-        absl::StrCat("worker ", options_.name, " busy with job ", busy_with));
+        draining_.load()
+            ? absl::StrCat("worker ", options_.name, " is shutting down")
+            : absl::StrCat("worker ", options_.name, " busy with job ",
+                           busy_with));
+    LOG(WARNING) << "trainyard-worker " << options_.name << ": refusing job "
+                 << assignment.job_id() << ": " << busy.message();
     session->Write(DoneMessage(assignment.job_id(), assignment.stage(), busy,
                                std::string(busy.message()), false));
   }
@@ -1190,6 +1266,8 @@ void Worker::Impl::RunJob(StageAssignment assignment,
   job_log_->Flush();
   Report(
       DoneMessage(job->job_id(), job->stage(), status, error, was_cancelled));
+  absl::MutexLock lock(&mu_);
+  job_reported_ = true;
 }
 
 std::unique_ptr<StageMetrics> Worker::Impl::MetricsOfStage(int stage) {
@@ -1587,6 +1665,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(WorkerOptions options) {
 }
 
 void Worker::Shutdown() { impl_->Shutdown(); }
+void Worker::Drain(absl::Duration grace) { impl_->Drain(grace); }
 std::string Worker::peer_address() const { return impl_->peer_address(); }
 int Worker::health_port() const { return impl_->health_port(); }
 int Worker::metrics_port() const { return impl_->metrics_port(); }
@@ -1604,6 +1683,7 @@ absl::Status RunWorker(const WorkerOptions& options, absl::Notification* stop,
     absl::Notification never;
     never.WaitForNotification();
   }
+  worker->Drain(options.shutdown_grace);
   worker->Shutdown();
   return absl::OkStatus();
 }

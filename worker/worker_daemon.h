@@ -122,6 +122,10 @@ struct WorkerOptions {
   // Longest wait for all peers of a multi-stage job to connect. A cancel
   // cuts the wait short.
   absl::Duration peer_connect_timeout = absl::Seconds(30);
+  // On a stop (RunWorker), how long a running stage may take to finish its
+  // step (Worker::Drain). Below Kubernetes' default
+  // terminationGracePeriodSeconds (30).
+  absl::Duration shutdown_grace = absl::Seconds(20);
 
   // How multi-stage jobs whose transport choice is TCP reach their peers.
   // Null = the TCP transport over a PeerListener bound to `listen`
@@ -173,6 +177,15 @@ class Worker {
   // Idempotent.
   void Shutdown();
 
+  // A graceful stop's first half (SIGTERM, a pod being deleted): a running
+  // stage finishes the step it is in and then ends, reporting to the
+  // controller that this worker is shutting down (UNAVAILABLE, so the job
+  // restarts from its newest checkpoint or snapshot on other workers). Waits
+  // up to `grace` for the stage to end; Shutdown then stops whatever is
+  // left. A stage waiting on a neighbour that does not finish its step
+  // waits until `grace` runs out.
+  void Drain(absl::Duration grace);
+
   // host:port peers dial (reported as capabilities.peer_address).
   std::string peer_address() const;
   // Port of the health/reflection server; 0 when there is none.
@@ -195,6 +208,8 @@ class Worker {
 // Starts a worker and runs it until `stop` is notified (main's signal
 // handler) or, with stop == nullptr, forever. `on_started` (may be null)
 // is called once the worker is up, e.g. to write the health port file.
+// When `stop` is notified it drains for options.shutdown_grace, then shuts
+// down.
 absl::Status RunWorker(const WorkerOptions& options, absl::Notification* stop,
                        const std::function<void(const Worker&)>& on_started);
 

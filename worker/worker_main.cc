@@ -67,6 +67,10 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(std::string, tls_server_name, "",
           "The name to check in the controller's certificate instead of the "
           "host in --controller (e.g. its Service name).");
+ABSL_FLAG(int, shutdown_grace_s, 20,
+          "On SIGTERM / SIGINT, how long a running stage may take to finish "
+          "its current step before the worker stops it (keep it below the "
+          "pod's terminationGracePeriodSeconds).");
 ABSL_FLAG(bool, insecure, false,
           "Plaintext to the controller and on the health port (the "
           "controller must run with --insecure too).");
@@ -102,6 +106,8 @@ int main(int argc, char** argv) {
   options.memory_bytes = absl::GetFlag(FLAGS_memory_bytes);
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.shutdown_grace =
+      absl::Seconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_s)));
   options.tls.insecure = absl::GetFlag(FLAGS_insecure);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
