@@ -101,6 +101,16 @@ for stage, texts in seen.items():
 followed = cli("logs", job.job_id, "--follow")
 assert followed.stdout.splitlines() == lines, (followed.stdout, lines)
 
+# The schedule simulated with the pass costs measured in the job's trace.
+sim = cli("schedule", "--stages=2", "--microbatches=4", "--schedule=zbh1",
+          f"--costs_from={job.job_id}")
+first = sim.stdout.splitlines()[0]
+m = re.match(r"costs from \S+ step (\d+) \(mean per microbatch over 2 "
+             r"stage\(s\)\): F ([0-9.]+) ms, B ([0-9.]+) ms, W ([0-9.]+) ms", first)
+assert m, sim.stdout[:500]
+assert all(float(m.group(k)) > 0 for k in (2, 3, 4)), first
+assert "bubble" in sim.stdout, sim.stdout[-500:]
+
 elapsed = time.time() - start
 assert elapsed < 60, elapsed
 print(f"PASS: traces of steps 4 and 5 ({len(complete)} events in step 5) and "

@@ -77,6 +77,11 @@ ABSL_FLAG(std::string, costs, "1,1,1",
           "weight-gradient pass of one microbatch, as F,B,W (e.g. measured "
           "with `get JOB --stages`; 1,2,0 is an unsplit backward).");
 ABSL_FLAG(std::string, svg, "", "schedule: also draw the timeline here.");
+ABSL_FLAG(std::string, costs_from, "",
+          "schedule: take F,B,W from a job's newest traced step instead of "
+          "--costs: the mean forward, input- and weight-gradient span per "
+          "microbatch over the job's stages (GetTrace; the controller at "
+          "--controller).");
 ABSL_FLAG(int, width, 120, "schedule: columns of the text timeline.");
 ABSL_FLAG(int64_t, stop_after_step, 0,
           "Stop after this many completed steps, as if interrupted "
@@ -1150,7 +1155,38 @@ int ScheduleCommand() {
     return 2;
   }
   PassCosts costs;
-  {
+  if (const std::string job_id = absl::GetFlag(FLAGS_costs_from);
+      !job_id.empty()) {
+    std::unique_ptr<JobClient> client = Connect("schedule");
+    if (client == nullptr) return 2;
+    auto trace = client->GetTrace(job_id, 0);
+    if (!trace.ok()) return ReportRpcError("schedule", *client, trace.status());
+    double sum[3] = {0, 0, 0};
+    int n[3] = {0, 0, 0};
+    for (const auto& stage : trace->stages()) {
+      for (const auto& span : stage.spans()) {
+        const int k = span.kind() == trainyard::v1::SPAN_FORWARD           ? 0
+                      : span.kind() == trainyard::v1::SPAN_BACKWARD_INPUT  ? 1
+                      : span.kind() == trainyard::v1::SPAN_BACKWARD_WEIGHT ? 2
+                                                                           : -1;
+        if (k < 0) continue;
+        sum[k] += static_cast<double>(span.end_us() - span.start_us()) / 1e3;
+        ++n[k];
+      }
+    }
+    if (n[0] == 0 || n[1] == 0 || n[2] == 0) {
+      std::cerr << "trainyard schedule: --costs_from " << job_id << ": step "
+                << trace->step()
+                << " has no forward, input- and weight-gradient spans\n";
+      return 1;
+    }
+    costs = PassCosts{sum[0] / n[0], sum[1] / n[1], sum[2] / n[2]};
+    std::cout << absl::StrFormat(
+        "costs from %s step %d (mean per microbatch over %d stage(s)): "
+        "F %.3f ms, B %.3f ms, W %.3f ms\n",
+        job_id, trace->step(), trace->stages_size(), costs.forward,
+        costs.backward_input, costs.backward_weight);
+  } else {
     const std::string text = absl::GetFlag(FLAGS_costs);
     std::vector<std::string> parts = absl::StrSplit(text, ',');
     double v[3];
