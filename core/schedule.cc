@@ -4,6 +4,7 @@
 #include <array>
 #include <climits>
 #include <deque>
+#include <limits>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -134,36 +135,51 @@ Schedule Empty(const char* name, int S, int M, bool training) {
   return sched;
 }
 
-// One run of the ZB-V list scheduler in unit time (every chunk pass costs
-// 1, messages are free): at each tick each stage starts at most one pass,
-// preferring a ready input-gradient pass (chunk 1 first), then a ready
-// forward its memory allows (chunk 1 first), then its oldest pending weight
-// pass. A stage holds a (microbatch, chunk) activation from its forward to
-// its weight pass; a chunk-1 forward needs fewer than 2S held, a chunk-0
+// One run of the ZB-V list scheduler (messages are free; a chunk pass
+// costs half of `costs`' whole-stage pass). Whenever a stage is free it
+// starts at most one pass, preferring a ready input-gradient pass (chunk 1
+// first), then a ready forward its memory allows (chunk 1 first), then its
+// oldest pending weight pass; with nothing ready it waits for the next
+// arrival. A stage holds a (microbatch, chunk) activation from its forward
+// to its weight pass; a chunk-1 forward needs fewer than 2S held, a chunk-0
 // forward (which lets a new microbatch into the stage) fewer than
-// clamp(S + s + cap_shift, 1, 2S). Fills `passes` (F/B/W per stage, in
-// order) and the makespan in ticks; false when the run stalls.
-bool ListScheduleV(int S, int M, int cap_shift,
-                   std::vector<std::vector<Action>>* passes, int* makespan) {
+// clamp(S + s + cap_shift, 1, 2S). Free stages at the same moment decide in
+// stage order. Fills `passes` (F/B/W per stage, in order) and the makespan;
+// false when the run stalls.
+bool ListScheduleV(int S, int M, int cap_shift, const PassCosts& costs,
+                   std::vector<std::vector<Action>>* passes, double* makespan) {
   const int V = 2 * S;
-  const int kNever = INT_MAX;
+  const double kNever = std::numeric_limits<double>::infinity();
+  const double cost_f = costs.forward / 2, cost_b = costs.backward_input / 2,
+               cost_w = costs.backward_weight / 2;
   // When the activation (gradient) of each microbatch reaches virtual stage
   // vs from vs - 1 (vs + 1).
-  std::vector<std::vector<int>> act_ready(V, std::vector<int>(M, kNever));
-  std::vector<std::vector<int>> grad_ready(V, std::vector<int>(M, kNever));
-  std::fill(act_ready[0].begin(), act_ready[0].end(), 0);
+  std::vector<std::vector<double>> act_ready(V, std::vector<double>(M, kNever));
+  std::vector<std::vector<double>> grad_ready(V,
+                                              std::vector<double>(M, kNever));
+  std::fill(act_ready[0].begin(), act_ready[0].end(), 0.0);
   struct StageState {
     std::array<int, 2> next_f{0, 0}, next_b{0, 0}, next_w{0, 0};
     int held = 0;
+    double free_at = 0;
+    int done = 0;
   };
   std::vector<StageState> st(S);
   passes->assign(S, {});
-  int remaining = 6 * S * M;
-  int latest_arrival = 0;
-  for (int t = 0; remaining > 0; ++t) {
-    bool progressed = false;
+  *makespan = 0;
+  const int per_stage = 6 * M;
+  int remaining = per_stage * S;
+  while (remaining > 0) {
+    // The next moment a stage with work left is free; every such stage
+    // decides then, in stage order (outputs arrive later: costs are > 0).
+    double t = kNever;
+    for (const StageState& x : st) {
+      if (x.done < per_stage) t = std::min(t, x.free_at);
+    }
+    std::vector<int> blocked;
     for (int s = 0; s < S; ++s) {
       StageState& x = st[s];
+      if (x.done == per_stage || x.free_at != t) continue;
       const int cap0 = std::clamp(S + s + cap_shift, 1, V);
       const int vs[2] = {s, V - 1 - s};
       Action pick{ActionKind::kOptimizerStep, -1, 0};
@@ -193,31 +209,52 @@ bool ListScheduleV(int S, int M, int cap_shift,
           }
         }
       }
-      if (pick.microbatch < 0) continue;
+      if (pick.microbatch < 0) {
+        blocked.push_back(s);
+        continue;
+      }
       const int c = pick.chunk;
       const int mb = pick.microbatch;
+      double end = t;
       switch (pick.kind) {
         case ActionKind::kForward:
+          end = t + cost_f;
           ++x.next_f[c];
           ++x.held;
-          if (vs[c] < V - 1) act_ready[vs[c] + 1][mb] = t + 1;
+          if (vs[c] < V - 1) act_ready[vs[c] + 1][mb] = end;
           break;
         case ActionKind::kBackwardInput:
+          end = t + cost_b;
           ++x.next_b[c];
-          if (vs[c] > 0) grad_ready[vs[c] - 1][mb] = t + 1;
+          if (vs[c] > 0) grad_ready[vs[c] - 1][mb] = end;
           break;
         default:
+          end = t + cost_w;
           ++x.next_w[c];
           --x.held;
           break;
       }
-      latest_arrival = std::max(latest_arrival, t + 1);
+      x.free_at = end;
+      ++x.done;
       (*passes)[s].push_back(pick);
-      *makespan = t + 1;
+      *makespan = std::max(*makespan, end);
       --remaining;
-      progressed = true;
     }
-    if (!progressed && t >= latest_arrival) return false;
+    if (blocked.empty()) continue;
+    // A blocked stage waits for the next moment anything changes: the next
+    // end of a running pass (every arrival is one).
+    double next = kNever;
+    for (const StageState& x : st) {
+      if (x.done < per_stage && x.free_at > t) next = std::min(next, x.free_at);
+    }
+    for (int k = 0; k < S; ++k) {
+      // A stage that finished all its passes may still be running its last.
+      if (st[k].done == per_stage && st[k].free_at > t) {
+        next = std::min(next, st[k].free_at);
+      }
+    }
+    if (next == kNever) return false;  // everyone waits: stalled
+    for (int s : blocked) st[s].free_at = next;
   }
   return true;
 }
@@ -352,19 +389,20 @@ absl::StatusOr<Schedule> MakeInterleavedSchedule(int S, int M, int v) {
   return sched;
 }
 
-absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(int S, int M) {
+absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(int S, int M,
+                                                 const PassCosts& costs) {
   if (S < 1 || M < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "schedule zbv: needs >= 1 stage and microbatch, got ", S, " and ", M));
   }
   // Try warm-up caps around S + s, nearest first; keep the shortest step.
   std::vector<std::vector<Action>> best;
-  int best_makespan = INT_MAX;
+  double best_makespan = std::numeric_limits<double>::infinity();
   for (int i = 0; i <= 2 * S; ++i) {
     const int shift = (i % 2 == 0) ? -(i / 2) : (i + 1) / 2;  // 0,1,-1,...
     std::vector<std::vector<Action>> passes;
-    int makespan = 0;
-    if (!ListScheduleV(S, M, shift, &passes, &makespan)) continue;
+    double makespan = 0;
+    if (!ListScheduleV(S, M, shift, costs, &passes, &makespan)) continue;
     if (makespan < best_makespan) {
       best_makespan = makespan;
       best = std::move(passes);
@@ -431,7 +469,8 @@ absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
 }
 
 absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
-                                              int M, int chunks) {
+                                              int M, int chunks,
+                                              const PassCosts& costs) {
   if (name == "interleaved") {
     return MakeInterleavedSchedule(S, M, chunks == 0 ? 2 : chunks);
   }
@@ -440,7 +479,7 @@ absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
       return absl::InvalidArgumentError(absl::StrCat(
           "schedule zbv: holds exactly 2 chunks per stage, got ", chunks));
     }
-    return MakeZeroBubbleVSchedule(S, M);
+    return MakeZeroBubbleVSchedule(S, M, costs);
   }
   if (name == "gpipe" || name == "1f1b" || name == "zbh1") {
     if (chunks != 0 && chunks != 1) {

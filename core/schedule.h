@@ -94,6 +94,16 @@ struct Schedule {
   std::string ToString() const;
 };
 
+// Time units a whole stage spends on one microbatch's forward, input
+// gradient and weight gradient. A pass on one of v chunks costs 1/v of
+// that, so totals compare fairly across chunk counts. Messages and the
+// optimizer step cost nothing.
+struct PassCosts {
+  double forward = 1;
+  double backward_input = 1;
+  double backward_weight = 1;
+};
+
 // GPipe: all forwards, then all backwards (ascending microbatch order).
 Schedule MakeGPipeSchedule(int num_stages, int num_microbatches);
 // 1F1B (PipeDream-Flush): stage s warms up with min(S-s-1, M) forwards, then
@@ -118,16 +128,17 @@ absl::StatusOr<Schedule> MakeInterleavedSchedule(int num_stages,
 // ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", the V
 // schedule of zero-bubble pipeline parallelism): layout kV, two chunks per
 // stage, backward split into input- and weight-gradient passes. The order is
-// the one a unit-cost list scheduler finds (every chunk pass costs the same,
-// as in the paper): a free stage runs a ready input-gradient pass first,
+// the one a list scheduler finds for `costs` (unit costs by default, as in
+// the paper; a chunk pass costs half a whole stage's): a free stage runs a
+// ready input-gradient pass first,
 // else a ready forward while the stage holds fewer than 2S chunk activations
 // (S whole microbatches: 1F1B's peak) and, for a chunk-0 forward, fewer than
 // a warm-up cap of about S + s, else its oldest pending weight pass. Of the
 // caps S + s + k, |k| <= S, the generator keeps the one with the shortest
 // step (k = 0 when M is a multiple of S). Weight passes run in ascending
 // microbatch order on each chunk. InvalidArgument unless S, M >= 1.
-absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(int num_stages,
-                                                 int num_microbatches);
+absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(
+    int num_stages, int num_microbatches, const PassCosts& costs = PassCosts());
 // Forward only (eval / inference).
 Schedule MakeForwardOnlySchedule(int num_stages, int num_microbatches);
 
@@ -139,12 +150,12 @@ absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name,
                                               int num_microbatches);
 // Every generator: "gpipe" | "1f1b" | "zbh1" (num_chunks 1) | "interleaved"
 // (num_chunks >= 2) | "zbv" (num_chunks 2). num_chunks 0 picks the
-// schedule's default (1; 2 for interleaved and zbv). InvalidArgument for an
-// unknown name or a chunk count the schedule does not take.
-absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name,
-                                              int num_stages,
-                                              int num_microbatches,
-                                              int num_chunks);
+// schedule's default (1; 2 for interleaved and zbv). `costs` shapes only
+// zbv's order. InvalidArgument for an unknown name or a chunk count the
+// schedule does not take.
+absl::StatusOr<Schedule> MakeTrainingSchedule(
+    const std::string& name, int num_stages, int num_microbatches,
+    int num_chunks, const PassCosts& costs = PassCosts());
 
 // Checks the schedule against the semantics above by simulating every
 // stage: each forward/backward exactly once per (stage, chunk) and in order,
@@ -153,16 +164,6 @@ absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name,
 // last. Returns FailedPrecondition naming the stage and action that breaks a
 // rule.
 absl::Status ValidateSchedule(const Schedule& schedule);
-
-// Time units a whole stage spends on one microbatch's forward, input
-// gradient and weight gradient. A pass on one of v chunks costs 1/v of
-// that, so totals compare fairly across chunk counts. Messages and the
-// optimizer step cost nothing.
-struct PassCosts {
-  double forward = 1;
-  double backward_input = 1;
-  double backward_weight = 1;
-};
 
 // One compute pass (F, B or W) placed in time by SimulateSchedule.
 struct TimedAction {

@@ -1204,7 +1204,7 @@ int ScheduleCommand() {
     costs = PassCosts{v[0], v[1], v[2]};
   }
   absl::StatusOr<Schedule> sched =
-      MakeTrainingSchedule(name, S, M, absl::GetFlag(FLAGS_chunks));
+      MakeTrainingSchedule(name, S, M, absl::GetFlag(FLAGS_chunks), costs);
   if (!sched.ok()) {
     std::cerr << "trainyard schedule: " << sched.status().message() << "\n";
     return 2;
