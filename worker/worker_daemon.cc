@@ -1560,9 +1560,15 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
     return RunStage(*stage, transport.get(), *plan, run);
   }();
   if (!status.ok() && transport != nullptr) {
-    transport->Abort(
-        absl::Status(status.code(),
-                     absl::StrCat("stage ", s, " failed: ", status.message())));
+    // Stopped by this worker itself (draining, cut off): the peers hear that
+    // cause, not the stage's own "cancelled".
+    absl::Status cause = status;
+    if (const auto [reason, cancelled] = job->abort_reason();
+        !reason.ok() && !cancelled) {
+      cause = reason;
+    }
+    transport->Abort(absl::Status(
+        cause.code(), absl::StrCat("stage ", s, " failed: ", cause.message())));
   }
   job->SetTransport(nullptr);
   // The stage is gone: give its cached host blocks back (the next job may
