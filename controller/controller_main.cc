@@ -19,6 +19,7 @@
 #include "core/file_util.h"
 #include "core/stop_signals.h"
 #include "glog/logging.h"
+#include "security/tls.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to serve on; port 0 picks a free port (see --port_file)");
@@ -139,23 +140,16 @@ int main(int argc, char** argv) {
   options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
   options.job_data_dir = absl::GetFlag(FLAGS_job_data_dir);
   options.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
-  const bool any_security =
-      !options.tls.cert_file.empty() || !options.tls.key_file.empty() ||
-      !options.tls.ca_file.empty() || !options.tokens_file.empty();
-  if (options.tls.insecure && any_security) {
-    fprintf(stderr,
-            "trainyard-controller: --insecure cannot be combined with "
-            "--tls_cert, --tls_key, --tls_ca or --tokens_file\n");
-    return 2;
-  }
-  if (!options.tls.insecure &&
-      (options.tls.cert_file.empty() || options.tls.key_file.empty() ||
-       options.tls.ca_file.empty() || options.tokens_file.empty())) {
-    fprintf(stderr,
-            "trainyard-controller: secure by default: give --tls_cert, "
-            "--tls_key, --tls_ca and --tokens_file (`trainyard certs --out "
-            "DIR` makes them all), or --insecure for plaintext without "
-            "authentication\n");
+  if (absl::Status st = trainyard::CheckSecurityFlags(
+          options.tls.insecure,
+          {{"--tls_cert", options.tls.cert_file, true},
+           {"--tls_key", options.tls.key_file, true},
+           {"--tls_ca", options.tls.ca_file, true},
+           {"--tokens_file", options.tokens_file, true}},
+          "`trainyard certs --out DIR` makes them all");
+      !st.ok()) {
+    fprintf(stderr, "trainyard-controller: %s\n",
+            std::string(st.message()).c_str());
     return 2;
   }
   if (options.tls.insecure) {

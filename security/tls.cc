@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/file_util.h"
 
 namespace trainyard {
@@ -151,6 +152,36 @@ std::string PeerCommonName(const grpc::ServerContextBase& context) {
   std::vector<grpc::string_ref> cn =
       auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
   return cn.empty() ? "" : std::string(cn[0].data(), cn[0].size());
+}
+
+absl::Status CheckSecurityFlags(bool insecure,
+                                const std::vector<SecurityFlag>& flags,
+                                absl::string_view hint) {
+  std::vector<std::string> all, required;
+  bool any_set = false, missing = false;
+  for (const SecurityFlag& f : flags) {
+    all.push_back(f.name);
+    any_set |= !f.value.empty();
+    if (f.required) {
+      required.push_back(f.name);
+      missing |= f.value.empty();
+    }
+  }
+  auto list = [](const std::vector<std::string>& names, const char* last) {
+    if (names.size() <= 1) return absl::StrJoin(names, "");
+    return absl::StrCat(absl::StrJoin(names.begin(), names.end() - 1, ", "),
+                        " ", last, " ", names.back());
+  };
+  if (insecure && any_set) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--insecure cannot be combined with ", list(all, "or")));
+  }
+  if (!insecure && missing) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("secure by default: give ", list(required, "and"), " (",
+                     hint, "), or --insecure for plaintext"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace trainyard

@@ -10,8 +10,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 
 namespace trainyard {
@@ -48,6 +51,20 @@ bool PeerHasVerifiedCertificate(const grpc::ServerContextBase& context);
 
 // The peer certificate's common name, or "" (for logs).
 std::string PeerCommonName(const grpc::ServerContextBase& context);
+
+// One security flag of a daemon, as given on its command line.
+struct SecurityFlag {
+  const char* name;  // "--tls_cert"
+  std::string value;
+  bool required;  // for the secure setup
+};
+
+// A daemon is secure by default: either `insecure` with none of `flags`,
+// or every required flag set. InvalidArgument saying which, `hint` telling
+// where the files come from.
+absl::Status CheckSecurityFlags(bool insecure,
+                                const std::vector<SecurityFlag>& flags,
+                                absl::string_view hint);
 
 }  // namespace trainyard
 

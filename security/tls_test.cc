@@ -1,6 +1,8 @@
 #include "security/tls.h"
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "core/file_util.h"
@@ -163,6 +165,28 @@ TEST_F(TlsTest, ExistingCaIsNotReplaced) {
   auto ca = ReadFileToString(creds_.ca_cert);
   ASSERT_TRUE(ca.ok());
   EXPECT_TRUE(absl::StrContains(*ca, "BEGIN CERTIFICATE"));
+}
+
+TEST(CheckSecurityFlagsTest, SecureByDefaultInsecureAlone) {
+  auto flags = [](std::string cert, std::string name) {
+    return std::vector<SecurityFlag>{{"--tls_cert", cert, true},
+                                     {"--tls_key", cert, true},
+                                     {"--tls_server_name", name, false}};
+  };
+  EXPECT_TRUE(CheckSecurityFlags(false, flags("c", ""), "h").ok());
+  EXPECT_TRUE(CheckSecurityFlags(true, flags("", ""), "h").ok());
+
+  absl::Status missing = CheckSecurityFlags(false, flags("", "n"), "hint");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.message(),
+            "secure by default: give --tls_cert and --tls_key (hint), or "
+            "--insecure for plaintext");
+
+  absl::Status mixed = CheckSecurityFlags(true, flags("", "n"), "hint");
+  EXPECT_EQ(mixed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mixed.message(),
+            "--insecure cannot be combined with --tls_cert, --tls_key or "
+            "--tls_server_name");
 }
 
 }  // namespace

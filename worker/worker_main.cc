@@ -19,6 +19,7 @@
 #include "core/file_util.h"
 #include "core/stop_signals.h"
 #include "glog/logging.h"
+#include "security/tls.h"
 #include "task_plugins/task_loader.h"
 #include "worker/worker_daemon.h"
 
@@ -113,21 +114,16 @@ int main(int argc, char** argv) {
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
   options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
   options.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
-  const bool any_tls =
-      !options.tls.cert_file.empty() || !options.tls.key_file.empty() ||
-      !options.tls.ca_file.empty() || !options.tls.server_name.empty();
-  if (options.tls.insecure && any_tls) {
-    fprintf(stderr,
-            "trainyard-worker: --insecure cannot be combined with --tls_*\n");
-    return 2;
-  }
-  if (!options.tls.insecure &&
-      (options.tls.cert_file.empty() || options.tls.key_file.empty() ||
-       options.tls.ca_file.empty())) {
-    fprintf(stderr,
-            "trainyard-worker: secure by default: give --tls_cert, --tls_key "
-            "and --tls_ca (worker.pem, worker.key and ca.pem from `trainyard "
-            "certs`), or --insecure for plaintext\n");
+  if (absl::Status st = trainyard::CheckSecurityFlags(
+          options.tls.insecure,
+          {{"--tls_cert", options.tls.cert_file, true},
+           {"--tls_key", options.tls.key_file, true},
+           {"--tls_ca", options.tls.ca_file, true},
+           {"--tls_server_name", options.tls.server_name, false}},
+          "worker.pem, worker.key and ca.pem from `trainyard certs`");
+      !st.ok()) {
+    fprintf(stderr, "trainyard-worker: %s\n",
+            std::string(st.message()).c_str());
     return 2;
   }
   if (options.tls.insecure) {
