@@ -356,7 +356,11 @@ absl::StatusOr<std::vector<TensorDesc>> ReadTensorDescs(
 
 absl::StatusOr<std::string> EncodeFrameHeader(
     FrameKind kind, absl::string_view job_id, int64_t step, int32_t microbatch,
-    const std::vector<std::pair<std::string, Tensor>>& tensors) {
+    int32_t chunk, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  if (chunk < 0 || chunk > kMaxFrameChunk) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "frame: chunk must be in [0, ", kMaxFrameChunk, "], got ", chunk));
+  }
   if (job_id.size() > static_cast<size_t>(kMaxJobIdLength)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "frame: job id is ", job_id.size(), " bytes, limit ", kMaxJobIdLength));
@@ -376,7 +380,7 @@ absl::StatusOr<std::string> EncodeFrameHeader(
   AppendLittleEndian<int64_t>(&out, step);
   AppendLittleEndian<int32_t>(&out, microbatch);
   AppendLittleEndian<uint16_t>(&out, static_cast<uint16_t>(job_id.size()));
-  AppendLittleEndian<uint16_t>(&out, 0);
+  AppendLittleEndian<uint16_t>(&out, static_cast<uint16_t>(chunk));
   AppendLittleEndian<uint64_t>(&out, *payload);
   out.append(job_id.data(), job_id.size());
   out.append(descs);
@@ -393,9 +397,13 @@ absl::StatusOr<FramePrefix> DecodeFramePrefix(const char* data) {
   }
   const uint16_t version = Get<uint16_t>(data + 4);
   if (version != kFrameVersion) {
-    return absl::DataLossError(absl::StrCat("unsupported frame version ",
-                                            version, " (expected ",
-                                            kFrameVersion, ")"));
+    // The handshake has its own version, so a peer of another release can
+    // get this far.
+    return absl::DataLossError(absl::StrCat(
+        "unsupported frame version ", version, " (expected ", kFrameVersion,
+        version < kFrameVersion
+            ? "; the sender runs an older Trainyard release)"
+            : "; the sender runs a newer Trainyard release)"));
   }
   FramePrefix p;
   const uint16_t kind = Get<uint16_t>(data + 6);
@@ -408,6 +416,7 @@ absl::StatusOr<FramePrefix> DecodeFramePrefix(const char* data) {
   p.step = Get<int64_t>(data + 16);
   p.microbatch = Get<int32_t>(data + 24);
   p.job_id_length = Get<uint16_t>(data + 28);
+  p.chunk = Get<uint16_t>(data + 30);
   p.payload_size = Get<uint64_t>(data + 32);
   if (p.num_tensors > static_cast<uint32_t>(kMaxFrameTensors)) {
     return absl::DataLossError(absl::StrCat(

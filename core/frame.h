@@ -33,7 +33,8 @@ inline constexpr uint32_t kHandshakeMagic = 0x53485954;
 inline constexpr uint32_t kHandshakeReplyMagic = 0x41485954;
 inline constexpr uint32_t kHandshakeProofMagic = 0x50485954;
 // 2: all-reduce values are float64 tensors (were int64 holding the bits).
-inline constexpr uint16_t kFrameVersion = 2;
+// 3: the u16 at offset 30 (reserved, 0) is the message's model chunk.
+inline constexpr uint16_t kFrameVersion = 3;
 // The hello's version. 3: both ends prove they hold the job secret
 // (challenge-response) before any frame. Versions 1 and 2 were the frame
 // version, and had no authentication.
@@ -64,6 +65,8 @@ inline constexpr int kMaxJobIdLength = 256;
 inline constexpr int kMaxHandshakeReasonLength = 1024;
 inline constexpr int kMaxAbortMessageLength = 4096;
 inline constexpr uint64_t kMaxFramePayloadBytes = uint64_t{2} << 30;  // 2 GiB
+// Message::chunk travels as a u16 (in the frame and the NCCL header).
+inline constexpr int32_t kMaxFrameChunk = 65535;
 // Largest possible header: prefix, job id, and kMaxFrameTensors descriptors
 // of kMaxTensorNdim dims with kMaxTensorNameLength-byte names.
 inline constexpr size_t kMaxFrameHeaderSize =
@@ -132,6 +135,7 @@ struct FramePrefix {
   uint32_t num_tensors = 0;
   int64_t step = 0;
   int32_t microbatch = 0;
+  uint16_t chunk = 0;  // the receiving stage's model chunk (Message::chunk)
   uint16_t job_id_length = 0;
   uint64_t payload_size = 0;
 };
@@ -144,10 +148,11 @@ struct FrameHeader {
 
 // Encodes the header of a frame carrying `tensors` (CPU tensors only).
 // Fails with InvalidArgument naming the tensor and limit when a count,
-// name, rank or size exceeds the limits.
+// name, rank or size exceeds the limits, or naming the value when `chunk`
+// is outside [0, kMaxFrameChunk]. Internal kinds send chunk 0.
 absl::StatusOr<std::string> EncodeFrameHeader(
     FrameKind kind, absl::string_view job_id, int64_t step, int32_t microbatch,
-    const std::vector<std::pair<std::string, Tensor>>& tensors);
+    int32_t chunk, const std::vector<std::pair<std::string, Tensor>>& tensors);
 
 // `data` holds kFramePrefixSize bytes. Errors (DataLoss) say which field is
 // wrong and its value.

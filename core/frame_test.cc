@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -47,7 +49,7 @@ TEST(FrameTest, HeaderRoundTrip) {
       {"x", Tensor::Zeros(DType::kFloat32, {3, 5})},
       {"labels", Tensor::Zeros(DType::kInt64, {7})},
       {"empty", Tensor::Zeros(DType::kUInt8, {0, 4})}};
-  auto h = EncodeFrameHeader(FrameKind::kGradient, "job-1", 42, -3, ts);
+  auto h = EncodeFrameHeader(FrameKind::kGradient, "job-1", 42, -3, 5, ts);
   ASSERT_TRUE(h.ok()) << h.status();
   auto prefix = DecodeFramePrefix(h->data());
   ASSERT_TRUE(prefix.ok()) << prefix.status();
@@ -55,6 +57,7 @@ TEST(FrameTest, HeaderRoundTrip) {
   EXPECT_EQ(prefix->header_size, h->size());
   EXPECT_EQ(prefix->step, 42);
   EXPECT_EQ(prefix->microbatch, -3);
+  EXPECT_EQ(prefix->chunk, 5);
   EXPECT_EQ(prefix->payload_size, 3 * 5 * 4 + 7 * 8);
   auto header = DecodeFrameHeader(
       *prefix, absl::string_view(*h).substr(kFramePrefixSize));
@@ -72,23 +75,66 @@ TEST(FrameTest, EncodeRejectsOverLimits) {
   for (int i = 0; i <= kMaxFrameTensors; ++i) {
     many.push_back({"t", Tensor::Zeros(DType::kFloat32, {1})});
   }
-  auto h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, many);
+  auto h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, 0, many);
   EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(h.status().message(), HasSubstr("65 tensors, limit 64"));
 
   std::vector<std::pair<std::string, Tensor>> deep = {
       {"deep", Tensor::Zeros(DType::kFloat32, {1, 1, 1, 1, 1, 1, 1, 1, 1})}};
-  h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, deep);
+  h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, 0, deep);
   EXPECT_THAT(h.status().message(), HasSubstr("\"deep\" has 9 dims, limit 8"));
 
   std::vector<std::pair<std::string, Tensor>> long_name = {
       {std::string(300, 'n'), Tensor::Zeros(DType::kFloat32, {1})}};
-  h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, long_name);
+  h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, 0, long_name);
   EXPECT_THAT(h.status().message(), HasSubstr("300 bytes, limit 256"));
 }
 
+TEST(FrameTest, ChunkRoundTripsUpTo65535) {
+  const std::vector<std::pair<std::string, Tensor>> ts = {
+      {"x", Tensor::Zeros(DType::kFloat32, {2})}};
+  for (int32_t chunk : {0, 3, 256, kMaxFrameChunk}) {
+    auto h = EncodeFrameHeader(FrameKind::kActivation, "j", 1, 2, chunk, ts);
+    ASSERT_TRUE(h.ok()) << h.status();
+    uint16_t on_wire;  // u16 at offset 30
+    std::memcpy(&on_wire, h->data() + 30, 2);
+    EXPECT_EQ(on_wire, chunk);
+    auto prefix = DecodeFramePrefix(h->data());
+    ASSERT_TRUE(prefix.ok()) << prefix.status();
+    EXPECT_EQ(prefix->chunk, chunk);
+    EXPECT_EQ(prefix->microbatch, 2);  // the neighbours are untouched
+    EXPECT_EQ(prefix->job_id_length, 1);
+    EXPECT_EQ(prefix->payload_size, 8u);
+  }
+}
+
+TEST(FrameTest, EncodeRejectsChunkOutsideU16) {
+  for (int32_t chunk : {-1, kMaxFrameChunk + 1}) {
+    auto h = EncodeFrameHeader(FrameKind::kActivation, "j", 0, 0, chunk, {});
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(h.status().message(),
+                HasSubstr(absl::StrCat(
+                    "frame: chunk must be in [0, 65535], got ", chunk)));
+  }
+}
+
+// The worked example of docs/TRANSPORT_FRAME.md, byte for byte.
+TEST(FrameTest, PrefixMatchesTheSpecExample) {
+  auto h =
+      EncodeFrameHeader(FrameKind::kActivation, "j1", 3, 0, 1,
+                        {{"x", Tensor::Zeros(DType::kFloat32, {1024, 1024})}});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->size(), 63u);
+  EXPECT_EQ(absl::BytesToHexString(h->substr(0, kFramePrefixSize)),
+            "5459465203000000"    // magic "TYFR", version 3, kind 0
+            "3f00000001000000"    // header_size 63, num_tensors 1
+            "0300000000000000"    // step 3
+            "0000000002000100"    // microbatch 0, job_id_len 2, chunk 1
+            "0000400000000000");  // payload_size 4194304
+}
+
 std::string ValidHeader() {
-  return *EncodeFrameHeader(FrameKind::kActivation, "j", 1, 2,
+  return *EncodeFrameHeader(FrameKind::kActivation, "j", 1, 2, 0,
                             {{"x", Tensor::Zeros(DType::kFloat32, {2, 2})}});
 }
 
@@ -101,7 +147,8 @@ TEST(FrameTest, PrefixRejectsBadMagicVersionKindAndSizes) {
   bad = h;
   bad[4] = 9;
   EXPECT_THAT(DecodeFramePrefix(bad.data()).status().message(),
-              HasSubstr("unsupported frame version 9"));
+              HasSubstr("unsupported frame version 9 (expected 3; the sender "
+                        "runs a newer Trainyard release)"));
   bad = h;
   bad[6] = 77;
   EXPECT_THAT(DecodeFramePrefix(bad.data()).status().message(),
@@ -122,6 +169,19 @@ TEST(FrameTest, PrefixRejectsBadMagicVersionKindAndSizes) {
   std::memcpy(&bad[8], &header_size, 4);
   EXPECT_THAT(DecodeFramePrefix(bad.data()).status().message(),
               HasSubstr("header of 1073741824 bytes"));
+}
+
+// Version 2 had a reserved 0 where the chunk is: a peer of the release
+// before cannot be read, and the error says so.
+TEST(FrameTest, VersionTwoFrameIsRejectedNamingBothVersions) {
+  std::string old = ValidHeader();
+  const uint16_t two = 2;
+  std::memcpy(&old[4], &two, 2);
+  const absl::Status s = DecodeFramePrefix(old.data()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(),
+            "unsupported frame version 2 (expected 3; the sender runs an "
+            "older Trainyard release)");
 }
 
 TEST(FrameTest, HeaderRejectsPayloadMismatchAndBadDims) {
@@ -230,7 +290,7 @@ TEST(HandshakeTest, ProofRoundTripAndBadMagic) {
 // reader does.
 absl::StatusOr<AbortReason> AbortRoundTrip(const absl::Status& status) {
   const auto ts = AbortFrameTensors(status);
-  auto h = EncodeFrameHeader(FrameKind::kAbort, "job-1", 0, 0, ts);
+  auto h = EncodeFrameHeader(FrameKind::kAbort, "job-1", 0, 0, 0, ts);
   if (!h.ok()) return h.status();
   auto prefix = DecodeFramePrefix(h->data());
   if (!prefix.ok()) return prefix.status();

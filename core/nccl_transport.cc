@@ -24,7 +24,8 @@ namespace trainyard {
 namespace {
 
 constexpr uint32_t kNcclHeaderMagic = 0x434E5954;  // "TYNC" little-endian
-constexpr uint16_t kNcclHeaderVersion = 2;
+// 3: the u16 at offset 22 (reserved, 0) is the message's model chunk.
+constexpr uint16_t kNcclHeaderVersion = 3;
 constexpr size_t kNcclHeaderPrefix = 32;
 
 TensorDescLimits NcclDescLimits() {
@@ -67,6 +68,11 @@ absl::Status HeaderError(absl::string_view what) {
 }  // namespace
 
 absl::StatusOr<std::string> EncodeNcclHeader(const Message& message) {
+  if (message.chunk < 0 || message.chunk > kMaxFrameChunk) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": chunk must be in [0, ", kMaxFrameChunk,
+                     "], got ", message.chunk));
+  }
   std::string descs;
   absl::StatusOr<uint64_t> payload =
       AppendTensorDescs(kWhat, message.tensors, NcclDescLimits(), &descs);
@@ -79,7 +85,7 @@ absl::StatusOr<std::string> EncodeNcclHeader(const Message& message) {
   PutLe<int64_t>(&out, message.step);
   PutLe<int32_t>(&out, message.microbatch);
   PutLe<uint16_t>(&out, static_cast<uint16_t>(message.tensors.size()));
-  PutLe<uint16_t>(&out, 0);
+  PutLe<uint16_t>(&out, static_cast<uint16_t>(message.chunk));
   PutLe<uint64_t>(&out, *payload);
   out.append(descs);
   out.resize(kNcclHeaderBytes, '\0');
@@ -110,6 +116,7 @@ absl::StatusOr<NcclHeader> DecodeNcclHeader(absl::string_view bytes) {
   h.step = GetLe<int64_t>(p + 8);
   h.microbatch = GetLe<int32_t>(p + 16);
   const uint16_t count = GetLe<uint16_t>(p + 20);
+  h.chunk = GetLe<uint16_t>(p + 22);
   h.payload_bytes = GetLe<uint64_t>(p + 24);
   absl::string_view rest = bytes.substr(kNcclHeaderPrefix);
   absl::StatusOr<std::vector<TensorDesc>> tensors =
@@ -648,6 +655,7 @@ absl::StatusOr<Message> NcclTransportImpl::Recv(int peer,
   message.kind = header->kind;
   message.step = header->step;
   message.microbatch = header->microbatch;
+  message.chunk = header->chunk;
   const size_t payload = header->payload_bytes;
   if (payload > 0) {
     const absl::Time payload_deadline =

@@ -21,12 +21,13 @@
 //
 // Wire format of a Message on the communicator of its direction: first one
 // header of exactly kNcclHeaderBytes (EncodeNcclHeader below: kind, step,
-// microbatch, then the tensors' names, dtypes and shapes in the TCP frame's
-// descriptor layout, written and read by core/frame.h's codec), then each
-// tensor's bytes (ncclUint8), in order. Headers are built in pinned host memory
-// and copied to a device buffer, since NCCL only sends device-accessible
-// memory. There is no checksum (NVLink / InfiniBand are link-level checked; TCP
-// frames carry a CRC32C because they leave the machine's control).
+// microbatch, chunk, then the tensors' names, dtypes and shapes in the TCP
+// frame's descriptor layout, written and read by core/frame.h's codec), then
+// each tensor's bytes (ncclUint8), in order. Headers are built in pinned
+// host memory and copied to a device buffer, since NCCL only sends
+// device-accessible memory. There is no checksum (NVLink / InfiniBand are
+// link-level checked; TCP frames carry a CRC32C because they leave the
+// machine's control).
 //
 // Connections: creation ends with one small exchange with each neighbour
 // (rank - 1 and rank + 1) on both direction communicators and one
@@ -115,17 +116,20 @@ struct NcclHeader {
   MessageKind kind = MessageKind::kActivation;
   int64_t step = 0;
   int32_t microbatch = 0;
+  uint16_t chunk = 0;               // the receiving stage's model chunk
   std::vector<TensorDesc> tensors;  // core/frame.h's descriptor
   uint64_t payload_bytes = 0;       // sum of the tensors' sizes
 };
 
 // Exactly kNcclHeaderBytes bytes (little-endian, zero-padded): u32 magic
-// "TYNC", u16 version 2, u16 kind, i64 step, i32 microbatch, u16 tensor
-// count, u16 reserved 0, u64 payload bytes (32 bytes); then the tensor
+// "TYNC", u16 version 3, u16 kind, i64 step, i32 microbatch, u16 tensor
+// count, u16 chunk, u64 payload bytes (32 bytes); then the tensor
 // descriptors of core/frame.h (AppendTensorDescs: per tensor u16 name
-// length, u8 dtype, u8 ndim, i64 dims[ndim], the name). Version 1 had its
-// own descriptor order (name before dtype). InvalidArgument naming the
-// tensor when a limit above is exceeded; tensors may be on any device.
+// length, u8 dtype, u8 ndim, i64 dims[ndim], the name). Version 2 had a
+// reserved 0 where the chunk is; version 1 had its own descriptor order
+// (name before dtype). InvalidArgument naming the tensor when a limit above
+// is exceeded, or naming the value when Message::chunk is outside [0,
+// kMaxFrameChunk]; tensors may be on any device.
 absl::StatusOr<std::string> EncodeNcclHeader(const Message& message);
 // Decodes and checks a header (DataLoss naming the bad field otherwise:
 // magic, version, kind, or a descriptor, as core/frame.h's ReadTensorDescs).

@@ -5,11 +5,13 @@
 #include "core/nccl_transport.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/frame.h"
 #include "core/rendezvous.h"
 #include "gmock/gmock.h"
@@ -29,6 +31,7 @@ Message SampleMessage() {
   m.kind = MessageKind::kGradient;
   m.step = 7;
   m.microbatch = 3;
+  m.chunk = 2;
   m.tensors.emplace_back("x", Tensor::FromVector({1, 2, 3, 4, 5, 6}, {2, 3}));
   Tensor labels = Tensor::Empty(DType::kInt64, {2});
   labels.data<int64_t>()[0] = 4;
@@ -38,7 +41,7 @@ Message SampleMessage() {
   return m;
 }
 
-TEST(NcclHeaderTest, RoundTripsKindStepAndTensorDescriptors) {
+TEST(NcclHeaderTest, RoundTripsKindStepChunkAndTensorDescriptors) {
   absl::StatusOr<std::string> bytes = EncodeNcclHeader(SampleMessage());
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   EXPECT_EQ(bytes->size(), kNcclHeaderBytes);
@@ -47,6 +50,7 @@ TEST(NcclHeaderTest, RoundTripsKindStepAndTensorDescriptors) {
   EXPECT_EQ(h->kind, MessageKind::kGradient);
   EXPECT_EQ(h->step, 7);
   EXPECT_EQ(h->microbatch, 3);
+  EXPECT_EQ(h->chunk, 2);
   EXPECT_EQ(h->payload_bytes, 6 * 4 + 2 * 8);
   ASSERT_EQ(h->tensors.size(), 3u);
   EXPECT_EQ(h->tensors[0].name, "x");
@@ -56,6 +60,35 @@ TEST(NcclHeaderTest, RoundTripsKindStepAndTensorDescriptors) {
   EXPECT_EQ(h->tensors[1].dtype, DType::kInt64);
   EXPECT_EQ(h->tensors[2].dtype, DType::kBFloat16);
   EXPECT_EQ(h->tensors[2].shape, (Shape{0, 5}));
+}
+
+TEST(NcclHeaderTest, ChunkSitsAtOffset22UpTo65535) {
+  for (int32_t chunk : {0, 7, kMaxFrameChunk}) {
+    Message m = SampleMessage();
+    m.chunk = chunk;
+    absl::StatusOr<std::string> bytes = EncodeNcclHeader(m);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    uint16_t on_wire;  // u16 after the tensor count
+    std::memcpy(&on_wire, bytes->data() + 22, 2);
+    EXPECT_EQ(on_wire, chunk);
+    absl::StatusOr<NcclHeader> h = DecodeNcclHeader(*bytes);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->chunk, chunk);
+    EXPECT_EQ(h->tensors.size(), 3u);  // the count beside it is untouched
+  }
+}
+
+TEST(NcclHeaderTest, RejectsChunkOutsideU16) {
+  for (int32_t chunk : {-1, kMaxFrameChunk + 1}) {
+    Message m = SampleMessage();
+    m.chunk = chunk;
+    const absl::Status s = EncodeNcclHeader(m).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(
+        s.message(),
+        HasSubstr(absl::StrCat(
+            "nccl message header: chunk must be in [0, 65535], got ", chunk)));
+  }
 }
 
 // One descriptor codec for both transports: after its 32-byte prefix the
@@ -71,7 +104,7 @@ TEST(NcclHeaderTest, DescriptorsAreTheFrameCodecs) {
   EXPECT_EQ(header.find_first_not_of('\0', 32 + descs.size()),
             std::string::npos);  // zero padding
   absl::StatusOr<std::string> frame =
-      EncodeFrameHeader(FrameKind::kGradient, "job", 7, 3, m.tensors);
+      EncodeFrameHeader(FrameKind::kGradient, "job", 7, 3, 2, m.tensors);
   ASSERT_TRUE(frame.ok()) << frame.status();
   EXPECT_EQ(frame->substr(frame->size() - descs.size()), descs);
 }
@@ -103,9 +136,9 @@ TEST(NcclHeaderTest, RejectsCorruptHeaders) {
   EXPECT_EQ(DecodeNcclHeader(bad_magic).status().code(),
             absl::StatusCode::kDataLoss);
   std::string old_version = good;
-  old_version[4] = 1;  // u16 version at offset 4
+  old_version[4] = 2;  // u16 version at offset 4; 2 had no chunk
   EXPECT_THAT(DecodeNcclHeader(old_version).status().message(),
-              HasSubstr("unsupported version 1 (expected 2)"));
+              HasSubstr("unsupported version 2 (expected 3)"));
   std::string bad_kind = good;
   bad_kind[6] = 9;  // u16 kind at offset 6
   EXPECT_THAT(DecodeNcclHeader(bad_kind).status().message(),
@@ -305,6 +338,7 @@ TEST(NcclTransportGpuTest, TwoRanksSendRecvBothWaysAndAllReduce) {
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_EQ(m->kind, MessageKind::kGradient);
     EXPECT_EQ(m->step, 7);
+    EXPECT_EQ(m->chunk, 2);
     ASSERT_EQ(m->tensors.size(), 3u);
     EXPECT_EQ(m->tensors[0].first, "x");
     EXPECT_EQ(m->tensors[0].second.shape(), (Shape{2, 3}));

@@ -1153,7 +1153,7 @@ class TcpTransport : public Transport {
     Outgoing out{static_cast<FrameKind>(message.kind)};
     absl::StatusOr<std::string> header =
         EncodeFrameHeader(out.kind, options_.job_id, message.step,
-                          message.microbatch, message.tensors);
+                          message.microbatch, message.chunk, message.tensors);
     if (!header.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", options_.rank, ": send to rank ", peer, ": ",
@@ -1171,6 +1171,7 @@ class TcpTransport : public Transport {
     m.kind = static_cast<MessageKind>(frame.header.prefix.kind);
     m.step = frame.header.prefix.step;
     m.microbatch = frame.header.prefix.microbatch;
+    m.chunk = frame.header.prefix.chunk;
     for (size_t i = 0; i < frame.tensors.size(); ++i) {
       m.tensors.emplace_back(std::move(frame.header.tensors[i].name),
                              std::move(frame.tensors[i]));
@@ -1220,7 +1221,7 @@ class TcpTransport : public Transport {
         AbortFrameTensors(reason);
     const std::vector<Tensor> tensors = {ts[0].second, ts[1].second};
     const absl::StatusOr<std::string> header =
-        EncodeFrameHeader(FrameKind::kAbort, options_.job_id, 0, 0, ts);
+        EncodeFrameHeader(FrameKind::kAbort, options_.job_id, 0, 0, 0, ts);
     for (Peer* p : tell) {
       // No stop fd: a connection error on another peer must not cut this
       // frame short.
@@ -1341,8 +1342,8 @@ class TcpTransport : public Transport {
         p->writing = true;
       }
       if (out.kind == FrameKind::kGoodbye) {
-        absl::StatusOr<std::string> h =
-            EncodeFrameHeader(FrameKind::kGoodbye, options_.job_id, 0, 0, {});
+        absl::StatusOr<std::string> h = EncodeFrameHeader(
+            FrameKind::kGoodbye, options_.job_id, 0, 0, 0, {});
         out.header = *h;
       }
       const absl::Status s =
@@ -1440,7 +1441,7 @@ class TcpTransport : public Transport {
         {kind == FrameKind::kAllReduceError ? "message" : "values", t}};
     Outgoing out{kind};
     ASSIGN_OR_RETURN(out.header,
-                     EncodeFrameHeader(kind, options_.job_id, round, 0, ts));
+                     EncodeFrameHeader(kind, options_.job_id, round, 0, 0, ts));
     return Enqueue(peer, std::move(out), ts);
   }
 

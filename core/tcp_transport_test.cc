@@ -119,6 +119,39 @@ TEST(TcpTransportTest, RoundTripsOddShapesBitwiseBothWays) {
   }
 }
 
+TEST(TcpTransportTest, MessagesArriveWithTheirChunk) {
+  Cluster c = Connect(2, "chunk");
+  for (int32_t chunk : {3, 0, kMaxFrameChunk}) {
+    Message m;
+    m.kind = MessageKind::kGradient;
+    m.microbatch = 5;
+    m.chunk = chunk;
+    m.tensors = {{"x", RandomFloats({4}, 9)}};
+    ASSERT_TRUE(c.ranks[1]->Send(0, std::move(m)).ok());
+    auto got = c.ranks[0]->Recv(1, absl::Seconds(5));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->chunk, chunk);
+    EXPECT_EQ(got->microbatch, 5);
+  }
+}
+
+TEST(TcpTransportTest, SendRejectsAChunkTheFrameCannotCarry) {
+  Cluster c = Connect(2, "bad-chunk");
+  Message m;
+  m.chunk = kMaxFrameChunk + 1;
+  const absl::Status s = c.ranks[0]->Send(1, m);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("rank 0: send to rank 1: frame: chunk must be in "
+                        "[0, 65535], got 65536"));
+  // Nothing went out and the transport still works.
+  m.chunk = 1;
+  ASSERT_TRUE(c.ranks[0]->Send(1, m).ok());
+  auto got = c.ranks[1]->Recv(0, absl::Seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->chunk, 1);
+}
+
 TEST(TcpTransportTest, CountsTheTensorBytesSentAndReceived) {
   Cluster c = Connect(2, "bytes");
   const int64_t before_sent = c.ranks[0]->payload_bytes_sent();
@@ -658,7 +691,7 @@ Impersonation Impersonate(PeerListener* listener, const std::string& job,
 std::string FrameBytes(const std::string& job, const Tensor& t,
                        bool corrupt_crc) {
   std::string h =
-      *EncodeFrameHeader(FrameKind::kActivation, job, 1, 0, {{"x", t}});
+      *EncodeFrameHeader(FrameKind::kActivation, job, 1, 0, 0, {{"x", t}});
   std::string payload(static_cast<const char*>(t.raw_data()), t.nbytes());
   uint32_t crc = Crc32cExtend(Crc32cExtend(0, h.data(), h.size()),
                               payload.data(), payload.size());
@@ -1002,6 +1035,20 @@ TEST_F(FaultInjectionTest, GarbageFrameMagic) {
               HasSubstr("bad frame magic"));
 }
 
+TEST_F(FaultInjectionTest, FrameOfAnOlderReleaseNamesBothVersions) {
+  auto imp = Impersonate(listener_.get(), "old");
+  std::string frame = FrameBytes("old", RandomFloats({2}, 8), false);
+  const uint16_t two = 2;  // a release before the chunk field
+  std::memcpy(&frame[4], &two, 2);
+  imp.rank1->Write(frame);
+  absl::Status s = RecvError(imp.rank0.get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(),
+              HasSubstr("rank 1 (127.0.0.1:1): unsupported frame version 2 "
+                        "(expected 3; the sender runs an older Trainyard "
+                        "release)"));
+}
+
 TEST_F(FaultInjectionTest, HeaderPromisingMoreBytesThenClose) {
   auto imp = Impersonate(listener_.get(), "truncated");
   std::string frame =
@@ -1085,6 +1132,7 @@ TEST_F(FaultInjectionTest, AbortFrameOnTheWire) {
   auto prefix = DecodeFramePrefix(bytes.data());
   ASSERT_TRUE(prefix.ok()) << prefix.status();
   EXPECT_EQ(prefix->kind, FrameKind::kAbort);
+  EXPECT_EQ(prefix->chunk, 0);
   ASSERT_EQ(bytes.size(),
             prefix->header_size + prefix->payload_size + kFrameTrailerSize);
   auto header = DecodeFrameHeader(
@@ -1124,7 +1172,7 @@ TEST_F(FaultInjectionTest, AbortDoesNotWaitForAPeerThatStoppedReading) {
 // A frame of any kind with a valid checksum.
 std::string RawFrame(FrameKind kind, const std::string& job, int64_t step,
                      const std::vector<std::pair<std::string, Tensor>>& ts) {
-  absl::StatusOr<std::string> h = EncodeFrameHeader(kind, job, step, 0, ts);
+  absl::StatusOr<std::string> h = EncodeFrameHeader(kind, job, step, 0, 0, ts);
   CHECK(h.ok()) << h.status();
   std::string frame = *h;
   for (const auto& [name, t] : ts) {
@@ -1239,6 +1287,7 @@ absl::Status AllReduceAnswer(FakeRank0* rank0, const std::string& frame) {
   });
   const FramePrefix contribution = rank0->ReadFrame();
   EXPECT_EQ(contribution.kind, FrameKind::kAllReduceContribution);
+  EXPECT_EQ(contribution.chunk, 0);
   const absl::Time start = absl::Now();
   rank0->Write(frame);
   reducer.join();

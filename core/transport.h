@@ -52,6 +52,9 @@ struct Message {
   MessageKind kind = MessageKind::kActivation;
   int64_t step = 0;
   int32_t microbatch = 0;
+  // Which of the receiving stage's model chunks the message is for (0 in a
+  // schedule without chunks; core/schedule.h). 0 .. 65535 on the wire.
+  int32_t chunk = 0;
   // By name; activations carry "x" plus the task's per-microbatch state.
   NamedTensors tensors;
 };
