@@ -262,6 +262,7 @@ absl::Status JobManager::Load() {
 void JobManager::SetPlanLocked(JobEntry& e, const JobPlan& plan) {
   e.replicas = std::max(1, plan.spec.parallelism().replicas());
   e.num_stages = plan.num_stages() * e.replicas;
+  e.loss_rank = (e.replicas - 1) * plan.num_stages() + plan.loss_stage();
   e.normalized = WorkerSpec(e.job.spec(), plan.spec);
   e.max_restarts = e.normalized.recovery().max_restarts();
   e.backoff_ms = e.normalized.recovery().backoff_ms();
@@ -1055,14 +1056,14 @@ void JobManager::HandleStepLocked(WorkerEntry& w,
   const int64_t step = r.step().step();
   if (r.has_trace()) {
     // Also for steps already published: the stages' reports of one step
-    // arrive on different streams, the last stage's often first.
+    // arrive on different streams, the loss stage's often first.
     v1::StageTrace trace = r.trace();
     trace.set_stage(r.stage());
     trace.set_worker_id(w.id);
     trace.set_worker_name(w.name);
     TracesLocked(*e)->AddStep(step, e->job.restarts(), std::move(trace));
   }
-  if (r.stage() == e->num_stages - 1) RecordRecoveryLocked(*e, absl::Now());
+  if (r.stage() == e->loss_rank) RecordRecoveryLocked(*e, absl::Now());
   if (step <= e->job.steps_completed()) return;  // already published
   std::vector<v1::StageTiming>& timings = e->pending_steps[step];
   if (r.step().stages_size() == 0) {
@@ -1074,7 +1075,7 @@ void JobManager::HandleStepLocked(WorkerEntry& w,
     t.set_stage(r.stage());
     timings.push_back(t);
   }
-  if (r.stage() != e->num_stages - 1) return;
+  if (r.stage() != e->loss_rank) return;
   JobEvent event;
   v1::StepMetrics* m = event.mutable_step();
   *m = r.step();
@@ -1102,8 +1103,8 @@ void JobManager::HandleEvalLocked(WorkerEntry& w,
     TracesLocked(*e)->AddEval(r.eval().step(), e->job.restarts(), trace);
   }
   // Every stage reports its evals (for their spans); the metrics are the
-  // last stage's.
-  if (r.stage() != e->num_stages - 1) return;
+  // loss stage's.
+  if (r.stage() != e->loss_rank) return;
   // A restarted gang recomputes evals it has already published.
   if (e->job.has_last_eval() && r.eval().step() <= e->job.last_eval().step()) {
     return;

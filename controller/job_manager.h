@@ -219,6 +219,9 @@ class JobManager {
     // Ranks of the gang: stages x replicas (rank = replica * S + stage).
     int num_stages = 1;
     int replicas = 1;
+    // The rank whose step and eval reports the job publishes: the stage
+    // holding the loss (S - 1; 0 under "zbv") of the last replica.
+    int loss_rank = 0;
     v1::JobSpec normalized;            // sent in StageAssignment
     std::shared_ptr<JobEventLog> log;  // null until first needed
     int64_t next_seq = 0;              // store sequence of the next event

@@ -457,7 +457,15 @@ MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
   MemoryEstimate m;
   // fp32 master weights, plus a bf16 working copy in mixed precision.
   m.params = SaturatingBytes(n_params * (bf16 ? 6 : 4));
-  m.grads = SaturatingBytes(n_params * 4);
+  // With accumulation "tree", each stage also holds floor(log2 (M / R)) + 1
+  // gradient-sized partial sums (worker/gradient_tree.h).
+  int tree_buffers = 0;
+  if (spec.parallelism().accumulation() == "tree") {
+    const int per_replica = spec.parallelism().microbatches() /
+                            std::max(1, spec.parallelism().replicas());
+    for (int n = std::max(1, per_replica); n > 0; n /= 2) ++tree_buffers;
+  }
+  m.grads = SaturatingBytes(n_params * 4 * (1 + tree_buffers));
   double state_per_param = 0;
   if (spec.optimizer().type() == "adamw") {
     state_per_param = 2;
@@ -471,33 +479,39 @@ MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
       SaturatingBytes(copies * n_params * (4 + state_per_param * 4));
 
   const int S = plan.num_stages();
+  const int v = plan.num_chunks;
   const int M = spec.parallelism().microbatches();
+  // Each replica runs its own M / R microbatches through the schedule.
+  const int per_replica = M / std::max(1, spec.parallelism().replicas());
   const int64_t B = spec.data().batch_size();
   const double b = static_cast<double>((B + M - 1) / M);  // largest microbatch
   const double act_elem = bf16 ? 2 : 4;
   double act = 0;
   for (int s = 0; s < S; ++s) {
-    // Microbatches whose saved tensors a stage holds at once (forward to
-    // weight pass): zbh1 defers weight passes into idle time and so holds
-    // up to 2S - s - 1 (core/schedule.h, MakeZeroBubbleH1Schedule).
-    const std::string& schedule = spec.parallelism().schedule();
-    const int in_flight = schedule == "gpipe"  ? M
-                          : schedule == "zbh1" ? std::min(M, 2 * S - s - 1)
-                                               : std::min(M, S - s);
-    double fwd = 0;      // saved per microbatch, summed over the stage
+    // (Microbatch, chunk) pairs whose saved tensors a stage holds at once
+    // (forward to weight pass; core/schedule.h, PeakChunkActivations), each
+    // counted at the stage's largest chunk.
+    const int in_flight = PeakChunkActivations(spec.parallelism().schedule(), S,
+                                               per_replica, v, s);
+    double fwd_max = 0;  // saved per microbatch by the largest chunk
     double bwd_max = 0;  // transient backward buffers of one block
-    for (int k = plan.stage_begin[s]; k < plan.stage_begin[s + 1]; ++k) {
-      const MlpBlockConfig& c = plan.blocks[k];
-      const bool norm = c.norm != NormType::kNone;
-      fwd +=
-          static_cast<double>(c.in_features + c.fc1_out() + c.ffn_hidden_size +
-                              c.out_features + (norm ? c.in_features + 2 : 0));
-      bwd_max = std::max(
-          bwd_max,
-          static_cast<double>(c.out_features + c.fc1_out() + c.ffn_hidden_size +
-                              c.in_features + (norm ? c.in_features : 0)));
+    for (int c = 0; c < v; ++c) {
+      double fwd = 0;
+      const auto [first, end] = plan.ChunkBlocks(s, c);
+      for (int k = first; k < end; ++k) {
+        const MlpBlockConfig& cfg = plan.blocks[k];
+        const bool norm = cfg.norm != NormType::kNone;
+        fwd += static_cast<double>(cfg.in_features + cfg.fc1_out() +
+                                   cfg.ffn_hidden_size + cfg.out_features +
+                                   (norm ? cfg.in_features + 2 : 0));
+        bwd_max = std::max(
+            bwd_max, static_cast<double>(cfg.out_features + cfg.fc1_out() +
+                                         cfg.ffn_hidden_size + cfg.in_features +
+                                         (norm ? cfg.in_features : 0)));
+      }
+      fwd_max = std::max(fwd_max, fwd);
     }
-    act += b * (in_flight * fwd + bwd_max) * act_elem;
+    act += b * (in_flight * fwd_max + bwd_max) * act_elem;
   }
   m.activations = SaturatingBytes(act);
   m.data = data_bytes;
@@ -858,6 +872,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   if (par->stages() == 0) par->set_stages(1);
   if (par->microbatches() == 0) par->set_microbatches(1);
   if (par->schedule().empty()) par->set_schedule("1f1b");
+  if (par->chunks() == 0) par->set_chunks(DefaultChunks(par->schedule()));
   if (par->replicas() == 0) par->set_replicas(1);
   if (par->accumulation().empty()) {
     par->set_accumulation(par->replicas() > 1 ? "tree" : "sequential");
@@ -873,6 +888,37 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
                        "), got ", par->stages()));
     stages_ok = false;
   }
+  const bool schedule_ok =
+      CheckOneOf(&p, "parallelism.schedule", par->schedule(),
+                 {"gpipe", "1f1b", "zbh1", "interleaved", "zbv"});
+  if (schedule_ok) {
+    const std::string& name = par->schedule();
+    const int v = par->chunks();
+    const bool chunks_ok = name == "interleaved" ? v >= 2
+                           : name == "zbv"       ? v == 2
+                                                 : v == 1;
+    if (!chunks_ok) {
+      p.Add("parallelism.chunks",
+            absl::StrCat("schedule ", Quote(name),
+                         name == "interleaved"
+                             ? " takes 2 or more chunks per stage"
+                         : name == "zbv" ? " takes exactly 2 chunks per stage"
+                                         : " takes 1 chunk per stage (only "
+                                           "\"interleaved\" and \"zbv\" take "
+                                           "more)",
+                         ", got ", v));
+      stages_ok = false;
+    } else if (stages_ok && num_blocks > 0 &&
+               int64_t{par->stages()} * v > num_blocks) {
+      p.Add("parallelism.chunks",
+            absl::StrCat("stages x chunks (", par->stages(), " x ", v,
+                         " virtual stages) must be <= the number of blocks (",
+                         num_blocks, ")"));
+      stages_ok = false;
+    }
+  } else {
+    stages_ok = false;
+  }
   if (par->microbatches() < 1) {
     p.Add("parallelism.microbatches",
           absl::StrCat("must be >= 1, got ", par->microbatches()));
@@ -882,8 +928,6 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
           absl::StrCat("must be <= data.batch_size (", data->batch_size(),
                        "), got ", par->microbatches()));
   }
-  CheckOneOf(&p, "parallelism.schedule", par->schedule(),
-             {"gpipe", "1f1b", "zbh1"});
   CheckOneOf(&p, "parallelism.accumulation", par->accumulation(),
              {"sequential", "tree"});
   if (par->replicas() < 1 || par->replicas() > kMaxReplicas) {
@@ -913,12 +957,38 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
                          Quote(par->accumulation())));
     }
   }
+  if (stages_ok && par->microbatches() >= 1 && par->replicas() >= 1) {
+    const int per_replica = par->microbatches() / par->replicas();
+    if (par->schedule() == "interleaved" && per_replica % par->stages() != 0) {
+      p.Add("parallelism.microbatches",
+            absl::StrCat("schedule \"interleaved\" runs microbatches in "
+                         "groups of one per stage: microbatches per replica "
+                         "must be a multiple of stages (",
+                         par->stages(), "), got ", per_replica));
+    }
+    const int64_t passes = int64_t{par->stages()} * par->chunks() * per_replica;
+    if (passes > kMaxScheduledPasses) {
+      p.Add("parallelism.microbatches",
+            absl::StrCat("stages x chunks x microbatches per replica must be "
+                         "<= ",
+                         kMaxScheduledPasses,
+                         " (the schedule every worker "
+                         "builds), got ",
+                         passes));
+    }
+  }
   bool split_ok = true;
   if (par->split_size() > 0) {
-    if (stages_ok && par->split_size() != par->stages()) {
+    const int64_t virtual_stages = int64_t{par->stages()} * par->chunks();
+    if (stages_ok && par->split_size() != virtual_stages) {
       p.Add("parallelism.split",
-            absl::StrCat("must have one entry per stage (", par->stages(),
-                         "), got ", par->split_size()));
+            par->chunks() == 1
+                ? absl::StrCat("must have one entry per stage (", par->stages(),
+                               "), got ", par->split_size())
+                : absl::StrCat("must have one entry per virtual stage (",
+                               par->stages(), " stages x ", par->chunks(),
+                               " chunks = ", virtual_stages, "), got ",
+                               par->split_size()));
       split_ok = false;
     }
     int64_t total = 0;
@@ -1114,14 +1184,25 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
       for (const MlpBlockConfig& c : plan.blocks) {
         counts.push_back(BlockParamCount(c));
       }
-      sizes = BalancedSplit(counts, par->stages());
+      sizes = BalancedSplit(counts, par->stages() * par->chunks());
       for (int n : sizes) par->add_split(n);
     }
-    plan.stage_begin.push_back(0);
-    for (int n : sizes) plan.stage_begin.push_back(plan.stage_begin.back() + n);
+    plan.num_chunks = par->chunks();
+    plan.chunk_layout = ChunkLayoutOf(par->schedule());
+    plan.virtual_stage_begin.push_back(0);
+    for (int n : sizes) {
+      plan.virtual_stage_begin.push_back(plan.virtual_stage_begin.back() + n);
+    }
+    std::vector<int> stage_of_block(plan.blocks.size());
     for (int stage = 0; stage < par->stages(); ++stage) {
-      for (int k = plan.stage_begin[stage]; k < plan.stage_begin[stage + 1];
-           ++k) {
+      for (int c = 0; c < plan.num_chunks; ++c) {
+        const auto [first, end] = plan.ChunkBlocks(stage, c);
+        for (int k = first; k < end; ++k) stage_of_block[k] = stage;
+      }
+    }
+    for (int k = 0; k < static_cast<int>(plan.blocks.size()); ++k) {
+      const int stage = stage_of_block[k];
+      {
         for (ParamInfo& info : BlockParamInfos(plan.blocks[k])) {
           JobPlan::ParamSpec ps;
           ps.name = absl::StrCat("blocks.", k, ".", info.name);

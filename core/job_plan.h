@@ -15,9 +15,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/schedule.h"
 #include "core/tensor.h"
 #include "kernels/mlp_block.h"
 #include "proto/job_spec.pb.h"
@@ -45,6 +47,9 @@ inline constexpr int kMaxListEntries = 256;  // no_decay, split
 inline constexpr size_t kMaxTaskConfigBytes = size_t{64} << 10;
 inline constexpr int kMaxTaskConfigDepth = 16;
 inline constexpr int kMaxReplicas = 64;
+// stages x chunks x microbatches per replica: every worker builds the whole
+// schedule (about 7 actions per chunk pass).
+inline constexpr int64_t kMaxScheduledPasses = int64_t{1} << 20;
 // Longest prefix of a value an error message quotes.
 inline constexpr size_t kMaxQuotedBytes = 64;
 
@@ -75,7 +80,6 @@ struct PlanOptions {
   std::string confine_to;
   // How the problem names the folder's origin.
   std::string confine_flag = "this worker's --data_dir";
-
 };
 
 // Bytes the job is estimated to need; formulas in docs/SPEC.md ("Memory").
@@ -101,15 +105,21 @@ struct JobPlan {
   trainyard::v1::JobSpec spec;
   // One config per block, global order.
   std::vector<MlpBlockConfig> blocks;
-  // Stage s holds blocks [stage_begin[s], stage_begin[s + 1]); S + 1 entries,
-  // stage_begin[0] == 0, stage_begin[S] == blocks.size().
-  std::vector<int> stage_begin;
+  // Model chunks per stage v (parallelism.chunks) and which virtual stage
+  // each chunk holds (core/schedule.h); 1 and kLoop (virtual stage = stage)
+  // for the schedules without chunks.
+  int num_chunks = 1;
+  ChunkLayout chunk_layout = ChunkLayout::kLoop;
+  // Virtual stage k holds blocks [virtual_stage_begin[k],
+  // virtual_stage_begin[k + 1]); S v + 1 entries, the first 0, the last
+  // blocks.size().
+  std::vector<int> virtual_stage_begin;
 
   struct ParamSpec {
     std::string name;  // "blocks.3.fc1.weight" (global block index)
     Shape shape;
     int block = 0;
-    int stage = 0;
+    int stage = 0;       // the stage holding the block (in one of its chunks)
     bool decay = false;  // weight decay applies (optimizer.decay_mask)
   };
   // Every parameter, block by block, each block in BlockParamInfos order.
@@ -124,7 +134,26 @@ struct JobPlan {
 
   MemoryEstimate memory;
 
-  int num_stages() const { return static_cast<int>(stage_begin.size()) - 1; }
+  int num_virtual_stages() const {
+    return static_cast<int>(virtual_stage_begin.size()) - 1;
+  }
+  int num_stages() const { return num_virtual_stages() / num_chunks; }
+  // The virtual stage chunk `chunk` of stage `stage` holds.
+  int VirtualStage(int stage, int chunk) const {
+    return VirtualStageOf(chunk_layout, num_stages(), num_chunks, stage, chunk);
+  }
+  // The stage holding the last virtual stage: it computes the loss and the
+  // task's metrics (S - 1; 0 under "zbv").
+  int loss_stage() const {
+    return StageChunkOf(chunk_layout, num_stages(), num_chunks,
+                        num_virtual_stages() - 1)
+        .stage;
+  }
+  // Blocks [first, second) of chunk `chunk` of stage `stage`.
+  std::pair<int, int> ChunkBlocks(int stage, int chunk) const {
+    const int k = VirtualStage(stage, chunk);
+    return {virtual_stage_begin[k], virtual_stage_begin[k + 1]};
+  }
 };
 
 // Validates `spec` and plans it. On any problem returns InvalidArgument whose

@@ -141,7 +141,7 @@ TEST(PlanJobTest, ValidSpecGetsDefaultsSplitAndParams) {
   // 528 = 1104, block 2 = 8*16+8+3*8+3 = 163. [1, 2] -> max 1267 beats
   // [2, 1] -> max 1920.
   EXPECT_THAT(s.parallelism().split(), ::testing::ElementsAre(1, 2));
-  EXPECT_EQ(plan->stage_begin, (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(plan->virtual_stage_begin, (std::vector<int>{0, 1, 3}));
   EXPECT_EQ(plan->num_stages(), 2);
 
   EXPECT_EQ(s.optimizer().type(), "adamw");
@@ -235,7 +235,7 @@ TEST(PlanJobTest, ExplicitSplitIsKept) {
   spec.mutable_parallelism()->add_split(1);
   absl::StatusOr<JobPlan> plan = PlanJob(spec, Options(dir));
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(plan->stage_begin, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(plan->virtual_stage_begin, (std::vector<int>{0, 2, 3}));
   EXPECT_EQ(plan->params.back().stage, 1);
   EXPECT_EQ(plan->params.front().stage, 0);
 }
@@ -383,7 +383,7 @@ TEST(PlanJobErrorsTest, ScheduleName) {
   spec.mutable_parallelism()->set_schedule("zb");
   ExpectProblem(PlanJob(spec, Options(dir)),
                 "parallelism.schedule: must be one of \"gpipe\", \"1f1b\", "
-                "\"zbh1\", got \"zb\"");
+                "\"zbh1\", \"interleaved\", \"zbv\", got \"zb\"");
 }
 
 TEST(PlanJobErrorsTest, Split) {
@@ -400,6 +400,99 @@ TEST(PlanJobErrorsTest, Split) {
   ExpectProblem(PlanJob(spec, Options(dir)),
                 "parallelism.split: must sum to the number of blocks (3), "
                 "got 2");
+}
+
+// ValidNpySpec with a second 16 -> 16 block: 8 -> 16 -> 16 -> 16 -> 3.
+JobSpec FourBlockSpec(const std::string& dir) {
+  JobSpec spec = ValidNpySpec(dir);
+  auto* blocks = spec.mutable_model()->mutable_blocks();
+  *blocks->Add() = blocks->Get(2);
+  *blocks->Mutable(2) = blocks->Get(1);
+  return spec;
+}
+
+TEST(PlanJobErrorsTest, Chunks) {
+  const std::string dir = TestDir();
+  JobSpec spec = FourBlockSpec(dir);
+  spec.mutable_parallelism()->set_chunks(2);
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "parallelism.chunks: schedule \"1f1b\" takes 1 chunk per stage "
+                "(only \"interleaved\" and \"zbv\" take more), got 2");
+  spec.mutable_parallelism()->set_schedule("zbv");
+  spec.mutable_parallelism()->set_chunks(3);
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "parallelism.chunks: schedule \"zbv\" takes exactly 2 chunks "
+                "per stage, got 3");
+  spec.mutable_parallelism()->set_schedule("interleaved");
+  spec.mutable_parallelism()->set_chunks(3);
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "parallelism.chunks: stages x chunks (2 x 3 virtual stages) "
+                "must be <= the number of blocks (4)");
+  spec.mutable_parallelism()->set_chunks(2);
+  spec.mutable_parallelism()->set_microbatches(3);
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "parallelism.microbatches: schedule \"interleaved\" runs "
+                "microbatches in groups of one per stage: microbatches per "
+                "replica must be a multiple of stages (2), got 3");
+  spec.mutable_parallelism()->set_microbatches(2);
+  for (int n : {2, 2}) spec.mutable_parallelism()->add_split(n);
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "parallelism.split: must have one entry per virtual stage (2 "
+                "stages x 2 chunks = 4), got 2");
+  spec.mutable_parallelism()->clear_split();
+  EXPECT_TRUE(PlanJob(spec, Options(dir)).ok());
+}
+
+TEST(PlanJobTest, ChunkedSchedulesCutTheModelIntoVirtualStages) {
+  const std::string dir = TestDir();
+  JobSpec spec = FourBlockSpec(dir);
+  spec.mutable_parallelism()->set_microbatches(2);
+  auto stage_of = [](const JobPlan& plan, int block) {
+    for (const JobPlan::ParamSpec& ps : plan.params) {
+      if (ps.block == block) return ps.stage;
+    }
+    return -1;
+  };
+  // Interleaved: chunk c of stage s is virtual stage 2c + s.
+  spec.mutable_parallelism()->set_schedule("interleaved");
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, Options(dir));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->spec.parallelism().chunks(), 2);  // the default
+  EXPECT_THAT(plan->spec.parallelism().split(),
+              ::testing::ElementsAre(1, 1, 1, 1));
+  EXPECT_EQ(plan->num_chunks, 2);
+  EXPECT_EQ(plan->num_stages(), 2);
+  EXPECT_EQ(plan->num_virtual_stages(), 4);
+  EXPECT_EQ(plan->ChunkBlocks(0, 1), std::make_pair(2, 3));
+  EXPECT_EQ(plan->ChunkBlocks(1, 0), std::make_pair(1, 2));
+  EXPECT_EQ(stage_of(*plan, 0), 0);
+  EXPECT_EQ(stage_of(*plan, 1), 1);
+  EXPECT_EQ(stage_of(*plan, 2), 0);
+  EXPECT_EQ(stage_of(*plan, 3), 1);
+  // ZB-V: stage 0 holds the first and the last virtual stage.
+  spec.mutable_parallelism()->set_schedule("zbv");
+  plan = PlanJob(spec, Options(dir));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->chunk_layout, ChunkLayout::kV);
+  EXPECT_EQ(plan->ChunkBlocks(0, 1), std::make_pair(3, 4));
+  EXPECT_EQ(plan->ChunkBlocks(1, 1), std::make_pair(2, 3));
+  EXPECT_EQ(stage_of(*plan, 0), 0);
+  EXPECT_EQ(stage_of(*plan, 1), 1);
+  EXPECT_EQ(stage_of(*plan, 2), 1);
+  EXPECT_EQ(stage_of(*plan, 3), 0);
+  // The memory estimate counts each stage's peak (microbatch, chunk)
+  // activations at its largest chunk: ZB-V, S = 2, M = 2 holds min(2M, 2S)
+  // = 4 on each stage. Saved per sample (see the formula test): block 0 88,
+  // blocks 1 and 2 114 each, block 3 35; backward scratch 88, 112, 112, 35.
+  // b = 2: stage 0 2 * (4 * 88 + 88), stage 1 2 * (4 * 114 + 112).
+  EXPECT_EQ(plan->memory.activations,
+            4u * (2 * (4 * 88 + 88) + 2 * (4 * 114 + 112)));
+  // The tree's partial sums: floor(log2 M) + 1 = 2 more gradient copies.
+  const uint64_t grads = plan->memory.grads;
+  spec.mutable_parallelism()->set_accumulation("tree");
+  plan = PlanJob(spec, Options(dir));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->memory.grads, 3 * grads);
 }
 
 TEST(PlanJobErrorsTest, OptimizerTypeAndLr) {
@@ -749,7 +842,8 @@ TEST(PlanJobTest, AllProblemsComeBackInOneStatus) {
       "steps: must be > 0, got 0\n"
       "precision: must be one of \"fp32\", \"tf32\", \"bf16\", got \"fp16\"\n"
       "model.blocks[0].ffn_hidden_size: must be > 0, got -4\n"
-      "parallelism.schedule: must be one of \"gpipe\", \"1f1b\", \"zbh1\", got "
+      "parallelism.schedule: must be one of \"gpipe\", \"1f1b\", \"zbh1\", "
+      "\"interleaved\", \"zbv\", got "
       "\"zb\"\n"
       "optimizer.beta1: only for adamw");
 }

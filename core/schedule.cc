@@ -65,16 +65,46 @@ std::string ActionToString(const Action& a) {
   return absl::StrCat(prefix, a.microbatch, ".", a.chunk);
 }
 
-int Schedule::VirtualStage(int stage, int chunk) const {
-  if (stage < 0 || stage >= num_stages || chunk < 0 || chunk >= num_chunks) {
-    return -1;
+ChunkLayout ChunkLayoutOf(const std::string& schedule_name) {
+  return schedule_name == "zbv" ? ChunkLayout::kV : ChunkLayout::kLoop;
+}
+
+int DefaultChunks(const std::string& schedule_name) {
+  return schedule_name == "interleaved" || schedule_name == "zbv" ? 2 : 1;
+}
+
+int PeakChunkActivations(const std::string& name, int S, int M, int v, int s) {
+  if (name == "gpipe") return M;
+  if (name == "zbh1") return std::min(M, 2 * S - s - 1);
+  if (name == "interleaved") {
+    return std::min(v * M, 2 * (S - s - 1) + (v - 1) * S + 1);
   }
+  if (name == "zbv") return std::min(2 * M, 2 * S);
+  return std::min(M, S - s);  // 1f1b
+}
+
+int VirtualStageOf(ChunkLayout layout, int S, int v, int stage, int chunk) {
+  if (stage < 0 || stage >= S || chunk < 0 || chunk >= v) return -1;
   if (layout == ChunkLayout::kV) {
-    if (num_chunks == 1) return stage;
-    if (num_chunks != 2) return -1;
-    return chunk == 0 ? stage : 2 * num_stages - 1 - stage;
+    if (v == 1) return stage;
+    if (v != 2) return -1;
+    return chunk == 0 ? stage : 2 * S - 1 - stage;
   }
-  return chunk * num_stages + stage;
+  return chunk * S + stage;
+}
+
+StageChunk StageChunkOf(ChunkLayout layout, int S, int v, int vs) {
+  if (S < 1 || v < 1 || vs < 0 || vs >= S * v) return {};
+  if (layout == ChunkLayout::kV) {
+    if (v == 1) return {vs, 0};
+    if (v != 2) return {};
+    return vs < S ? StageChunk{vs, 0} : StageChunk{2 * S - 1 - vs, 1};
+  }
+  return {vs % S, vs / S};
+}
+
+int Schedule::VirtualStage(int stage, int chunk) const {
+  return VirtualStageOf(layout, num_stages, num_chunks, stage, chunk);
 }
 
 std::string Schedule::ToString() const {
@@ -438,34 +468,18 @@ absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(int S, int M,
   return sched;
 }
 
-Schedule MakeForwardOnlySchedule(int S, int M) {
+Schedule MakeForwardOnlySchedule(int S, int M, int v, ChunkLayout layout) {
   Schedule sched = Empty("forward", S, M, false);
-  for (int s = 0; s < S; ++s) {
-    for (int mb = 0; mb < M; ++mb) AddForward(s, S, mb, &sched.stages[s]);
+  sched.num_chunks = v;
+  sched.layout = layout;
+  const int V = S * v;
+  for (int mb = 0; mb < M; ++mb) {
+    for (int vs = 0; vs < V; ++vs) {
+      const StageChunk at = StageChunkOf(layout, S, v, vs);
+      AddForward(vs, V, mb, at.chunk, &sched.stages[at.stage]);
+    }
   }
   return sched;
-}
-
-absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
-                                              int M) {
-  if (name == "interleaved" || name == "zbv") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "schedule \"", name,
-        "\" needs several model chunks per stage, which this runner does not "
-        "execute yet (it is generated and validated: see `trainyard schedule "
-        "--schedule ",
-        name, "`)"));
-  }
-  if (S < 1 || M < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "schedule needs >= 1 stage and microbatch, got ", S, " and ", M));
-  }
-  if (name == "gpipe") return MakeGPipeSchedule(S, M);
-  if (name == "1f1b") return MakeOneFOneBSchedule(S, M);
-  if (name == "zbh1") return MakeZeroBubbleH1Schedule(S, M);
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown schedule \"", name,
-                   "\" (expected \"gpipe\", \"1f1b\" or \"zbh1\")"));
 }
 
 absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
@@ -487,7 +501,13 @@ absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name, int S,
           absl::StrCat("schedule ", name, ": holds 1 chunk per stage, got ",
                        chunks, " (\"interleaved\" and \"zbv\" take chunks)"));
     }
-    return MakeTrainingSchedule(name, S, M);
+    if (S < 1 || M < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule needs >= 1 stage and microbatch, got ", S, " and ", M));
+    }
+    if (name == "gpipe") return MakeGPipeSchedule(S, M);
+    if (name == "1f1b") return MakeOneFOneBSchedule(S, M);
+    return MakeZeroBubbleH1Schedule(S, M);
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown schedule \"", name,
@@ -530,6 +550,7 @@ absl::Status ValidateSchedule(const Schedule& sched) {
     auto recv_act = per_chunk(), sent_act = per_chunk(),
          recv_grad = per_chunk(), sent_grad = per_chunk();
     std::vector<int> next_weight(v, 0);
+    int next_loss = 0;  // the last virtual stage's next forward
     int optimizer_steps = 0;
     for (const Action& a : sched.stages[s]) {
       const std::string what = ActionToString(a);
@@ -562,6 +583,14 @@ absl::Status ValidateSchedule(const Schedule& sched) {
         case ActionKind::kForward:
           if (!first && !recv_act[c][mb]) return fail(s, what + " before <A");
           if (fwd[c][mb]++) return fail(s, what + " twice");
+          // The loss head sums its terms in the order of these forwards.
+          if (last && mb != next_loss++) {
+            return fail(s, absl::StrCat(what, ": the last ", unit,
+                                        " must run its forwards (the loss) in "
+                                        "ascending microbatch order, expected "
+                                        "microbatch ",
+                                        next_loss - 1));
+          }
           break;
         case ActionKind::kSendActivation:
           if (last) {

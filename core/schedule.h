@@ -17,9 +17,8 @@
 //   2S - 1 - s: the model runs down the stages and back up, and the loss is
 //   computed on stage 0's chunk 1.
 // With one chunk both layouts are the plain pipeline: virtual stage = stage.
-// The worker's runner executes single-chunk schedules only (see
-// MakeTrainingSchedule); multi-chunk ones are generated, validated and
-// simulated here.
+// Virtual stage 0 (the data) is always on stage 0; the last virtual stage
+// (the loss) is on stage S - 1 under kLoop and on stage 0 under kV.
 //
 // Semantics the validator checks and the runner relies on:
 // - Sends are buffered: a send never waits for its receive. Messages flow
@@ -30,6 +29,8 @@
 //   that message must be for the microbatch the receive names.
 // - Each (stage, chunk) runs Forward(mb) once, then BackwardInput(mb), then
 //   BackwardWeight(mb), for every microbatch, and OptimizerStep last.
+// - The last virtual stage runs its forwards in ascending microbatch order:
+//   the loss terms are summed in that order.
 // - BackwardWeight runs in ascending microbatch order on each (stage, chunk):
 //   a parameter's gradients accumulate in that order under every schedule,
 //   chunk count and stage split, which is what makes them bitwise equal.
@@ -75,6 +76,23 @@ enum class ChunkLayout {
   kLoop,  // virtual stage of (s, c) = c * S + s
   kV,     // 2 chunks: (s, 0) = s, (s, 1) = 2S - 1 - s
 };
+
+// How a schedule lays out its chunks: kV for "zbv", kLoop for the rest.
+ChunkLayout ChunkLayoutOf(const std::string& schedule_name);
+
+// The virtual stage that chunk `chunk` of stage `stage` holds, with S
+// stages of v chunks each; -1 when either is out of range (or the layout is
+// kV and v is neither 1 nor 2).
+int VirtualStageOf(ChunkLayout layout, int num_stages, int num_chunks,
+                   int stage, int chunk);
+// The inverse: the (stage, chunk) holding virtual stage `virtual_stage`;
+// {-1, -1} when it is out of range.
+struct StageChunk {
+  int stage = -1;
+  int chunk = -1;
+};
+StageChunk StageChunkOf(ChunkLayout layout, int num_stages, int num_chunks,
+                        int virtual_stage);
 
 struct Schedule {
   std::string name;
@@ -139,23 +157,37 @@ absl::StatusOr<Schedule> MakeInterleavedSchedule(int num_stages,
 // microbatch order on each chunk. InvalidArgument unless S, M >= 1.
 absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(
     int num_stages, int num_microbatches, const PassCosts& costs = PassCosts());
-// Forward only (eval / inference).
-Schedule MakeForwardOnlySchedule(int num_stages, int num_microbatches);
+// Forward only (eval / inference), for a model cut into num_stages *
+// num_chunks virtual stages laid out as `layout`: every stage runs its
+// (microbatch, chunk) forwards in ascending (microbatch, virtual stage)
+// order, which never deadlocks (the smallest pair not yet done can always
+// run).
+Schedule MakeForwardOnlySchedule(int num_stages, int num_microbatches,
+                                 int num_chunks = 1,
+                                 ChunkLayout layout = ChunkLayout::kLoop);
 
-// The schedules the worker's runner executes: "gpipe" | "1f1b" | "zbh1".
-// "interleaved" and "zbv" are refused with InvalidArgument saying they need
-// model chunks, which this runner does not execute yet.
-absl::StatusOr<Schedule> MakeTrainingSchedule(const std::string& name,
-                                              int num_stages,
-                                              int num_microbatches);
-// Every generator: "gpipe" | "1f1b" | "zbh1" (num_chunks 1) | "interleaved"
-// (num_chunks >= 2) | "zbv" (num_chunks 2). num_chunks 0 picks the
-// schedule's default (1; 2 for interleaved and zbv). `costs` shapes only
-// zbv's order. InvalidArgument for an unknown name or a chunk count the
-// schedule does not take.
+// The schedule a job's spec names: "gpipe" | "1f1b" | "zbh1" (num_chunks 1)
+// | "interleaved" (num_chunks >= 2) | "zbv" (num_chunks 2). num_chunks 0
+// picks the schedule's default (DefaultChunks). `costs` shapes only zbv's
+// order. InvalidArgument for an unknown name or a chunk count the schedule
+// does not take.
 absl::StatusOr<Schedule> MakeTrainingSchedule(
     const std::string& name, int num_stages, int num_microbatches,
-    int num_chunks, const PassCosts& costs = PassCosts());
+    int num_chunks = 0, const PassCosts& costs = PassCosts());
+// The chunks per stage a schedule takes when none are asked for: 2 for
+// "interleaved" and "zbv", else 1.
+int DefaultChunks(const std::string& schedule_name);
+
+// The most (microbatch, chunk) activations stage `stage` holds at once (as
+// SimulateSchedule counts them: from the start of a forward to the end of
+// its weight pass) under the named training schedule with S stages, M
+// microbatches and v chunks per stage:
+//   gpipe M; 1f1b min(M, S - s); zbh1 min(M, 2S - s - 1);
+//   interleaved min(v M, 2(S - s - 1) + (v - 1) S + 1); zbv min(2M, 2S).
+// A bound the generators keep under any costs, reached with unit costs
+// (schedule_test checks both). The memory estimate counts it (job_plan).
+int PeakChunkActivations(const std::string& schedule_name, int num_stages,
+                         int num_microbatches, int num_chunks, int stage);
 
 // Checks the schedule against the semantics above by simulating every
 // stage: each forward/backward exactly once per (stage, chunk) and in order,

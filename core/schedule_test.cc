@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <iostream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -160,18 +162,30 @@ TEST(ScheduleTest, DetectsUnmatchedSend) {
 
 TEST(ScheduleTest, DetectsOutOfOrderReceive) {
   Schedule s = MakeGPipeSchedule(2, 2);
-  // Stage 1 receives microbatch 1 first; the channel delivers 0 first.
-  s.stages[1] = {
-      {ActionKind::kRecvActivation, 1}, {ActionKind::kForward, 1},
-      {ActionKind::kRecvActivation, 0}, {ActionKind::kForward, 0},
-      {ActionKind::kBackwardInput, 0},  {ActionKind::kSendGradient, 0},
-      {ActionKind::kBackwardWeight, 0}, {ActionKind::kBackwardInput, 1},
-      {ActionKind::kSendGradient, 1},   {ActionKind::kBackwardWeight, 1},
+  // Stage 0 receives microbatch 1's gradient first; the channel delivers
+  // 0's first.
+  s.stages[0] = {
+      {ActionKind::kForward, 0},        {ActionKind::kSendActivation, 0},
+      {ActionKind::kForward, 1},        {ActionKind::kSendActivation, 1},
+      {ActionKind::kRecvGradient, 1},   {ActionKind::kBackwardInput, 1},
+      {ActionKind::kRecvGradient, 0},   {ActionKind::kBackwardInput, 0},
+      {ActionKind::kBackwardWeight, 0}, {ActionKind::kBackwardWeight, 1},
       {ActionKind::kOptimizerStep, -1}};
   absl::Status st = ValidateSchedule(s);
   EXPECT_FALSE(st.ok());
   EXPECT_THAT(st.message(),
               HasSubstr("next message on its channel is for microbatch 0"));
+}
+
+TEST(ScheduleTest, LastStageRunsTheLossInMicrobatchOrder) {
+  Schedule s = MakeGPipeSchedule(1, 2);
+  std::swap(s.stages[0][0], s.stages[0][1]);  // F1 before F0
+  absl::Status st = ValidateSchedule(s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(),
+              HasSubstr("F1: the last stage must run its forwards (the loss) "
+                        "in ascending microbatch order, expected microbatch "
+                        "0"));
 }
 
 TEST(ScheduleTest, DetectsWeightGradientBeforeInputGradient) {
@@ -350,15 +364,17 @@ TEST(ScheduleTest, DetectsDeadlockAtTheTipOfTheV) {
   EXPECT_THAT(st.message(), HasSubstr("stage 1 at <A0.1"));
 }
 
-TEST(ScheduleTest, OldEntryRefusesChunkedSchedules) {
+TEST(ScheduleTest, ChunkedSchedulesTakeTheirDefaultChunkCount) {
   for (const char* name : {"interleaved", "zbv"}) {
-    auto s = MakeTrainingSchedule(name, 4, 8);
-    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(s.status().message(),
-                HasSubstr("needs several model chunks per stage, which this "
-                          "runner does not execute yet"));
+    absl::StatusOr<Schedule> s = MakeTrainingSchedule(name, 4, 8);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->num_chunks, 2);
+    EXPECT_EQ(s->num_chunks, DefaultChunks(name));
+    EXPECT_EQ(s->layout, ChunkLayoutOf(name));
   }
-  EXPECT_TRUE(MakeTrainingSchedule("1f1b", 4, 8).ok());
+  EXPECT_EQ(MakeTrainingSchedule("1f1b", 4, 8)->num_chunks, 1);
+  EXPECT_EQ(MakeTrainingSchedule("zbv", 4, 8, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ScheduleTest, ChunkCountsEachScheduleTakes) {
@@ -513,6 +529,76 @@ TEST(ScheduleTest, ZeroBubbleVOrdersForTheGivenCosts) {
               << ": ordered for them " << a->bubble_of_compute
               << " of compute, equal-cost order " << b->bubble_of_compute
               << "\n";
+  }
+}
+
+TEST(ScheduleTest, PeakChunkActivationsBoundsEverySimulationAndIsReached) {
+  const PassCosts uneven{0.86, 0.44, 1.05};  // a real stage's, roughly
+  for (const char* name : {"gpipe", "1f1b", "zbh1", "interleaved", "zbv"}) {
+    for (int S = 1; S <= 5; ++S) {
+      for (int M = 1; M <= 12; ++M) {
+        for (int v : {0, 3}) {
+          if (v == 3 && std::string(name) != "interleaved") continue;
+          absl::StatusOr<Schedule> sched = MakeTrainingSchedule(name, S, M, v);
+          if (!sched.ok()) continue;  // interleaved needs M % S == 0
+          SCOPED_TRACE(
+              absl::StrCat(name, " S=", S, " M=", M, " v=", sched->num_chunks));
+          ASSERT_TRUE(ValidateSchedule(*sched).ok());
+          absl::StatusOr<ScheduleSimulation> unit = SimulateSchedule(*sched);
+          ASSERT_TRUE(unit.ok()) << unit.status();
+          absl::StatusOr<Schedule> costed =
+              MakeTrainingSchedule(name, S, M, v, uneven);
+          ASSERT_TRUE(costed.ok());
+          absl::StatusOr<ScheduleSimulation> skewed =
+              SimulateSchedule(*costed, uneven);
+          ASSERT_TRUE(skewed.ok()) << skewed.status();
+          for (int s = 0; s < S; ++s) {
+            const int bound =
+                PeakChunkActivations(name, S, M, sched->num_chunks, s);
+            EXPECT_EQ(unit->peak_chunk_activations[s], bound) << "stage " << s;
+            EXPECT_LE(skewed->peak_chunk_activations[s], bound)
+                << "stage " << s;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, ForwardOnlyRunsEveryChunkOfEveryLayout) {
+  for (int S = 1; S <= 4; ++S) {
+    for (int M = 1; M <= 5; ++M) {
+      for (const auto& [v, layout] :
+           std::vector<std::pair<int, ChunkLayout>>{{1, ChunkLayout::kLoop},
+                                                    {2, ChunkLayout::kLoop},
+                                                    {3, ChunkLayout::kLoop},
+                                                    {2, ChunkLayout::kV}}) {
+        Schedule sched = MakeForwardOnlySchedule(S, M, v, layout);
+        SCOPED_TRACE(sched.ToString());
+        EXPECT_TRUE(ValidateSchedule(sched).ok()) << ValidateSchedule(sched);
+        int forwards = 0;
+        for (const auto& acts : sched.stages) {
+          for (const Action& a : acts) {
+            forwards += a.kind == ActionKind::kForward;
+          }
+        }
+        EXPECT_EQ(forwards, S * v * M);
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, StageChunkOfInvertsVirtualStageOf) {
+  for (ChunkLayout layout : {ChunkLayout::kLoop, ChunkLayout::kV}) {
+    for (int S = 1; S <= 4; ++S) {
+      for (int v = 1; v <= (layout == ChunkLayout::kV ? 2 : 3); ++v) {
+        for (int k = 0; k < S * v; ++k) {
+          const StageChunk at = StageChunkOf(layout, S, v, k);
+          EXPECT_EQ(VirtualStageOf(layout, S, v, at.stage, at.chunk), k);
+        }
+        EXPECT_EQ(StageChunkOf(layout, S, v, S * v).stage, -1);
+      }
+    }
   }
 }
 

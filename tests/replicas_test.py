@@ -1,8 +1,10 @@
 """Data-parallel replicas across real worker processes: a 2-stage x
 2-replica job on 4 workers trains bitwise as `trainyard train` of the same
-spec (and as one replica); a replica's worker lost mid-run restarts the
-whole gang from its checkpoint, the cause naming that worker, and the job
-still ends bitwise equal."""
+spec (and as one replica), under 1F1B and under the schedules with model
+chunks (interleaved 1F1B, ZB-V: 2 chunks per worker, whose messages name
+their chunk on the wire), evals included; a replica's worker lost mid-run
+restarts the whole gang from its checkpoint, the cause naming that worker,
+and the job still ends bitwise equal."""
 import json
 import os
 import subprocess
@@ -15,13 +17,15 @@ WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 STEPS = 24
 
 
-def spec(name, replicas, checkpoint=None):
-    s = small_spec(stages=2, steps=STEPS, name=name, microbatches=4, batch=32,
+def spec(name, replicas, checkpoint=None, schedule="1f1b"):
+    # 4 blocks on 2 stages: 2 chunks of one block each under interleaved/zbv.
+    s = small_spec(stages=4, steps=STEPS, name=name, microbatches=4, batch=32,
                    samples=512)
+    s["parallelism"]["stages"] = 2
+    s["parallelism"]["schedule"] = schedule
     s["parallelism"]["replicas"] = replicas
     s["parallelism"]["accumulation"] = "tree"
-    s["data"].pop("evalFraction")
-    s["data"]["evalEvery"] = 0
+    s["data"]["evalEvery"] = 8
     if checkpoint:
         s["checkpoint"] = {"dir": checkpoint, "every": 4, "resume": "latest"}
         s["recovery"] = {"maxRestarts": 3, "backoffMs": 100}
@@ -29,6 +33,7 @@ def spec(name, replicas, checkpoint=None):
 
 
 def local_losses(obj, tag):
+    """trainyard train's step losses, and its eval losses keyed by -step."""
     path = os.path.join(WORK, f"{tag}.json")
     with open(path, "w") as f:
         json.dump(obj, f)
@@ -37,7 +42,13 @@ def local_losses(obj, tag):
                           "--threads", "1", f"--plugin_dir={PLUGIN_DIR}"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    return {r["step"]: r["loss"] for r in map(json.loads, open(out)) if "loss" in r}
+    got = {}
+    for r in map(json.loads, open(out)):
+        if "loss" in r:
+            got[r["step"]] = r["loss"]
+        if "eval_loss" in r:
+            got[-r["step"]] = r["eval_loss"]
+    return got
 
 
 def watched_losses(cluster, job_id):
@@ -46,6 +57,8 @@ def watched_losses(cluster, job_id):
         kind = e.WhichOneof("event")
         if kind == "step":
             losses[e.step.step] = e.step.loss
+        elif kind == "eval":
+            losses[-e.eval.step] = e.eval.loss
         elif kind == "recovery":
             recoveries.append(e.recovery)
         elif kind == "state" and e.state.state in TERMINAL:
@@ -54,23 +67,27 @@ def watched_losses(cluster, job_id):
 
 
 one = local_losses(spec("one", 1), "one")
-two = local_losses(spec("two", 2), "two")
-assert sorted(one) == list(range(1, STEPS + 1)), sorted(one)
-assert two == one, "trainyard train: R=2 must be R=1's bits"
+assert sorted(k for k in one if k > 0) == list(range(1, STEPS + 1)), sorted(one)
+assert sorted(-k for k in one if k < 0) == [8, 16, 24], sorted(one)
+for schedule in ("1f1b", "interleaved", "zbv"):
+    two = local_losses(spec("two", 2, schedule=schedule), f"two-{schedule}")
+    assert two == one, f"trainyard train: R=2 {schedule} must be R=1's bits"
 
 cluster = Cluster(workers=4)
 wait_for(lambda: len(cluster.jobs.ListWorkers(pb.ListWorkersRequest(),
                                               timeout=10).workers) == 4,
          30, "4 workers")
-job = cluster.submit(spec_from_json(spec("service", 2)))
-losses, _, final = watched_losses(cluster, job.job_id)
-assert final.state == pb.SUCCEEDED, final
-assert losses == one, {k: (losses.get(k), one[k]) for k in one
-                       if losses.get(k) != one[k]}
-got = cluster.get(job.job_id)
-assert len(got.workers) == 4, got.workers
-print(f"ok: 2 stages x 2 replicas on 4 workers, {STEPS} steps bitwise "
-      f"equal to trainyard train (R=1 and R=2)")
+for schedule in ("1f1b", "interleaved", "zbv"):
+    job = cluster.submit(spec_from_json(spec(f"service-{schedule}", 2,
+                                             schedule=schedule)))
+    losses, _, final = watched_losses(cluster, job.job_id)
+    assert final.state == pb.SUCCEEDED, (schedule, final)
+    assert losses == one, (schedule, {k: (losses.get(k), one[k]) for k in one
+                                      if losses.get(k) != one[k]})
+    got = cluster.get(job.job_id)
+    assert len(got.workers) == 4, got.workers
+    print(f"ok: {schedule}: 2 stages x 2 replicas on 4 workers, {STEPS} steps "
+          f"and 3 evals bitwise equal to trainyard train (R=1, 1F1B)")
 
 # A worker of replica 1 is lost mid-run; a replacement registers; the gang
 # restarts from the newest checkpoint and still matches.

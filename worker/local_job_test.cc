@@ -26,6 +26,7 @@ namespace {
 using ::testing::HasSubstr;
 
 using testing::ClassificationSpec;
+using testing::DeepClassificationSpec;
 using testing::PluginDir;
 using testing::RunJob;
 using testing::RunResult;
@@ -205,19 +206,57 @@ TEST(LocalJobTest, ResumeIntoAnotherStageSplitIsBitwise) {
   EXPECT_EQ(rest.params, full.params);
 }
 
+// Model chunks (schedules "interleaved" and "zbv") keep the arithmetic too:
+// every schedule, chunk count and stage split gives the same bits.
+TEST(LocalJobTest, ChunkedSchedulesAreBitwiseInvisible) {
+  auto base = DeepClassificationSpec();
+  base.set_steps(12);
+  RunResult ref = RunJob(WithPipeline(base, 1, 8, "1f1b"));
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+  ASSERT_EQ(ref.losses.size(), 12u);
+  ASSERT_EQ(ref.params.size(), 40u);  // every parameter of the 8 blocks
+  struct Case {
+    int stages;
+    const char* schedule;
+    int chunks;  // 0: the schedule's default
+  };
+  for (Case c :
+       {Case{1, "interleaved", 0}, Case{1, "zbv", 0}, Case{2, "interleaved", 0},
+        Case{2, "interleaved", 4}, Case{2, "zbv", 0}, Case{4, "interleaved", 0},
+        Case{4, "zbv", 0}}) {
+    SCOPED_TRACE(::testing::Message() << "S=" << c.stages << " " << c.schedule
+                                      << " chunks=" << c.chunks);
+    auto spec = WithPipeline(base, c.stages, 8, c.schedule);
+    spec.mutable_parallelism()->set_chunks(c.chunks);
+    RunResult r = RunJob(spec);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.losses, ref.losses);  // exact double equality
+    EXPECT_EQ(r.grad_norms, ref.grad_norms);
+    EXPECT_EQ(r.eval_loss, ref.eval_loss);
+    EXPECT_EQ(r.params, ref.params);  // exact float equality
+  }
+}
+
 // Data-parallel replicas (parallelism.replicas): for the same global batch
 // and microbatch count, R = 1, 2 and 4 give the same bits for every stage
 // split and schedule (docs/ACCUMULATION.md).
 TEST(LocalJobTest, ReplicasAreBitwiseInvisible) {
-  auto base = ClassificationSpec();
+  auto base = DeepClassificationSpec();
   base.mutable_parallelism()->set_accumulation("tree");
   base.set_steps(12);
   RunResult ref = RunJob(WithPipeline(base, 1, 8, "1f1b"));
   ASSERT_TRUE(ref.status.ok()) << ref.status;
   ASSERT_EQ(ref.losses.size(), 12u);
-  for (int replicas : {2, 4}) {
+  int runs = 0;
+  for (int replicas : {1, 2, 4}) {
     for (int stages : {1, 2, 4}) {
-      for (const char* schedule : {"gpipe", "1f1b", "zbh1"}) {
+      for (const char* schedule :
+           {"gpipe", "1f1b", "zbh1", "interleaved", "zbv"}) {
+        // Interleaved runs its microbatches in groups of S.
+        if (std::string(schedule) == "interleaved" &&
+            (8 / replicas) % stages != 0) {
+          continue;
+        }
         SCOPED_TRACE(::testing::Message()
                      << "R=" << replicas << " S=" << stages << " " << schedule);
         auto spec = WithPipeline(base, stages, 8, schedule);
@@ -228,9 +267,11 @@ TEST(LocalJobTest, ReplicasAreBitwiseInvisible) {
         EXPECT_EQ(r.grad_norms, ref.grad_norms);
         EXPECT_EQ(r.eval_loss, ref.eval_loss);
         EXPECT_EQ(r.params, ref.params);  // exact float equality
+        ++runs;
       }
     }
   }
+  EXPECT_EQ(runs, 44);  // 45 combinations, less interleaved at R=4, S=4
 }
 
 // A checkpoint written with one (R, S) resumes at another, bitwise (the
@@ -251,6 +292,31 @@ TEST(LocalJobTest, ResumeAtAnotherReplicaCountIsBitwise) {
   ASSERT_TRUE(RunJob(first, 6).status.ok());
   auto second = WithPipeline(first, 4, 8, "zbh1");
   second.mutable_parallelism()->set_replicas(4);
+  RunResult rest = RunJob(second);
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  ASSERT_EQ(rest.losses.size(), 6u);
+  EXPECT_EQ(std::vector<double>(full.losses.begin() + 6, full.losses.end()),
+            rest.losses);
+  EXPECT_EQ(rest.params, full.params);
+}
+
+// The same across schedules with and without chunks: a ZB-V run at R = 2,
+// S = 2 resumes as interleaved 1F1B at R = 1, S = 4.
+TEST(LocalJobTest, ResumeFromChunksIntoOtherChunksIsBitwise) {
+  const std::string dir = TempDir() + "/ckpt_chunks";
+  auto spec = WithPipeline(DeepClassificationSpec(), 2, 8, "zbv");
+  spec.mutable_parallelism()->set_accumulation("tree");
+  spec.set_steps(12);
+  RunResult full = RunJob(WithPipeline(spec, 1, 8, "1f1b"));
+  ASSERT_TRUE(full.status.ok()) << full.status;
+  auto first = spec;
+  first.mutable_parallelism()->set_replicas(2);
+  first.mutable_checkpoint()->set_dir(dir);
+  first.mutable_checkpoint()->set_every(6);
+  first.mutable_checkpoint()->set_resume("latest");
+  ASSERT_TRUE(RunJob(first, 6).status.ok());
+  auto second = WithPipeline(first, 4, 8, "interleaved");
+  second.mutable_parallelism()->set_replicas(1);
   RunResult rest = RunJob(second);
   ASSERT_TRUE(rest.status.ok()) << rest.status;
   ASSERT_EQ(rest.losses.size(), 6u);

@@ -35,8 +35,15 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
   if (bf16_copy) {
     ASSIGN_OR_RETURN(store.params_bf16_, ctx->Zeros(DType::kBFloat16, {total}));
   }
+  // The stage's blocks chunk by chunk: ascending global order, as
+  // plan.params lists them (a stage's chunks hold ascending virtual stages).
+  std::vector<int> blocks;
+  for (int c = 0; c < plan.num_chunks; ++c) {
+    const auto [first, end] = plan.ChunkBlocks(stage, c);
+    for (int b = first; b < end; ++b) blocks.push_back(b);
+  }
   size_t seg = 0;
-  for (int b = plan.stage_begin[stage]; b < plan.stage_begin[stage + 1]; ++b) {
+  for (int b : blocks) {
     MlpBlockParams params, grads;
     std::vector<Tensor*> p_slots = params.InOrder(plan.blocks[b]);
     std::vector<Tensor*> g_slots = grads.InOrder(plan.blocks[b]);

@@ -26,9 +26,10 @@ namespace trainyard {
 
 class ParamStore {
  public:
-  // Lays out stage `stage` of `plan` on ctx's device (contents
-  // uninitialised). Errors: allocation failure (ResourceExhausted naming
-  // the size), a plan inconsistent with its blocks (Internal).
+  // Lays out stage `stage` of `plan` on ctx's device, its chunks' blocks
+  // one after another (contents uninitialised). Errors: allocation failure
+  // (ResourceExhausted naming the size), a plan inconsistent with its blocks
+  // (Internal).
   static absl::StatusOr<ParamStore> Create(const JobPlan& plan, int stage,
                                            const ExecContext* ctx);
 

@@ -18,13 +18,14 @@ namespace trainyard {
 
 // One microbatch in flight on this stage.
 struct Stage::Microbatch {
+  int chunk = 0;
   int index = 0;
   Tensor input;        // [b, in] this stage's input
   NamedTensors state;  // task state (host), travels with the microbatch
   Tensor output;       // [b, out] this stage's output
   Tensor grad_output;  // [b, out] dLoss/dOutput (scaled)
   Tensor grad_input;   // [b, in]  to send back
-  std::vector<std::unique_ptr<BlockSaved>> saved;  // per local block
+  std::vector<std::unique_ptr<BlockSaved>> saved;  // per block of the chunk
 };
 
 namespace {
@@ -130,16 +131,27 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   }
   RETURN_IF_ERROR(st->ctx_->Activate());
   const auto& spec = plan.spec;
-  st->first_block_ = plan.stage_begin[index];
-  for (int b = plan.stage_begin[index]; b < plan.stage_begin[index + 1]; ++b) {
-    absl::StatusOr<std::unique_ptr<BlockKernel>> k =
-        CreateBlockKernel(plan.blocks[b], st->ctx_);
-    if (!k.ok()) {
-      return Prefixed(k.status(),
-                      absl::StrCat(st->Where(), " block ", b, " on ",
-                                   st->ctx_->ToString(), ": "));
+  st->layout_ = plan.chunk_layout;
+  st->num_virtual_stages_ = plan.num_virtual_stages();
+  st->holds_loss_ = plan.loss_stage() == index;
+  for (int c = 0; c < plan.num_chunks; ++c) {
+    Chunk chunk;
+    chunk.virtual_stage = plan.VirtualStage(index, c);
+    const auto [first, end] = plan.ChunkBlocks(index, c);
+    chunk.first_block = first;
+    chunk.local_begin = static_cast<int>(st->blocks_.size());
+    for (int b = first; b < end; ++b) {
+      absl::StatusOr<std::unique_ptr<BlockKernel>> k =
+          CreateBlockKernel(plan.blocks[b], st->ctx_);
+      if (!k.ok()) {
+        return Prefixed(k.status(),
+                        absl::StrCat(st->Where(), " block ", b, " on ",
+                                     st->ctx_->ToString(), ": "));
+      }
+      st->blocks_.push_back(*std::move(k));
     }
-    st->blocks_.push_back(*std::move(k));
+    chunk.local_end = static_cast<int>(st->blocks_.size());
+    st->chunks_.push_back(std::move(chunk));
   }
   {
     absl::StatusOr<ParamStore> store =
@@ -150,9 +162,22 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     st->store_.emplace(*std::move(store));
   }
   st->grads_written_.assign(st->blocks_.size(), false);
-  // parallelism.accumulation (docs/ACCUMULATION.md).
-  if (spec.parallelism().accumulation() == "tree") {
-    st->grad_tree_.emplace(st->ctx_, st->store_->total());
+  // Each chunk's parameters are one run of the flat buffers (the store lays
+  // the stage's blocks out chunk after chunk).
+  const std::vector<ParamSegment>& segments = st->store_->segments();
+  for (size_t i = 0, c = 0; i < segments.size(); ++i) {
+    const int block = plan.params[st->store_->global_index(i)].block;
+    while (block >= plan.ChunkBlocks(index, c).second) ++c;
+    Chunk& chunk = st->chunks_[c];
+    if (chunk.grad_size == 0) chunk.grad_offset = segments[i].offset;
+    chunk.grad_size += segments[i].size();
+  }
+  // parallelism.accumulation (docs/ACCUMULATION.md): a tree per chunk.
+  st->tree_accumulation_ = spec.parallelism().accumulation() == "tree";
+  if (st->tree_accumulation_) {
+    for (Chunk& chunk : st->chunks_) {
+      chunk.tree.emplace(st->ctx_, chunk.grad_size);
+    }
   }
 
   ASSIGN_OR_RETURN(
@@ -167,7 +192,7 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   if (st->replicas_ > 1 && (options.replica_group == nullptr ||
                             options.replica_group->size() != st->replicas_ ||
                             options.replica_group->rank() != options.replica ||
-                            st->grad_tree_ == std::nullopt)) {
+                            !st->tree_accumulation_)) {
     return absl::InvalidArgumentError(absl::StrCat(
         st->Where(), ": a job with ", st->replicas_,
         " replicas needs each stage's replica group (of that size, with this "
@@ -177,7 +202,8 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   ASSIGN_OR_RETURN(
       st->train_schedule_,
       MakeTrainingSchedule(spec.parallelism().schedule(), st->num_stages_,
-                           spec.parallelism().microbatches() / st->replicas_));
+                           spec.parallelism().microbatches() / st->replicas_,
+                           plan.num_chunks));
   RETURN_IF_ERROR(ValidateSchedule(st->train_schedule_));
 
   if (st->is_first() || st->is_last()) {
@@ -234,7 +260,7 @@ absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
   ASSIGN_OR_RETURN(Tensor inputs, ctx_->ToDevice(in.inputs));
   ASSIGN_OR_RETURN(inputs, ctx_->Cast(inputs, ctx_->activation_dtype()));
   for (int m = 0; m < count; ++m) {
-    Microbatch& mb = microbatches_[m];
+    Microbatch& mb = MicrobatchAt(0, m);
     const int64_t lo = ranges[first + m].first - begin;
     const int64_t hi = ranges[first + m].second - begin;
     mb.input = inputs.Rows(lo, hi);
@@ -247,17 +273,19 @@ absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
 }
 
 absl::Status Stage::Forward(Microbatch* mb, bool save_for_backward) {
+  const Chunk& chunk = chunks_[mb->chunk];
   mb->saved.clear();
-  mb->saved.resize(blocks_.size());
+  mb->saved.resize(chunk.local_end - chunk.local_begin);
   Tensor x = mb->input;
-  for (size_t b = 0; b < blocks_.size(); ++b) {
+  for (int b = chunk.local_begin; b < chunk.local_end; ++b) {
+    const int i = b - chunk.local_begin;
     Tensor y;
     absl::Status st =
         blocks_[b]->Forward(store_->block_params(b), x, &y,
-                            save_for_backward ? &mb->saved[b] : nullptr);
+                            save_for_backward ? &mb->saved[i] : nullptr);
     if (!st.ok()) {
-      return Prefixed(
-          st, absl::StrCat(Where(), " block ", first_block_ + b, " forward: "));
+      return Prefixed(st, absl::StrCat(Where(), " block ",
+                                       chunk.first_block + i, " forward: "));
     }
     x = y;
   }
@@ -267,16 +295,19 @@ absl::Status Stage::Forward(Microbatch* mb, bool save_for_backward) {
 }
 
 absl::Status Stage::BackwardInput(Microbatch* mb) {
+  const Chunk& chunk = chunks_[mb->chunk];
   Tensor d = mb->grad_output;
-  for (int b = static_cast<int>(blocks_.size()) - 1; b >= 0; --b) {
+  for (int b = chunk.local_end - 1; b >= chunk.local_begin; --b) {
+    const int i = b - chunk.local_begin;
     Tensor dx;
-    const bool need_dx = !(b == 0 && is_first());
+    // The model's input needs no gradient.
+    const bool need_dx = !(i == 0 && chunk.virtual_stage == 0);
     absl::Status st =
         blocks_[b]->BackwardInput(store_->block_params(b), d,
-                                  mb->saved[b].get(), need_dx ? &dx : nullptr);
+                                  mb->saved[i].get(), need_dx ? &dx : nullptr);
     if (!st.ok()) {
-      return Prefixed(st, absl::StrCat(Where(), " block ", first_block_ + b,
-                                       " backward: "));
+      return Prefixed(st, absl::StrCat(Where(), " block ",
+                                       chunk.first_block + i, " backward: "));
     }
     d = dx;
   }
@@ -289,19 +320,23 @@ absl::Status Stage::BackwardWeight(Microbatch* mb) {
   // With the tree, each microbatch's gradient is written alone into the
   // stage's gradient buffer and then added to the tree; without it, the
   // GEMMs accumulate into the buffer directly.
-  const bool tree = grad_tree_.has_value();
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    absl::Status st = blocks_[b]->BackwardWeight(mb->saved[b].get(),
+  Chunk& chunk = chunks_[mb->chunk];
+  const bool tree = chunk.tree.has_value();
+  for (int b = chunk.local_begin; b < chunk.local_end; ++b) {
+    const int i = b - chunk.local_begin;
+    absl::Status st = blocks_[b]->BackwardWeight(mb->saved[i].get(),
                                                  !tree && grads_written_[b],
                                                  &store_->block_grads(b));
     if (!st.ok()) {
-      return Prefixed(st, absl::StrCat(Where(), " block ", first_block_ + b,
-                                       " weight gradient: "));
+      return Prefixed(st,
+                      absl::StrCat(Where(), " block ", chunk.first_block + i,
+                                   " weight gradient: "));
     }
     grads_written_[b] = true;
   }
   if (tree) {
-    absl::Status st = grad_tree_->Add(store_->grads());
+    absl::Status st = chunk.tree->Add(store_->grads().Rows(
+        chunk.grad_offset, chunk.grad_offset + chunk.grad_size));
     if (!st.ok()) {
       return Prefixed(st, absl::StrCat(Where(), " microbatch ", mb->index,
                                        " gradient sum: "));
@@ -312,47 +347,109 @@ absl::Status Stage::BackwardWeight(Microbatch* mb) {
   return absl::OkStatus();
 }
 
-absl::Status Stage::Send(int peer, Message msg) {
+void Stage::ResetMicrobatches(int count) {
+  per_chunk_ = count;
+  microbatches_.clear();
+  microbatches_.resize(chunks_.size() * count);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    for (int m = 0; m < count; ++m) {
+      Microbatch& mb = MicrobatchAt(static_cast<int>(c), m);
+      mb.chunk = static_cast<int>(c);
+      mb.index = m;
+    }
+  }
+  held_.clear();
+}
+
+Stage::Microbatch& Stage::MicrobatchAt(int chunk, int index) {
+  return microbatches_[chunk * per_chunk_ + index];
+}
+
+absl::Status Stage::Send(int virtual_stage, Message msg) {
+  const StageChunk to = StageChunkOf(
+      layout_, num_stages_, static_cast<int>(chunks_.size()), virtual_stage);
+  msg.chunk = to.chunk;
+  if (to.stage == index_) {
+    // The tip of the V: from one chunk of this stage to the other.
+    const MessageKey key{msg.kind, msg.chunk, msg.microbatch};
+    if (!held_.emplace(key, std::move(msg)).second) {
+      return absl::InternalError(
+          absl::StrCat(Where(), ": a second hand-off of microbatch ",
+                       std::get<2>(key), " to chunk ", std::get<1>(key)));
+    }
+    return absl::OkStatus();
+  }
   if (!transport_->SharesDeviceMemory()) {
     for (auto& [name, t] : msg.tensors) {
       ASSIGN_OR_RETURN(t, ctx_->ToHost(t));
     }
   }
-  return transport_->Send(peer, std::move(msg));
+  return transport_->Send(to.stage, std::move(msg));
 }
 
-absl::StatusOr<Message> Stage::Receive(int peer, MessageKind kind, int64_t step,
-                                       const Microbatch& mb, StageTimes* times,
-                                       StepTrace* trace) {
+absl::StatusOr<Message> Stage::Receive(int virtual_stage, MessageKind kind,
+                                       int64_t step, const Microbatch& mb,
+                                       StageTimes* times, StepTrace* trace) {
   const bool gradient = kind == MessageKind::kGradient;
+  const int peer = StageChunkOf(layout_, num_stages_,
+                                static_cast<int>(chunks_.size()), virtual_stage)
+                       .stage;
+  const std::string what = absl::StrCat(
+      gradient ? "gradient" : MessageKindName(kind), " of microbatch ",
+      mb.index, chunks_.size() > 1 ? absl::StrCat(" chunk ", mb.chunk) : "");
+  const MessageKey want{kind, mb.chunk, mb.index};
+  // Each receive of the step can hold at most one message back.
+  const size_t max_held = microbatches_.size() * 2;
   absl::StatusOr<Message> msg;
   {
     Timer t(&times->idle, trace, step_origin_.value_or(Clock::time_point()),
             gradient ? SpanKind::kRecvGradient : SpanKind::kRecvActivation,
             mb.index);
-    msg = transport_->Recv(peer, options_.timeout);
-    // A neighbour's snapshot (sent between its steps) is handed on, not
-    // waited for: it arrives before the neighbour's next message.
-    while (msg.ok() && msg->kind == MessageKind::kSnapshot && snapshot_sink_) {
-      RETURN_IF_ERROR(snapshot_sink_(peer, *std::move(msg)));
+    while (true) {
+      if (auto it = held_.find(want); it != held_.end()) {
+        msg = std::move(it->second);
+        held_.erase(it);
+        break;
+      }
+      if (peer == index_) {
+        msg = absl::InternalError("it was never handed over");
+        break;
+      }
       msg = transport_->Recv(peer, options_.timeout);
+      if (!msg.ok()) break;
+      // A neighbour's snapshot (sent between its steps) is handed on, not
+      // waited for: it arrives before the neighbour's next message.
+      if (msg->kind == MessageKind::kSnapshot && snapshot_sink_) {
+        RETURN_IF_ERROR(snapshot_sink_(peer, *std::move(msg)));
+        continue;
+      }
+      const MessageKey got{msg->kind, msg->chunk, msg->microbatch};
+      if (got == want || msg->step != step ||
+          (msg->kind != MessageKind::kActivation &&
+           msg->kind != MessageKind::kGradient &&
+           msg->kind != MessageKind::kEvalActivation) ||
+          msg->chunk < 0 || msg->chunk >= static_cast<int>(chunks_.size()) ||
+          held_.size() >= max_held || held_.count(got) > 0) {
+        break;  // the one awaited, or one no later receive can take
+      }
+      held_.emplace(got, *std::move(msg));
     }
   }
   if (!msg.ok()) {
     return Prefixed(msg.status(),
-                    absl::StrCat(Where(), ": receiving ",
-                                 gradient ? "gradient" : MessageKindName(kind),
-                                 " of microbatch ", mb.index, ": "));
+                    absl::StrCat(Where(), ": receiving ", what, ": "));
   }
   const bool shape_ok =
       gradient ? msg->tensors.size() == 1
                : !msg->tensors.empty() && msg->tensors[0].first == "x";
   if (msg->kind != kind || msg->step != step || msg->microbatch != mb.index ||
-      !shape_ok) {
-    return absl::InternalError(absl::StrCat(
-        Where(), ": expected ", MessageKindName(kind), " of step ", step,
-        " microbatch ", mb.index, ", got ", MessageKindName(msg->kind),
-        " of step ", msg->step, " microbatch ", msg->microbatch));
+      msg->chunk != mb.chunk || !shape_ok) {
+    return absl::InternalError(
+        absl::StrCat(Where(), ": expected ", MessageKindName(kind), " of step ",
+                     step, " microbatch ", mb.index, " chunk ", mb.chunk,
+                     ", got ", MessageKindName(msg->kind), " of step ",
+                     msg->step, " microbatch ", msg->microbatch, " chunk ",
+                     msg->chunk, shape_ok ? "" : " with the wrong tensors"));
   }
   ASSIGN_OR_RETURN(msg->tensors[0].second,
                    ctx_->ToDevice(msg->tensors[0].second));
@@ -366,11 +463,13 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
       is_eval ? MessageKind::kEvalActivation : MessageKind::kActivation;
   const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
   for (const Action& a : schedule.stages[index_]) {
-    Microbatch* mb = a.microbatch >= 0 ? &microbatches_[a.microbatch] : nullptr;
+    if (a.kind == ActionKind::kOptimizerStep) continue;  // run by RunStep
+    Microbatch* mb = &MicrobatchAt(a.chunk, a.microbatch);
+    const int vs = chunks_[a.chunk].virtual_stage;
     switch (a.kind) {
       case ActionKind::kRecvActivation: {
-        ASSIGN_OR_RETURN(Message msg, Receive(index_ - 1, act_kind, step, *mb,
-                                              times, trace));
+        ASSIGN_OR_RETURN(Message msg,
+                         Receive(vs - 1, act_kind, step, *mb, times, trace));
         mb->input = msg.tensors[0].second;
         mb->state.assign(msg.tensors.begin() + 1, msg.tensors.end());
         break;
@@ -381,8 +480,8 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
                   mb->index);
           RETURN_IF_ERROR(Forward(mb, !is_eval));
         }
-        if (!is_last()) break;
-        // The loss belongs to the last stage's forward.
+        if (vs != num_virtual_stages_ - 1) break;
+        // The loss belongs to the last virtual stage's forward.
         Timer t(&times->loss, trace, origin, SpanKind::kLoss, mb->index);
         ASSIGN_OR_RETURN(mb->grad_output,
                          loss_->Compute(mb->output, mb->state, completed_steps_,
@@ -401,15 +500,14 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         msg.microbatch = mb->index;
         msg.tensors.push_back({"x", mb->output});
         for (auto& s : mb->state) msg.tensors.push_back(s);
-        RETURN_IF_ERROR(Send(index_ + 1, std::move(msg)));
+        RETURN_IF_ERROR(Send(vs + 1, std::move(msg)));
         mb->output = Tensor();
         mb->state.clear();
         break;
       }
       case ActionKind::kRecvGradient: {
-        ASSIGN_OR_RETURN(Message msg,
-                         Receive(index_ + 1, MessageKind::kGradient, step, *mb,
-                                 times, trace));
+        ASSIGN_OR_RETURN(Message msg, Receive(vs + 1, MessageKind::kGradient,
+                                              step, *mb, times, trace));
         mb->grad_output = msg.tensors[0].second;
         break;
       }
@@ -427,7 +525,7 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         msg.step = step;
         msg.microbatch = mb->index;
         msg.tensors.push_back({"dx", mb->grad_input});
-        RETURN_IF_ERROR(Send(index_ - 1, std::move(msg)));
+        RETURN_IF_ERROR(Send(vs - 1, std::move(msg)));
         mb->grad_input = Tensor();
         break;
       }
@@ -438,8 +536,14 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kOptimizerStep:
-        break;  // run by RunStep after the schedule
+        break;
     }
+  }
+  if (!held_.empty()) {
+    const auto& [kind, chunk, index] = held_.begin()->first;
+    return absl::InternalError(absl::StrCat(
+        Where(), ": ", held_.size(), " message(s) no action received, e.g. ",
+        MessageKindName(kind), " of microbatch ", index, " chunk ", chunk));
   }
   return absl::OkStatus();
 }
@@ -516,9 +620,7 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   StepReport report;
   report.step = step + 1;
   report.samples = plan_.spec.data().batch_size();
-  microbatches_.clear();
-  microbatches_.resize(mine);
-  for (int m = 0; m < mine; ++m) microbatches_[m].index = m;
+  ResetMicrobatches(mine);
   grads_written_.assign(blocks_.size(), false);
   if (loss_) loss_->Reset();
   if (task_ != nullptr) {
@@ -532,16 +634,21 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   }
   RETURN_IF_ERROR(RunSchedule(train_schedule_, step, false, M, &report.times,
                               &report.trace));
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    if (!grads_written_[b]) {
-      return absl::InternalError(absl::StrCat(
-          Where(), ": block ", first_block_ + b, " got no weight gradient"));
+  for (Chunk& chunk : chunks_) {
+    for (int b = chunk.local_begin; b < chunk.local_end; ++b) {
+      if (!grads_written_[b]) {
+        return absl::InternalError(absl::StrCat(
+            Where(), ": block ", chunk.first_block + b - chunk.local_begin,
+            " got no weight gradient"));
+      }
     }
-  }
-  // The tree's last fold (a few adds and one copy) is in the step's time
-  // but in no phase or span: the spans stay the schedule's actions.
-  if (grad_tree_.has_value()) {
-    RETURN_IF_ERROR(grad_tree_->Finish(&store_->grads()));
+    // The tree's last fold (a few adds and one copy) is in the step's time
+    // but in no phase or span: the spans stay the schedule's actions.
+    if (chunk.tree.has_value()) {
+      Tensor grads = store_->grads().Rows(chunk.grad_offset,
+                                          chunk.grad_offset + chunk.grad_size);
+      RETURN_IF_ERROR(chunk.tree->Finish(&grads));
+    }
   }
   if (replicas_ > 1) {
     Timer t(&report.times.comm, nullptr);
@@ -574,9 +681,7 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
   for (int64_t begin = 0; begin < rows; begin += batch, ++eval_index) {
     const int64_t n = std::min(batch, rows - begin);
     const int parts = static_cast<int>(std::min<int64_t>(M, n));
-    microbatches_.clear();
-    microbatches_.resize(parts);
-    for (int m = 0; m < parts; ++m) microbatches_[m].index = m;
+    ResetMicrobatches(parts);
     if (is_first()) {
       std::vector<int64_t> idx(n);
       for (int64_t i = 0; i < n; ++i) idx[i] = begin + i;
@@ -585,9 +690,10 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     }
     // Eval batches are numbered in the message's step field so that a
     // stray training message can never be mistaken for one.
-    RETURN_IF_ERROR(RunSchedule(MakeForwardOnlySchedule(num_stages_, parts),
-                                eval_index, true, parts, &times,
-                                /*trace=*/nullptr));
+    RETURN_IF_ERROR(RunSchedule(
+        MakeForwardOnlySchedule(num_stages_, parts,
+                                static_cast<int>(chunks_.size()), layout_),
+        eval_index, true, parts, &times, /*trace=*/nullptr));
   }
   microbatches_.clear();
   report.samples = rows;

@@ -20,6 +20,16 @@
 // optimizer step together with the clip coefficient), which gives exactly
 // the full-batch mean's gradient without knowing sum(w_i) in advance.
 //
+// Model chunks: under "interleaved" and "zbv" a stage holds several
+// chunks (virtual stages, core/schedule.h), each with its own blocks and
+// microbatches in flight. Messages name the chunk they are for; a stage
+// receives from one neighbour messages for several of its chunks in
+// whatever order they were sent, so a receive keeps the ones it was not
+// waiting for until their own receive comes (a hand-off between two chunks
+// of one stage, the tip of the V, goes there directly). The data enter on
+// stage 0; the loss is on the stage holding the last virtual stage (stage 0
+// under "zbv").
+//
 // Devices: a stage computes where its ExecContext says. Messages carry
 // device tensors only over a transport that shares device memory (the
 // in-process one); otherwise they are staged through the host.
@@ -32,9 +42,11 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -216,8 +228,11 @@ class Stage {
   absl::Status Finalize();
 
   int index() const { return index_; }
+  // Holds virtual stage 0: reads the data (stage 0).
   bool is_first() const { return index_ == 0; }
-  bool is_last() const { return index_ == num_stages_ - 1; }
+  // Holds the last virtual stage: computes the loss and the task's metrics
+  // (stage S - 1; stage 0 under "zbv").
+  bool is_last() const { return holds_loss_; }
   int64_t completed_steps() const { return completed_steps_; }
 
   // This stage's parameters by global name (views of the flat buffer, on
@@ -235,7 +250,21 @@ class Stage {
                             const std::string& where);
   Stage() = default;
   struct Microbatch;
+  // One of the stage's model chunks: a virtual stage.
+  struct Chunk {
+    int virtual_stage = 0;
+    int first_block = 0;  // global index of blocks_[local_begin]
+    int local_begin = 0;  // its blocks are blocks_[local_begin, local_end)
+    int local_end = 0;
+    // Its part of the stage's flat gradient buffer, and the tree that sums
+    // that part over microbatches (accumulation "tree").
+    int64_t grad_offset = 0;
+    int64_t grad_size = 0;
+    std::optional<GradientTree> tree;
+  };
   using Clock = std::chrono::steady_clock;
+  // Which message a receive waits for: kind, chunk, microbatch.
+  using MessageKey = std::tuple<MessageKind, int, int>;
 
   // `trace` (null for evals) receives a span per action.
   absl::Status RunSchedule(const Schedule& schedule, int64_t step, bool is_eval,
@@ -252,11 +281,18 @@ class Stage {
                             int first, int count);
   // Replicas: sums the gradients across the replica group (tree order).
   absl::Status SumReplicaGradients();
-  absl::Status Send(int peer, Message msg);
-  // The message's tensor `name` (the first one) on this stage's device.
-  absl::StatusOr<Message> Receive(int peer, MessageKind kind, int64_t step,
-                                  const Microbatch& mb, StageTimes* times,
-                                  StepTrace* trace);
+  // Sends `msg` to virtual stage `virtual_stage`, setting its chunk; a
+  // chunk of this stage gets it directly (held_).
+  absl::Status Send(int virtual_stage, Message msg);
+  // The `kind` message for microbatch mb (its chunk and index) from virtual
+  // stage `virtual_stage`, with its first tensor on this stage's device.
+  // Messages for other microbatches or chunks that arrive first are held.
+  absl::StatusOr<Message> Receive(int virtual_stage, MessageKind kind,
+                                  int64_t step, const Microbatch& mb,
+                                  StageTimes* times, StepTrace* trace);
+  // Sets up microbatches_: `count` per chunk.
+  void ResetMicrobatches(int count);
+  Microbatch& MicrobatchAt(int chunk, int index);
   std::string Where() const;  // "stage 2"
 
   JobPlan plan_;
@@ -268,12 +304,15 @@ class Stage {
   std::unique_ptr<ExecContext> own_ctx_;  // when options.exec is null
   const ExecContext* ctx_ = nullptr;
 
-  std::vector<std::unique_ptr<BlockKernel>> blocks_;  // this stage's blocks
-  int first_block_ = 0;  // global index of blocks_[0]
+  // This stage's blocks, chunk after chunk.
+  std::vector<std::unique_ptr<BlockKernel>> blocks_;
+  std::vector<Chunk> chunks_;
+  int num_virtual_stages_ = 1;
+  bool holds_loss_ = false;
+  ChunkLayout layout_ = ChunkLayout::kLoop;
   std::optional<ParamStore> store_;
   std::vector<bool> grads_written_;  // per local block, this step
-  // The weight gradients' sum with parallelism.accumulation "tree".
-  std::optional<GradientTree> grad_tree_;
+  bool tree_accumulation_ = false;   // parallelism.accumulation "tree"
   // Data parallelism (StageOptions::replica, replica_group).
   int replicas_ = 1;
   int replica_ = 0;
@@ -288,7 +327,11 @@ class Stage {
   std::optional<LossHead> loss_;           // last stage
   Schedule train_schedule_;
 
+  // [chunk * per_chunk_ + index]: this step's microbatches on each chunk.
   std::vector<Microbatch> microbatches_;
+  int per_chunk_ = 0;
+  // Messages that arrived before their receive (Receive).
+  std::map<MessageKey, Message> held_;
   int64_t completed_steps_ = 0;
   // Where the current (or last) step began: spans are timed from here.
   std::optional<Clock::time_point> step_origin_;

@@ -57,6 +57,26 @@ trainyard::v1::JobSpec ClassificationSpec() {
   return spec;
 }
 
+trainyard::v1::JobSpec DeepClassificationSpec() {
+  trainyard::v1::JobSpec spec = ClassificationSpec();
+  auto* blocks = spec.mutable_model()->mutable_blocks();
+  const trainyard::v1::BlockSpec head = blocks->Get(blocks->size() - 1);
+  const char* acts[] = {"gelu", "relu", "swiglu", "gelu_tanh"};
+  const char* norms[] = {"rmsnorm", "none", "layernorm", "none"};
+  for (int i = 0; i < 4; ++i) {
+    trainyard::v1::BlockSpec* b =
+        i == 0 ? blocks->Mutable(blocks->size() - 1) : blocks->Add();
+    *b = trainyard::v1::BlockSpec();
+    b->set_out_features(24);
+    b->set_ffn_hidden_size(16 + 8 * i);
+    b->set_activation(acts[i]);
+    b->set_norm(norms[i]);
+    b->set_residual(true);
+  }
+  *blocks->Add() = head;
+  return spec;
+}
+
 RunResult RunJob(const trainyard::v1::JobSpec& spec_in, int64_t stop_after,
                  const std::string& plugin_dir, Device device) {
   RunResult result;

@@ -29,6 +29,9 @@ struct RunResult {
 // all kinds of blocks; 30 steps of AdamW with clipping and warmup-cosine on
 // gaussian blobs (cross_entropy).
 trainyard::v1::JobSpec ClassificationSpec();
+// ClassificationSpec with 4 more residual blocks before the last: 8 blocks,
+// so 4 stages can hold 2 model chunks each.
+trainyard::v1::JobSpec DeepClassificationSpec();
 
 trainyard::v1::JobSpec WithPipeline(trainyard::v1::JobSpec spec, int stages,
                                     int microbatches, const char* schedule);

@@ -663,7 +663,9 @@ int PrintStages(JobClient& client, const trainyard::v1::Job& job) {
   }
   absl::StatusOr<Schedule> sched = MakeTrainingSchedule(
       par.schedule().empty() ? "1f1b" : par.schedule(),
-      std::max(1, par.stages()), std::max(1, par.microbatches()));
+      std::max(1, par.stages()),
+      std::max(1, par.microbatches() / std::max(1, par.replicas())),
+      par.chunks());
   absl::StatusOr<double> own = sched.ok()
                                    ? SimulatedBubble(*sched)
                                    : absl::StatusOr<double>(sched.status());
@@ -1161,9 +1163,12 @@ int ScheduleCommand() {
     if (client == nullptr) return 2;
     auto trace = client->GetTrace(job_id, 0);
     if (!trace.ok()) return ReportRpcError("schedule", *client, trace.status());
+    // Whole-stage costs per microbatch: a stage with v chunks has v spans
+    // of each kind per microbatch, so divide by the microbatches it ran.
     double sum[3] = {0, 0, 0};
     int n[3] = {0, 0, 0};
     for (const auto& stage : trace->stages()) {
+      std::set<int> microbatches[3];
       for (const auto& span : stage.spans()) {
         const int k = span.kind() == trainyard::v1::SPAN_FORWARD           ? 0
                       : span.kind() == trainyard::v1::SPAN_BACKWARD_INPUT  ? 1
@@ -1171,8 +1176,9 @@ int ScheduleCommand() {
                                                                            : -1;
         if (k < 0) continue;
         sum[k] += static_cast<double>(span.end_us() - span.start_us()) / 1e3;
-        ++n[k];
+        microbatches[k].insert(span.microbatch());
       }
+      for (int k = 0; k < 3; ++k) n[k] += microbatches[k].size();
     }
     if (n[0] == 0 || n[1] == 0 || n[2] == 0) {
       std::cerr << "trainyard schedule: --costs_from " << job_id << ": step "
@@ -1259,10 +1265,6 @@ int ScheduleCommand() {
       "peak_in_flight: microbatches whose activations a stage holds at once "
       "(forward to weight pass), in whole-stage microbatches\n",
       sim->makespan, sim->bubble, sim->bubble_of_compute);
-  if (name == "interleaved" || name == "zbv") {
-    std::cout << "note: the worker's runner does not execute multi-chunk "
-                 "schedules yet\n";
-  }
   const std::string svg = absl::GetFlag(FLAGS_svg);
   if (!svg.empty()) {
     std::ofstream f(svg, std::ios::binary | std::ios::trunc);
