@@ -162,6 +162,13 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
       run.on_step = options.on_step;
       run.on_eval = options.on_eval;
     }
+    if (options.on_stage_step) {
+      run.on_step = [&options, r, s, own = run.on_step](
+                        const StepReport& report, double seconds) {
+        if (own) own(report, seconds);
+        options.on_stage_step(r, s, report, seconds);
+      };
+    }
     run.write_checkpoints = r == 0;
     if (r == 0) run.on_checkpoint = options.on_checkpoint;
     absl::Status st = RunStage(stage, hubs[r]->rank(s), plan, run);

@@ -33,6 +33,12 @@ struct LocalJobOptions {
   // Called once per step with the last stage's report and the wall time of
   // the step.
   std::function<void(const StepReport&, double step_seconds)> on_step;
+  // Called by every stage of every replica after each of its steps, with
+  // its own report (times, trace) and step time. Runs concurrently on the
+  // stages' threads: synchronise shared state.
+  std::function<void(int replica, int stage, const StepReport&,
+                     double step_seconds)>
+      on_stage_step;
   // Called after each eval pass with the completed step count.
   std::function<void(int64_t step, const EvalReport&)> on_eval;
   // Called when a checkpoint has been committed, from the first stage's
