@@ -838,11 +838,26 @@ TEST_F(TwoStageTest, LossesEqualTheLocalRunnerBitwise) {
 
 // In-memory snapshots: each stage keeps its own and its neighbour's, tells
 // the controller (StateHeld), and a restart from them, with each stage's
-// state sent by the other worker, continues bitwise as the first run did.
-TEST_F(TwoStageTest, RestartFromSnapshotsHeldByTheOtherWorker) {
+// state sent by the other worker, continues bitwise as the first run did;
+// under 1F1B and under ZB-V (two chunks per worker: the snapshots travel
+// among messages for both chunks).
+class SnapshotRestartTest : public TwoStageTest,
+                            public ::testing::WithParamInterface<const char*> {
+};
+
+TEST_P(SnapshotRestartTest, RestartFromSnapshotsHeldByTheOtherWorker) {
   StartWorkers();
   JobSpec spec = SmallSpec(10);
   spec.mutable_parallelism()->set_stages(2);
+  spec.mutable_parallelism()->set_schedule(GetParam());
+  if (std::string(GetParam()) == "zbv") {
+    // 4 blocks for 2 stages x 2 chunks: two more 16 -> 16 before the head.
+    auto* blocks = spec.mutable_model()->mutable_blocks();
+    const v1::BlockSpec head = blocks->Get(1);
+    *blocks->Mutable(1) = blocks->Get(0);
+    *blocks->Add() = blocks->Get(0);
+    *blocks->Add() = head;
+  }
   spec.mutable_parallelism()->set_microbatches(2);
   spec.mutable_recovery()->set_snapshot_every(2);
   AssignBoth("snap", spec);
@@ -905,6 +920,9 @@ TEST_F(TwoStageTest, RestartFromSnapshotsHeldByTheOtherWorker) {
   ASSERT_EQ(second.size(), 4u);
   EXPECT_EQ(second, std::vector<double>(first.begin() + 6, first.end()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Schedules, SnapshotRestartTest,
+                         ::testing::Values("1f1b", "zbv"));
 
 TEST_F(TwoStageTest, CancellingOneStageStopsTheOther) {
   StartWorkers();
