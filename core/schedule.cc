@@ -426,9 +426,11 @@ absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(int S, int M,
         "schedule zbv: needs >= 1 stage and microbatch, got ", S, " and ", M));
   }
   // Try warm-up caps around S + s, nearest first; keep the shortest step.
+  // At most 17 tries, so that the largest schedules a spec allows are built
+  // in seconds (each try is a whole list-scheduling run).
   std::vector<std::vector<Action>> best;
   double best_makespan = std::numeric_limits<double>::infinity();
-  for (int i = 0; i <= 2 * S; ++i) {
+  for (int i = 0; i <= std::min(2 * S, 16); ++i) {
     const int shift = (i % 2 == 0) ? -(i / 2) : (i + 1) / 2;  // 0,1,-1,...
     std::vector<std::vector<Action>> passes;
     double makespan = 0;

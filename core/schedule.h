@@ -152,8 +152,8 @@ absl::StatusOr<Schedule> MakeInterleavedSchedule(int num_stages,
 // else a ready forward while the stage holds fewer than 2S chunk activations
 // (S whole microbatches: 1F1B's peak) and, for a chunk-0 forward, fewer than
 // a warm-up cap of about S + s, else its oldest pending weight pass. Of the
-// caps S + s + k, |k| <= S, the generator keeps the one with the shortest
-// step (k = 0 when M is a multiple of S). Weight passes run in ascending
+// caps S + s + k, |k| <= min(S, 8), the generator keeps the one with the
+// shortest step (k = 0 when M is a multiple of S). Weight passes run in ascending
 // microbatch order on each chunk. InvalidArgument unless S, M >= 1.
 absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(
     int num_stages, int num_microbatches, const PassCosts& costs = PassCosts());
