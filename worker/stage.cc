@@ -199,11 +199,28 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
         "stage's replica as its rank) and accumulation \"tree\""));
   }
   // Each replica runs its share of the microbatches through the schedule.
-  ASSIGN_OR_RETURN(
-      st->train_schedule_,
-      MakeTrainingSchedule(spec.parallelism().schedule(), st->num_stages_,
-                           spec.parallelism().microbatches() / st->replicas_,
-                           plan.num_chunks));
+  const int per_replica = spec.parallelism().microbatches() / st->replicas_;
+  if (options.schedule.has_value()) {
+    const Schedule& given = *options.schedule;
+    if (given.num_stages != st->num_stages_ ||
+        given.num_microbatches != per_replica ||
+        given.num_chunks != plan.num_chunks ||
+        (plan.num_chunks > 1 && given.layout != plan.chunk_layout) ||
+        !given.training) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          st->Where(), ": schedule ", Quote(given.name), " is for ",
+          given.num_stages, " stages, ", given.num_microbatches,
+          " microbatches and ", given.num_chunks, " chunks (training: ",
+          given.training ? "yes" : "no", "); this job runs ", st->num_stages_,
+          ", ", per_replica, " and ", plan.num_chunks));
+    }
+    st->train_schedule_ = given;
+  } else {
+    ASSIGN_OR_RETURN(
+        st->train_schedule_,
+        MakeTrainingSchedule(spec.parallelism().schedule(), st->num_stages_,
+                             per_replica, plan.num_chunks));
+  }
   RETURN_IF_ERROR(ValidateSchedule(st->train_schedule_));
 
   if (st->is_first() || st->is_last()) {

@@ -85,6 +85,11 @@ struct StageOptions {
   // gradients and losses are summed (not owned; must outlive the stage).
   int replica = 0;
   ReplicaGroup* replica_group = nullptr;
+  // The training schedule to run instead of the one the spec names: any
+  // valid schedule (ValidateSchedule) for the plan's stages, chunks and
+  // layout and this replica's microbatches. Every stage of a job must get
+  // the same one.
+  std::optional<Schedule> schedule;
 };
 
 // Data a stage needs. Only the first stage reads rows; every stage needs

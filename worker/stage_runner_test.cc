@@ -9,10 +9,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "core/in_process_transport.h"
 #include "core/job_plan.h"
 #include "core/schedule.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/test_jobs.h"
 #include "worker/test_paths.h"
@@ -27,10 +30,10 @@ struct StageRun {
 };
 
 // Runs `plan` with one thread per stage; returns what each stage reported.
-std::vector<StageRun> RunAllStages(const JobPlan& plan) {
+std::vector<StageRun> RunAllStages(const JobPlan& plan,
+                                   StageOptions options = StageOptions()) {
   const int S = plan.num_stages();
   InProcessHub hub(S);
-  StageOptions options;
   options.plugin_dir = testing::PluginDir();
   options.timeout = absl::Seconds(30);
   std::vector<std::unique_ptr<Stage>> stages;
@@ -186,6 +189,101 @@ TEST_P(StageTraceTest, SpansCoverEveryActionInOrderWithinTheStep) {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, StageTraceTest,
                          ::testing::Values("gpipe", "1f1b", "zbh1"));
+
+// A stage receives from one neighbour messages for several chunks, in the
+// sender's order. This hand-made schedule (interleaved layout, S = 2, v = 2,
+// M = 2; valid, but not a generator's) has stage 0 send chunk 0's two
+// activations before chunk 1's first, while stage 1 receives chunk 1's
+// first in between: the runner must hold the early message, and the job's
+// bits must not change.
+Schedule ParseSchedule(const std::vector<std::string>& stages) {
+  Schedule sched;
+  sched.name = "held";
+  sched.num_stages = static_cast<int>(stages.size());
+  sched.num_microbatches = 2;
+  sched.num_chunks = 2;
+  sched.layout = ChunkLayout::kLoop;
+  for (const std::string& line : stages) {
+    std::vector<Action> acts;
+    for (absl::string_view tok : absl::StrSplit(line, ' ')) {
+      if (tok == "OPT") {
+        acts.push_back({ActionKind::kOptimizerStep, -1});
+        continue;
+      }
+      ActionKind kind;
+      if (absl::ConsumePrefix(&tok, ">A")) {
+        kind = ActionKind::kSendActivation;
+      } else if (absl::ConsumePrefix(&tok, "<A")) {
+        kind = ActionKind::kRecvActivation;
+      } else if (absl::ConsumePrefix(&tok, ">G")) {
+        kind = ActionKind::kSendGradient;
+      } else if (absl::ConsumePrefix(&tok, "<G")) {
+        kind = ActionKind::kRecvGradient;
+      } else if (absl::ConsumePrefix(&tok, "F")) {
+        kind = ActionKind::kForward;
+      } else if (absl::ConsumePrefix(&tok, "B")) {
+        kind = ActionKind::kBackwardInput;
+      } else {
+        EXPECT_TRUE(absl::ConsumePrefix(&tok, "W")) << tok;
+        kind = ActionKind::kBackwardWeight;
+      }
+      // "<mb>.<chunk>"
+      acts.push_back({kind, tok[0] - '0', tok[2] - '0'});
+    }
+    sched.stages.push_back(acts);
+  }
+  return sched;
+}
+
+TEST(StageRunnerTest, MessagesThatArriveBeforeTheirReceiveAreHeld) {
+  v1::JobSpec spec =
+      testing::WithPipeline(testing::ClassificationSpec(), 2, 2, "interleaved");
+  spec.set_steps(4);
+  spec.mutable_optimizer()->clear_schedule();
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, PlanOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const Schedule held = ParseSchedule({
+      "F0.0 >A0.0 F1.0 >A1.0 <A0.1 F0.1 >A0.1 <A1.1 F1.1 >A1.1 <G0.1 B0.1 "
+      ">G0.1 <G1.1 B1.1 >G1.1 <G0.0 B0.0 <G1.0 B1.0 W0.0 W1.0 W0.1 W1.1 OPT",
+      "<A0.0 F0.0 >A0.0 <A0.1 F0.1 B0.1 >G0.1 <A1.0 F1.0 >A1.0 <A1.1 F1.1 "
+      "B1.1 >G1.1 <G0.0 B0.0 >G0.0 <G1.0 B1.0 >G1.0 W0.0 W1.0 W0.1 W1.1 OPT",
+  });
+  ASSERT_TRUE(ValidateSchedule(held).ok()) << ValidateSchedule(held);
+  StageOptions options;
+  options.schedule = held;
+  std::vector<StageRun> got = RunAllStages(*plan, options);
+  std::vector<StageRun> want = RunAllStages(*plan);
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_EQ(want.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_EQ(got[s].steps.size(), 4u);
+    ASSERT_EQ(want[s].steps.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(got[s].steps[i].loss, want[s].steps[i].loss) << i;
+      EXPECT_EQ(got[s].steps[i].grad_norm, want[s].steps[i].grad_norm) << i;
+    }
+  }
+  // Stage 1 ran the hand-made order (its spans say so): chunk 1's forward
+  // of microbatch 0 before chunk 0's of microbatch 1.
+  const StepTrace& trace = got[1].steps[0].trace;
+  std::vector<int> forwards;
+  for (const Span& span : trace.spans) {
+    if (span.kind == SpanKind::kForward) forwards.push_back(span.microbatch);
+  }
+  EXPECT_EQ(forwards, (std::vector<int>{0, 0, 1, 1}));
+
+  // A schedule for another shape is refused, naming both.
+  Schedule one_chunk = MakeOneFOneBSchedule(2, 2);
+  options.schedule = one_chunk;
+  InProcessHub hub(2);
+  absl::StatusOr<StartedStage> refused =
+      StartStage(*plan, 0, hub.rank(0), options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("schedule \"1f1b\" is for 2 stages, 2 "
+                                   "microbatches and 1 chunks"));
+}
 
 }  // namespace
 }  // namespace trainyard
