@@ -33,6 +33,15 @@ using testing::RunResult;
 using testing::TempDir;
 using testing::WithPipeline;
 
+// A run's losses, grad norms, evals and final weights are `ref`'s bits.
+void ExpectSameBits(const RunResult& r, const RunResult& ref) {
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.losses, ref.losses);  // exact double equality
+  EXPECT_EQ(r.grad_norms, ref.grad_norms);
+  EXPECT_EQ(r.eval_loss, ref.eval_loss);
+  EXPECT_EQ(r.params, ref.params);  // exact float equality
+}
+
 TEST(LocalJobTest, StageSplitAndScheduleAreBitwiseInvisible) {
   const auto base = ClassificationSpec();
   RunResult ref = RunJob(WithPipeline(base, 1, 4, "1f1b"));
@@ -43,11 +52,7 @@ TEST(LocalJobTest, StageSplitAndScheduleAreBitwiseInvisible) {
     for (const char* schedule : {"gpipe", "1f1b", "zbh1"}) {
       SCOPED_TRACE(::testing::Message() << "S=" << stages << " " << schedule);
       RunResult r = RunJob(WithPipeline(base, stages, 4, schedule));
-      ASSERT_TRUE(r.status.ok()) << r.status;
-      EXPECT_EQ(r.losses, ref.losses);  // exact double equality
-      EXPECT_EQ(r.grad_norms, ref.grad_norms);
-      EXPECT_EQ(r.eval_loss, ref.eval_loss);
-      EXPECT_EQ(r.params, ref.params);  // exact float equality
+      ExpectSameBits(r, ref);
     }
   }
 }
@@ -229,11 +234,7 @@ TEST(LocalJobTest, ChunkedSchedulesAreBitwiseInvisible) {
     auto spec = WithPipeline(base, c.stages, 8, c.schedule);
     spec.mutable_parallelism()->set_chunks(c.chunks);
     RunResult r = RunJob(spec);
-    ASSERT_TRUE(r.status.ok()) << r.status;
-    EXPECT_EQ(r.losses, ref.losses);  // exact double equality
-    EXPECT_EQ(r.grad_norms, ref.grad_norms);
-    EXPECT_EQ(r.eval_loss, ref.eval_loss);
-    EXPECT_EQ(r.params, ref.params);  // exact float equality
+    ExpectSameBits(r, ref);
   }
 }
 
@@ -262,11 +263,7 @@ TEST(LocalJobTest, ReplicasAreBitwiseInvisible) {
         auto spec = WithPipeline(base, stages, 8, schedule);
         spec.mutable_parallelism()->set_replicas(replicas);
         RunResult r = RunJob(spec);
-        ASSERT_TRUE(r.status.ok()) << r.status;
-        EXPECT_EQ(r.losses, ref.losses);  // exact double equality
-        EXPECT_EQ(r.grad_norms, ref.grad_norms);
-        EXPECT_EQ(r.eval_loss, ref.eval_loss);
-        EXPECT_EQ(r.params, ref.params);  // exact float equality
+        ExpectSameBits(r, ref);
         ++runs;
       }
     }
@@ -274,24 +271,21 @@ TEST(LocalJobTest, ReplicasAreBitwiseInvisible) {
   EXPECT_EQ(runs, 44);  // 45 combinations, less interleaved at R=4, S=4
 }
 
-// A checkpoint written with one (R, S) resumes at another, bitwise (the
-// state holds nothing that depends on R; the data cursor is the global
-// batch's).
-TEST(LocalJobTest, ResumeAtAnotherReplicaCountIsBitwise) {
-  const std::string dir = TempDir() + "/ckpt_replicas";
-  auto spec = WithPipeline(ClassificationSpec(), 2, 8, "1f1b");
-  spec.mutable_parallelism()->set_accumulation("tree");
-  spec.set_steps(12);
-  RunResult full = RunJob(spec);
+// Runs 12 steps of `full`; then 6 of `first` with a checkpoint after step
+// 6 in `dir`, and the rest as `second` resumed from it: the resumed steps
+// and the final weights must be `full`'s bits.
+void ExpectResumeIsBitwise(v1::JobSpec full_spec, v1::JobSpec first,
+                           v1::JobSpec second, const std::string& dir) {
+  full_spec.set_steps(12);
+  RunResult full = RunJob(full_spec);
   ASSERT_TRUE(full.status.ok()) << full.status;
-  auto first = spec;
-  first.mutable_parallelism()->set_replicas(2);
-  first.mutable_checkpoint()->set_dir(dir);
-  first.mutable_checkpoint()->set_every(6);
-  first.mutable_checkpoint()->set_resume("latest");
+  for (v1::JobSpec* spec : {&first, &second}) {
+    spec->set_steps(12);
+    spec->mutable_checkpoint()->set_dir(dir);
+    spec->mutable_checkpoint()->set_every(6);
+    spec->mutable_checkpoint()->set_resume("latest");
+  }
   ASSERT_TRUE(RunJob(first, 6).status.ok());
-  auto second = WithPipeline(first, 4, 8, "zbh1");
-  second.mutable_parallelism()->set_replicas(4);
   RunResult rest = RunJob(second);
   ASSERT_TRUE(rest.status.ok()) << rest.status;
   ASSERT_EQ(rest.losses.size(), 6u);
@@ -300,29 +294,28 @@ TEST(LocalJobTest, ResumeAtAnotherReplicaCountIsBitwise) {
   EXPECT_EQ(rest.params, full.params);
 }
 
+// A checkpoint written with one (R, S) resumes at another, bitwise (the
+// state holds nothing that depends on R; the data cursor is the global
+// batch's).
+TEST(LocalJobTest, ResumeAtAnotherReplicaCountIsBitwise) {
+  auto spec = WithPipeline(ClassificationSpec(), 2, 8, "1f1b");
+  spec.mutable_parallelism()->set_accumulation("tree");
+  auto first = spec;
+  first.mutable_parallelism()->set_replicas(2);
+  auto second = WithPipeline(spec, 4, 8, "zbh1");
+  second.mutable_parallelism()->set_replicas(4);
+  ExpectResumeIsBitwise(spec, first, second, TempDir() + "/ckpt_replicas");
+}
+
 // The same across schedules with and without chunks: a ZB-V run at R = 2,
 // S = 2 resumes as interleaved 1F1B at R = 1, S = 4.
 TEST(LocalJobTest, ResumeFromChunksIntoOtherChunksIsBitwise) {
-  const std::string dir = TempDir() + "/ckpt_chunks";
-  auto spec = WithPipeline(DeepClassificationSpec(), 2, 8, "zbv");
+  auto spec = WithPipeline(DeepClassificationSpec(), 1, 8, "1f1b");
   spec.mutable_parallelism()->set_accumulation("tree");
-  spec.set_steps(12);
-  RunResult full = RunJob(WithPipeline(spec, 1, 8, "1f1b"));
-  ASSERT_TRUE(full.status.ok()) << full.status;
-  auto first = spec;
+  auto first = WithPipeline(spec, 2, 8, "zbv");
   first.mutable_parallelism()->set_replicas(2);
-  first.mutable_checkpoint()->set_dir(dir);
-  first.mutable_checkpoint()->set_every(6);
-  first.mutable_checkpoint()->set_resume("latest");
-  ASSERT_TRUE(RunJob(first, 6).status.ok());
-  auto second = WithPipeline(first, 4, 8, "interleaved");
-  second.mutable_parallelism()->set_replicas(1);
-  RunResult rest = RunJob(second);
-  ASSERT_TRUE(rest.status.ok()) << rest.status;
-  ASSERT_EQ(rest.losses.size(), 6u);
-  EXPECT_EQ(std::vector<double>(full.losses.begin() + 6, full.losses.end()),
-            rest.losses);
-  EXPECT_EQ(rest.params, full.params);
+  ExpectResumeIsBitwise(spec, first, WithPipeline(spec, 4, 8, "interleaved"),
+                        TempDir() + "/ckpt_chunks");
 }
 
 // What replicas refuse, naming the field.
