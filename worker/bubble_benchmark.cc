@@ -18,7 +18,8 @@
 //    to the schedule simulated with the F, B, W costs of that same run.
 // 3. Runs the 4-block model on one stage with R = 1 and R = 2 replicas
 //    (threads, 1 BLAS thread each) and reports the time of the replicas'
-//    gradient sum (Gloo all-gather + tree fold) against the step.
+//    gradient sum (Gloo reduce-scatter in tree order + all-gather) against
+//    the step.
 #include <cstdio>
 #include <map>
 #include <string>

@@ -1,6 +1,8 @@
 #include "worker/replica_group.h"
 
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/alltoallv.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -141,25 +143,62 @@ absl::Status ReplicaGroup::SumInTreeOrder(Tensor* gradient) {
     return absl::InvalidArgumentError(
         absl::StrCat(Name(), ": gradients must be float32 on the host"));
   }
-  if (options_.size == 1) return absl::OkStatus();
-  const int64_t n = gradient->numel();
-  // [R, n]: replica r's block sum in row r (views below, no copies).
-  Tensor all = Tensor::Empty(DType::kFloat32, {options_.size, n});
-  const absl::Status gathered =
-      AllGatherBytes(gradient->data<float>(), n * sizeof(float),
-                     static_cast<char*>(all.raw_data()));
-  if (!gathered.ok()) return gathered;
-  // The replicas' block sums, folded in replica order by the same counter
-  // a single replica uses for its microbatches.
+  const int R = options_.size;
+  if (R == 1) return absl::OkStatus();
   static const absl::StatusOr<std::unique_ptr<ExecContext>> host =
       ExecContext::Create(Device::Cpu(), Precision::kFp32);
   if (!host.ok()) return host.status();
-  GradientTree tree(host->get(), n);
-  for (int r = 0; r < options_.size; ++r) {
-    absl::Status st = tree.Add(all.Rows(r, r + 1).View({n}));
+  // Slice r is length[r] elements, after those of the slices before it
+  // (the first n % R slices one longer).
+  const int64_t n = gradient->numel();
+  if (n == 0) return absl::OkStatus();
+  std::vector<int64_t> length(R);
+  for (int r = 0; r < R; ++r) length[r] = n / R + (r < n % R ? 1 : 0);
+  const int me = options_.rank;
+  const int64_t mine = length[me];
+  if (copies_.numel() != R * mine) {
+    copies_ = Tensor::Empty(DType::kFloat32, {R, mine});
+    folded_ = Tensor::Empty(DType::kFloat32, {mine});
+    tree_ = std::make_unique<GradientTree>(host->get(), mine);
+  }
+  try {
+    // Reduce-scatter's exchange: slice r of this replica's gradient to
+    // replica r; row r of copies_ from replica r.
+    gloo::AlltoallvOptions opts(context_);
+    opts.setInput(gradient->data<float>(), length);
+    opts.setOutput(copies_.data<float>(), std::vector<int64_t>(R, mine));
+    opts.setTag(next_tag_++);
+    opts.setTimeout(absl::ToChronoMilliseconds(options_.timeout));
+    gloo::alltoallv(opts);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        Name(),
+        ": gradient exchange failed: ", std::string(e.what()).substr(0, 512)));
+  }
+  // The replicas' block sums of this slice, folded in replica order by the
+  // same counter a single replica uses for its microbatches.
+  if (mine > 0) {
+    for (int r = 0; r < R; ++r) {
+      absl::Status st = tree_->Add(copies_.Rows(r, r + 1).View({mine}));
+      if (!st.ok()) return st;
+    }
+    absl::Status st = tree_->Finish(&folded_);
     if (!st.ok()) return st;
   }
-  return tree.Finish(gradient);
+  try {
+    gloo::AllgathervOptions opts(context_);
+    opts.setInput(folded_.data<float>(), static_cast<size_t>(mine));
+    opts.setOutput(gradient->data<float>(),
+                   std::vector<size_t>(length.begin(), length.end()));
+    opts.setTag(next_tag_++);
+    opts.setTimeout(absl::ToChronoMilliseconds(options_.timeout));
+    gloo::allgatherv(opts);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(Name(), ": gathering the summed gradient failed: ",
+                     std::string(e.what()).substr(0, 512)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace trainyard

@@ -4,13 +4,17 @@
 // (docs/ACCUMULATION.md).
 //
 // Each replica holds the tree sum of its own aligned block of M/R
-// microbatches. SumInTreeOrder all-gathers the R block sums (Gloo's
-// allgather over its TCP transport) and every replica folds them with a
-// GradientTree in replica order: the same float additions, in the same
-// grouping, as one replica summing all M microbatches. (Gloo's own
-// allreduce adds in ring order, which differs per chunk and is not R = 1's
-// grouping: it is not used.) Memory: R gradient-sized host buffers during
-// the call.
+// microbatches. SumInTreeOrder is a reduce-scatter and an all-gather in
+// tree order: the gradient is cut into R slices; replica r receives slice r
+// of every replica's block sum (Gloo's alltoallv over its TCP transport),
+// folds the R copies with a GradientTree in replica order, the same float
+// additions, in the same grouping, as one replica summing all M
+// microbatches, and the folded slices are all-gathered (allgatherv) back
+// into every replica's gradient. Each replica sends and folds 1/R of what
+// gathering every whole copy would. (Gloo's own allreduce adds in ring
+// order, which differs per chunk and is not R = 1's grouping: it is not
+// used.) Memory: one gradient-sized host buffer plus the tree's
+// log2(R) + 1 slices, kept between calls.
 //
 // Rendezvous: Gloo's ranks find each other through a write-once store;
 // here that is our Rendezvous (core/rendezvous.h): the controller's
@@ -29,6 +33,7 @@
 #include "absl/time/time.h"
 #include "core/rendezvous.h"
 #include "core/tensor.h"
+#include "worker/gradient_tree.h"
 
 namespace gloo {
 class Context;
@@ -81,6 +86,11 @@ class ReplicaGroup {
   const ReplicaGroupOptions options_;
   std::shared_ptr<gloo::Context> context_;  // null when size == 1
   uint32_t next_tag_ = 0;
+  // SumInTreeOrder's buffers for this replica's slice (kept between calls):
+  // every replica's copy of it [R, slice], the tree, and the folded sum.
+  Tensor copies_;
+  std::unique_ptr<GradientTree> tree_;
+  Tensor folded_;
 };
 
 }  // namespace trainyard

@@ -87,6 +87,45 @@ TEST(ReplicaGroupTest, ReplicasAsThreadsGiveOneReplicasBits) {
   }
 }
 
+// Fewer elements than replicas: some replicas' slices are empty.
+TEST(ReplicaGroupTest, GradientsShorterThanTheGroupStillSum) {
+  const int kR = 4;
+  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{5}}) {
+    SCOPED_TRACE(absl::StrCat("n=", n));
+    InProcessRendezvous rendezvous;
+    std::vector<std::vector<float>> got(kR);
+    std::vector<absl::Status> status(kR);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kR; ++r) {
+      threads.emplace_back([&, r] {
+        ReplicaGroupOptions o;
+        o.rank = r;
+        o.size = kR;
+        o.key_prefix = absl::StrCat("job-s/n", n);
+        o.timeout = absl::Seconds(20);
+        auto group = ReplicaGroup::Join(&rendezvous, o);
+        if (!group.ok()) {
+          status[r] = group.status();
+          return;
+        }
+        Tensor mine = Tensor::Empty(DType::kFloat32, {n});
+        for (int64_t i = 0; i < n; ++i) {
+          mine.data<float>()[i] = static_cast<float>((r + 1) * (i + 1));
+        }
+        status[r] = (*group)->SumInTreeOrder(&mine);
+        got[r] = Values(mine);
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::vector<float> want;
+    for (int64_t i = 0; i < n; ++i) want.push_back(10.0f * (i + 1));
+    for (int r = 0; r < kR; ++r) {
+      ASSERT_TRUE(status[r].ok()) << "replica " << r << ": " << status[r];
+      EXPECT_EQ(got[r], want) << "replica " << r;
+    }
+  }
+}
+
 TEST(ReplicaGroupTest, AMissingReplicaIsADeadlineNamingTheGroup) {
   InProcessRendezvous rendezvous;
   ReplicaGroupOptions o;
