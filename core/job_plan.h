@@ -142,13 +142,13 @@ struct JobPlan {
   int VirtualStage(int stage, int chunk) const {
     return VirtualStageOf(chunk_layout, num_stages(), num_chunks, stage, chunk);
   }
+  // The (stage, chunk) holding virtual stage `virtual_stage`.
+  StageChunk HolderOf(int virtual_stage) const {
+    return StageChunkOf(chunk_layout, num_stages(), num_chunks, virtual_stage);
+  }
   // The stage holding the last virtual stage: it computes the loss and the
   // task's metrics (S - 1; 0 under "zbv").
-  int loss_stage() const {
-    return StageChunkOf(chunk_layout, num_stages(), num_chunks,
-                        num_virtual_stages() - 1)
-        .stage;
-  }
+  int loss_stage() const { return HolderOf(num_virtual_stages() - 1).stage; }
   // Blocks [first, second) of chunk `chunk` of stage `stage`.
   std::pair<int, int> ChunkBlocks(int stage, int chunk) const {
     const int k = VirtualStage(stage, chunk);

@@ -131,9 +131,6 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   }
   RETURN_IF_ERROR(st->ctx_->Activate());
   const auto& spec = plan.spec;
-  st->layout_ = plan.chunk_layout;
-  st->num_virtual_stages_ = plan.num_virtual_stages();
-  st->holds_loss_ = plan.loss_stage() == index;
   for (int c = 0; c < plan.num_chunks; ++c) {
     Chunk chunk;
     chunk.virtual_stage = plan.VirtualStage(index, c);
@@ -383,8 +380,7 @@ Stage::Microbatch& Stage::MicrobatchAt(int chunk, int index) {
 }
 
 absl::Status Stage::Send(int virtual_stage, Message msg) {
-  const StageChunk to = StageChunkOf(
-      layout_, num_stages_, static_cast<int>(chunks_.size()), virtual_stage);
+  const StageChunk to = plan_.HolderOf(virtual_stage);
   msg.chunk = to.chunk;
   if (to.stage == index_) {
     // The tip of the V: from one chunk of this stage to the other.
@@ -408,9 +404,7 @@ absl::StatusOr<Message> Stage::Receive(int virtual_stage, MessageKind kind,
                                        int64_t step, const Microbatch& mb,
                                        StageTimes* times, StepTrace* trace) {
   const bool gradient = kind == MessageKind::kGradient;
-  const int peer = StageChunkOf(layout_, num_stages_,
-                                static_cast<int>(chunks_.size()), virtual_stage)
-                       .stage;
+  const int peer = plan_.HolderOf(virtual_stage).stage;
   const std::string what = absl::StrCat(
       gradient ? "gradient" : MessageKindName(kind), " of microbatch ",
       mb.index, chunks_.size() > 1 ? absl::StrCat(" chunk ", mb.chunk) : "");
@@ -497,7 +491,7 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
                   mb->index);
           RETURN_IF_ERROR(Forward(mb, !is_eval));
         }
-        if (vs != num_virtual_stages_ - 1) break;
+        if (vs != plan_.num_virtual_stages() - 1) break;
         // The loss belongs to the last virtual stage's forward.
         Timer t(&times->loss, trace, origin, SpanKind::kLoss, mb->index);
         ASSIGN_OR_RETURN(mb->grad_output,
@@ -708,8 +702,8 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     // Eval batches are numbered in the message's step field so that a
     // stray training message can never be mistaken for one.
     RETURN_IF_ERROR(RunSchedule(
-        MakeForwardOnlySchedule(num_stages_, parts,
-                                static_cast<int>(chunks_.size()), layout_),
+        MakeForwardOnlySchedule(num_stages_, parts, plan_.num_chunks,
+                                plan_.chunk_layout),
         eval_index, true, parts, &times, /*trace=*/nullptr));
   }
   microbatches_.clear();

@@ -237,7 +237,7 @@ class Stage {
   bool is_first() const { return index_ == 0; }
   // Holds the last virtual stage: computes the loss and the task's metrics
   // (stage S - 1; stage 0 under "zbv").
-  bool is_last() const { return holds_loss_; }
+  bool is_last() const { return plan_.loss_stage() == index_; }
   int64_t completed_steps() const { return completed_steps_; }
 
   // This stage's parameters by global name (views of the flat buffer, on
@@ -312,9 +312,6 @@ class Stage {
   // This stage's blocks, chunk after chunk.
   std::vector<std::unique_ptr<BlockKernel>> blocks_;
   std::vector<Chunk> chunks_;
-  int num_virtual_stages_ = 1;
-  bool holds_loss_ = false;
-  ChunkLayout layout_ = ChunkLayout::kLoop;
   std::optional<ParamStore> store_;
   std::vector<bool> grads_written_;  // per local block, this step
   bool tree_accumulation_ = false;   // parallelism.accumulation "tree"
