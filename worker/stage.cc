@@ -405,9 +405,6 @@ absl::StatusOr<Message> Stage::Receive(int virtual_stage, MessageKind kind,
                                        StageTimes* times, StepTrace* trace) {
   const bool gradient = kind == MessageKind::kGradient;
   const int peer = plan_.HolderOf(virtual_stage).stage;
-  const std::string what = absl::StrCat(
-      gradient ? "gradient" : MessageKindName(kind), " of microbatch ",
-      mb.index, chunks_.size() > 1 ? absl::StrCat(" chunk ", mb.chunk) : "");
   const MessageKey want{kind, mb.chunk, mb.index};
   // Each receive of the step can hold at most one message back.
   const size_t max_held = microbatches_.size() * 2;
@@ -447,8 +444,13 @@ absl::StatusOr<Message> Stage::Receive(int virtual_stage, MessageKind kind,
     }
   }
   if (!msg.ok()) {
-    return Prefixed(msg.status(),
-                    absl::StrCat(Where(), ": receiving ", what, ": "));
+    return Prefixed(
+        msg.status(),
+        absl::StrCat(
+            Where(), ": receiving ",
+            gradient ? "gradient" : MessageKindName(kind), " of microbatch ",
+            mb.index,
+            chunks_.size() > 1 ? absl::StrCat(" chunk ", mb.chunk) : "", ": "));
   }
   const bool shape_ok =
       gradient ? msg->tensors.size() == 1
