@@ -15,6 +15,21 @@ TEST(DeviceTest, ParsesCpuAndCuda) {
   EXPECT_EQ(Device::Cuda(1).KindName(), std::string("cuda"));
 }
 
+TEST(DeviceTest, ParsesTheSimulatedDevice) {
+  EXPECT_EQ(*ParseDevice("sim:0"), Device::Sim(0));
+  EXPECT_EQ(*ParseDevice("sim:7"), Device::Sim(7));
+  EXPECT_EQ(Device::Sim(3).ToString(), "sim:3");
+  EXPECT_EQ(Device::Sim(3).KindName(), std::string("sim"));
+  EXPECT_TRUE(Device::Sim(0).is_sim());
+  EXPECT_FALSE(Device::Sim(0).is_cpu());
+  EXPECT_FALSE(Device::Sim(0).is_cuda());
+  EXPECT_NE(Device::Sim(0), Device::Cuda(0));
+  EXPECT_FALSE(ParseDevice("sim").ok());
+  EXPECT_EQ(*ParseDevice("sim", /*allow_bare_cuda=*/true), Device::Sim(0));
+  EXPECT_FALSE(ParseDevice("sim:-1").ok());
+  EXPECT_FALSE(ParseDevice("sim:1024").ok());
+}
+
 TEST(DeviceTest, BareCudaNeedsAnIndexUnlessAllowed) {
   auto d = ParseDevice("cuda");
   ASSERT_FALSE(d.ok());

@@ -661,13 +661,19 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
     p.Add("steps", absl::StrCat("must be > 0, got ", s.steps()));
   }
   if (s.device().empty()) s.set_device("cpu");
-  CheckOneOf(&p, "device", s.device(), {"cpu", "cuda"});
+  CheckOneOf(&p, "device", s.device(), {"cpu", "cuda", "sim"});
   if (s.precision().empty()) s.set_precision("fp32");
-  if (CheckOneOf(&p, "precision", s.precision(), {"fp32", "tf32", "bf16"}) &&
-      s.precision() != "fp32" && s.device() != "cuda") {
-    p.Add("precision",
-          absl::StrCat(s.precision(), " needs device \"cuda\", got device ",
-                       Quote(s.device()), " (the CPU computes in fp32)"));
+  if (CheckOneOf(&p, "precision", s.precision(), {"fp32", "tf32", "bf16"})) {
+    // bf16 runs on GPUs and the simulated device; tf32 only on GPUs.
+    const bool ok = s.precision() == "fp32" || s.device() == "cuda" ||
+                    (s.precision() == "bf16" && s.device() == "sim");
+    if (!ok) {
+      p.Add("precision",
+            absl::StrCat(s.precision(), " needs device \"cuda\"",
+                         s.precision() == "bf16" ? " (or \"sim\")" : "",
+                         ", got device ", Quote(s.device()),
+                         " (the CPU computes in fp32)"));
+    }
   }
 
   // ---- Data.

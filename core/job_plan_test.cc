@@ -787,15 +787,23 @@ TEST(PlanJobErrorsTest, DeviceAndPrecision) {
   EXPECT_EQ(plan->spec.precision(), "fp32");  // normalized
   spec.set_device("tpu");
   ExpectProblem(PlanJob(spec, Options(dir)),
-                "device: must be one of \"cpu\", \"cuda\", got \"tpu\"");
+                "device: must be one of \"cpu\", \"cuda\", \"sim\", got "
+                "\"tpu\"");
   spec.set_device("");
   spec.set_precision("bf16");
   ExpectProblem(PlanJob(spec, Options(dir)),
-                "precision: bf16 needs device \"cuda\", got device \"cpu\" "
-                "(the CPU computes in fp32)");
+                "precision: bf16 needs device \"cuda\" (or \"sim\"), got "
+                "device \"cpu\" (the CPU computes in fp32)");
   spec.set_precision("tf32");
   ExpectProblem(PlanJob(spec, Options(dir)),
                 "precision: tf32 needs device \"cuda\", got device \"cpu\" "
+                "(the CPU computes in fp32)");
+  spec.set_device("sim");
+  spec.set_precision("bf16");
+  EXPECT_TRUE(PlanJob(spec, Options(dir)).ok());
+  spec.set_precision("tf32");
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "precision: tf32 needs device \"cuda\", got device \"sim\" "
                 "(the CPU computes in fp32)");
   spec.set_precision("fp16");
   ExpectProblem(PlanJob(spec, Options(dir)),

@@ -106,6 +106,16 @@ class Tensor {
   void Fill(float value);  // host float32 only
 
  private:
+  // The simulated device's kernels see its memory through host views
+  // (core/sim_device.h); nothing else may relabel a tensor.
+  friend class SimDeviceAccess;
+  // The same storage, shape and offset labelled as being on `device`.
+  Tensor Relabeled(Device device) const {
+    Tensor t = *this;
+    t.device_ = device;
+    return t;
+  }
+
   struct Storage;
   std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;  // bytes into storage_

@@ -44,15 +44,16 @@ absl::StatusOr<TransportChoice> ChooseTransport(
         "transport choice: the job has no stages");
   }
   std::vector<int> gpu(stages.size());
+  std::vector<size_t> sim_stages;
   for (size_t s = 0; s < stages.size(); ++s) {
     if (stages[s].host.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("transport choice: stage ", s, " has an empty host"));
     }
-    absl::StatusOr<int> index =
-        GpuIndex(static_cast<int>(s), stages[s].device);
+    absl::StatusOr<int> index = GpuIndex(static_cast<int>(s), stages[s].device);
     if (!index.ok()) return index.status();
     gpu[s] = *index;
+    if (ParseDevice(stages[s].device)->is_sim()) sim_stages.push_back(s);
   }
 
   TransportChoice choice;
@@ -74,6 +75,13 @@ absl::StatusOr<TransportChoice> ChooseTransport(
   }
   choice.host_staging = true;
   const std::string tcp = "using TCP with host staging";
+  if (!sim_stages.empty()) {
+    choice.reason = absl::StrCat(sim_stages.size() == 1 ? "stage " : "stages ",
+                                 absl::StrJoin(sim_stages, ", "),
+                                 sim_stages.size() == 1 ? " is" : " are",
+                                 " on a simulated device: ", tcp);
+    return choice;
+  }
   if (!cpu_stages.empty()) {
     choice.reason =
         absl::StrCat(cpu_stages.size() == 1 ? "stage " : "stages ",

@@ -6,7 +6,8 @@
 // Rule: NCCL when every stage is on a GPU, no two stages share a GPU
 // (distinct (host, device) pairs; NCCL allows one rank per GPU) and the
 // build has NCCL. Otherwise TCP, staging GPU tensors through host memory
-// when any stage is on a GPU. A one-stage job needs no transport.
+// when any stage is on a GPU (or a simulated device, which never uses
+// NCCL). A one-stage job needs no transport.
 //
 // Thread safety: pure functions.
 #ifndef TRAINYARD_CORE_TRANSPORT_SELECT_H_
@@ -22,7 +23,7 @@ namespace trainyard {
 // Where one pipeline stage runs.
 struct StagePlacement {
   std::string host;  // the worker's host name or IP, as the controller knows it
-  std::string device;  // "cpu" or "cuda:N"
+  std::string device;  // "cpu", "cuda:N" or "sim:N"
 };
 
 enum class TransportKind { kNone, kTcp, kNccl };

@@ -35,6 +35,15 @@ TEST(TransportSelectTest, SharedGpuUsesTcpWithHostStaging) {
       "stages 1 and 2 share cuda:0 on host a: using TCP with host staging");
 }
 
+TEST(TransportSelectTest, SimulatedDevicesUseTcpWithHostStaging) {
+  TransportChoice c = Choose({{"a", "sim:0"}, {"a", "sim:1"}});
+  EXPECT_EQ(c.kind, TransportKind::kTcp);
+  EXPECT_TRUE(c.host_staging);
+  EXPECT_EQ(c.reason,
+            "stages 0, 1 are on a simulated device: using TCP with host "
+            "staging");
+}
+
 TEST(TransportSelectTest, SameIndexOnDifferentHostsIsDistinct) {
   EXPECT_EQ(Choose({{"a", "cuda:0"}, {"b", "cuda:0"}}).kind,
             TransportKind::kNccl);
@@ -79,8 +88,9 @@ TEST(TransportSelectTest, BadInputsAreErrorsNamingTheStage) {
   EXPECT_THAT(code_and_message({}), HasSubstr("no stages"));
   EXPECT_THAT(code_and_message({{"a", "cpu"}, {"", "cpu"}}),
               HasSubstr("stage 1 has an empty host"));
-  EXPECT_THAT(code_and_message({{"a", "cuda"}, {"a", "cuda:1"}}),
-              HasSubstr("stage 0 device \"cuda\": expected \"cpu\" or \"cuda:N\""));
+  EXPECT_THAT(
+      code_and_message({{"a", "cuda"}, {"a", "cuda:1"}}),
+      HasSubstr("stage 0 device \"cuda\": expected \"cpu\" or \"cuda:N\""));
   EXPECT_THAT(code_and_message({{"a", "cuda:0"}, {"a", "gpu0"}}),
               HasSubstr("stage 1 device \"gpu0\""));
   EXPECT_THAT(code_and_message({{"a", "cuda:-1"}, {"a", "cuda:1"}}),

@@ -3,11 +3,28 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/bfloat16.h"
+#include "core/sim_device.h"
 #include "core/status_macros.h"
 #include "kernels/cuda/cuda_mlp_block.h"
 
 namespace trainyard {
 namespace {
+
+// An activation a block takes: [rows, width] in the context's activation
+// dtype on its device.
+absl::Status CheckActivation(const ExecContext& ctx, const char* what,
+                             const Tensor& t, int64_t width) {
+  if (t.ndim() != 2 || t.dim(1) != width ||
+      t.dtype() != ctx.activation_dtype() || t.device() != ctx.device()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is ", DTypeName(t.dtype()),
+                     ShapeToString(t.shape()), " on ", t.device().ToString(),
+                     ", the block takes ", DTypeName(ctx.activation_dtype()),
+                     "[rows, ", width, "] on ", ctx.device().ToString()));
+  }
+  return absl::OkStatus();
+}
 
 class CpuBlockKernel final : public BlockKernel {
  public:
@@ -42,6 +59,93 @@ class CpuBlockKernel final : public BlockKernel {
   MlpBlock block_;
 };
 
+// The simulated device (core/sim_device.h): the CPU block on host views of
+// the device's memory. bf16 activations are widened to float32 for it and
+// its outputs rounded back (the simulated device computes in float32);
+// parameters and gradients are float32 in every precision.
+class SimBlockKernel final : public BlockKernel {
+ public:
+  SimBlockKernel(const ExecContext* ctx, const MlpBlockConfig& config)
+      : ctx_(ctx), block_(config) {}
+  const MlpBlockConfig& config() const override { return block_.config(); }
+
+  struct Saved final : BlockSaved {
+    MlpBlockSaved s;
+  };
+
+  absl::Status Forward(const MlpBlockParams& params, const Tensor& x, Tensor* y,
+                       std::unique_ptr<BlockSaved>* saved) override {
+    RETURN_IF_ERROR(CheckActivation(*ctx_, "x", x, config().in_features));
+    auto keep = std::make_unique<Saved>();
+    Tensor host_y;
+    RETURN_IF_ERROR(
+        block_.Forward(HostParams(params), Widened(x), &host_y, &keep->s));
+    ASSIGN_OR_RETURN(*y, ToDevice(host_y));
+    if (saved != nullptr) *saved = std::move(keep);
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardInput(const MlpBlockParams& params, const Tensor& d_out,
+                             BlockSaved* saved, Tensor* dx) override {
+    RETURN_IF_ERROR(
+        CheckActivation(*ctx_, "d_out", d_out, config().out_features));
+    Tensor host_dx;
+    RETURN_IF_ERROR(block_.BackwardInput(HostParams(params), Widened(d_out),
+                                         &static_cast<Saved*>(saved)->s,
+                                         dx != nullptr ? &host_dx : nullptr));
+    if (dx != nullptr) {
+      ASSIGN_OR_RETURN(*dx, ToDevice(host_dx));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
+                              MlpBlockParams* grads) override {
+    MlpBlockParams host = HostParams(*grads);
+    return block_.BackwardWeight(&static_cast<Saved*>(saved)->s, accumulate,
+                                 &host);
+  }
+
+ private:
+  static MlpBlockParams HostParams(const MlpBlockParams& p) {
+    MlpBlockParams h;
+    auto view = [](const Tensor& t) {
+      return t.defined() ? SimDeviceAccess::HostView(t) : Tensor();
+    };
+    h.norm_weight = view(p.norm_weight);
+    h.norm_bias = view(p.norm_bias);
+    h.fc1_weight = view(p.fc1_weight);
+    h.fc1_bias = view(p.fc1_bias);
+    h.fc2_weight = view(p.fc2_weight);
+    h.fc2_bias = view(p.fc2_bias);
+    return h;
+  }
+  // A float32 host view (or widened copy) of a device activation.
+  Tensor Widened(const Tensor& t) const {
+    Tensor view = SimDeviceAccess::HostView(t);
+    if (t.dtype() == DType::kFloat32) return view;
+    Tensor wide = Tensor::Empty(DType::kFloat32, t.shape());
+    const uint16_t* s = view.data<uint16_t>();
+    float* d = wide.data<float>();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) d[i] = Bf16ToFloat(s[i]);
+    return wide;
+  }
+  // A float32 host result as a device activation (rounded for bf16).
+  absl::StatusOr<Tensor> ToDevice(const Tensor& host) const {
+    if (ctx_->activation_dtype() == DType::kFloat32) {
+      return SimDeviceAccess::Adopt(host, ctx_->device());
+    }
+    ASSIGN_OR_RETURN(Tensor out, ctx_->Empty(DType::kBFloat16, host.shape()));
+    uint16_t* d = SimDeviceAccess::HostView(out).data<uint16_t>();
+    const float* s = host.data<float>();
+    for (int64_t i = 0, n = host.numel(); i < n; ++i) d[i] = FloatToBf16(s[i]);
+    return out;
+  }
+
+  const ExecContext* ctx_;
+  MlpBlock block_;
+};
+
 // gpu::CudaMlpBlock on Tensors. x and d_out are kept in Saved because the
 // CUDA block reads them again in BackwardWeight without copying them.
 class CudaBlockKernel final : public BlockKernel {
@@ -58,7 +162,7 @@ class CudaBlockKernel final : public BlockKernel {
 
   absl::Status Forward(const MlpBlockParams& params, const Tensor& x, Tensor* y,
                        std::unique_ptr<BlockSaved>* saved) override {
-    RETURN_IF_ERROR(CheckActivation("x", x, config().in_features));
+    RETURN_IF_ERROR(CheckActivation(*ctx_, "x", x, config().in_features));
     const int64_t rows = x.dim(0);
     ASSIGN_OR_RETURN(*y, ctx_->Empty(ctx_->activation_dtype(),
                                      {rows, config().out_features}));
@@ -73,7 +177,8 @@ class CudaBlockKernel final : public BlockKernel {
   absl::Status BackwardInput(const MlpBlockParams& params, const Tensor& d_out,
                              BlockSaved* saved, Tensor* dx) override {
     Saved* s = static_cast<Saved*>(saved);
-    RETURN_IF_ERROR(CheckActivation("d_out", d_out, config().out_features));
+    RETURN_IF_ERROR(
+        CheckActivation(*ctx_, "d_out", d_out, config().out_features));
     if (d_out.dim(0) != s->x.dim(0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "d_out has ", d_out.dim(0), " rows, x had ", s->x.dim(0)));
@@ -129,18 +234,6 @@ class CudaBlockKernel final : public BlockKernel {
       c.fc2_weight_bf16 = p.fc2_weight_bf16.ptr();
     return c;
   }
-  absl::Status CheckActivation(const char* what, const Tensor& t,
-                               int64_t width) const {
-    if (t.ndim() != 2 || t.dim(1) != width ||
-        t.dtype() != ctx_->activation_dtype() || t.device() != ctx_->device()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " is ", DTypeName(t.dtype()), ShapeToString(t.shape()), " on ",
-          t.device().ToString(), ", the block takes ",
-          DTypeName(ctx_->activation_dtype()), "[rows, ", width, "] on ",
-          ctx_->device().ToString()));
-    }
-    return absl::OkStatus();
-  }
 
   const ExecContext* ctx_;
   std::unique_ptr<gpu::CudaMlpBlock> block_;
@@ -152,6 +245,9 @@ absl::StatusOr<std::unique_ptr<BlockKernel>> CreateBlockKernel(
     const MlpBlockConfig& config, const ExecContext* ctx) {
   if (ctx->device().is_cpu()) {
     return std::unique_ptr<BlockKernel>(new CpuBlockKernel(config));
+  }
+  if (ctx->device().is_sim()) {
+    return std::unique_ptr<BlockKernel>(new SimBlockKernel(ctx, config));
   }
   gpu::ComputeMode mode = gpu::ComputeMode::kFloat32;
   if (ctx->precision() == Precision::kTf32) mode = gpu::ComputeMode::kTf32;

@@ -6,6 +6,8 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "core/bfloat16.h"
+#include "core/sim_device.h"
 #include "core/status_macros.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
@@ -49,6 +51,20 @@ absl::StatusOr<Allocator*> CudaAllocatorFor(int index) {
   return a;
 }
 
+// dst[i] += src[i] for n floats on the host, split across the compute
+// threads when large (each element is still one add: the split changes no
+// bit).
+void AddFloats(int64_t n, const float* s, float* d) {
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int64_t tasks = std::min<int64_t>(chunks, ComputeThreads());
+  ParallelFor(static_cast<int>(tasks), [&](int t) {
+    const int64_t begin = n * t / tasks;
+    const int64_t end = n * (t + 1) / tasks;
+    for (int64_t i = begin; i < end; ++i) d[i] += s[i];
+  });
+}
+
 }  // namespace
 
 const char* PrecisionName(Precision precision) {
@@ -83,6 +99,15 @@ absl::StatusOr<std::unique_ptr<ExecContext>> ExecContext::Create(
     return std::unique_ptr<ExecContext>(
         new ExecContext(device, precision, HostAllocator()));
   }
+  if (device.is_sim()) {
+    if (precision == Precision::kTf32) {
+      return absl::InvalidArgumentError(
+          "precision tf32 needs a CUDA device; the simulated device computes "
+          "in fp32 (or bf16 activations)");
+    }
+    return std::unique_ptr<ExecContext>(
+        new ExecContext(device, precision, SimAllocator(device.index)));
+  }
   absl::Status usable = gpu::CheckDevice(device.index);
   if (!usable.ok()) {
     return absl::FailedPreconditionError(
@@ -99,7 +124,7 @@ std::string ExecContext::ToString() const {
 }
 
 absl::Status ExecContext::Activate() const {
-  if (device_.is_cpu()) return absl::OkStatus();
+  if (!device_.is_cuda()) return absl::OkStatus();
   return gpu::SetDevice(device_.index);
 }
 
@@ -110,8 +135,8 @@ absl::StatusOr<Tensor> ExecContext::Empty(DType dtype, Shape shape) const {
 absl::StatusOr<Tensor> ExecContext::Zeros(DType dtype, Shape shape) const {
   ASSIGN_OR_RETURN(Tensor t, Empty(dtype, std::move(shape)));
   if (t.nbytes() == 0) return t;
-  if (device_.is_cpu()) {
-    std::memset(t.raw_data(), 0, t.nbytes());
+  if (!device_.is_cuda()) {
+    std::memset(t.ptr(), 0, t.nbytes());
   } else {
     RETURN_IF_ERROR(gpu::MemsetAsync(t.ptr(), 0, t.nbytes(), stream()));
   }
@@ -128,8 +153,10 @@ absl::Status ExecContext::CopyInto(const Tensor& src, Tensor* dst) const {
   if (n == 0) return absl::OkStatus();
   const bool from_host = src.device().is_cpu();
   const bool to_host = dst->device().is_cpu();
-  if (from_host && to_host) {
-    std::memcpy(dst->raw_data(), src.raw_data(), n);
+  if (from_host != to_host) CountCopy(/*to_device=*/from_host, n);
+  // The simulated device's memory is host memory: every copy is a memcpy.
+  if (!src.device().is_cuda() && !dst->device().is_cuda()) {
+    std::memcpy(dst->ptr(), src.ptr(), n);
   } else if (from_host) {
     RETURN_IF_ERROR(gpu::CopyHostToDevice(dst->ptr(), src.ptr(), n, stream()));
   } else if (to_host) {
@@ -181,21 +208,9 @@ absl::Status ExecContext::AddInto(const Tensor& src, Tensor* dst) const {
   }
   const int64_t n = src.numel();
   if (n == 0) return absl::OkStatus();
-  if (device_.is_cpu()) {
-    const float* s = static_cast<const float*>(src.ptr());
-    float* d = static_cast<float*>(dst->ptr());
-    // Memory-bound: split large adds across the compute threads (each
-    // element is still one add, so the split changes no bit).
-    constexpr int64_t kChunk = int64_t{1} << 16;
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-    ParallelFor(static_cast<int>(std::min<int64_t>(chunks, ComputeThreads())),
-                [&](int t) {
-                  const int64_t tasks =
-                      std::min<int64_t>(chunks, ComputeThreads());
-                  const int64_t begin = n * t / tasks;
-                  const int64_t end = n * (t + 1) / tasks;
-                  for (int64_t i = begin; i < end; ++i) d[i] += s[i];
-                });
+  if (!device_.is_cuda()) {
+    AddFloats(n, static_cast<const float*>(src.ptr()),
+              static_cast<float*>(dst->ptr()));
     return absl::OkStatus();
   }
   return gpu::AddBiasResidual(DType::kFloat32, 1, n, /*bias=*/nullptr,
@@ -227,6 +242,19 @@ absl::Status ExecContext::CastInto(const Tensor& src, Tensor* dst) const {
     return absl::InvalidArgumentError(
         "bfloat16 tensors are not computed on the CPU (precision fp32)");
   }
+  if (device_.is_sim()) {
+    const int64_t n = src.numel();
+    if (narrow) {
+      const float* s = static_cast<const float*>(src.ptr());
+      uint16_t* d = static_cast<uint16_t*>(dst->ptr());
+      for (int64_t i = 0; i < n; ++i) d[i] = FloatToBf16(s[i]);
+    } else {
+      const uint16_t* s = static_cast<const uint16_t*>(src.ptr());
+      float* d = static_cast<float*>(dst->ptr());
+      for (int64_t i = 0; i < n; ++i) d[i] = Bf16ToFloat(s[i]);
+    }
+    return absl::OkStatus();
+  }
   if (narrow) {
     return gpu::CastFloatToBf16(src.numel(),
                                 static_cast<const float*>(src.ptr()),
@@ -238,7 +266,32 @@ absl::Status ExecContext::CastInto(const Tensor& src, Tensor* dst) const {
 
 absl::Status ExecContext::Synchronize() const {
   if (device_.is_cpu()) return absl::OkStatus();
+  syncs_.fetch_add(1, std::memory_order_relaxed);
+  if (device_.is_sim()) return absl::OkStatus();  // nothing is ever pending
   return gpu::StreamSynchronize(stream());
+}
+
+void ExecContext::CountCopy(bool to_device, size_t bytes) const {
+  const int64_t n = static_cast<int64_t>(bytes);
+  if (to_device) {
+    h2d_copies_.fetch_add(1, std::memory_order_relaxed);
+    h2d_bytes_.fetch_add(n, std::memory_order_relaxed);
+  } else {
+    d2h_copies_.fetch_add(1, std::memory_order_relaxed);
+    d2h_bytes_.fetch_add(n, std::memory_order_relaxed);
+  }
+  // Both directions wait for the device (synchronous copies on CUDA).
+  syncs_.fetch_add(1, std::memory_order_relaxed);
+}
+
+DeviceTraffic ExecContext::traffic() const {
+  DeviceTraffic t;
+  t.h2d_copies = h2d_copies_.load(std::memory_order_relaxed);
+  t.h2d_bytes = h2d_bytes_.load(std::memory_order_relaxed);
+  t.d2h_copies = d2h_copies_.load(std::memory_order_relaxed);
+  t.d2h_bytes = d2h_bytes_.load(std::memory_order_relaxed);
+  t.syncs = syncs_.load(std::memory_order_relaxed);
+  return t;
 }
 
 }  // namespace trainyard

@@ -1,7 +1,7 @@
 // ExecContext: where one pipeline stage computes — its device, the stream
 // its kernels are ordered on, the allocator its tensors come from, and the
 // precision of its activations and GEMMs. Blocks, the optimizer and the
-// loss head take one; the engine's code is the same for both devices.
+// loss head take one; the engine's code is the same for every device.
 //
 // CPU: host memory (64-byte aligned), no stream, fp32 only.
 // CUDA (cuda:N): device memory from the process-wide caching allocator of
@@ -11,10 +11,19 @@
 // ordered on one stream) and stages that share a GPU hand tensors to each
 // other without copies or events. Communication libraries keep their own
 // streams and order them against it with events (core/nccl_transport.h).
+// Simulated (sim:N, core/sim_device.h): memory the engine must treat as
+// device memory, computed on by the CPU's kernels as work is queued (so
+// nothing is ever pending); fp32, or bf16 activations that its kernels
+// widen to float32 and round back. It runs what a GPU step runs, with the
+// same copies and synchronisations, on a machine without a GPU.
+//
+// Traffic: on a device context (CUDA or simulated) every host<->device copy
+// made through the context and every synchronisation is counted
+// (traffic()), which is how tests hold a step to its copy budget.
 //
 // Precision (JobSpec.precision): fp32 (float32 activations and GEMMs),
 // tf32 (float32 tensors, TF32 tensor-core GEMMs; CUDA only), bf16 (bfloat16
-// activations and GEMM inputs with float32 accumulation; CUDA only).
+// activations and GEMM inputs with float32 accumulation; CUDA, or simulated).
 // Parameters, gradients and optimizer state are float32 on every device.
 //
 // Thread safety: const methods may be called from any thread; copies are
@@ -22,6 +31,8 @@
 #ifndef TRAINYARD_KERNELS_EXEC_CONTEXT_H_
 #define TRAINYARD_KERNELS_EXEC_CONTEXT_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -42,11 +53,27 @@ enum class Precision { kFp32, kTf32, kBf16 };
 const char* PrecisionName(Precision precision);
 absl::StatusOr<Precision> PrecisionFromName(absl::string_view name);
 
+// Host<->device copies and synchronisations of a device context since it
+// was created (all zero on the CPU). Subtract two readings for a span.
+struct DeviceTraffic {
+  int64_t h2d_copies = 0;
+  int64_t h2d_bytes = 0;
+  int64_t d2h_copies = 0;
+  int64_t d2h_bytes = 0;
+  int64_t syncs = 0;  // waits of the host for the device
+
+  DeviceTraffic operator-(const DeviceTraffic& o) const {
+    return {h2d_copies - o.h2d_copies, h2d_bytes - o.h2d_bytes,
+            d2h_copies - o.d2h_copies, d2h_bytes - o.d2h_bytes,
+            syncs - o.syncs};
+  }
+};
+
 class ExecContext {
  public:
   // Errors: FailedPrecondition when `device` is a GPU that does not exist
   // or this build has no CUDA (the reason says which); InvalidArgument for
-  // tf32/bf16 on the CPU.
+  // tf32/bf16 on the CPU and tf32 on the simulated device.
   static absl::StatusOr<std::unique_ptr<ExecContext>> Create(
       Device device, Precision precision);
 
@@ -86,8 +113,10 @@ class ExecContext {
   // this context's device): each element is one float add, so the result
   // is the same bits on the CPU and on any GPU.
   absl::Status AddInto(const Tensor& src, Tensor* dst) const;
-  // Waits for the work queued on the stream.
+  // Waits for the work queued on the stream (counted in traffic()).
   absl::Status Synchronize() const;
+  // What this context has copied and waited for so far.
+  DeviceTraffic traffic() const;
   // Makes this context's GPU current for the calling thread (CUDA calls
   // act on the thread's current device); a no-op on the CPU. Call it first
   // on every thread that uses the context.
@@ -96,9 +125,14 @@ class ExecContext {
  private:
   ExecContext(Device d, Precision p, Allocator* a)
       : device_(d), precision_(p), allocator_(a) {}
+  // Counts a copy of `bytes` between the host and this context's device.
+  void CountCopy(bool to_device, size_t bytes) const;
+
   Device device_;
   Precision precision_;
   Allocator* allocator_;
+  mutable std::atomic<int64_t> h2d_copies_{0}, h2d_bytes_{0}, d2h_copies_{0},
+      d2h_bytes_{0}, syncs_{0};
 };
 
 }  // namespace trainyard

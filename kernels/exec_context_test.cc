@@ -61,6 +61,51 @@ TEST(ExecContextTest, CpuAddIntoAddsElementwise) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ExecContextSimTest, CopiesAndSynchronisationsAreCounted) {
+  auto ctx = ExecContext::Create(Device::Sim(0), Precision::kFp32);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  EXPECT_EQ((*ctx)->ToString(), "sim:0 fp32");
+  const DeviceTraffic start = (*ctx)->traffic();
+  Tensor host = Tensor::FromVector({1, 2, 3, 4}, {4});
+  Tensor dev = *(*ctx)->ToDevice(host);
+  EXPECT_EQ(dev.device(), Device::Sim(0));
+  EXPECT_NE(dev.ptr(), host.ptr());
+  Tensor dev2 = *(*ctx)->Zeros(DType::kFloat32, {4});
+  ASSERT_TRUE((*ctx)->CopyInto(dev, &dev2).ok());  // device to device
+  ASSERT_TRUE((*ctx)->AddInto(dev, &dev2).ok());
+  Tensor back = *(*ctx)->ToHost(dev2);
+  EXPECT_EQ(back.data<float>()[3], 8.0f);
+  ASSERT_TRUE((*ctx)->Synchronize().ok());
+  const DeviceTraffic t = (*ctx)->traffic() - start;
+  EXPECT_EQ(t.h2d_copies, 1);
+  EXPECT_EQ(t.h2d_bytes, 16);
+  EXPECT_EQ(t.d2h_copies, 1);
+  EXPECT_EQ(t.d2h_bytes, 16);
+  EXPECT_EQ(t.syncs, 3);  // each copy waits, and the explicit one
+}
+
+TEST(ExecContextSimTest, Bf16CastsRoundToNearestEven) {
+  auto ctx = ExecContext::Create(Device::Sim(1), Precision::kBf16);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  EXPECT_EQ((*ctx)->activation_dtype(), DType::kBFloat16);
+  Tensor host = Tensor::FromVector({1.0f, 1.0f + 1.0f / 256, 1.0f / 3}, {3});
+  Tensor dev = *(*ctx)->ToDevice(host);
+  Tensor low = *(*ctx)->Cast(dev, DType::kBFloat16);
+  Tensor wide = *(*ctx)->Cast(low, DType::kFloat32);
+  Tensor back = *(*ctx)->ToHost(wide);
+  EXPECT_EQ(back.data<float>()[0], 1.0f);
+  EXPECT_EQ(back.data<float>()[1], 1.0f);  // a tie rounds to even
+  EXPECT_EQ(back.data<float>()[2], 0.333984375f);
+}
+
+TEST(ExecContextSimTest, Tf32IsRefused) {
+  auto ctx = ExecContext::Create(Device::Sim(0), Precision::kTf32);
+  ASSERT_FALSE(ctx.ok());
+  EXPECT_NE(ctx.status().message().find("tf32 needs a CUDA device"),
+            std::string::npos)
+      << ctx.status();
+}
+
 TEST(ExecContextTest, MissingGpuIsAClearError) {
   auto ctx = ExecContext::Create(Device::Cuda(1000), Precision::kFp32);
   ASSERT_FALSE(ctx.ok());

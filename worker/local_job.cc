@@ -85,8 +85,6 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   }
   ASSIGN_OR_RETURN(const Precision precision,
                    PrecisionFromName(plan.spec.precision()));
-  ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec,
-                   ExecContext::Create(options.device, precision));
   // R replicas of the S-stage pipeline (parallelism.replicas): each its own
   // in-process transport; the copies of stage s sum their gradients through
   // a replica group (Gloo over loopback, rendezvous in this process).
@@ -125,12 +123,17 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   StageOptions stage_options;
   stage_options.plugin_dir = options.plugin_dir;
   stage_options.timeout = options.timeout;
-  stage_options.exec = exec.get();
-  // stages[r * S + s]
+  // stages[r * S + s], each with its own context on the one device (so that
+  // each counts its own copies; they share the device's stream and memory).
+  std::vector<std::unique_ptr<ExecContext>> contexts;  // outlive the stages
   std::vector<std::unique_ptr<Stage>> stages;
   int64_t resume_step = 0;
   for (int r = 0; r < R; ++r) {
     for (int s = 0; s < S; ++s) {
+      ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec,
+                       ExecContext::Create(options.device, precision));
+      stage_options.exec = exec.get();
+      contexts.push_back(std::move(exec));
       stage_options.replica = r;
       stage_options.replica_group = groups[r][s].get();
       ASSIGN_OR_RETURN(StartedStage started,

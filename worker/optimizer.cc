@@ -138,8 +138,10 @@ void StageOptimizer::Step(float* params, const float* grads, double lr,
     const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(step_count_));
     const float neg_step_size = static_cast<float>(-(lr / bc1));
     const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    float* m = state1_.data<float>();
-    float* v = state2_.data<float>();
+    // ptr(): the state is host memory here, or the simulated device's
+    // (whose kernels this code also is).
+    float* m = static_cast<float*>(state1_.ptr());
+    float* v = static_cast<float*>(state2_.ptr());
     ParallelFor(static_cast<int>(chunks_.size()), [&](int c) {
       const Chunk& ch = chunks_[c];
       const double wd =
@@ -153,7 +155,7 @@ void StageOptimizer::Step(float* params, const float* grads, double lr,
     });
     return;
   }
-  float* buf = state1_.defined() ? state1_.data<float>() : nullptr;
+  float* buf = state1_.defined() ? static_cast<float*>(state1_.ptr()) : nullptr;
   ParallelFor(static_cast<int>(chunks_.size()), [&](int c) {
     const Chunk& ch = chunks_[c];
     const double wd = segments_[ch.segment].decay ? spec_.weight_decay() : 0.0;
@@ -207,6 +209,11 @@ absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
   const std::vector<ParamSegment>& segs = segments_;
   float* p = static_cast<float*>(params->ptr());
   const float* g = static_cast<const float*>(grads.ptr());
+  if (ctx_->device().is_sim()) {
+    // The simulated device's kernel is the CPU update itself.
+    Step(p, g, lr, grad_scale);
+    return absl::OkStatus();
+  }
   if (adamw_) {
     gpu::AdamWStep hp;
     hp.lr = lr;
@@ -242,15 +249,22 @@ absl::StatusOr<std::vector<double>> StageOptimizer::GradSumsOfSquares(
   RETURN_IF_ERROR(CheckFlat("grads", grads));
   if (ctx_ == nullptr) return GradSumsOfSquares(grads.data<float>());
   const int n = static_cast<int>(segments_.size());
-  ASSIGN_OR_RETURN(
-      Tensor workspace,
-      ctx_->Empty(
-          DType::kUInt8,
-          {static_cast<int64_t>(gpu::GradSumsOfSquaresWorkspaceBytes(n))}));
   ASSIGN_OR_RETURN(Tensor sums, ctx_->Empty(DType::kFloat64, {n}));
-  RETURN_IF_ERROR(gpu::GradSumsOfSquares(
-      segments_, static_cast<const float*>(grads.ptr()), workspace.ptr(),
-      static_cast<double*>(sums.ptr()), ctx_->stream()));
+  if (ctx_->device().is_sim()) {
+    // The simulated device's kernel is the CPU reduction (same bits).
+    const std::vector<double> out =
+        GradSumsOfSquares(static_cast<const float*>(grads.ptr()));
+    std::copy(out.begin(), out.end(), static_cast<double*>(sums.ptr()));
+  } else {
+    ASSIGN_OR_RETURN(
+        Tensor workspace,
+        ctx_->Empty(
+            DType::kUInt8,
+            {static_cast<int64_t>(gpu::GradSumsOfSquaresWorkspaceBytes(n))}));
+    RETURN_IF_ERROR(gpu::GradSumsOfSquares(
+        segments_, static_cast<const float*>(grads.ptr()), workspace.ptr(),
+        static_cast<double*>(sums.ptr()), ctx_->stream()));
+  }
   ASSIGN_OR_RETURN(Tensor host, ctx_->ToHost(sums));
   return std::vector<double>(host.data<double>(), host.data<double>() + n);
 }

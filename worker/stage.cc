@@ -624,6 +624,7 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
 }
 
 absl::StatusOr<StepReport> Stage::RunStep() {
+  const DeviceTraffic traffic_before = ctx_->traffic();
   const Clock::time_point origin = Clock::now();
   step_origin_ = origin;
   const int64_t step = completed_steps_;  // 0-based
@@ -677,6 +678,7 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   microbatches_.clear();
   ++completed_steps_;
   report.trace.step_us = Micros(Clock::now() - origin);
+  report.traffic = ctx_->traffic() - traffic_before;
   return report;
 }
 

@@ -160,6 +160,9 @@ struct StepReport {
   // (set_checkpoint_file_written), summed by the step's all-reduce.
   int checkpoint_files_written = 0;
   StepTrace trace;
+  // The stage's host<->device copies and synchronisations during the step
+  // (zero on the CPU; see ExecContext::traffic).
+  DeviceTraffic traffic;
 };
 
 struct EvalReport {

@@ -102,6 +102,13 @@ RunResult RunJob(const trainyard::v1::JobSpec& spec_in, int64_t stop_after,
   options.on_eval = [&](int64_t step, const EvalReport& r) {
     result.eval_loss.push_back({step, r.loss});
   };
+  result.traffic.resize(plan->num_stages());
+  options.on_stage_step = [&](int replica, int stage, const StepReport& r,
+                              double) {
+    if (replica != 0) return;
+    absl::MutexLock lock(&mu);
+    result.traffic[stage].push_back(r.traffic);
+  };
   options.on_final_params = [&](int, const auto& params) {
     absl::MutexLock lock(&mu);
     for (const auto& [name, t] : params) {

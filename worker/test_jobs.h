@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "core/device.h"
+#include "kernels/exec_context.h"
 #include "proto/job_spec.pb.h"
 #include "worker/test_paths.h"
 
@@ -23,6 +24,9 @@ struct RunResult {
   std::vector<std::pair<int64_t, double>> eval_loss;
   // Final parameters (host copies) by name.
   std::map<std::string, std::vector<float>> params;
+  // [stage][step]: each stage's host<->device traffic in each step
+  // (replica 0's stages).
+  std::vector<std::vector<DeviceTraffic>> traffic;
 };
 
 // 4 blocks mixing every activation and norm, so stage splits cut through

@@ -36,7 +36,8 @@ ABSL_FLAG(int, stage_timeout_s, 120,
           "Longest wait for a neighbour stage or the all-reduce before the "
           "stage fails.");
 ABSL_FLAG(std::string, device, "cpu",
-          "\"cpu\" (\"cuda:N\" needs a build with the GPU path).");
+          "\"cpu\", \"cuda:N\" (needs a build with the GPU path) or "
+          "\"sim:N\" (the simulated device, for testing).");
 ABSL_FLAG(std::string, plugin_dir, "",
           "Folder holding lib<plugin>.so task plugins (default: the "
           "task_plugins folder next to this binary's folder).");

@@ -58,9 +58,10 @@ ABSL_FLAG(std::string, plugin_dir, "",
           "task_plugins folder next to this binary's folder).");
 ABSL_FLAG(int, threads, 0, "BLAS threads (0 = one per core).");
 ABSL_FLAG(std::string, device, "",
-          "train: where every stage runs, \"cpu\" or \"cuda:N\" (default: "
-          "the spec's device; cuda means cuda:0). up: every worker's device "
-          "(default cpu). Overrides the --spec / --run spec's device kind.");
+          "train: where every stage runs, \"cpu\", \"cuda:N\" or \"sim:N\" "
+          "(the simulated device) (default: the spec's device; cuda means "
+          "cuda:0). up: every worker's device (default cpu). Overrides the "
+          "--spec / --run spec's device kind.");
 ABSL_FLAG(std::string, precision, "",
           "train: fp32, tf32 or bf16 (default: the spec's precision).");
 ABSL_FLAG(int, stages, 0,
@@ -227,6 +228,8 @@ int Train() {
     spec->set_device(device.KindName());
   } else if (spec->device() == "cuda") {
     device = Device::Cuda(0);
+  } else if (spec->device() == "sim") {
+    device = Device::Sim(0);
   }
   if (!absl::GetFlag(FLAGS_precision).empty()) {
     spec->set_precision(absl::GetFlag(FLAGS_precision));
@@ -936,6 +939,8 @@ int Up() {
       run_spec->set_device(ParseDevice(opts.device)->KindName());
     } else if (run_spec->device() == "cuda") {
       opts.device = "cuda:0";  // a cuda job needs cuda workers
+    } else if (run_spec->device() == "sim") {
+      opts.device = "sim:0";
     }
   }
   opts.insecure = absl::GetFlag(FLAGS_insecure);

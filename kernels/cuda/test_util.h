@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bfloat16.h"
 #include "core/random.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/device.h"
@@ -35,8 +36,8 @@ namespace gpu {
 namespace testing {
 
 // bfloat16 bits <-> float (round to nearest even), as cuda_bf16.h does.
-uint16_t FloatToBf16(float f);
-float Bf16ToFloat(uint16_t b);
+using ::trainyard::Bf16ToFloat;
+using ::trainyard::FloatToBf16;
 // Values rounded through bfloat16.
 std::vector<float> RoundToBf16(const std::vector<float>& v);
 
