@@ -10,20 +10,30 @@
 // so the engine's weighted combination gives the full-batch loss.
 // Metrics per step (update_metrics): "loss" and "accuracy" over non-ignored
 // samples (argmax, first maximum on ties), when there were any.
+//
+// The loss is kernels/losses.h's CrossEntropy on the host (ABI v1) and the
+// simulated device, kernels/cuda/loss_kernels.h's on a GPU (ABI v2). On
+// device stages the inputs pass through: the state is the batch's
+// "targets" (int32/int64 [B]); a label out of range fails the step in
+// finish_loss with the message compute_loss gives.
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/loss_kernels.h"
+#include "kernels/losses.h"
 #include "task_plugins/plugin_sdk.h"
 
 namespace trainyard {
 namespace plugin {
 namespace {
 
-class CrossEntropyTask : public PluginTask {
+class CrossEntropyTask : public DevicePluginTask {
  public:
+  static constexpr uint32_t kNumSlots = losses::kCrossEntropySlots;
+  static constexpr uint32_t kV2Flags = TRAINYARD_V2_PASSTHROUGH_INPUTS;
   static std::set<std::string> ConfigKeys() {
     return {"ignore_index", "label_smoothing"};
   }
@@ -80,46 +90,55 @@ class CrossEntropyTask : public PluginTask {
     }
     const int64_t b = out.shape[0];
     const int64_t c = out.shape[1];
-    const float* x = static_cast<const float*>(out.data);
-    float* g =
-        args.is_eval ? nullptr : static_cast<float*>(args.grad_output->data);
-    // Validate every label before touching anything.
-    absl::StatusOr<int64_t> valid =
-        CountValidLabels(labels, b, c, ignore_index_, args);
-    if (!valid.ok()) return valid.status();
-    const int64_t n = *valid;
-    result->loss = 0;
-    result->loss_weight = static_cast<double>(n);
-    if (n == 0) return absl::OkStatus();
-    std::vector<double> logp(c);
-    double sum = 0;
-    int64_t correct = 0;
-    for (int64_t i = 0; i < b; ++i) {
-      const int64_t y = LabelAt(labels, i);
-      if (y == ignore_index_) continue;
-      const float* row = x + i * c;
-      LogSoftmaxRow(row, c, 1.0, logp.data());
-      double smooth = 0;
-      for (int64_t k = 0; k < c; ++k) smooth -= logp[k];
-      sum += (1 - eps_) * -logp[y] + eps_ * smooth / c;
-      int64_t argmax = 0;
-      for (int64_t k = 1; k < c; ++k) {
-        if (row[k] > row[argmax]) argmax = k;
-      }
-      if (argmax == y) ++correct;
-      if (g != nullptr) {
-        float* grow = g + i * c;
-        for (int64_t k = 0; k < c; ++k) {
-          const double target = (k == y ? 1 - eps_ : 0.0) + eps_ / c;
-          grow[k] = static_cast<float>((std::exp(logp[k]) - target) / n);
-        }
-      }
+    double slots[kNumSlots];
+    losses::CrossEntropy(
+        {DType::kFloat32, b, c, out.data,
+         args.is_eval ? nullptr : args.grad_output->data, false},
+        {labels.dtype == TRAINYARD_INT32 ? DType::kInt32 : DType::kInt64,
+         labels.data, ignore_index_},
+        eps_, slots);
+    if (slots[2] != 0) {
+      return BadLabel(slots, args.microbatch, args.num_microbatches, c);
     }
-    result->loss = sum / n;
-    Accum& a = accum_[args.is_eval ? 1 : 0];
-    a.loss_sum += sum;
-    a.correct += correct;
-    a.count += n;
+    result->loss = slots[0] > 0 ? slots[4] / slots[0] : 0.0;
+    result->loss_weight = slots[0];
+    Accumulate(args.is_eval, slots);
+    return absl::OkStatus();
+  }
+
+  size_t DeviceWorkspaceBytes(int64_t rows, int64_t cols) override {
+    return gpu::ClassifierWorkspaceBytes(rows, cols);
+  }
+
+  absl::Status ComputeLossDevice(const TrainyardDeviceLossArgs& a) override {
+    absl::StatusOr<DeviceOutput> out = CheckDeviceOutput(a);
+    if (!out.ok()) return out.status();
+    absl::StatusOr<const TrainyardTensor*> targets =
+        FindTensor(a.state, a.num_state, "targets");
+    if (!targets.ok()) return targets.status();
+    absl::StatusOr<DType> label_dtype = LabelDType(**targets, out->rows);
+    if (!label_dtype.ok()) return label_dtype.status();
+    classes_ = out->cols;
+    const void* labels = (*targets)->data;
+    if (a.device_kind == TRAINYARD_DEVICE_SIM) {
+      losses::CrossEntropy(
+          {out->dtype, out->rows, out->cols, out->data, out->grad, true},
+          {*label_dtype, labels, ignore_index_}, eps_, a.slots);
+      return absl::OkStatus();
+    }
+    return gpu::CrossEntropyLoss(
+        {out->dtype, out->rows, out->cols, out->data, out->grad}, *label_dtype,
+        labels, ignore_index_, eps_, a.workspace, a.slots,
+        static_cast<gpu::Stream>(a.stream));
+  }
+
+  absl::Status FinishLoss(const double* slots, int32_t microbatch,
+                          int32_t num_microbatches, bool is_eval,
+                          TrainyardSink*) override {
+    if (slots[2] != 0) {
+      return BadLabel(slots, microbatch, num_microbatches, classes_);
+    }
+    Accumulate(is_eval, slots);
     return absl::OkStatus();
   }
 
@@ -143,14 +162,27 @@ class CrossEntropyTask : public PluginTask {
     int64_t correct = 0;
     int64_t count = 0;
   };
+  void Accumulate(bool is_eval, const double* slots) {
+    Accum& a = accum_[is_eval ? 1 : 0];
+    a.loss_sum += slots[4];
+    a.correct += static_cast<int64_t>(slots[5]);
+    a.count += static_cast<int64_t>(slots[0]);
+  }
+  absl::Status BadLabel(const double* slots, int32_t microbatch,
+                        int32_t num_microbatches, int64_t classes) const {
+    return absl::InvalidArgumentError(BadLabelMessage(
+        microbatch, num_microbatches, static_cast<int64_t>(slots[2]) - 1,
+        static_cast<int64_t>(slots[3]), classes, ignore_index_));
+  }
   const int64_t ignore_index_;
   const double eps_;
-  Accum accum_[2];  // [train, eval]
+  int64_t classes_ = 0;  // of the last device microbatch, for its message
+  Accum accum_[2];       // [train, eval]
 };
 
 }  // namespace
 }  // namespace plugin
 }  // namespace trainyard
 
-TRAINYARD_EXPORT_TASK_PLUGIN(trainyard::plugin::CrossEntropyTask,
-                             "cross_entropy")
+TRAINYARD_EXPORT_DEVICE_TASK_PLUGIN(trainyard::plugin::CrossEntropyTask,
+                                    "cross_entropy")

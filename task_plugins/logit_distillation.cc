@@ -25,6 +25,11 @@
 // The teacher runs in build_forward_inputs (first stage), which passes
 // "teacher_logits" float32 [B, C] and "labels" int64 [B] as state, so the
 // last stage needs no features. Metrics per step: loss, kl, ce, accuracy.
+//
+// The loss is kernels/losses.h's Distillation on the host (ABI v1) and the
+// simulated device, kernels/cuda/loss_kernels.h's on a GPU (ABI v2). The
+// teacher stays on the host on every device: build_forward_inputs runs
+// there and the engine moves its state to the device.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -34,6 +39,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/safetensors.h"
 #include "core/tensor.h"
+#include "kernels/cuda/loss_kernels.h"
+#include "kernels/losses.h"
 #include "kernels/mlp_block.h"
 #include "task_plugins/plugin_sdk.h"
 
@@ -168,8 +175,10 @@ absl::StatusOr<Options> ParseOptions(const nlohmann::json& config) {
   return o;
 }
 
-class LogitDistillationTask : public PluginTask {
+class LogitDistillationTask : public DevicePluginTask {
  public:
+  static constexpr uint32_t kNumSlots = losses::kDistillationSlots;
+  static constexpr uint32_t kV2Flags = 0;
   static std::set<std::string> ConfigKeys() {
     return {"teacher",  "base_dir",    "teacher_blocks", "activation",  "norm",
             "residual", "temperature", "alpha",          "ignore_index"};
@@ -275,58 +284,67 @@ class LogitDistillationTask : public PluginTask {
           "microbatch ", args.microbatch, ": \"labels\" must be int [", b,
           "], got ", DTypeString(labels.dtype), " ", ShapeString(labels)));
     }
-    absl::StatusOr<int64_t> valid =
-        CountValidLabels(labels, b, c, ignore_index_, args);
-    if (!valid.ok()) return valid.status();
-    const int64_t n = *valid;
-    result->loss = 0;
-    result->loss_weight = static_cast<double>(n);
-    if (n == 0) return absl::OkStatus();
-
-    const double t = temperature_;
-    const float* s = static_cast<const float*>(out.data);
-    const float* z = static_cast<const float*>(teacher.data);
-    float* g =
-        args.is_eval ? nullptr : static_cast<float*>(args.grad_output->data);
-    std::vector<double> log_q(c), log_p(c), log_s(c);
-    double kl_sum = 0, ce_sum = 0;
-    int64_t correct = 0;
-    for (int64_t i = 0; i < b; ++i) {
-      const int64_t y = LabelAt(labels, i);
-      if (y == ignore_index_) continue;
-      LogSoftmaxRow(s + i * c, c, 1.0 / t, log_q.data());
-      LogSoftmaxRow(z + i * c, c, 1.0 / t, log_p.data());
-      LogSoftmaxRow(s + i * c, c, 1.0, log_s.data());
-      double kl = 0;
-      for (int64_t k = 0; k < c; ++k) {
-        const double p = std::exp(log_p[k]);
-        if (p > 0) kl += p * (log_p[k] - log_q[k]);  // xlogy: 0 log 0 = 0
-      }
-      kl_sum += kl;
-      ce_sum += -log_s[y];
-      int64_t argmax = 0;
-      for (int64_t k = 1; k < c; ++k) {
-        if (s[i * c + k] > s[i * c + argmax]) argmax = k;
-      }
-      correct += (argmax == y);
-      if (g != nullptr) {
-        // d/ds [alpha T^2 KL] = alpha T (q - p); d/ds CE = softmax(s) - 1_y.
-        for (int64_t k = 0; k < c; ++k) {
-          const double dkl =
-              alpha_ * t * (std::exp(log_q[k]) - std::exp(log_p[k]));
-          const double dce = (1 - alpha_) * (std::exp(log_s[k]) - (k == y));
-          g[i * c + k] = static_cast<float>((dkl + dce) / n);
-        }
-      }
+    double slots[kNumSlots];
+    losses::Distillation(
+        {DType::kFloat32, b, c, out.data,
+         args.is_eval ? nullptr : args.grad_output->data, false},
+        static_cast<const float*>(teacher.data),
+        {labels.dtype == TRAINYARD_INT32 ? DType::kInt32 : DType::kInt64,
+         labels.data, ignore_index_},
+        temperature_, alpha_, slots);
+    if (slots[2] != 0) {
+      return BadLabel(slots, args.microbatch, args.num_microbatches, c);
     }
-    const double loss = alpha_ * t * t * kl_sum / n + (1 - alpha_) * ce_sum / n;
-    result->loss = loss;
-    Accum& a = accum_[args.is_eval ? 1 : 0];
-    a.loss_sum += loss * n;
-    a.kl_sum += kl_sum;
-    a.ce_sum += ce_sum;
-    a.correct += correct;
-    a.count += n;
+    result->loss = MeanLoss(slots);
+    result->loss_weight = slots[0];
+    Accumulate(args.is_eval, slots);
+    return absl::OkStatus();
+  }
+
+  size_t DeviceWorkspaceBytes(int64_t rows, int64_t cols) override {
+    return gpu::ClassifierWorkspaceBytes(rows, cols);
+  }
+
+  absl::Status ComputeLossDevice(const TrainyardDeviceLossArgs& a) override {
+    absl::StatusOr<DeviceOutput> out = CheckDeviceOutput(a);
+    if (!out.ok()) return out.status();
+    absl::StatusOr<const TrainyardTensor*> tl =
+        FindTensor(a.state, a.num_state, "teacher_logits");
+    if (!tl.ok()) return tl.status();
+    absl::StatusOr<const TrainyardTensor*> lb =
+        FindTensor(a.state, a.num_state, "labels");
+    if (!lb.ok()) return lb.status();
+    const TrainyardTensor& teacher = **tl;
+    if (teacher.dtype != TRAINYARD_FLOAT32 || teacher.ndim != 2 ||
+        teacher.shape[0] != out->rows || teacher.shape[1] != out->cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "teacher ", teacher_path_, ": teacher_logits ", ShapeString(teacher),
+          " do not match the student output ", ShapeString(*a.output)));
+    }
+    absl::StatusOr<DType> label_dtype = LabelDType(**lb, out->rows);
+    if (!label_dtype.ok()) return label_dtype.status();
+    classes_ = out->cols;
+    const float* z = static_cast<const float*>(teacher.data);
+    if (a.device_kind == TRAINYARD_DEVICE_SIM) {
+      losses::Distillation(
+          {out->dtype, out->rows, out->cols, out->data, out->grad, true}, z,
+          {*label_dtype, (*lb)->data, ignore_index_}, temperature_, alpha_,
+          a.slots);
+      return absl::OkStatus();
+    }
+    return gpu::DistillationLoss(
+        {out->dtype, out->rows, out->cols, out->data, out->grad}, z,
+        *label_dtype, (*lb)->data, ignore_index_, temperature_, alpha_,
+        a.workspace, a.slots, static_cast<gpu::Stream>(a.stream));
+  }
+
+  absl::Status FinishLoss(const double* slots, int32_t microbatch,
+                          int32_t num_microbatches, bool is_eval,
+                          TrainyardSink*) override {
+    if (slots[2] != 0) {
+      return BadLabel(slots, microbatch, num_microbatches, classes_);
+    }
+    Accumulate(is_eval, slots);
     return absl::OkStatus();
   }
 
@@ -469,6 +487,29 @@ class LogitDistillationTask : public PluginTask {
     double loss_sum = 0, kl_sum = 0, ce_sum = 0;
     int64_t correct = 0, count = 0;
   };
+  // The microbatch's mean loss from its slots (0 when every row is ignored).
+  double MeanLoss(const double* slots) const {
+    const double n = slots[0];
+    if (n == 0) return 0;
+    const double t = temperature_;
+    return alpha_ * t * t * slots[4] / n + (1 - alpha_) * slots[5] / n;
+  }
+  void Accumulate(bool is_eval, const double* slots) {
+    if (slots[0] == 0) return;
+    Accum& a = accum_[is_eval ? 1 : 0];
+    a.loss_sum += slots[1];
+    a.kl_sum += slots[4];
+    a.ce_sum += slots[5];
+    a.correct += static_cast<int64_t>(slots[6]);
+    a.count += static_cast<int64_t>(slots[0]);
+  }
+  absl::Status BadLabel(const double* slots, int32_t microbatch,
+                        int32_t num_microbatches, int64_t classes) const {
+    return absl::InvalidArgumentError(BadLabelMessage(
+        microbatch, num_microbatches, static_cast<int64_t>(slots[2]) - 1,
+        static_cast<int64_t>(slots[3]), classes, ignore_index_));
+  }
+  int64_t classes_ = 0;  // of the last device microbatch, for its message
   double temperature_ = 2.0;
   double alpha_ = 0.5;
   int64_t ignore_index_ = -100;
@@ -481,5 +522,5 @@ class LogitDistillationTask : public PluginTask {
 }  // namespace plugin
 }  // namespace trainyard
 
-TRAINYARD_EXPORT_TASK_PLUGIN(trainyard::plugin::LogitDistillationTask,
-                             "logit_distillation")
+TRAINYARD_EXPORT_DEVICE_TASK_PLUGIN(trainyard::plugin::LogitDistillationTask,
+                                    "logit_distillation")

@@ -5,19 +5,27 @@
 // State passed to compute_loss: "targets" float32 [B, K].
 // loss_weight = rows in the microbatch, so the engine's weighted combination
 // of microbatch means is the full-batch mean. Metrics per step: "loss".
+//
+// The loss is kernels/losses.h's Mse on the host (ABI v1) and the simulated
+// device, kernels/cuda/loss_kernels.h's on a GPU (ABI v2). On device stages
+// the inputs pass through: the state is the batch's "targets".
 #include <cmath>
 #include <cstring>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/loss_kernels.h"
+#include "kernels/losses.h"
 #include "task_plugins/plugin_sdk.h"
 
 namespace trainyard {
 namespace plugin {
 namespace {
 
-class MseTask : public PluginTask {
+class MseTask : public DevicePluginTask {
  public:
+  static constexpr uint32_t kNumSlots = losses::kMseSlots;
+  static constexpr uint32_t kV2Flags = TRAINYARD_V2_PASSTHROUGH_INPUTS;
   static std::set<std::string> ConfigKeys() { return {"reduction"}; }
 
   // Touches nothing: the same call serves validate_config.
@@ -78,21 +86,49 @@ class MseTask : public PluginTask {
       result->loss_weight = 0;
       return absl::OkStatus();
     }
-    const float* o = static_cast<const float*>(out.data);
-    const float* y = static_cast<const float*>(t.data);
-    float* g =
-        args.is_eval ? nullptr : static_cast<float*>(args.grad_output->data);
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const double d = static_cast<double>(o[i]) - y[i];
-      sum += d * d;
-      if (g != nullptr) g[i] = static_cast<float>(2.0 * d / n);
+    double slots[kNumSlots];
+    losses::Mse({DType::kFloat32, rows, n / rows, out.data,
+                 args.is_eval ? nullptr : args.grad_output->data, false},
+                static_cast<const float*>(t.data), slots);
+    result->loss = slots[4] / slots[5];
+    result->loss_weight = slots[0];
+    Accumulate(args.is_eval, slots);
+    return absl::OkStatus();
+  }
+
+  size_t DeviceWorkspaceBytes(int64_t rows, int64_t cols) override {
+    return gpu::MseWorkspaceBytes(rows, cols);
+  }
+
+  absl::Status ComputeLossDevice(const TrainyardDeviceLossArgs& a) override {
+    absl::StatusOr<DeviceOutput> out = CheckDeviceOutput(a);
+    if (!out.ok()) return out.status();
+    absl::StatusOr<const TrainyardTensor*> targets =
+        FindTensor(a.state, a.num_state, "targets");
+    if (!targets.ok()) return targets.status();
+    const TrainyardTensor& t = **targets;
+    if (t.dtype != TRAINYARD_FLOAT32 || t.ndim != 2 ||
+        t.shape[0] != out->rows || t.shape[1] != out->cols) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "microbatch ", a.microbatch, ": targets ", DTypeString(t.dtype), " ",
+          ShapeString(t), " do not match the model output ",
+          ShapeString(*a.output)));
     }
-    result->loss = sum / n;
-    result->loss_weight = static_cast<double>(rows);
-    Accum& a = accum_[args.is_eval ? 1 : 0];
-    a.sum_sq += sum;
-    a.count += n;
+    const float* target = static_cast<const float*>(t.data);
+    if (a.device_kind == TRAINYARD_DEVICE_SIM) {
+      losses::Mse(
+          {out->dtype, out->rows, out->cols, out->data, out->grad, true},
+          target, a.slots);
+      return absl::OkStatus();
+    }
+    return gpu::MseLoss(
+        {out->dtype, out->rows, out->cols, out->data, out->grad}, target,
+        a.workspace, a.slots, static_cast<gpu::Stream>(a.stream));
+  }
+
+  absl::Status FinishLoss(const double* slots, int32_t, int32_t, bool is_eval,
+                          TrainyardSink*) override {
+    Accumulate(is_eval, slots);
     return absl::OkStatus();
   }
 
@@ -108,6 +144,11 @@ class MseTask : public PluginTask {
     double sum_sq = 0;
     int64_t count = 0;
   };
+  void Accumulate(bool is_eval, const double* slots) {
+    Accum& a = accum_[is_eval ? 1 : 0];
+    a.sum_sq += slots[4];
+    a.count += static_cast<int64_t>(slots[5]);
+  }
   Accum accum_[2];  // [train, eval]
 };
 
@@ -115,4 +156,4 @@ class MseTask : public PluginTask {
 }  // namespace plugin
 }  // namespace trainyard
 
-TRAINYARD_EXPORT_TASK_PLUGIN(trainyard::plugin::MseTask, "mse")
+TRAINYARD_EXPORT_DEVICE_TASK_PLUGIN(trainyard::plugin::MseTask, "mse")

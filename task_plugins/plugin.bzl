@@ -1,7 +1,8 @@
 """task_plugin(): a task plugin shared library lib<name>.so.
 
 Links the plugin's sources with the plugin SDK into one .so whose only
-exported dynamic symbol is trainyard_task_v1 (see exports.lds).
+exported dynamic symbols are its ABI entry points, trainyard_task_v1 and
+(for a plugin with a device loss) trainyard_task_v2 (see exports.lds).
 """
 
 def task_plugin(name, srcs, deps = [], testonly = 0, visibility = None):

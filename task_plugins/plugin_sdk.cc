@@ -136,6 +136,8 @@ std::string DTypeString(int32_t dtype) {
   switch (dtype) {
     case TRAINYARD_FLOAT32:
       return "float32";
+    case TRAINYARD_BFLOAT16:
+      return "bfloat16";
     case TRAINYARD_INT32:
       return "int32";
     case TRAINYARD_INT64:
@@ -171,23 +173,57 @@ int64_t LabelAt(const TrainyardTensor& t, int64_t i) {
   return static_cast<const int64_t*>(t.data)[i];
 }
 
-absl::StatusOr<int64_t> CountValidLabels(const TrainyardTensor& labels,
-                                         int64_t rows, int64_t classes,
-                                         int64_t ignore_index,
-                                         const TrainyardLossArgs& args) {
-  int64_t n = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t y = LabelAt(labels, i);
-    if (y == ignore_index) continue;
-    if (y < 0 || y >= classes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "microbatch ", args.microbatch, " of ", args.num_microbatches,
-          ", row ", i, ": label ", y, " outside [0, ", classes,
-          ") and not ignore_index ", ignore_index));
-    }
-    ++n;
+absl::StatusOr<DeviceOutput> CheckDeviceOutput(
+    const TrainyardDeviceLossArgs& a) {
+  if (a.device_kind != TRAINYARD_DEVICE_CUDA &&
+      a.device_kind != TRAINYARD_DEVICE_SIM) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown device kind ", a.device_kind));
   }
-  return n;
+  if (a.output == nullptr || a.slots == nullptr) {
+    return absl::InvalidArgumentError("no output or no slots");
+  }
+  const TrainyardTensor& o = *a.output;
+  if ((o.dtype != TRAINYARD_FLOAT32 && o.dtype != TRAINYARD_BFLOAT16) ||
+      o.ndim != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model output must be float32 or bfloat16 [b, out], "
+                     "got ",
+                     DTypeString(o.dtype), " ", ShapeString(o)));
+  }
+  DeviceOutput out;
+  out.dtype = o.dtype == TRAINYARD_FLOAT32 ? DType::kFloat32 : DType::kBFloat16;
+  out.rows = o.shape[0];
+  out.cols = o.shape[1];
+  out.data = o.data;
+  if (!a.is_eval) {
+    const TrainyardTensor* g = a.grad_output;
+    if (g == nullptr || g->dtype != o.dtype || g->ndim != 2 ||
+        g->shape[0] != out.rows || g->shape[1] != out.cols ||
+        (g->data == nullptr && out.rows * out.cols > 0)) {
+      return absl::InvalidArgumentError(
+          "grad_output must be a tensor like the output");
+    }
+    out.grad = g->data;
+  }
+  return out;
+}
+
+absl::StatusOr<DType> LabelDType(const TrainyardTensor& t, int64_t rows) {
+  if (!IsLabelTensor(t) || t.shape[0] != rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", t.name, "\" must be class indices int32/int64 [", rows, "], got ",
+        DTypeString(t.dtype), " ", ShapeString(t)));
+  }
+  return t.dtype == TRAINYARD_INT32 ? DType::kInt32 : DType::kInt64;
+}
+
+std::string BadLabelMessage(int32_t microbatch, int32_t num_microbatches,
+                            int64_t row, int64_t label, int64_t classes,
+                            int64_t ignore_index) {
+  return absl::StrCat("microbatch ", microbatch, " of ", num_microbatches,
+                      ", row ", row, ": label ", label, " outside [0, ",
+                      classes, ") and not ignore_index ", ignore_index);
 }
 
 absl::StatusOr<void*> AddTensor(TrainyardSink* sink, const std::string& name,
@@ -220,15 +256,6 @@ absl::StatusOr<const TrainyardTensor*> CopyFeaturesToInputs(
   const int64_t n = NumElements(t);
   if (n > 0) std::memcpy(*p, t.data, n * sizeof(float));
   return &t;
-}
-
-void LogSoftmaxRow(const float* x, int64_t n, double scale, double* out) {
-  double m = -INFINITY;
-  for (int64_t c = 0; c < n; ++c) m = std::max(m, scale * x[c]);
-  double sum = 0;
-  for (int64_t c = 0; c < n; ++c) sum += std::exp(scale * x[c] - m);
-  const double lse = m + std::log(sum);
-  for (int64_t c = 0; c < n; ++c) out[c] = scale * x[c] - lse;
 }
 
 }  // namespace plugin

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/tensor.h"
 #include "nlohmann/json.hpp"
 #include "task_plugins/task_abi.h"
 
@@ -47,6 +48,24 @@ class PluginTask {
                                    TrainyardLossResult* result,
                                    TrainyardSink* metrics) = 0;
   virtual absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) = 0;
+};
+
+// A task whose loss also runs on the device (task ABI v2) derives from
+// DevicePluginTask and is exported with TRAINYARD_EXPORT_DEVICE_TASK_PLUGIN;
+// the class also declares
+//   static constexpr uint32_t kNumSlots;  // TrainyardTaskV2.num_slots
+//   static constexpr uint32_t kV2Flags;   // TRAINYARD_V2_* flags
+class DevicePluginTask : public PluginTask {
+ public:
+  // Device bytes ComputeLossDevice needs for an output of rows x cols.
+  virtual size_t DeviceWorkspaceBytes(int64_t rows, int64_t cols) { return 0; }
+  // Enqueues one microbatch's loss (task_abi.h, compute_loss_device).
+  virtual absl::Status ComputeLossDevice(
+      const TrainyardDeviceLossArgs& args) = 0;
+  // One microbatch's slots, read back by the host (finish_loss).
+  virtual absl::Status FinishLoss(const double* slots, int32_t microbatch,
+                                  int32_t num_microbatches, bool is_eval,
+                                  TrainyardSink* metrics) = 0;
 };
 
 // What the host tells Create besides the config.
@@ -121,21 +140,32 @@ absl::StatusOr<const TrainyardTensor*> FindTensor(
 bool IsLabelTensor(const TrainyardTensor& t);
 int64_t LabelAt(const TrainyardTensor& t, int64_t i);
 
-// Checks every label of a microbatch of `rows` rows before any is used:
-// each must be in [0, classes) or equal ignore_index. Returns how many are
-// not ignored, or InvalidArgument naming the microbatch, row and value.
-absl::StatusOr<int64_t> CountValidLabels(const TrainyardTensor& labels,
-                                         int64_t rows, int64_t classes,
-                                         int64_t ignore_index,
-                                         const TrainyardLossArgs& args);
+// compute_loss_device's output, checked: float32 or bfloat16 [rows, cols],
+// and (unless is_eval) a gradient of the same dtype and shape; the slots
+// and the device kind are checked too. InvalidArgument naming what is off.
+struct DeviceOutput {
+  DType dtype = DType::kFloat32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+  void* grad = nullptr;  // null for eval
+};
+absl::StatusOr<DeviceOutput> CheckDeviceOutput(
+    const TrainyardDeviceLossArgs& args);
+
+// The dtype of class-index labels `t` (int32/int64 [rows]), or
+// InvalidArgument naming the tensor, what it is and what was expected.
+absl::StatusOr<DType> LabelDType(const TrainyardTensor& t, int64_t rows);
+
+// "microbatch 1 of 4, row 3: label 12 outside [0, 10) and not ignore_index
+// -100": the error for a label that is neither a class nor ignored.
+std::string BadLabelMessage(int32_t microbatch, int32_t num_microbatches,
+                            int64_t row, int64_t label, int64_t classes,
+                            int64_t ignore_index);
 
 // The batch's "features" (float32 [B, D]) copied to "inputs"; returns it.
 absl::StatusOr<const TrainyardTensor*> CopyFeaturesToInputs(
     const TrainyardBatch& batch, TrainyardSink* out);
-
-// Numerically stable log-softmax of one row of n logits scaled by `scale`,
-// in double: out[c] = scale * x[c] - logsumexp(scale * x).
-void LogSoftmaxRow(const float* x, int64_t n, double scale, double* out);
 
 // Allocates through the sink; an error naming the tensor if the host refuses.
 absl::StatusOr<void*> AddTensor(TrainyardSink* sink, const std::string& name,
@@ -221,6 +251,56 @@ struct TableAdapter {
   }
   static void Destroy(void* task) { delete static_cast<PluginTask*>(task); }
 
+  // The device half (T derives from DevicePluginTask).
+  static size_t WorkspaceBytes(void* task, int64_t rows, int64_t cols) {
+    try {
+      return static_cast<T*>(static_cast<PluginTask*>(task))
+          ->DeviceWorkspaceBytes(rows, cols);
+    } catch (...) {
+      return 0;
+    }
+  }
+  static int LossDevice(void* task, const TrainyardDeviceLossArgs* args,
+                        TrainyardError* err) {
+    return Guard(err, [&] {
+      return static_cast<T*>(static_cast<PluginTask*>(task))
+          ->ComputeLossDevice(*args);
+    });
+  }
+  static int Finish(void* task, const double* slots, int64_t /*step*/,
+                    int32_t microbatch, int32_t num_microbatches,
+                    int32_t is_eval, TrainyardSink* metrics,
+                    TrainyardError* err) {
+    return Guard(err, [&] {
+      return static_cast<T*>(static_cast<PluginTask*>(task))
+          ->FinishLoss(slots, microbatch, num_microbatches, is_eval != 0,
+                       metrics);
+    });
+  }
+
+  static const TrainyardTaskV1* V1(const char* name) {
+    static const TrainyardTaskV1 table = Make(name);
+    return &table;
+  }
+  static const TrainyardTaskV2* V2(const char* name) {
+    static_assert(std::is_base_of<DevicePluginTask, T>::value,
+                  "a device task plugin derives from DevicePluginTask");
+    static const TrainyardTaskV2 table = [name] {
+      TrainyardTaskV2 t;
+      std::memset(&t, 0, sizeof(t));
+      t.abi_version = TRAINYARD_TASK_ABI_VERSION_2;
+      t.struct_size = sizeof(TrainyardTaskV2);
+      t.v1 = V1(name);
+      t.flags = T::kV2Flags;
+      t.num_slots = T::kNumSlots;
+      t.workspace_bytes = &WorkspaceBytes;
+      t.compute_loss_device = &LossDevice;
+      t.finish_loss = &Finish;
+      return t;
+    }();
+    return &table;
+  }
+
   static TrainyardTaskV1 Make(const char* name) {
     TrainyardTaskV1 t;
     std::memset(&t, 0, sizeof(t));
@@ -247,9 +327,15 @@ struct TableAdapter {
 #define TRAINYARD_EXPORT_TASK_PLUGIN(Class, name_literal)                  \
   extern "C" __attribute__((visibility("default"))) const TrainyardTaskV1* \
   trainyard_task_v1(void) {                                                \
-    static const TrainyardTaskV1 table =                                   \
-        ::trainyard::plugin::TableAdapter<Class>::Make(name_literal);      \
-    return &table;                                                         \
+    return ::trainyard::plugin::TableAdapter<Class>::V1(name_literal);     \
+  }
+
+// The same for a DevicePluginTask subclass: both entry points, v1 and v2.
+#define TRAINYARD_EXPORT_DEVICE_TASK_PLUGIN(Class, name_literal)           \
+  TRAINYARD_EXPORT_TASK_PLUGIN(Class, name_literal)                        \
+  extern "C" __attribute__((visibility("default"))) const TrainyardTaskV2* \
+  trainyard_task_v2(void) {                                                \
+    return ::trainyard::plugin::TableAdapter<Class>::V2(name_literal);     \
   }
 
 #endif  // TRAINYARD_TASK_PLUGINS_PLUGIN_SDK_H_

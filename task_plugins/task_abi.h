@@ -1,4 +1,4 @@
-/* Trainyard task plugin ABI, version 1.
+/* Trainyard task plugin ABI, versions 1 and 2.
  *
  * A task plugin owns the loss of a training job: it turns a raw batch into
  * model inputs (first pipeline stage), computes the loss and dLoss/dOutput for
@@ -30,6 +30,11 @@
  * Threading: the host calls one task handle from one thread at a time. The
  * first and last pipeline stage each create their own handle.
  *
+ * Version 2 (TrainyardTaskV2, below) adds a device half to a v1 task: the loss
+ * computed where the model's output is (a GPU, or the simulated device),
+ * enqueued on the stage's stream, never waiting for it. A plugin exports it
+ * beside trainyard_task_v1; v1 stays for CPU jobs and hosts before v2.
+ *
  * The format is documented in docs/PLUGIN_ABI.md.
  */
 #ifndef TRAINYARD_TASK_PLUGINS_TASK_ABI_H_
@@ -49,6 +54,7 @@ extern "C" {
 
 typedef enum TrainyardDType {
   TRAINYARD_FLOAT32 = 0,
+  TRAINYARD_BFLOAT16 = 1, /* v2 device tensors only (activations in bf16) */
   TRAINYARD_INT32 = 2,
   TRAINYARD_INT64 = 3,
 } TrainyardDType;
@@ -224,6 +230,132 @@ typedef struct TrainyardTaskV1 {
 
 /* The one symbol a v1 plugin exports. */
 typedef const TrainyardTaskV1* (*TrainyardTaskV1Entry)(void);
+
+/* ---- Version 2: the loss on the device ---------------------------------
+ *
+ * A stage on a device (a CUDA GPU, or the simulated device that tests a GPU
+ * step on a CPU) keeps the model's output where it is: the plugin's
+ * compute_loss_device enqueues the loss of one microbatch on the stage's
+ * stream and returns. It never waits for the device and never reads device
+ * memory on the host. What the host needs back it writes into the
+ * microbatch's slots: a few doubles in device memory, which the host reads
+ * once per step (with every other microbatch's and the step's other
+ * scalars) and then hands to finish_loss on the host, microbatch by
+ * microbatch, in order.
+ *
+ * The task handle and every host call (create, build_forward_inputs,
+ * update_metrics, state_dict, on_event, finalize, destroy) are the v1
+ * table's: v2 only adds the device half. The v2 entry returns a table that
+ * points at the plugin's v1 table.
+ *
+ * Lifecycle of a step on a device stage:
+ *   build_forward_inputs (first stage, host; skipped with
+ *     TRAINYARD_V2_PASSTHROUGH_INPUTS) -> compute_loss_device x M (last
+ *     stage, enqueued) -> [the host reads the slots] -> finish_loss x M
+ *     (host, in microbatch order) -> update_metrics
+ */
+#define TRAINYARD_TASK_ABI_VERSION_2 2
+#define TRAINYARD_TASK_SYMBOL_V2 "trainyard_task_v2"
+
+typedef enum TrainyardDeviceKind {
+  /* CUDA: tensor and slot pointers are device pointers on the calling
+   * thread's current device; `stream` is the cudaStream_t to enqueue on. */
+  TRAINYARD_DEVICE_CUDA = 1,
+  /* The simulated device: pointers are host addresses that stand for device
+   * memory; compute on the calling thread (with the CPU) before returning;
+   * `stream` is NULL. */
+  TRAINYARD_DEVICE_SIM = 2,
+} TrainyardDeviceKind;
+
+/* The slots of one microbatch: num_slots doubles in device memory, zeroed
+ * by the host before compute_loss_device. The first four have fixed
+ * meanings (the host reads the first two itself); the rest are the
+ * plugin's own partials for its metrics. */
+#define TRAINYARD_SLOT_WEIGHT 0 /* loss_weight w >= 0 (v1's loss_weight) */
+#define TRAINYARD_SLOT_WEIGHTED_LOSS 1 /* w * loss */
+/* 0, or 1 + the index of the first bad input (a label out of range, say):
+ * finish_loss must then fail with a message naming it. */
+#define TRAINYARD_SLOT_BAD 2
+#define TRAINYARD_SLOT_BAD_VALUE 3 /* that input's value, for the message */
+#define TRAINYARD_SLOT_FIRST_METRIC 4
+#define TRAINYARD_MAX_SLOTS 64
+
+/* Input of compute_loss_device, for one microbatch on the last stage. Every
+ * pointer is valid for the call only; the memory behind the device
+ * pointers stays valid until the work the call enqueued has run. */
+typedef struct TrainyardDeviceLossArgs {
+  int32_t device_kind;  /* a TrainyardDeviceKind */
+  int32_t device_index; /* the GPU's ordinal; 0 on the simulated device */
+  void* stream;         /* CUDA: the cudaStream_t; simulated: NULL */
+  /* Device, float32 or bfloat16 (the job's activation dtype) [b, out]. */
+  const TrainyardTensor* output;
+  /* Device: this microbatch's rows of every state tensor (dim 0 == b), in
+   * the order build_forward_inputs added them; with
+   * TRAINYARD_V2_PASSTHROUGH_INPUTS the batch's own tensors but
+   * "features" (e.g. "targets", int32/int64 [b] or float32 [b, K]), as the
+   * data source holds them. */
+  const TrainyardTensor* state;
+  int32_t num_state;
+  /* Device, the dtype and shape of *output: the plugin writes every
+   * element with the gradient of w * loss (loss_weight times
+   * dLoss/dOutput). NULL data when is_eval. */
+  TrainyardTensor* grad_output;
+  double* slots;   /* device, num_slots doubles, zeroed */
+  void* workspace; /* device scratch of workspace_bytes(...) bytes */
+  size_t workspace_bytes;
+  int64_t step; /* 0-based optimizer step (the eval batch index for evals) */
+  int32_t microbatch;
+  int32_t num_microbatches;
+  int32_t is_eval;
+} TrainyardDeviceLossArgs;
+
+/* Flags of TrainyardTaskV2. */
+/* The host skips build_forward_inputs on device stages and gathers each
+ * step's rows on the device itself: the model input is the batch's
+ * "features" and compute_loss_device's state is the batch's other tensors
+ * (e.g. "targets"), unchanged, under their own names. (The plugin's v1
+ * build_forward_inputs still serves host stages and may produce other
+ * state.) */
+#define TRAINYARD_V2_PASSTHROUGH_INPUTS 1u
+
+typedef struct TrainyardTaskV2 {
+  /* TRAINYARD_TASK_ABI_VERSION_2 and sizeof(TrainyardTaskV2). */
+  uint32_t abi_version;
+  uint32_t struct_size;
+  /* Required: the table trainyard_task_v1 returns (the task handle and
+   * the host calls). */
+  const TrainyardTaskV1* v1;
+  uint32_t flags;     /* TRAINYARD_V2_* */
+  uint32_t num_slots; /* per microbatch, 4 .. TRAINYARD_MAX_SLOTS */
+
+  /* Required. Bytes of device workspace compute_loss_device needs for an
+   * output of rows x cols (0 for none). Host only; must not fail. */
+  size_t (*workspace_bytes)(void* task, int64_t rows, int64_t cols);
+
+  /* Required. Enqueues the loss of one microbatch: fills the slots and,
+   * unless is_eval, every element of grad_output. Checks what it can on the
+   * host (dtypes, shapes, state names) and fails with err set; inputs it
+   * cannot check without reading device memory (label values) it checks on
+   * the device, reporting the first bad one in TRAINYARD_SLOT_BAD. Must not
+   * synchronise with the device or read device memory on the host. */
+  int (*compute_loss_device)(void* task, const TrainyardDeviceLossArgs* args,
+                             TrainyardError* err);
+
+  /* Required. Host, once per microbatch in microbatch order, after the host
+   * read the step's (or eval batch's) slots: `slots` is this microbatch's
+   * num_slots doubles as the device left them (host memory). Fails with the
+   * message compute_loss would have given when TRAINYARD_SLOT_BAD is set;
+   * otherwise accumulates the metric partials for update_metrics. May
+   * record per-microbatch metrics through metrics->add_metric (validated,
+   * then ignored, as for compute_loss). */
+  int (*finish_loss)(void* task, const double* slots, int64_t step,
+                     int32_t microbatch, int32_t num_microbatches,
+                     int32_t is_eval, TrainyardSink* metrics,
+                     TrainyardError* err);
+} TrainyardTaskV2;
+
+/* The symbol a v2 plugin exports beside trainyard_task_v1. */
+typedef const TrainyardTaskV2* (*TrainyardTaskV2Entry)(void);
 
 #ifdef __cplusplus
 }

@@ -268,20 +268,26 @@ absl::Status CallPlugin(const TaskPlugin& plugin, const char* call,
   return absl::OkStatus();
 }
 
-// Host tensors viewed as ABI tensors. Keeps the names alive.
+// Tensors viewed as ABI tensors. Keeps the names alive. Host tensors
+// (float32, int32, int64) for the v1 calls; device tensors (those and
+// bfloat16) for compute_loss_device.
 class AbiTensors {
  public:
   absl::Status Add(const std::string& name, const Tensor& t,
-                   const std::string& prefix) {
-    if (!t.device().is_cpu()) {
+                   const std::string& prefix, bool on_device = false) {
+    if (on_device == t.device().is_cpu()) {
       return absl::InvalidArgumentError(absl::StrCat(
           prefix, "tensor \"", name, "\" is on ", t.device().ToString(),
-          "; the plugin ABI takes host tensors"));
+          on_device ? "; compute_loss_device takes device tensors"
+                    : "; the plugin ABI takes host tensors"));
     }
-    int32_t dtype;
+    int32_t dtype = -1;
     switch (t.dtype()) {
       case DType::kFloat32:
         dtype = TRAINYARD_FLOAT32;
+        break;
+      case DType::kBFloat16:
+        if (on_device) dtype = TRAINYARD_BFLOAT16;
         break;
       case DType::kInt32:
         dtype = TRAINYARD_INT32;
@@ -290,9 +296,13 @@ class AbiTensors {
         dtype = TRAINYARD_INT64;
         break;
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            prefix, "tensor \"", name, "\" has dtype ", DTypeName(t.dtype()),
-            "; the plugin ABI takes float32, int32 or int64"));
+        break;
+    }
+    if (dtype < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "tensor \"", name, "\" has dtype ",
+                       DTypeName(t.dtype()), "; the plugin ABI takes float32, ",
+                       on_device ? "bfloat16, " : "", "int32 or int64"));
     }
     if (t.ndim() > TRAINYARD_MAX_DIMS) {
       return absl::InvalidArgumentError(
@@ -306,7 +316,7 @@ class AbiTensors {
     a.dtype = dtype;
     a.ndim = t.ndim();
     for (int i = 0; i < t.ndim(); ++i) a.shape[i] = t.dim(i);
-    a.data = const_cast<void*>(t.raw_data());
+    a.data = const_cast<void*>(t.ptr());
     tensors_.push_back(a);
     return absl::OkStatus();
   }
@@ -543,8 +553,69 @@ absl::StatusOr<std::unique_ptr<TaskPlugin>> TaskPlugin::Load(
                        " is NULL"));
     }
   }
-  return std::unique_ptr<TaskPlugin>(
-      new TaskPlugin(name, path, handle.release(), copy));
+  std::unique_ptr<TaskPlugin> plugin(new TaskPlugin(name, path, nullptr, copy));
+  // The device half is optional: a plugin without it runs its loss on the
+  // host on every device.
+  dlerror();
+  if (void* sym2 = dlsym(handle.get(), TRAINYARD_TASK_SYMBOL_V2)) {
+    RETURN_IF_ERROR(plugin->LoadDeviceTable(sym2, table));
+  }
+  plugin->handle_ = handle.release();
+  return plugin;
+}
+
+absl::Status TaskPlugin::LoadDeviceTable(void* entry,
+                                         const TrainyardTaskV1* v1) {
+  const std::string who = absl::StrCat("plugin \"", name_, "\": ", path_, ": ");
+  const TrainyardTaskV2* t = nullptr;
+  try {
+    t = reinterpret_cast<TrainyardTaskV2Entry>(entry)();
+  } catch (...) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, TRAINYARD_TASK_SYMBOL_V2, "() threw an exception"));
+  }
+  if (t == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, TRAINYARD_TASK_SYMBOL_V2, "() returned NULL"));
+  }
+  if (t->abi_version != TRAINYARD_TASK_ABI_VERSION_2 ||
+      t->struct_size != sizeof(TrainyardTaskV2)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, "TrainyardTaskV2 has abi_version ", t->abi_version,
+        " and struct_size ", t->struct_size, ", this host speaks version ",
+        TRAINYARD_TASK_ABI_VERSION_2, " with struct_size ",
+        sizeof(TrainyardTaskV2)));
+  }
+  if (t->v1 != v1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, "TrainyardTaskV2.v1 is not the table ",
+                     TRAINYARD_TASK_SYMBOL_V1, "() returns"));
+  }
+  if (t->num_slots < TRAINYARD_SLOT_FIRST_METRIC ||
+      t->num_slots > TRAINYARD_MAX_SLOTS) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, "TrainyardTaskV2.num_slots is ", t->num_slots, ", expected ",
+        TRAINYARD_SLOT_FIRST_METRIC, " to ", TRAINYARD_MAX_SLOTS));
+  }
+  if ((t->flags & ~TRAINYARD_V2_PASSTHROUGH_INPUTS) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, "TrainyardTaskV2.flags has unknown bits 0x",
+                     absl::Hex(t->flags & ~TRAINYARD_V2_PASSTHROUGH_INPUTS)));
+  }
+  const std::pair<const char*, bool> required[] = {
+      {"workspace_bytes", t->workspace_bytes != nullptr},
+      {"compute_loss_device", t->compute_loss_device != nullptr},
+      {"finish_loss", t->finish_loss != nullptr},
+  };
+  for (const auto& [field, present] : required) {
+    if (!present) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          who, "required function TrainyardTaskV2.", field, " is NULL"));
+    }
+  }
+  v2_ = *t;
+  has_v2_ = true;
+  return absl::OkStatus();
 }
 
 TaskPlugin::~TaskPlugin() {
@@ -813,6 +884,155 @@ absl::StatusOr<LossResult> Task::ComputeLoss(
   LossResult result;
   result.loss = res.loss;
   result.weight = res.loss_weight;
+  result.weighted_loss = res.loss_weight * res.loss;
+  result.metrics = std::move(sink.metrics());
+  return result;
+}
+
+size_t Task::DeviceLossWorkspaceBytes(int64_t rows, int64_t cols) {
+  if (!plugin_->has_device_loss()) return 0;
+  try {
+    return plugin_->device_table().workspace_bytes(handle_, rows, cols);
+  } catch (...) {
+    return 0;  // compute_loss_device will then refuse the missing workspace
+  }
+}
+
+absl::Status Task::ComputeLossDevice(Device device, void* stream,
+                                     const Tensor& output,
+                                     const NamedTensors& state,
+                                     Tensor* grad_output, double* slots,
+                                     const Tensor& workspace, int64_t step,
+                                     int32_t microbatch,
+                                     int32_t num_microbatches, bool is_eval) {
+  constexpr const char* kCall = "compute_loss_device";
+  RETURN_IF_ERROR(CheckUsable(kCall));
+  const std::string prefix = Prefix(plugin_->name(), kCall);
+  if (!plugin_->has_device_loss()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(prefix, "the plugin has no device loss (no ",
+                     TRAINYARD_TASK_SYMBOL_V2, ")"));
+  }
+  if (device.is_cpu()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "needs a device (CUDA or simulated), got cpu"));
+  }
+  if ((output.dtype() != DType::kFloat32 &&
+       output.dtype() != DType::kBFloat16) ||
+      output.ndim() != 2 || output.device() != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "output must be float32 or bfloat16 [b, out] on ",
+        device.ToString(), ", got ", DTypeName(output.dtype()), " ",
+        ShapeToString(output.shape()), " on ", output.device().ToString()));
+  }
+  if (num_microbatches < 1 || microbatch < 0 ||
+      microbatch >= num_microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "microbatch ",
+                                                   microbatch, " outside [0, ",
+                                                   num_microbatches, ")"));
+  }
+  if (slots == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "no slots"));
+  }
+  const size_t need = DeviceLossWorkspaceBytes(output.dim(0), output.dim(1));
+  if (need > 0 && (!workspace.defined() || workspace.nbytes() < need ||
+                   workspace.device() != device)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "needs ", need, " bytes of workspace on ",
+                     device.ToString(), ", got ", workspace.nbytes()));
+  }
+  const int64_t b = output.dim(0);
+  AbiTensors out_abi;
+  RETURN_IF_ERROR(out_abi.Add("output", output, prefix, /*on_device=*/true));
+  AbiTensors state_abi;
+  for (const auto& [name, t] : state) {
+    if (t.ndim() < 1 || t.dim(0) != b || t.device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "state tensor \"", name, "\" is ", ShapeToString(t.shape()),
+          " on ", t.device().ToString(), "; dim 0 must equal the microbatch ",
+          "size ", b, " on ", device.ToString()));
+    }
+    RETURN_IF_ERROR(state_abi.Add(name, t, prefix, /*on_device=*/true));
+  }
+  AbiTensors grad_abi;
+  if (!is_eval) {
+    if (grad_output == nullptr || grad_output->dtype() != output.dtype() ||
+        grad_output->shape() != output.shape() ||
+        grad_output->device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "grad_output must be ", DTypeName(output.dtype()),
+          ShapeToString(output.shape()), " on ", device.ToString()));
+    }
+    RETURN_IF_ERROR(
+        grad_abi.Add("grad_output", *grad_output, prefix, /*on_device=*/true));
+  } else {
+    RETURN_IF_ERROR(
+        grad_abi.Add("grad_output", output, prefix, /*on_device=*/true));
+    grad_abi.at(0).data = nullptr;
+  }
+  TrainyardDeviceLossArgs args;
+  std::memset(&args, 0, sizeof(args));
+  args.device_kind =
+      device.is_cuda() ? TRAINYARD_DEVICE_CUDA : TRAINYARD_DEVICE_SIM;
+  args.device_index = device.index;
+  args.stream = stream;
+  args.output = out_abi.data();
+  args.state = state_abi.data();
+  args.num_state = state_abi.size();
+  args.grad_output = &grad_abi.at(0);
+  args.slots = slots;
+  args.workspace = need > 0 ? const_cast<void*>(workspace.ptr()) : nullptr;
+  args.workspace_bytes = need;
+  args.step = step;
+  args.microbatch = microbatch;
+  args.num_microbatches = num_microbatches;
+  args.is_eval = is_eval ? 1 : 0;
+  return CallPlugin(*plugin_, kCall, nullptr, [&](TrainyardError* err) {
+    return plugin_->device_table().compute_loss_device(handle_, &args, err);
+  });
+}
+
+absl::StatusOr<LossResult> Task::FinishLoss(const double* slots, int64_t step,
+                                            int32_t microbatch,
+                                            int32_t num_microbatches,
+                                            bool is_eval) {
+  constexpr const char* kCall = "finish_loss";
+  RETURN_IF_ERROR(CheckUsable(kCall));
+  if (!plugin_->has_device_loss()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Prefix(plugin_->name(), kCall), "the plugin has no device loss (no ",
+        TRAINYARD_TASK_SYMBOL_V2, ")"));
+  }
+  HostSink sink(/*tensors=*/false, /*metrics=*/true, /*bytes=*/false);
+  RETURN_IF_ERROR(CallPlugin(*plugin_, kCall, &sink, [&](TrainyardError* err) {
+    return plugin_->device_table().finish_loss(
+        handle_, slots, step, microbatch, num_microbatches, is_eval ? 1 : 0,
+        sink.abi(), err);
+  }));
+  // The checks ComputeLoss makes of a host result, on the slots.
+  const std::string where =
+      absl::StrCat(Prefix(plugin_->name(), "compute_loss_device"), "step ",
+                   step, " microbatch ", microbatch, ": ");
+  const double w = slots[TRAINYARD_SLOT_WEIGHT];
+  const double wl = slots[TRAINYARD_SLOT_WEIGHTED_LOSS];
+  if (!std::isfinite(w) || w < 0) {
+    return absl::InternalError(
+        absl::StrCat(where, "loss_weight must be finite and >= 0, got ", w));
+  }
+  const double loss = w > 0 ? wl / w : wl;
+  if (!std::isfinite(loss)) {
+    return absl::InternalError(
+        absl::StrCat(where, "loss is not finite: ", loss));
+  }
+  if (w == 0 && wl != 0) {
+    return absl::InternalError(
+        absl::StrCat(where, "loss_weight is 0 but loss is ", wl,
+                     " (a microbatch that contributes nothing has loss 0)"));
+  }
+  LossResult result;
+  result.loss = loss;
+  result.weight = w;
+  result.weighted_loss = wl;
   result.metrics = std::move(sink.metrics());
   return result;
 }

@@ -1,12 +1,13 @@
 // Host side of the task plugin ABI (task_abi.h, docs/PLUGIN_ABI.md).
 //
 // TaskPlugin loads lib<name>.so from a plugin folder and validates its
-// TrainyardTaskV1 table; Task wraps one task handle created from it and turns
-// every call into Status/StatusOr over trainyard::Tensor. The host checks
-// everything a plugin returns (names, dtypes, shapes, finiteness, weights,
-// use of the sink) and reports violations as errors naming the plugin and the
-// call, so a plugin that breaks the contract through anything the ABI can
-// express cannot corrupt or crash the host. What cannot be contained
+// TrainyardTaskV1 table, and its TrainyardTaskV2 table (the loss on the
+// device) when it exports one; Task wraps one task handle created from it
+// and turns every call into Status/StatusOr over trainyard::Tensor. The host
+// checks everything a plugin returns (names, dtypes, shapes, finiteness,
+// weights, use of the sink) and reports violations as errors naming the plugin
+// and the call, so a plugin that breaks the contract through anything the ABI
+// can express cannot corrupt or crash the host. What cannot be contained
 // in-process: crashes inside plugin code (segfault, abort, stack overflow),
 // writes through wild pointers, infinite loops, and a plugin writing past the
 // end of a buffer the host gave it.
@@ -32,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/device.h"
 #include "core/tensor.h"
 #include "task_plugins/task_abi.h"
 
@@ -61,7 +63,11 @@ class TaskPlugin {
   //                       returned NULL, wrong abi_version, a struct_size
   //                       other than TRAINYARD_TASK_V1_SIZE_BASE or
   //                       TRAINYARD_TASK_V1_SIZE_CURRENT, NULL name or NULL
-  //                       required function
+  //                       required function; for an exported
+  //                       trainyard_task_v2: a NULL table, another
+  //                       abi_version or struct_size, a v1 field that is not
+  //                       the v1 table, num_slots outside [4, 64], unknown
+  //                       flags or a NULL required function
   static absl::StatusOr<std::unique_ptr<TaskPlugin>> Load(
       const std::string& plugin_dir, const std::string& name);
 
@@ -79,6 +85,15 @@ class TaskPlugin {
   // The plugin's struct_size (TRAINYARD_TASK_V1_SIZE_BASE for a plugin built
   // before validate_config).
   uint32_t struct_size() const { return table_.struct_size; }
+  // Whether the plugin exports a valid TrainyardTaskV2 (its loss runs on the
+  // device), and that table (zeroed when not).
+  bool has_device_loss() const { return has_v2_; }
+  const TrainyardTaskV2& device_table() const { return v2_; }
+  // TRAINYARD_V2_PASSTHROUGH_INPUTS: on device stages the host gathers the
+  // rows itself and skips build_forward_inputs.
+  bool passes_inputs_through() const {
+    return has_v2_ && (v2_.flags & TRAINYARD_V2_PASSTHROUGH_INPUTS) != 0;
+  }
 
   // Checks `config_json` ("{}" if empty) with the plugin's validate_config,
   // which touches no files or devices. Thread-safe. Returns kNotChecked when
@@ -91,6 +106,9 @@ class TaskPlugin {
       const std::string& config_json) const;
 
  private:
+  // Validates and copies the table the v2 entry point `entry` returns.
+  absl::Status LoadDeviceTable(void* entry, const TrainyardTaskV1* v1);
+
   TaskPlugin(std::string name, std::string path, void* handle,
              const TrainyardTaskV1& table)
       : name_(std::move(name)),
@@ -102,6 +120,8 @@ class TaskPlugin {
   std::string path_;
   void* handle_;           // from dlopen; dlclose'd in the destructor
   TrainyardTaskV1 table_;  // copied at Load; see table()
+  bool has_v2_ = false;
+  TrainyardTaskV2 v2_ = {};  // copied at Load when exported
 };
 
 // Checks a job's task config without creating a task, e.g. on the
@@ -124,6 +144,9 @@ struct ForwardInputs {
 struct LossResult {
   double loss = 0;
   double weight = 0;  // >= 0; 0 only when the microbatch contributes nothing
+  // weight * loss as the engine sums it: computed on the host from v1's
+  // result, the device's own product for v2 (its TRAINYARD_SLOT_WEIGHTED_LOSS).
+  double weighted_loss = 0;
   std::vector<std::pair<std::string, double>> metrics;  // per microbatch
 };
 
@@ -176,6 +199,37 @@ class Task {
   absl::StatusOr<LossResult> ComputeLoss(
       const Tensor& output, const NamedTensors& state, Tensor* grad_output,
       int64_t step, int32_t microbatch, int32_t num_microbatches, bool is_eval);
+
+  // ---- ABI v2: the loss on the device (plugin().has_device_loss()).
+  //
+  // Device bytes of workspace ComputeLossDevice needs for an output of
+  // rows x cols.
+  size_t DeviceLossWorkspaceBytes(int64_t rows, int64_t cols);
+  // Enqueues the loss of one microbatch on `device` (CUDA or simulated)
+  // and `stream` (CUDA's cudaStream_t; null on the simulated device).
+  // `output` is float32 or bfloat16 [b, out] on `device`; `state` the
+  // microbatch's state tensors on `device` (dim 0 == b); `grad_output`
+  // (unless is_eval) a tensor like `output` that the plugin fills with
+  // w dLoss/dOutput; `slots` num_slots device doubles, zeroed by the
+  // caller; `workspace` at least DeviceLossWorkspaceBytes (may be
+  // undefined when that is 0). Nothing is waited for. Errors: the
+  // arguments (InvalidArgument), the plugin's refusal (InvalidArgument),
+  // as for ComputeLoss.
+  absl::Status ComputeLossDevice(Device device, void* stream,
+                                 const Tensor& output,
+                                 const NamedTensors& state, Tensor* grad_output,
+                                 double* slots, const Tensor& workspace,
+                                 int64_t step, int32_t microbatch,
+                                 int32_t num_microbatches, bool is_eval);
+  // After the host read the microbatch's slots (num_slots host doubles):
+  // checks them and lets the plugin check its bad-input marker and
+  // accumulate its metric partials. Returns the microbatch's loss and
+  // weight (loss = w L / w, or 0 for w = 0), with the checks of
+  // ComputeLoss (non-finite loss, negative weight, weight 0 with a loss):
+  // Internal; the plugin's refusal (a bad label): InvalidArgument.
+  absl::StatusOr<LossResult> FinishLoss(const double* slots, int64_t step,
+                                        int32_t microbatch,
+                                        int32_t num_microbatches, bool is_eval);
 
   // Metrics accumulated since the previous call with the same is_eval.
   absl::StatusOr<Metrics> UpdateMetrics(bool is_eval);

@@ -52,7 +52,7 @@ expect unknown_plugin 1 "no_such_plugin" "libno_such_plugin.so" -- train --spec 
 
 expect bad_device 2 '--device: device "gpu": expected "cpu" or "cuda:N"' -- \
   train --spec "$tmp/plugin.json" --device gpu
-expect bf16_on_cpu 2 'precision: bf16 needs device "cuda", got device "cpu"' -- \
+expect bf16_on_cpu 2 'precision: bf16 needs device "cuda" (or "sim"), got device "cpu"' -- \
   train --spec "$tmp/plugin.json" --precision bf16
 if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   # No GPU here: a GPU job fails at once, saying why (not a crash, no hang).

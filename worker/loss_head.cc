@@ -34,9 +34,9 @@ absl::StatusOr<Tensor> LossHead::Compute(const Tensor& output,
       task_->ComputeLoss(host, state, is_eval ? nullptr : &grad, step,
                          microbatch, num_microbatches, is_eval));
   weight_sum_ += loss.weight;
-  loss_sum_ += loss.weight * loss.loss;
+  loss_sum_ += loss.weighted_loss;
   terms_.push_back(loss.weight);
-  terms_.push_back(loss.weight * loss.loss);
+  terms_.push_back(loss.weighted_loss);
   if (is_eval) return Tensor();
   const float w = static_cast<float>(loss.weight);
   float* g = grad.data<float>();

@@ -9,14 +9,24 @@ namespace trainyard {
 namespace gpu {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMseBlocks = 128;
+using bf16 = __nv_bfloat16;
+using internal::Load;
+using internal::Store;
+using internal::WarpSum;
 
-// Fixed tree over a block's shared array of kThreads doubles.
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / 32;  // one warp per row
+constexpr int kFinalThreads = 1024;
+constexpr int kMseMaxBlocks = kFinalThreads;  // partials the final sums
+constexpr int64_t kMseItemsPerThread = 16;
+
+// Fixed tree over the block's shared array of blockDim.x doubles (a power
+// of two); every thread gets the sum.
 __device__ double BlockSum(double v, double* sh) {
   sh[threadIdx.x] = v;
   __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
+  for (int w = blockDim.x / 2; w > 0; w /= 2) {
     if (threadIdx.x < w) sh[threadIdx.x] += sh[threadIdx.x + w];
     __syncthreads();
   }
@@ -25,224 +35,424 @@ __device__ double BlockSum(double v, double* sh) {
   return r;
 }
 
-__global__ void MsePartialKernel(int64_t n, const float* __restrict__ out,
+// losses.h's weighted gradient: float32(dLoss/dOutput) times float32(w),
+// rounded, in the output's dtype.
+template <typename T>
+__device__ __forceinline__ void StoreWeighted(T* grad, int64_t i, double g,
+                                              float w) {
+  Store(grad, i, __fmul_rn(__double2float_rn(g), w));
+}
+
+__device__ __forceinline__ int64_t LabelAt(const void* labels, bool wide,
+                                           int64_t r) {
+  return wide ? static_cast<const int64_t*>(labels)[r]
+              : static_cast<const int32_t*>(labels)[r];
+}
+
+// The larger value wins; on a tie the smaller index (the first maximum);
+// index -1 is "nothing yet".
+__device__ __forceinline__ void ArgMaxCombine(float* v, int64_t* i, float ov,
+                                              int64_t oi) {
+  if (oi >= 0 && (*i < 0 || ov > *v || (ov == *v && oi < *i))) {
+    *v = ov;
+    *i = oi;
+  }
+}
+
+__device__ __forceinline__ void WarpArgMax(float* v, int64_t* i) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float ov = __shfl_xor_sync(kFullMask, *v, offset);
+    const long long oi =
+        __shfl_xor_sync(kFullMask, static_cast<long long>(*i), offset);
+    ArgMaxCombine(v, i, ov, oi);
+  }
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  }
+  return v;
+}
+
+// ---- MSE.
+
+template <typename T>
+__global__ void MsePartialKernel(int64_t n, const T* __restrict__ out,
                                  const float* __restrict__ target,
-                                 float* __restrict__ grad,
+                                 T* __restrict__ grad, float w,
                                  double* __restrict__ partial) {
   __shared__ double sh[kThreads];
+  const double dn = static_cast<double>(n);
   double acc = 0.0;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n;
-       i += int64_t{kMseBlocks} * kThreads) {
-    const double d = static_cast<double>(out[i]) - target[i];
+       i += int64_t{gridDim.x} * kThreads) {
+    const double d =
+        static_cast<double>(Load(out, i)) - static_cast<double>(target[i]);
     acc += d * d;
-    if (grad != nullptr) grad[i] = static_cast<float>(2.0 * d / n);
+    if (grad != nullptr) StoreWeighted(grad, i, 2.0 * d / dn, w);
   }
   const double s = BlockSum(acc, sh);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-__global__ void MseFinalKernel(int64_t rows, int64_t n,
+__global__ void MseFinalKernel(int64_t rows, int64_t n, int blocks,
                                const double* __restrict__ partial,
-                               LossResult* result) {
-  __shared__ double sh[kThreads];
-  const double s =
-      BlockSum(threadIdx.x < kMseBlocks ? partial[threadIdx.x] : 0.0, sh);
+                               double* __restrict__ slots) {
+  __shared__ double sh[kFinalThreads];
+  const double s = BlockSum(
+      static_cast<int>(threadIdx.x) < blocks ? partial[threadIdx.x] : 0.0, sh);
   if (threadIdx.x == 0) {
-    result->loss = n > 0 ? s / n : 0.0;
-    result->loss_weight = n > 0 ? static_cast<double>(rows) : 0.0;
-    result->loss_sum = s;
-    result->correct = 0;
-    result->bad_row = -1;
+    const double dn = static_cast<double>(n);
+    slots[0] = static_cast<double>(rows);
+    slots[1] = slots[0] * (s / dn);
+    slots[4] = s;
+    slots[5] = dn;
   }
 }
 
-// One block: counts valid rows and finds the first bad label.
-// ws[0] = count (as double), ws[1] = bad row (as double, -1 if none).
-__global__ void XentCountKernel(int64_t rows, int64_t classes,
-                                const int64_t* __restrict__ labels,
-                                int64_t ignore_index, double* __restrict__ ws) {
-  __shared__ double sh[kThreads];
+// ---- Classifiers (cross-entropy, distillation).
+//
+// Workspace: ws[0] rows with a label that is not ignored, ws[1] the first
+// bad row (-1: none), then `per_row` arrays of `rows` doubles.
+
+// One block of kFinalThreads.
+__global__ void CountLabelsKernel(int64_t rows, int64_t classes,
+                                  const void* labels, bool wide, int64_t ignore,
+                                  double* __restrict__ ws,
+                                  double* __restrict__ slots) {
+  __shared__ double sh[kFinalThreads];
   __shared__ unsigned long long bad;
   if (threadIdx.x == 0) bad = ~0ull;
   __syncthreads();
   double count = 0.0;
-  for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
-    const int64_t y = labels[r];
-    if (y == ignore_index) continue;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int64_t y = LabelAt(labels, wide, r);
+    if (y == ignore) continue;
     if (y < 0 || y >= classes) {
       atomicMin(&bad, static_cast<unsigned long long>(r));  // integer: exact
     } else {
       count += 1.0;
     }
   }
-  const double total = BlockSum(count, sh);
+  const double total = BlockSum(count, sh);  // also orders the atomics
   if (threadIdx.x == 0) {
     ws[0] = total;
-    ws[1] = bad == ~0ull ? -1.0 : static_cast<double>(bad);
+    ws[1] = -1.0;
+    if (bad != ~0ull) {
+      const int64_t r = static_cast<int64_t>(bad);
+      ws[1] = static_cast<double>(r);
+      slots[2] = static_cast<double>(r) + 1.0;
+      slots[3] = static_cast<double>(LabelAt(labels, wide, r));
+    }
   }
 }
 
-// One block per row. ws[2 + r] = row loss; ws[2 + rows + r] = correct (0/1).
-__global__ void XentRowKernel(int64_t rows, int64_t classes,
-                              const float* __restrict__ logits,
-                              const int64_t* __restrict__ labels,
-                              int64_t ignore_index, double eps,
-                              float* __restrict__ grad,
-                              double* __restrict__ ws) {
-  __shared__ double sh[kThreads];
-  __shared__ float sh_max[kThreads];
-  __shared__ int64_t sh_arg[kThreads];
-  const int64_t r = blockIdx.x;
-  const int64_t y = labels[r];
-  const float* row = logits + r * classes;
-  const bool valid = y != ignore_index && y >= 0 && y < classes;
-  if (!valid) {
+// One warp per row. Row arrays: loss_i, correct_i.
+template <typename T>
+__global__ void CrossEntropyRowKernel(int64_t rows, int64_t c,
+                                      const T* __restrict__ x,
+                                      const void* labels, bool wide,
+                                      int64_t ignore, double eps,
+                                      T* __restrict__ grad,
+                                      double* __restrict__ ws) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 32;
+  if (r >= rows || ws[1] >= 0) return;  // whole warps; a bad label stops all
+  const double n = ws[0];
+  double* row_loss = ws + 2;
+  double* row_correct = ws + 2 + rows;
+  const int64_t y = LabelAt(labels, wide, r);
+  const T* row = x + r * c;
+  if (y == ignore) {
     if (grad != nullptr) {
-      for (int64_t k = threadIdx.x; k < classes; k += kThreads) {
-        grad[r * classes + k] = 0.0f;
-      }
+      for (int64_t k = lane; k < c; k += 32) Store(grad, r * c + k, 0.0f);
     }
-    if (threadIdx.x == 0) {
-      ws[2 + r] = 0.0;
-      ws[2 + rows + r] = 0.0;
-    }
+    if (lane == 0) row_loss[r] = row_correct[r] = 0.0;
     return;
   }
-  // Max and first argmax.
-  float best = -FLT_MAX;
-  int64_t arg = classes;
-  for (int64_t k = threadIdx.x; k < classes; k += kThreads) {
-    const float v = row[k];
-    if (arg == classes || v > best) {
-      best = v;
-      arg = k;
-    }
+  float best = 0.0f;
+  int64_t arg = -1;
+  for (int64_t k = lane; k < c; k += 32) {
+    ArgMaxCombine(&best, &arg, Load(row, k), k);
   }
-  sh_max[threadIdx.x] = best;
-  sh_arg[threadIdx.x] = arg;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) {
-      const float ov = sh_max[threadIdx.x + w];
-      const int64_t oa = sh_arg[threadIdx.x + w];
-      if (oa < classes &&
-          (sh_arg[threadIdx.x] == classes || ov > sh_max[threadIdx.x] ||
-           (ov == sh_max[threadIdx.x] && oa < sh_arg[threadIdx.x]))) {
-        sh_max[threadIdx.x] = ov;
-        sh_arg[threadIdx.x] = oa;
-      }
-    }
-    __syncthreads();
+  WarpArgMax(&best, &arg);
+  const double m = static_cast<double>(best);
+  double se = 0.0, sx = 0.0;
+  for (int64_t k = lane; k < c; k += 32) {
+    const double v = static_cast<double>(Load(row, k));
+    se += exp(v - m);
+    sx += v;
   }
-  const double mx = sh_max[0];
-  const int64_t argmax = sh_arg[0];
-  __syncthreads();
-  double se = 0.0, sum_x = 0.0;
-  for (int64_t k = threadIdx.x; k < classes; k += kThreads) {
-    const double v = row[k];
-    se += exp(v - mx);
-    sum_x += v;
-  }
-  se = BlockSum(se, sh);
-  sum_x = BlockSum(sum_x, sh);
-  const double lse = mx + log(se);  // log p[k] = x_k - lse
-  const double n = ws[0];
+  se = WarpSum(se);
+  sx = WarpSum(sx);
+  const double lse = m + log(se);  // log p[k] = x_k - lse
   if (grad != nullptr) {
-    for (int64_t k = threadIdx.x; k < classes; k += kThreads) {
-      const double logp = row[k] - lse;
-      const double target = (k == y ? 1.0 - eps : 0.0) + eps / classes;
-      grad[r * classes + k] = static_cast<float>((exp(logp) - target) / n);
+    const float w = __double2float_rn(n);
+    for (int64_t k = lane; k < c; k += 32) {
+      const double logp = static_cast<double>(Load(row, k)) - lse;
+      const double target = (k == y ? 1.0 - eps : 0.0) + eps / c;
+      StoreWeighted(grad, r * c + k, (exp(logp) - target) / n, w);
     }
   }
-  if (threadIdx.x == 0) {
-    const double nll = lse - row[y];
-    const double smooth = classes * lse - sum_x;  // sum_c -log p[c]
-    ws[2 + r] = (1.0 - eps) * nll + eps * smooth / classes;
-    ws[2 + rows + r] = argmax == y ? 1.0 : 0.0;
+  if (lane == 0) {
+    const double nll = lse - static_cast<double>(Load(row, y));
+    const double smooth = static_cast<double>(c) * lse - sx;  // sum -log p
+    row_loss[r] = (1.0 - eps) * nll + eps * smooth / c;
+    row_correct[r] = arg == y ? 1.0 : 0.0;
   }
 }
 
-__global__ void XentFinalKernel(int64_t rows, const double* __restrict__ ws,
-                                LossResult* result) {
-  __shared__ double sh[kThreads];
-  double loss = 0.0, correct = 0.0;
-  for (int64_t r = threadIdx.x; r < rows; r += kThreads) {
-    loss += ws[2 + r];
-    correct += ws[2 + rows + r];
+// One warp per row. Row arrays: kl_i, ce_i, correct_i.
+template <typename T>
+__global__ void DistillationRowKernel(int64_t rows, int64_t c,
+                                      const T* __restrict__ s_all,
+                                      const float* __restrict__ z_all,
+                                      const void* labels, bool wide,
+                                      int64_t ignore, double t, double alpha,
+                                      T* __restrict__ grad,
+                                      double* __restrict__ ws) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 32;
+  if (r >= rows || ws[1] >= 0) return;
+  const double n = ws[0];
+  double* row_kl = ws + 2;
+  double* row_ce = ws + 2 + rows;
+  double* row_correct = ws + 2 + 2 * rows;
+  const int64_t y = LabelAt(labels, wide, r);
+  if (y == ignore) {
+    if (grad != nullptr) {
+      for (int64_t k = lane; k < c; k += 32) Store(grad, r * c + k, 0.0f);
+    }
+    if (lane == 0) row_kl[r] = row_ce[r] = row_correct[r] = 0.0;
+    return;
   }
-  loss = BlockSum(loss, sh);
-  correct = BlockSum(correct, sh);
-  if (threadIdx.x == 0) {
-    const double n = ws[0];
-    result->loss = n > 0 ? loss / n : 0.0;
-    result->loss_weight = n;
-    result->loss_sum = loss;
-    result->correct = static_cast<int64_t>(correct);
-    result->bad_row = static_cast<int64_t>(ws[1]);
+  const T* s = s_all + r * c;
+  const float* z = z_all + r * c;
+  float best = 0.0f, zmax = -FLT_MAX;
+  int64_t arg = -1;
+  for (int64_t k = lane; k < c; k += 32) {
+    ArgMaxCombine(&best, &arg, Load(s, k), k);
+    zmax = fmaxf(zmax, z[k]);
   }
+  WarpArgMax(&best, &arg);
+  zmax = WarpMax(zmax);
+  const double scale = 1.0 / t;
+  const double ms = static_cast<double>(best);
+  const double mq = scale * ms;  // max of scale * s (rounding is monotone)
+  const double mp = scale * static_cast<double>(zmax);
+  double sq = 0.0, sp = 0.0, ss = 0.0;
+  for (int64_t k = lane; k < c; k += 32) {
+    const double sk = static_cast<double>(Load(s, k));
+    const double zk = static_cast<double>(z[k]);
+    sq += exp(scale * sk - mq);
+    sp += exp(scale * zk - mp);
+    ss += exp(sk - ms);
+  }
+  const double lse_q = mq + log(WarpSum(sq));
+  const double lse_p = mp + log(WarpSum(sp));
+  const double lse_s = ms + log(WarpSum(ss));
+  const float w = __double2float_rn(n);
+  double kl = 0.0;
+  for (int64_t k = lane; k < c; k += 32) {
+    const double sk = static_cast<double>(Load(s, k));
+    const double log_q = scale * sk - lse_q;
+    const double log_p = scale * static_cast<double>(z[k]) - lse_p;
+    const double p = exp(log_p);
+    if (p > 0) kl += p * (log_p - log_q);  // xlogy: 0 log 0 = 0
+    if (grad != nullptr) {
+      // d/ds [alpha T^2 KL] = alpha T (q - p); d/ds CE = softmax(s) - 1_y.
+      const double dkl = alpha * t * (exp(log_q) - p);
+      const double dce = (1.0 - alpha) * (exp(sk - lse_s) - (k == y ? 1 : 0));
+      StoreWeighted(grad, r * c + k, (dkl + dce) / n, w);
+    }
+  }
+  kl = WarpSum(kl);
+  if (lane == 0) {
+    row_kl[r] = kl;
+    row_ce[r] = lse_s - static_cast<double>(Load(s, y));
+    row_correct[r] = arg == y ? 1.0 : 0.0;
+  }
+}
+
+// One block of kFinalThreads: sums the row arrays and fills the slots.
+// kind 0: cross-entropy (loss, correct); 1: distillation (kl, ce, correct).
+__global__ void ClassifierFinalKernel(int kind, int64_t rows, double t,
+                                      double alpha,
+                                      const double* __restrict__ ws,
+                                      double* __restrict__ slots) {
+  __shared__ double sh[kFinalThreads];
+  const int arrays = kind == 0 ? 2 : 3;
+  double sums[3] = {0.0, 0.0, 0.0};
+  for (int a = 0; a < arrays; ++a) {
+    double acc = 0.0;
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+      acc += ws[2 + a * rows + r];
+    }
+    sums[a] = BlockSum(acc, sh);
+  }
+  if (threadIdx.x != 0 || ws[1] >= 0) return;  // a bad label: only [2], [3]
+  const double n = ws[0];
+  if (n == 0) return;  // every row ignored: all zero
+  slots[0] = n;
+  if (kind == 0) {
+    slots[1] = n * (sums[0] / n);
+    slots[4] = sums[0];
+    slots[5] = sums[1];
+  } else {
+    const double loss = alpha * t * t * sums[0] / n + (1 - alpha) * sums[1] / n;
+    slots[1] = n * loss;
+    slots[4] = sums[0];
+    slots[5] = sums[1];
+    slots[6] = sums[2];
+  }
+}
+
+absl::Status CheckOutput(const char* k, const LossOutput& out, double* slots) {
+  TY_RETURN_IF_ERROR(internal::CheckSizes(k, out.rows, out.cols));
+  TY_RETURN_IF_ERROR(CheckActivationDType(k, out.dtype));
+  TY_RETURN_IF_ERROR(internal::CheckPtr(k, "slots", slots));
+  if (out.rows * out.cols > 0) {
+    TY_RETURN_IF_ERROR(internal::CheckPtr(k, "output", out.data));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLabels(const char* k, DType dtype, const void* labels,
+                         int64_t rows) {
+  if (dtype != DType::kInt32 && dtype != DType::kInt64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        k, ": labels are ", DTypeName(dtype), ", expected int32 or int64"));
+  }
+  if (rows > 0) TY_RETURN_IF_ERROR(internal::CheckPtr(k, "labels", labels));
+  return absl::OkStatus();
+}
+
+unsigned RowBlocks(int64_t rows) {
+  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
 }  // namespace
 
-size_t LossWorkspaceBytes(int64_t rows) {
-  const int64_t doubles = rows * 2 + 2;
-  return static_cast<size_t>(doubles < kMseBlocks ? kMseBlocks : doubles) *
-         sizeof(double);
+size_t MseWorkspaceBytes(int64_t, int64_t) {
+  return kMseMaxBlocks * sizeof(double);
 }
 
-absl::Status MseLoss(int64_t rows, int64_t cols, const float* out,
-                     const float* target, float* grad, void* workspace,
-                     LossResult* result, Stream stream) {
-  TY_RETURN_IF_ERROR(internal::CheckSizes("MseLoss", rows, cols));
-  TY_RETURN_IF_ERROR(internal::CheckPtr("MseLoss", "workspace", workspace));
-  TY_RETURN_IF_ERROR(internal::CheckPtr("MseLoss", "result", result));
-  const int64_t n = rows * cols;
-  if (n > 0) {
-    TY_RETURN_IF_ERROR(internal::CheckPtr("MseLoss", "out", out));
-    TY_RETURN_IF_ERROR(internal::CheckPtr("MseLoss", "target", target));
-  }
+size_t ClassifierWorkspaceBytes(int64_t rows, int64_t) {
+  return static_cast<size_t>(2 + 3 * (rows > 0 ? rows : 0)) * sizeof(double);
+}
+
+absl::Status MseLoss(const LossOutput& out, const float* target,
+                     void* workspace, double* slots, Stream stream) {
+  const char* k = "MseLoss";
+  TY_RETURN_IF_ERROR(CheckOutput(k, out, slots));
+  const int64_t n = out.rows * out.cols;
+  if (n == 0) return absl::OkStatus();  // the zeroed slots are the answer
+  TY_RETURN_IF_ERROR(internal::CheckPtr(k, "target", target));
+  TY_RETURN_IF_ERROR(internal::CheckPtr(k, "workspace", workspace));
+  int64_t blocks =
+      (n + kThreads * kMseItemsPerThread - 1) / (kThreads * kMseItemsPerThread);
+  if (blocks > kMseMaxBlocks) blocks = kMseMaxBlocks;
   double* partial = static_cast<double*>(workspace);
-  MsePartialKernel<<<kMseBlocks, kThreads, 0, stream>>>(n, out, target, grad,
-                                                        partial);
+  const float w = static_cast<float>(out.rows);
+  if (out.dtype == DType::kFloat32) {
+    MsePartialKernel<float>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+            n, static_cast<const float*>(out.data), target,
+            static_cast<float*>(out.grad), w, partial);
+  } else {
+    MsePartialKernel<bf16>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+            n, static_cast<const bf16*>(out.data), target,
+            static_cast<bf16*>(out.grad), w, partial);
+  }
   CUDA_RETURN_IF_LAUNCH_ERROR("MsePartialKernel");
-  MseFinalKernel<<<1, kThreads, 0, stream>>>(rows, n, partial, result);
+  MseFinalKernel<<<1, kFinalThreads, 0, stream>>>(
+      out.rows, n, static_cast<int>(blocks), partial, slots);
   CUDA_RETURN_IF_LAUNCH_ERROR("MseFinalKernel");
   return absl::OkStatus();
 }
 
-absl::Status SoftmaxCrossEntropyLoss(int64_t rows, int64_t classes,
-                                     const float* logits, const int64_t* labels,
-                                     int64_t ignore_index,
-                                     double label_smoothing, float* grad,
-                                     void* workspace, LossResult* result,
-                                     Stream stream) {
-  const char* k = "SoftmaxCrossEntropyLoss";
-  TY_RETURN_IF_ERROR(internal::CheckSizes(k, rows, classes));
-  if (classes < 1) {
+absl::Status CrossEntropyLoss(const LossOutput& out, DType label_dtype,
+                              const void* labels, int64_t ignore_index,
+                              double label_smoothing, void* workspace,
+                              double* slots, Stream stream) {
+  const char* k = "CrossEntropyLoss";
+  TY_RETURN_IF_ERROR(CheckOutput(k, out, slots));
+  TY_RETURN_IF_ERROR(CheckLabels(k, label_dtype, labels, out.rows));
+  if (out.cols < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat(k, ": classes must be >= 1, got ", classes));
+        absl::StrCat(k, ": classes must be >= 1, got ", out.cols));
   }
   if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         k, ": label_smoothing must be in [0, 1], got ", label_smoothing));
   }
+  if (out.rows == 0) return absl::OkStatus();
   TY_RETURN_IF_ERROR(internal::CheckPtr(k, "workspace", workspace));
-  TY_RETURN_IF_ERROR(internal::CheckPtr(k, "result", result));
-  if (rows > 0) {
-    TY_RETURN_IF_ERROR(internal::CheckPtr(k, "logits", logits));
-    TY_RETURN_IF_ERROR(internal::CheckPtr(k, "labels", labels));
-  }
   double* ws = static_cast<double*>(workspace);
-  XentCountKernel<<<1, kThreads, 0, stream>>>(rows, classes, labels,
-                                              ignore_index, ws);
-  CUDA_RETURN_IF_LAUNCH_ERROR("XentCountKernel");
-  if (rows > 0) {
-    XentRowKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        rows, classes, logits, labels, ignore_index, label_smoothing, grad, ws);
-    CUDA_RETURN_IF_LAUNCH_ERROR("XentRowKernel");
+  const bool wide = label_dtype == DType::kInt64;
+  CountLabelsKernel<<<1, kFinalThreads, 0, stream>>>(
+      out.rows, out.cols, labels, wide, ignore_index, ws, slots);
+  CUDA_RETURN_IF_LAUNCH_ERROR("CountLabelsKernel");
+  if (out.dtype == DType::kFloat32) {
+    CrossEntropyRowKernel<float><<<RowBlocks(out.rows), kThreads, 0, stream>>>(
+        out.rows, out.cols, static_cast<const float*>(out.data), labels, wide,
+        ignore_index, label_smoothing, static_cast<float*>(out.grad), ws);
+  } else {
+    CrossEntropyRowKernel<bf16><<<RowBlocks(out.rows), kThreads, 0, stream>>>(
+        out.rows, out.cols, static_cast<const bf16*>(out.data), labels, wide,
+        ignore_index, label_smoothing, static_cast<bf16*>(out.grad), ws);
   }
-  XentFinalKernel<<<1, kThreads, 0, stream>>>(rows, ws, result);
-  CUDA_RETURN_IF_LAUNCH_ERROR("XentFinalKernel");
+  CUDA_RETURN_IF_LAUNCH_ERROR("CrossEntropyRowKernel");
+  ClassifierFinalKernel<<<1, kFinalThreads, 0, stream>>>(0, out.rows, 0, 0, ws,
+                                                         slots);
+  CUDA_RETURN_IF_LAUNCH_ERROR("ClassifierFinalKernel");
+  return absl::OkStatus();
+}
+
+absl::Status DistillationLoss(const LossOutput& out, const float* teacher,
+                              DType label_dtype, const void* labels,
+                              int64_t ignore_index, double temperature,
+                              double alpha, void* workspace, double* slots,
+                              Stream stream) {
+  const char* k = "DistillationLoss";
+  TY_RETURN_IF_ERROR(CheckOutput(k, out, slots));
+  TY_RETURN_IF_ERROR(CheckLabels(k, label_dtype, labels, out.rows));
+  if (out.cols < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(k, ": classes must be >= 1, got ", out.cols));
+  }
+  if (!(temperature > 0) || !(alpha >= 0 && alpha <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(k, ": temperature must be > 0 and alpha in [0, 1], got ",
+                     temperature, " and ", alpha));
+  }
+  if (out.rows == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(internal::CheckPtr(k, "teacher", teacher));
+  TY_RETURN_IF_ERROR(internal::CheckPtr(k, "workspace", workspace));
+  double* ws = static_cast<double*>(workspace);
+  const bool wide = label_dtype == DType::kInt64;
+  CountLabelsKernel<<<1, kFinalThreads, 0, stream>>>(
+      out.rows, out.cols, labels, wide, ignore_index, ws, slots);
+  CUDA_RETURN_IF_LAUNCH_ERROR("CountLabelsKernel");
+  if (out.dtype == DType::kFloat32) {
+    DistillationRowKernel<float><<<RowBlocks(out.rows), kThreads, 0, stream>>>(
+        out.rows, out.cols, static_cast<const float*>(out.data), teacher,
+        labels, wide, ignore_index, temperature, alpha,
+        static_cast<float*>(out.grad), ws);
+  } else {
+    DistillationRowKernel<bf16><<<RowBlocks(out.rows), kThreads, 0, stream>>>(
+        out.rows, out.cols, static_cast<const bf16*>(out.data), teacher, labels,
+        wide, ignore_index, temperature, alpha, static_cast<bf16*>(out.grad),
+        ws);
+  }
+  CUDA_RETURN_IF_LAUNCH_ERROR("DistillationRowKernel");
+  ClassifierFinalKernel<<<1, kFinalThreads, 0, stream>>>(
+      1, out.rows, temperature, alpha, ws, slots);
+  CUDA_RETURN_IF_LAUNCH_ERROR("ClassifierFinalKernel");
   return absl::OkStatus();
 }
 

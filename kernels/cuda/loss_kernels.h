@@ -1,18 +1,18 @@
-// The built-in task plugins' losses on the device, with the semantics of
-// task_plugins/mse.cc and task_plugins/cross_entropy.cc:
-// - MSE: torch.nn.MSELoss (mean over every element); loss_weight = rows;
-//   grad = 2 (out - target) / n.
-// - Softmax cross-entropy with class-index labels, ignore_index and label
-//   smoothing eps: loss_i = (1 - eps) (-log p[y_i]) + eps mean_c(-log p[c]),
-//   loss = mean over non-ignored rows, loss_weight = their count,
-//   grad = (softmax - target) / count (zero rows for ignored samples),
-//   correct = rows whose argmax (first maximum on ties) equals the label.
-// Logits, targets and gradients are float32; sums are double with fixed
-// reduction trees (deterministic). Results land in a device LossResult;
-// copy it to the host after the stream is done. A label outside
-// [0, classes) that is not ignore_index sets bad_row (the smallest such
-// row) and the caller must reject the microbatch, as the CPU plugin does.
-// Launchers enqueue on `stream`; thread-safe.
+// The shipped task plugins' losses on a GPU: the device half (task ABI v2)
+// of task_plugins/mse.cc, cross_entropy.cc and logit_distillation.cc, with
+// the semantics and the slot layout of their CPU twins in kernels/losses.h
+// (which the plugins use on the host and on the simulated device):
+//   slots [0] w, [1] w * loss, [2] 0 or 1 + the first bad row, [3] its
+//   label, [4...] each loss's partials (losses.h lists them).
+// The gradient written is the weighted one (w times dLoss/dOutput, rounded
+// as losses.h's Output::weighted), in the output's dtype.
+//
+// Outputs are float32 or bfloat16; sums are double over fixed grids and
+// fixed reduction trees (no atomics on floats): the same bits on every run
+// on a given GPU model; they differ from the CPU's row-order sums in the
+// last bits. Launchers enqueue on `stream`, never wait, and check their
+// arguments and the launch; the slots must be zeroed by the caller (the
+// task host does). Thread-safe.
 #ifndef TRAINYARD_KERNELS_CUDA_LOSS_KERNELS_H_
 #define TRAINYARD_KERNELS_CUDA_LOSS_KERNELS_H_
 
@@ -20,34 +20,43 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "core/tensor.h"
 #include "kernels/cuda/device.h"
 
 namespace trainyard {
 namespace gpu {
 
-struct LossResult {
-  double loss = 0;         // mean loss
-  double loss_weight = 0;  // rows (MSE) or non-ignored rows (cross-entropy)
-  double loss_sum = 0;     // loss * count (for metrics)
-  int64_t correct = 0;     // cross-entropy only
-  int64_t bad_row = -1;    // first row with an invalid label, or -1
+// One microbatch's output and its gradient, on the device.
+struct LossOutput {
+  DType dtype = DType::kFloat32;  // float32 or bfloat16
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;  // [rows, cols]
+  void* grad = nullptr;        // [rows, cols] of dtype; null for eval
 };
 
-// Bytes of device workspace for `rows` rows.
-size_t LossWorkspaceBytes(int64_t rows);
+// Device workspace for MseLoss and for the two classifier losses.
+size_t MseWorkspaceBytes(int64_t rows, int64_t cols);
+size_t ClassifierWorkspaceBytes(int64_t rows, int64_t cols);
 
-// out, target [rows, cols]; grad [rows, cols] may be null (eval).
-absl::Status MseLoss(int64_t rows, int64_t cols, const float* out,
-                     const float* target, float* grad, void* workspace,
-                     LossResult* result, Stream stream);
+// MSE against float32 targets [rows, cols] (losses::Mse).
+absl::Status MseLoss(const LossOutput& out, const float* target,
+                     void* workspace, double* slots, Stream stream);
 
-// logits [rows, classes], labels int64 [rows]; grad may be null (eval).
-absl::Status SoftmaxCrossEntropyLoss(int64_t rows, int64_t classes,
-                                     const float* logits, const int64_t* labels,
-                                     int64_t ignore_index,
-                                     double label_smoothing, float* grad,
-                                     void* workspace, LossResult* result,
-                                     Stream stream);
+// Softmax cross-entropy against int32/int64 labels [rows]
+// (losses::CrossEntropy).
+absl::Status CrossEntropyLoss(const LossOutput& out, DType label_dtype,
+                              const void* labels, int64_t ignore_index,
+                              double label_smoothing, void* workspace,
+                              double* slots, Stream stream);
+
+// Logit distillation against a float32 teacher [rows, cols] and hard
+// labels (losses::Distillation).
+absl::Status DistillationLoss(const LossOutput& out, const float* teacher,
+                              DType label_dtype, const void* labels,
+                              int64_t ignore_index, double temperature,
+                              double alpha, void* workspace, double* slots,
+                              Stream stream);
 
 }  // namespace gpu
 }  // namespace trainyard

@@ -1,4 +1,6 @@
 // loss_kernels.h without a CUDA toolkit: every launcher fails cleanly.
+#include <string>
+
 #include "kernels/cuda/loss_kernels.h"
 
 namespace trainyard {
@@ -10,21 +12,22 @@ absl::Status NoCuda(const char* what) {
 }
 }  // namespace
 
-size_t LossWorkspaceBytes(int64_t rows) { return 0; }
+size_t MseWorkspaceBytes(int64_t, int64_t) { return 0; }
+size_t ClassifierWorkspaceBytes(int64_t, int64_t) { return 0; }
 
-absl::Status MseLoss(int64_t rows, int64_t cols, const float* out,
-                     const float* target, float* grad, void* workspace,
-                     LossResult* result, Stream stream) {
+absl::Status MseLoss(const LossOutput&, const float*, void*, double*, Stream) {
   return NoCuda("MseLoss");
 }
 
-absl::Status SoftmaxCrossEntropyLoss(int64_t rows, int64_t classes,
-                                     const float* logits, const int64_t* labels,
-                                     int64_t ignore_index,
-                                     double label_smoothing, float* grad,
-                                     void* workspace, LossResult* result,
-                                     Stream stream) {
-  return NoCuda("SoftmaxCrossEntropyLoss");
+absl::Status CrossEntropyLoss(const LossOutput&, DType, const void*, int64_t,
+                              double, void*, double*, Stream) {
+  return NoCuda("CrossEntropyLoss");
+}
+
+absl::Status DistillationLoss(const LossOutput&, const float*, DType,
+                              const void*, int64_t, double, double, void*,
+                              double*, Stream) {
+  return NoCuda("DistillationLoss");
 }
 
 }  // namespace gpu
