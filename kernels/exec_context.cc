@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -36,6 +37,35 @@ class CudaTensorAllocator final : public Allocator {
   const int index_;
   gpu::DeviceAllocator* const cache_;
 };
+
+// Page-locked host memory (gpu::AllocPinned), uncached: a stage allocates
+// its pinned buffers once.
+class PinnedHostAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::Cpu(); }
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    return gpu::AllocPinned(bytes);
+  }
+  void Deallocate(void* ptr) override { gpu::FreePinned(ptr); }
+};
+
+Allocator* PinnedAllocator() {
+  static Allocator* const a = new PinnedHostAllocator();
+  return a;
+}
+
+// The compute stream of each GPU, for the life of the process.
+absl::StatusOr<gpu::Stream> CudaStreamFor(int index) {
+  static std::mutex mu;
+  static auto* const streams = new std::map<int, gpu::Stream>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams->find(index);
+  if (it != streams->end()) return it->second;
+  ASSIGN_OR_RETURN(gpu::Stream s, gpu::CreateStream(index));
+  (*streams)[index] = s;
+  return s;
+}
 
 // One Allocator per GPU for the life of the process.
 absl::StatusOr<Allocator*> CudaAllocatorFor(int index) {
@@ -97,7 +127,7 @@ absl::StatusOr<std::unique_ptr<ExecContext>> ExecContext::Create(
                        " needs a CUDA device; the CPU computes in fp32"));
     }
     return std::unique_ptr<ExecContext>(
-        new ExecContext(device, precision, HostAllocator()));
+        new ExecContext(device, precision, HostAllocator(), nullptr));
   }
   if (device.is_sim()) {
     if (precision == Precision::kTf32) {
@@ -105,8 +135,8 @@ absl::StatusOr<std::unique_ptr<ExecContext>> ExecContext::Create(
           "precision tf32 needs a CUDA device; the simulated device computes "
           "in fp32 (or bf16 activations)");
     }
-    return std::unique_ptr<ExecContext>(
-        new ExecContext(device, precision, SimAllocator(device.index)));
+    return std::unique_ptr<ExecContext>(new ExecContext(
+        device, precision, SimAllocator(device.index), nullptr));
   }
   absl::Status usable = gpu::CheckDevice(device.index);
   if (!usable.ok()) {
@@ -115,8 +145,9 @@ absl::StatusOr<std::unique_ptr<ExecContext>> ExecContext::Create(
   }
   RETURN_IF_ERROR(gpu::SetDevice(device.index));
   ASSIGN_OR_RETURN(Allocator * allocator, CudaAllocatorFor(device.index));
+  ASSIGN_OR_RETURN(gpu::Stream stream, CudaStreamFor(device.index));
   return std::unique_ptr<ExecContext>(
-      new ExecContext(device, precision, allocator));
+      new ExecContext(device, precision, allocator, stream));
 }
 
 std::string ExecContext::ToString() const {
@@ -134,13 +165,22 @@ absl::StatusOr<Tensor> ExecContext::Empty(DType dtype, Shape shape) const {
 
 absl::StatusOr<Tensor> ExecContext::Zeros(DType dtype, Shape shape) const {
   ASSIGN_OR_RETURN(Tensor t, Empty(dtype, std::move(shape)));
-  if (t.nbytes() == 0) return t;
-  if (!device_.is_cuda()) {
-    std::memset(t.ptr(), 0, t.nbytes());
-  } else {
-    RETURN_IF_ERROR(gpu::MemsetAsync(t.ptr(), 0, t.nbytes(), stream()));
-  }
+  RETURN_IF_ERROR(SetZero(&t));
   return t;
+}
+
+absl::Status ExecContext::SetZero(Tensor* t) const {
+  if (t->device() != device_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("zeroing a tensor on ", t->device().ToString(),
+                     " in a context on ", device_.ToString()));
+  }
+  if (t->nbytes() == 0) return absl::OkStatus();
+  if (!device_.is_cuda()) {
+    std::memset(t->ptr(), 0, t->nbytes());
+    return absl::OkStatus();
+  }
+  return gpu::MemsetAsync(t->ptr(), 0, t->nbytes(), stream());
 }
 
 absl::Status ExecContext::CopyInto(const Tensor& src, Tensor* dst) const {
@@ -153,7 +193,7 @@ absl::Status ExecContext::CopyInto(const Tensor& src, Tensor* dst) const {
   if (n == 0) return absl::OkStatus();
   const bool from_host = src.device().is_cpu();
   const bool to_host = dst->device().is_cpu();
-  if (from_host != to_host) CountCopy(/*to_device=*/from_host, n);
+  if (from_host != to_host) CountCopy(/*to_device=*/from_host, n, true);
   // The simulated device's memory is host memory: every copy is a memcpy.
   if (!src.device().is_cuda() && !dst->device().is_cuda()) {
     std::memcpy(dst->ptr(), src.ptr(), n);
@@ -166,6 +206,58 @@ absl::Status ExecContext::CopyInto(const Tensor& src, Tensor* dst) const {
         gpu::CopyDeviceToDevice(dst->ptr(), src.ptr(), n, stream()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ExecContext::PinnedEmpty(DType dtype,
+                                                Shape shape) const {
+  return Tensor::Create(
+      dtype, std::move(shape),
+      device_.is_cuda() ? PinnedAllocator() : HostAllocator());
+}
+
+absl::Status ExecContext::CheckAsync(const char* what, const Tensor& host,
+                                     const Tensor& device) const {
+  if (host.dtype() != device.dtype() || host.numel() != device.numel() ||
+      !host.device().is_cpu() || device.device() != device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " between ", DTypeName(host.dtype()), ShapeToString(host.shape()),
+        " on ", host.device().ToString(), " and ", DTypeName(device.dtype()),
+        ShapeToString(device.shape()), " on ", device.device().ToString(),
+        " in a context on ", device_.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExecContext::CopyToDeviceAsync(const Tensor& src,
+                                            Tensor* dst) const {
+  RETURN_IF_ERROR(CheckAsync("asynchronous copy to the device", src, *dst));
+  const size_t n = src.nbytes();
+  if (n == 0 || device_.is_cpu()) {
+    if (n > 0 && src.ptr() != dst->ptr()) std::memcpy(dst->ptr(), src.ptr(), n);
+    return absl::OkStatus();
+  }
+  CountCopy(/*to_device=*/true, n, false);
+  if (device_.is_sim()) {
+    std::memcpy(dst->ptr(), src.ptr(), n);
+    return absl::OkStatus();
+  }
+  return gpu::CopyHostToDeviceAsync(dst->ptr(), src.ptr(), n, stream());
+}
+
+absl::Status ExecContext::CopyToHostAsync(const Tensor& src,
+                                          Tensor* dst) const {
+  RETURN_IF_ERROR(CheckAsync("asynchronous copy to the host", *dst, src));
+  const size_t n = src.nbytes();
+  if (n == 0 || device_.is_cpu()) {
+    if (n > 0 && src.ptr() != dst->ptr()) std::memcpy(dst->ptr(), src.ptr(), n);
+    return absl::OkStatus();
+  }
+  CountCopy(/*to_device=*/false, n, false);
+  if (device_.is_sim()) {
+    std::memcpy(dst->ptr(), src.ptr(), n);
+    return absl::OkStatus();
+  }
+  return gpu::CopyDeviceToHostAsync(dst->ptr(), src.ptr(), n, stream());
 }
 
 absl::StatusOr<Tensor> ExecContext::HostCopy(const Tensor& t) const {
@@ -271,7 +363,13 @@ absl::Status ExecContext::Synchronize() const {
   return gpu::StreamSynchronize(stream());
 }
 
-void ExecContext::CountCopy(bool to_device, size_t bytes) const {
+absl::StatusOr<int64_t> ExecContext::FreeMemoryBytes() const {
+  if (!device_.is_cuda()) return std::numeric_limits<int64_t>::max();
+  ASSIGN_OR_RETURN(gpu::MemoryInfo info, gpu::GetMemoryInfo(device_.index));
+  return static_cast<int64_t>(info.free_bytes);
+}
+
+void ExecContext::CountCopy(bool to_device, size_t bytes, bool waits) const {
   const int64_t n = static_cast<int64_t>(bytes);
   if (to_device) {
     h2d_copies_.fetch_add(1, std::memory_order_relaxed);
@@ -280,8 +378,7 @@ void ExecContext::CountCopy(bool to_device, size_t bytes) const {
     d2h_copies_.fetch_add(1, std::memory_order_relaxed);
     d2h_bytes_.fetch_add(n, std::memory_order_relaxed);
   }
-  // Both directions wait for the device (synchronous copies on CUDA).
-  syncs_.fetch_add(1, std::memory_order_relaxed);
+  if (waits) syncs_.fetch_add(1, std::memory_order_relaxed);
 }
 
 DeviceTraffic ExecContext::traffic() const {

@@ -5,12 +5,14 @@
 //
 // CPU: host memory (64-byte aligned), no stream, fp32 only.
 // CUDA (cuda:N): device memory from the process-wide caching allocator of
-// GPU N (kernels/cuda/device_allocator.h) and the device's legacy default
-// stream. Every context of one GPU in a process shares that stream, so the
-// caching allocator's immediate reuse of freed blocks is safe (all work is
-// ordered on one stream) and stages that share a GPU hand tensors to each
-// other without copies or events. Communication libraries keep their own
-// streams and order them against it with events (core/nccl_transport.h).
+// GPU N (kernels/cuda/device_allocator.h) and one non-blocking stream per
+// GPU and process (it never waits for the legacy default stream). Every
+// context of one GPU in a process shares that stream, so the caching
+// allocator's immediate reuse of freed blocks is safe (all work is ordered
+// on one stream) and stages that share a GPU hand tensors to each other
+// without copies or events: a tensor's consumer is queued after its
+// producer. Communication libraries keep their own streams and order them
+// against it with events (core/nccl_transport.h: SetComputeStream).
 // Simulated (sim:N, core/sim_device.h): memory the engine must treat as
 // device memory, computed on by the CPU's kernels as work is queued (so
 // nothing is ever pending); fp32, or bf16 activations that its kernels
@@ -83,7 +85,9 @@ class ExecContext {
   DType activation_dtype() const {
     return precision_ == Precision::kBf16 ? DType::kBFloat16 : DType::kFloat32;
   }
-  CUstream_st* stream() const { return nullptr; }  // see the file comment
+  // The GPU's compute stream (see the file comment); null on the CPU and
+  // the simulated device.
+  CUstream_st* stream() const { return stream_; }
   Allocator* allocator() const { return allocator_; }
   // "cpu fp32", "cuda:0 bf16".
   std::string ToString() const;
@@ -91,6 +95,8 @@ class ExecContext {
   // Uninitialised / zeroed memory on this context's device.
   absl::StatusOr<Tensor> Empty(DType dtype, Shape shape) const;
   absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape) const;
+  // Sets every byte of *t (on this context's device) to zero (queued).
+  absl::Status SetZero(Tensor* t) const;
 
   // `t` on the host: as it is when it is already there, else a copy made
   // after the work queued on the stream (the call waits for it).
@@ -107,12 +113,30 @@ class ExecContext {
   // Writes src converted to dst's dtype into *dst (same element count, both
   // on this context's device; float32 <-> bfloat16, or a plain copy).
   absl::Status CastInto(const Tensor& src, Tensor* dst) const;
-  // Copies src into *dst (same dtype and element count; any devices).
+  // Copies src into *dst (same dtype and element count; any devices). A
+  // copy between host and device waits for it (counted as a
+  // synchronisation); see the Async variants for the step's copies.
   absl::Status CopyInto(const Tensor& src, Tensor* dst) const;
+
+  // Host memory the device's copy engines read and write directly
+  // (page-locked on CUDA, plain host memory elsewhere): what the
+  // asynchronous copies below take on the host side.
+  absl::StatusOr<Tensor> PinnedEmpty(DType dtype, Shape shape) const;
+  // Queues a copy of host `src` (from PinnedEmpty) into device `*dst` (same
+  // dtype and element count) and returns: `src` must stay unchanged until
+  // the stream has passed the copy (after the next Synchronize, say).
+  // Counted as a copy, not a synchronisation.
+  absl::Status CopyToDeviceAsync(const Tensor& src, Tensor* dst) const;
+  // Queues a copy of device `src` into host `*dst` (from PinnedEmpty) and
+  // returns: read `dst` only after Synchronize(). Counted as a copy.
+  absl::Status CopyToHostAsync(const Tensor& src, Tensor* dst) const;
   // *dst += src, element by element (float32, same element count, both on
   // this context's device): each element is one float add, so the result
   // is the same bits on the CPU and on any GPU.
   absl::Status AddInto(const Tensor& src, Tensor* dst) const;
+  // Bytes of free memory on the device: the GPU's; unbounded (INT64_MAX)
+  // on the simulated device and the host.
+  absl::StatusOr<int64_t> FreeMemoryBytes() const;
   // Waits for the work queued on the stream (counted in traffic()).
   absl::Status Synchronize() const;
   // What this context has copied and waited for so far.
@@ -123,14 +147,19 @@ class ExecContext {
   absl::Status Activate() const;
 
  private:
-  ExecContext(Device d, Precision p, Allocator* a)
-      : device_(d), precision_(p), allocator_(a) {}
-  // Counts a copy of `bytes` between the host and this context's device.
-  void CountCopy(bool to_device, size_t bytes) const;
+  ExecContext(Device d, Precision p, Allocator* a, CUstream_st* stream)
+      : device_(d), precision_(p), allocator_(a), stream_(stream) {}
+  // Counts a copy of `bytes` between the host and this context's device,
+  // and a synchronisation when the copy waits for the device.
+  void CountCopy(bool to_device, size_t bytes, bool waits) const;
+  // The host and device sides of an asynchronous copy, checked.
+  absl::Status CheckAsync(const char* what, const Tensor& host,
+                          const Tensor& device) const;
 
   Device device_;
   Precision precision_;
   Allocator* allocator_;
+  CUstream_st* stream_ = nullptr;
   mutable std::atomic<int64_t> h2d_copies_{0}, h2d_bytes_{0}, d2h_copies_{0},
       d2h_bytes_{0}, syncs_{0};
 };

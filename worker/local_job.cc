@@ -123,6 +123,8 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   StageOptions stage_options;
   stage_options.plugin_dir = options.plugin_dir;
   stage_options.timeout = options.timeout;
+  stage_options.host_loss = options.host_loss;
+  stage_options.device_data_bytes = options.device_data_bytes;
   // stages[r * S + s], each with its own context on the one device (so that
   // each counts its own copies; they share the device's stream and memory).
   std::vector<std::unique_ptr<ExecContext>> contexts;  // outlive the stages

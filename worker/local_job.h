@@ -26,6 +26,9 @@ struct LocalJobOptions {
   Device device = Device::Cpu();
   // BLAS threads for the process (shared by all stages); 0 = leave as is.
   int threads = 0;
+  // StageOptions::host_loss and device_data_bytes for every stage.
+  bool host_loss = false;
+  int64_t device_data_bytes = -1;
   // Stop (successfully) once this many steps are complete, as if the job
   // had been interrupted there; 0 = run spec.steps.
   int64_t stop_after_step = 0;

@@ -1,12 +1,18 @@
 // Whole jobs on the simulated device (sim:0, core/sim_device.h): memory the
 // engine must treat as device memory, the CPU's kernels, every host<->device
 // copy and synchronisation counted. It checks what a GPU step moves between
-// host and device, on machines without a GPU.
+// host and device, on machines without a GPU:
+// - the step's budget: no activation-sized copy and one synchronisation
+//   per step and stage, for 1 and 4 stages on one device;
+// - the task plugins' device losses (ABI v2) against their host losses
+//   (v1) and against the CPU.
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/test_jobs.h"
 #include "worker/test_paths.h"
@@ -15,6 +21,7 @@ namespace trainyard {
 namespace {
 
 using testing::ClassificationSpec;
+using ::testing::HasSubstr;
 using testing::PluginDir;
 using testing::RunJob;
 using testing::RunResult;
@@ -22,25 +29,169 @@ using testing::WithPipeline;
 
 const Device kSim = Device::Sim(0);
 
-// With a v1 (host) plugin the simulated device computes exactly what the
-// CPU does: the same kernels on the same values, whatever the split.
-TEST(LocalJobSimTest, Fp32WithAHostPluginIsTheCpuBitForBit) {
+void ExpectSameBits(const RunResult& r, const RunResult& ref) {
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.losses, ref.losses);
+  EXPECT_EQ(r.grad_norms, ref.grad_norms);
+  EXPECT_EQ(r.eval_loss, ref.eval_loss);
+  EXPECT_EQ(r.params, ref.params);
+}
+
+// A regression job wide enough that one microbatch's activations (16 rows x
+// 128 features) dwarf the step's small numbers: MSE, 3 blocks, bf16.
+trainyard::v1::JobSpec WideRegressionSpec(int stages) {
+  trainyard::v1::JobSpec spec;
+  spec.set_name("sim-budget");
+  spec.set_steps(6);
+  spec.set_seed(11);
+  spec.set_precision("bf16");
+  for (int i = 0; i < 4; ++i) {
+    auto* b = spec.mutable_model()->add_blocks();
+    b->set_out_features(i == 3 ? 32 : 128);
+    b->set_ffn_hidden_size(256);
+    b->set_activation("gelu_tanh");
+    b->set_norm("layernorm");
+    b->set_residual(i > 0 && i < 3);
+  }
+  auto* par = spec.mutable_parallelism();
+  par->set_stages(stages);
+  par->set_microbatches(4);
+  par->set_schedule("1f1b");
+  auto* opt = spec.mutable_optimizer();
+  opt->set_type("adamw");
+  opt->set_lr(1e-3);
+  opt->set_clip_grad(1.0);
+  spec.mutable_task()->set_plugin("mse");
+  auto* data = spec.mutable_data();
+  auto* syn = data->mutable_train()->mutable_synthetic();
+  syn->set_kind("teacher_regression");
+  syn->set_num_samples(512);
+  syn->set_num_features(128);
+  syn->set_num_outputs(32);
+  syn->set_noise(0.1);
+  data->set_batch_size(64);
+  data->set_shuffle(true);
+  return spec;
+}
+
+// One microbatch's activations between blocks: 16 rows x 128 bfloat16.
+constexpr int64_t kActivationBytes = 16 * 128 * 2;
+
+void PrintTraffic(const RunResult& r) {
+  for (size_t s = 0; s < r.traffic.size(); ++s) {
+    const DeviceTraffic& t = r.traffic[s].back();
+    std::cout << "stage " << s << " last step: " << t.h2d_copies
+              << " copies to the device (" << t.h2d_bytes << " bytes), "
+              << t.d2h_copies << " to the host (" << t.d2h_bytes << " bytes), "
+              << t.syncs << " synchronisations\n";
+  }
+}
+
+// What the issue asks of a GPU step, checked per stage and step: no copy
+// of an activation between host and device, one synchronisation.
+void ExpectStepBudget(const RunResult& r, int stages) {
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_EQ(r.traffic.size(), static_cast<size_t>(stages));
+  PrintTraffic(r);
+  for (int s = 0; s < stages; ++s) {
+    ASSERT_EQ(r.traffic[s].size(), 6u);
+    for (size_t step = 0; step < r.traffic[s].size(); ++step) {
+      SCOPED_TRACE(::testing::Message()
+                   << "stage " << s << " step " << step + 1);
+      const DeviceTraffic& t = r.traffic[s][step];
+      EXPECT_EQ(t.syncs, 1);
+      // The batch's row indices, on the first stage only.
+      EXPECT_EQ(t.h2d_copies, s == 0 ? 1 : 0);
+      EXPECT_EQ(t.d2h_copies, 1);  // the step's scalars
+      EXPECT_LT(t.h2d_bytes + t.d2h_bytes, kActivationBytes);
+    }
+  }
+}
+
+TEST(LocalJobSimTest, OneStageStepCopiesNoActivationAndWaitsOnce) {
+  ExpectStepBudget(RunJob(WideRegressionSpec(1), 0, PluginDir(), kSim), 1);
+}
+
+TEST(LocalJobSimTest, FourStagesOnOneDeviceCopyNoActivationAndWaitOnce) {
+  ExpectStepBudget(RunJob(WideRegressionSpec(4), 0, PluginDir(), kSim), 4);
+}
+
+// The counters see what the budget forbids: the host loss (ABI v1) copies
+// each microbatch's output and gradient, and data that does not stay on the
+// device is copied with every batch.
+TEST(LocalJobSimTest, HostLossAndHostDataAreCountedCopies) {
+  const auto spec = WideRegressionSpec(1);
+  RunResult host_loss = RunJob(spec, 0, PluginDir(), kSim, /*host_loss=*/true);
+  ASSERT_TRUE(host_loss.status.ok()) << host_loss.status;
+  PrintTraffic(host_loss);
+  const DeviceTraffic& t = host_loss.traffic[0].back();
+  EXPECT_GE(t.d2h_copies, 4);  // each microbatch's output
+  EXPECT_GE(t.h2d_copies, 4);  // each microbatch's gradient
+  EXPECT_GE(t.syncs, 8);
+  RunResult host_data = RunJob(spec, 0, PluginDir(), kSim, false,
+                               /*device_data_bytes=*/0);
+  ASSERT_TRUE(host_data.status.ok()) << host_data.status;
+  PrintTraffic(host_data);
+  // The batch's features [64, 128] float32 and targets [64, 32].
+  EXPECT_GE(host_data.traffic[0].back().h2d_bytes, 64 * (128 + 32) * 4);
+  // Where the rows are gathered changes no bit.
+  ExpectSameBits(host_data, RunJob(spec, 0, PluginDir(), kSim));
+}
+
+// On the simulated device (the CPU's kernels) a plugin's device loss gives
+// the CPU's bits: the same loss, the engine's weighting of the gradient.
+TEST(LocalJobSimTest, DeviceLossesAreTheCpuBitForBit) {
   for (int stages : {1, 2, 4}) {
     SCOPED_TRACE(::testing::Message() << "S=" << stages);
     const auto spec = WithPipeline(ClassificationSpec(), stages, 4, "1f1b");
     RunResult cpu = RunJob(spec);
     ASSERT_TRUE(cpu.status.ok()) << cpu.status;
-    RunResult sim = RunJob(spec, 0, PluginDir(), kSim);
-    ASSERT_TRUE(sim.status.ok()) << sim.status;
-    EXPECT_EQ(sim.losses, cpu.losses);
-    EXPECT_EQ(sim.grad_norms, cpu.grad_norms);
-    EXPECT_EQ(sim.eval_loss, cpu.eval_loss);
-    EXPECT_EQ(sim.params, cpu.params);
-    // And it did count what a GPU would move: the CPU moves nothing.
-    ASSERT_EQ(cpu.traffic.size(), static_cast<size_t>(stages));
-    EXPECT_EQ(cpu.traffic[0][0].h2d_copies + cpu.traffic[0][0].syncs, 0);
-    EXPECT_GT(sim.traffic[0][0].h2d_copies, 0);
+    ExpectSameBits(RunJob(spec, 0, PluginDir(), kSim), cpu);
+    ExpectSameBits(RunJob(spec, 0, PluginDir(), kSim, /*host_loss=*/true), cpu);
   }
+}
+
+// bf16 on the device: the v2 (device) and v1 (host) losses of each plugin
+// agree; on the simulated device they agree bit for bit.
+TEST(LocalJobSimTest, DeviceAndHostLossesAgreeInBf16) {
+  for (int stages : {1, 4}) {
+    for (const char* plugin : {"mse", "cross_entropy"}) {
+      SCOPED_TRACE(::testing::Message() << plugin << " S=" << stages);
+      auto spec = plugin == std::string("mse")
+                      ? WideRegressionSpec(stages)
+                      : WithPipeline(ClassificationSpec(), stages, 4, "1f1b");
+      spec.set_precision("bf16");
+      RunResult v2 = RunJob(spec, 0, PluginDir(), kSim);
+      RunResult v1 = RunJob(spec, 0, PluginDir(), kSim, /*host_loss=*/true);
+      ASSERT_TRUE(v2.status.ok() && v1.status.ok()) << v2.status << v1.status;
+      ASSERT_EQ(v2.losses.size(), v1.losses.size());
+      double worst = 0;
+      for (size_t i = 0; i < v1.losses.size(); ++i) {
+        worst = std::max(worst, std::abs(v2.losses[i] - v1.losses[i]) /
+                                    std::abs(v1.losses[i]));
+      }
+      std::cout << plugin << " S=" << stages
+                << ": largest relative loss difference, device vs host loss: "
+                << worst << "\n";
+      EXPECT_LE(worst, 1e-6);
+      ExpectSameBits(v2, v1);
+    }
+  }
+}
+
+// A diverging job fails with the host loss's message on the device too.
+TEST(LocalJobSimTest, DivergenceIsReportedLikeOnTheCpu) {
+  auto spec = WithPipeline(ClassificationSpec(), 1, 4, "1f1b");
+  spec.mutable_optimizer()->set_lr(1e12);
+  spec.mutable_optimizer()->set_clip_grad(0);
+  spec.mutable_optimizer()->mutable_schedule()->set_warmup_steps(0);
+  RunResult cpu = RunJob(spec);
+  RunResult sim = RunJob(spec, 0, PluginDir(), kSim);
+  ASSERT_FALSE(cpu.status.ok());
+  ASSERT_FALSE(sim.status.ok());
+  EXPECT_THAT(std::string(cpu.status.message()), HasSubstr("non-finite"));
+  EXPECT_EQ(sim.status.message(), cpu.status.message());
+  EXPECT_EQ(sim.losses, cpu.losses);  // the steps before it
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "core/step_totals.h"
 #include "kernels/cuda/optimizer_kernels.h"
 #include "kernels/parallel.h"
 
@@ -180,37 +181,64 @@ absl::Status StageOptimizer::CheckFlat(const char* what,
   return absl::OkStatus();
 }
 
+absl::StatusOr<void*> StageOptimizer::LowPrecisionCopy(
+    Tensor* params_bf16) const {
+  if (params_bf16 == nullptr || !params_bf16->defined()) return nullptr;
+  if (ctx_ == nullptr || params_bf16->dtype() != DType::kBFloat16 ||
+      params_bf16->numel() != total_size_ ||
+      params_bf16->device() != ctx_->device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: params_bf16 is ", DTypeName(params_bf16->dtype()),
+        ShapeToString(params_bf16->shape()), " on ",
+        params_bf16->device().ToString(), ", expected bfloat16[", total_size_,
+        "] on the optimizer's GPU"));
+  }
+  return params_bf16->ptr();
+}
+
 absl::Status StageOptimizer::Step(Tensor* params, const Tensor& grads,
                                   double lr, double grad_scale,
                                   Tensor* params_bf16) {
   RETURN_IF_ERROR(CheckFlat("params", *params));
   RETURN_IF_ERROR(CheckFlat("grads", grads));
-  void* low = nullptr;
-  if (params_bf16 != nullptr && params_bf16->defined()) {
-    if (ctx_ == nullptr || params_bf16->dtype() != DType::kBFloat16 ||
-        params_bf16->numel() != total_size_ ||
-        params_bf16->device() != ctx_->device()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer: params_bf16 is ", DTypeName(params_bf16->dtype()),
-          ShapeToString(params_bf16->shape()), " on ",
-          params_bf16->device().ToString(), ", expected bfloat16[", total_size_,
-          "] on the optimizer's GPU"));
-    }
-    low = params_bf16->ptr();
-  }
+  ASSIGN_OR_RETURN(void* low, LowPrecisionCopy(params_bf16));
   if (ctx_ != nullptr) return StepOnDevice(params, grads, lr, grad_scale, low);
   Step(params->data<float>(), grads.data<float>(), lr, grad_scale);
   return absl::OkStatus();
 }
 
+absl::Status StageOptimizer::StepWithDeviceTotals(Tensor* params,
+                                                  const Tensor& grads,
+                                                  double lr,
+                                                  const double* totals,
+                                                  Tensor* params_bf16) {
+  if (ctx_ == nullptr || totals == nullptr) {
+    return absl::FailedPreconditionError(
+        "optimizer: a device step's totals need a device optimizer");
+  }
+  RETURN_IF_ERROR(CheckFlat("params", *params));
+  RETURN_IF_ERROR(CheckFlat("grads", grads));
+  ASSIGN_OR_RETURN(void* low, LowPrecisionCopy(params_bf16));
+  return StepOnDevice(params, grads, lr, 1.0, low, totals);
+}
+
 absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
                                           double lr, double grad_scale,
-                                          void* params_bf16) {
+                                          void* params_bf16,
+                                          const double* totals) {
   const std::vector<ParamSegment>& segs = segments_;
   float* p = static_cast<float*>(params->ptr());
   const float* g = static_cast<const float*>(grads.ptr());
   if (ctx_->device().is_sim()) {
-    // The simulated device's kernel is the CPU update itself.
+    // The simulated device's kernel is the CPU update itself, reading the
+    // device's totals like the GPU kernels do.
+    if (totals != nullptr) {
+      if (totals[kTotalsSkipWord] != 0) {
+        ++step_count_;
+        return absl::OkStatus();
+      }
+      grad_scale = totals[kTotalsScaleWord];
+    }
     Step(p, g, lr, grad_scale);
     return absl::OkStatus();
   }
@@ -223,9 +251,10 @@ absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
     hp.weight_decay = spec_.weight_decay();
     hp.step = step_count_ + 1;
     hp.grad_scale = grad_scale;
-    RETURN_IF_ERROR(gpu::FusedAdamW(
-        segs, hp, p, g, static_cast<float*>(state1_.ptr()),
-        static_cast<float*>(state2_.ptr()), params_bf16, ctx_->stream()));
+    RETURN_IF_ERROR(gpu::FusedAdamW(segs, hp, p, g,
+                                    static_cast<float*>(state1_.ptr()),
+                                    static_cast<float*>(state2_.ptr()),
+                                    params_bf16, ctx_->stream(), totals));
   } else {
     gpu::SgdStep hp;
     hp.lr = lr;
@@ -237,8 +266,8 @@ absl::Status StageOptimizer::StepOnDevice(Tensor* params, const Tensor& grads,
     hp.grad_scale = grad_scale;
     float* buf =
         state1_.defined() ? static_cast<float*>(state1_.ptr()) : nullptr;
-    RETURN_IF_ERROR(
-        gpu::FusedSgd(segs, hp, p, g, buf, params_bf16, ctx_->stream()));
+    RETURN_IF_ERROR(gpu::FusedSgd(segs, hp, p, g, buf, params_bf16,
+                                  ctx_->stream(), totals));
   }
   ++step_count_;
   return absl::OkStatus();
@@ -250,23 +279,35 @@ absl::StatusOr<std::vector<double>> StageOptimizer::GradSumsOfSquares(
   if (ctx_ == nullptr) return GradSumsOfSquares(grads.data<float>());
   const int n = static_cast<int>(segments_.size());
   ASSIGN_OR_RETURN(Tensor sums, ctx_->Empty(DType::kFloat64, {n}));
-  if (ctx_->device().is_sim()) {
-    // The simulated device's kernel is the CPU reduction (same bits).
-    const std::vector<double> out =
-        GradSumsOfSquares(static_cast<const float*>(grads.ptr()));
-    std::copy(out.begin(), out.end(), static_cast<double*>(sums.ptr()));
-  } else {
-    ASSIGN_OR_RETURN(
-        Tensor workspace,
-        ctx_->Empty(
-            DType::kUInt8,
-            {static_cast<int64_t>(gpu::GradSumsOfSquaresWorkspaceBytes(n))}));
-    RETURN_IF_ERROR(gpu::GradSumsOfSquares(
-        segments_, static_cast<const float*>(grads.ptr()), workspace.ptr(),
-        static_cast<double*>(sums.ptr()), ctx_->stream()));
-  }
+  RETURN_IF_ERROR(
+      GradSumsOfSquaresOnDevice(grads, static_cast<double*>(sums.ptr())));
   ASSIGN_OR_RETURN(Tensor host, ctx_->ToHost(sums));
   return std::vector<double>(host.data<double>(), host.data<double>() + n);
+}
+
+absl::Status StageOptimizer::GradSumsOfSquaresOnDevice(const Tensor& grads,
+                                                       double* out) const {
+  RETURN_IF_ERROR(CheckFlat("grads", grads));
+  if (ctx_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "optimizer: sums of squares on the device need a device optimizer");
+  }
+  if (ctx_->device().is_sim()) {
+    // The simulated device's kernel is the CPU reduction (same bits).
+    const std::vector<double> sums =
+        GradSumsOfSquares(static_cast<const float*>(grads.ptr()));
+    std::copy(sums.begin(), sums.end(), out);
+    return absl::OkStatus();
+  }
+  const int n = static_cast<int>(segments_.size());
+  const int64_t bytes =
+      static_cast<int64_t>(gpu::GradSumsOfSquaresWorkspaceBytes(n));
+  if (norm_workspace_.numel() < bytes) {
+    ASSIGN_OR_RETURN(norm_workspace_, ctx_->Empty(DType::kUInt8, {bytes}));
+  }
+  return gpu::GradSumsOfSquares(segments_,
+                                static_cast<const float*>(grads.ptr()),
+                                norm_workspace_.ptr(), out, ctx_->stream());
 }
 
 std::vector<double> StageOptimizer::GradSumsOfSquares(

@@ -62,6 +62,20 @@ class StageOptimizer {
   absl::StatusOr<std::vector<double>> GradSumsOfSquares(
       const Tensor& grads) const;
 
+  // Device optimizers (CUDA or simulated): the same sums, queued on the
+  // device into `out` (device memory, one double per segment); nothing
+  // waits.
+  absl::Status GradSumsOfSquaresOnDevice(const Tensor& grads,
+                                         double* out) const;
+  // Device optimizers: one update with the gradient scale a device step
+  // computed: `totals` is device memory laid out as core/step_totals.h's
+  // DeviceTotalsArgs::totals; when its skip word is set the update leaves
+  // parameters and state unchanged (step_count() still advances: the step
+  // fails and its stage is not used again). Nothing waits.
+  absl::Status StepWithDeviceTotals(Tensor* params, const Tensor& grads,
+                                    double lr, const double* totals,
+                                    Tensor* params_bf16 = nullptr);
+
   // The host update and sums on raw buffers (CPU optimizers only).
   void Step(float* params, const float* grads, double lr, double grad_scale);
 
@@ -87,8 +101,12 @@ class StageOptimizer {
  private:
   StageOptimizer() = default;
   absl::Status CheckFlat(const char* what, const Tensor& t) const;
+  // `totals` null: grad_scale; else the scale and skip of a device step.
   absl::Status StepOnDevice(Tensor* params, const Tensor& grads, double lr,
-                            double grad_scale, void* params_bf16);
+                            double grad_scale, void* params_bf16,
+                            const double* totals = nullptr);
+  // params_bf16's device pointer, checked (null when it is undefined).
+  absl::StatusOr<void*> LowPrecisionCopy(Tensor* params_bf16) const;
 
   trainyard::v1::OptimizerSpec spec_;
   const ExecContext* ctx_ = nullptr;  // null: the host
@@ -104,6 +122,8 @@ class StageOptimizer {
   std::vector<Chunk> chunks_;
   Tensor state1_;  // [total] exp_avg or momentum_buffer
   Tensor state2_;  // [total] exp_avg_sq
+  // GPU scratch of the sums of squares, allocated at first use.
+  mutable Tensor norm_workspace_;
 };
 
 }  // namespace trainyard

@@ -11,6 +11,7 @@
 #include "core/lr_schedule.h"
 #include "core/safetensors.h"
 #include "core/status_macros.h"
+#include "kernels/device_ops.h"
 #include "worker/checkpoint_store.h"
 #include "worker/step_reducer.h"
 
@@ -227,7 +228,29 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     ASSIGN_OR_RETURN(const std::string config, TaskConfigJson(spec));
     ASSIGN_OR_RETURN(st->task_, Task::Create(plugin, config, options.data_dir));
   }
-  if (st->is_last()) st->loss_.emplace(st->task_.get(), st->ctx_);
+  // A device stage keeps the step's small numbers on the device; with a
+  // plugin that has a device loss, the last stage's loss runs there too.
+  const bool device_loss = st->task_ != nullptr &&
+                           st->task_->plugin().has_device_loss() &&
+                           !options.host_loss;
+  if (!st->ctx_->device().is_cpu()) {
+    const int slots =
+        st->is_last() && device_loss
+            ? static_cast<int>(st->task_->plugin().device_table().num_slots)
+            : 0;
+    ASSIGN_OR_RETURN(
+        StepScalars scalars,
+        StepScalars::Create(st->ctx_, static_cast<int>(segments.size()),
+                            spec.parallelism().microbatches(), slots));
+    st->scalars_.emplace(std::move(scalars));
+  }
+  if (st->is_last()) {
+    const bool on_device = st->scalars_.has_value() && device_loss;
+    st->loss_.emplace(st->task_.get(), st->ctx_,
+                      on_device ? &*st->scalars_ : nullptr);
+    st->device_totals_ =
+        on_device && st->num_stages_ == 1 && st->replicas_ == 1;
+  }
   if (st->is_first()) {
     if (st->data_.train == nullptr) {
       return absl::InvalidArgumentError(
@@ -236,6 +259,10 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     st->sampler_ = std::make_unique<BatchSampler>(
         st->data_.train->features.dim(0), spec.data().batch_size(),
         spec.data().shuffle(), spec.data().seed());
+    if (st->scalars_.has_value() && device_loss &&
+        st->task_->plugin().passes_inputs_through()) {
+      RETURN_IF_ERROR(st->UploadData(options.device_data_bytes));
+    }
   }
   return st;
 }
@@ -248,6 +275,32 @@ absl::StatusOr<NamedTensors> Stage::NamedParametersOnHost() const {
 
 absl::Status Stage::InitParameters() { return store_->Init(plan_); }
 
+absl::Status Stage::UploadData(int64_t limit) {
+  const Dataset* sets[] = {data_.train.get(), data_.eval.get()};
+  int64_t bytes = 0;
+  for (const Dataset* d : sets) {
+    if (d == nullptr) continue;
+    bytes += static_cast<int64_t>(d->features.nbytes() + d->targets.nbytes());
+  }
+  if (limit < 0) {
+    ASSIGN_OR_RETURN(const int64_t free, ctx_->FreeMemoryBytes());
+    limit = free / 4;
+  }
+  if (bytes > limit) return absl::OkStatus();  // rows gathered on the host
+  DeviceData d;
+  ASSIGN_OR_RETURN(d.train_features, ctx_->ToDevice(data_.train->features));
+  ASSIGN_OR_RETURN(d.train_targets, ctx_->ToDevice(data_.train->targets));
+  if (data_.eval != nullptr) {
+    ASSIGN_OR_RETURN(d.eval_features, ctx_->ToDevice(data_.eval->features));
+    ASSIGN_OR_RETURN(d.eval_targets, ctx_->ToDevice(data_.eval->targets));
+  }
+  const int64_t batch = plan_.spec.data().batch_size();
+  ASSIGN_OR_RETURN(d.rows_host, ctx_->PinnedEmpty(DType::kInt64, {batch}));
+  ASSIGN_OR_RETURN(d.rows, ctx_->Empty(DType::kInt64, {batch}));
+  device_data_.emplace(std::move(d));
+  return absl::OkStatus();
+}
+
 absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
                                  int64_t step, bool is_eval,
                                  int num_microbatches, int first, int count) {
@@ -259,27 +312,64 @@ absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
   const int64_t begin = ranges[first].first;
   const int64_t end = ranges[first + count - 1].second;
   rows = std::vector<int64_t>(rows.begin() + begin, rows.begin() + end);
-  Dataset batch = Gather(data, rows);
-  NamedTensors raw = {{"features", batch.features}, {"targets", batch.targets}};
-  ASSIGN_OR_RETURN(ForwardInputs in,
-                   task_->BuildForwardInputs(raw, step, is_eval));
-  if (in.inputs.ndim() != 2 || in.inputs.dim(1) != plan_.feature_dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("task plugin \"", plan_.spec.task().plugin(),
-                     "\": build_forward_inputs returned inputs ",
-                     ShapeToString(in.inputs.shape()), ", block 0 takes [B, ",
-                     plan_.feature_dim, "]"));
+  Tensor inputs;
+  NamedTensors state;
+  if (device_data_.has_value()) {
+    // The rows are gathered on the device from the resident data set; only
+    // their indices cross (asynchronously, from pinned memory, which the
+    // step's synchronisation frees for the next batch).
+    const Tensor& features =
+        is_eval ? device_data_->eval_features : device_data_->train_features;
+    const Tensor& targets =
+        is_eval ? device_data_->eval_targets : device_data_->train_targets;
+    const int64_t n = static_cast<int64_t>(rows.size());
+    Tensor host_rows = device_data_->rows_host.Rows(0, n);
+    Tensor dev_rows = device_data_->rows.Rows(0, n);
+    if (n > 0) {
+      std::memcpy(host_rows.raw_data(), rows.data(), n * sizeof(int64_t));
+    }
+    RETURN_IF_ERROR(ctx_->CopyToDeviceAsync(host_rows, &dev_rows));
+    ASSIGN_OR_RETURN(
+        inputs, ctx_->Empty(ctx_->activation_dtype(), {n, features.dim(1)}));
+    RETURN_IF_ERROR(GatherRows(*ctx_, features, dev_rows, &inputs));
+    Shape target_shape = targets.shape();
+    target_shape[0] = n;
+    ASSIGN_OR_RETURN(Tensor gathered,
+                     ctx_->Empty(targets.dtype(), target_shape));
+    RETURN_IF_ERROR(GatherRows(*ctx_, targets, dev_rows, &gathered));
+    state.push_back({"targets", gathered});
+  } else {
+    Dataset batch = Gather(data, rows);
+    NamedTensors raw = {{"features", batch.features},
+                        {"targets", batch.targets}};
+    ASSIGN_OR_RETURN(ForwardInputs in,
+                     task_->BuildForwardInputs(raw, step, is_eval));
+    if (in.inputs.ndim() != 2 || in.inputs.dim(1) != plan_.feature_dim) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("task plugin \"", plan_.spec.task().plugin(),
+                       "\": build_forward_inputs returned inputs ",
+                       ShapeToString(in.inputs.shape()), ", block 0 takes [B, ",
+                       plan_.feature_dim, "]"));
+    }
+    // One copy of the whole batch to the device; microbatches are views.
+    ASSIGN_OR_RETURN(inputs, ctx_->ToDevice(in.inputs));
+    ASSIGN_OR_RETURN(inputs, ctx_->Cast(inputs, ctx_->activation_dtype()));
+    state = std::move(in.state);
+    // A device loss takes its state on the device: one copy each.
+    if (scalars_.has_value() && task_->plugin().has_device_loss() &&
+        !options_.host_loss) {
+      for (auto& [name, t] : state) {
+        ASSIGN_OR_RETURN(t, ctx_->ToDevice(t));
+      }
+    }
   }
-  // One copy of the whole batch to the device; microbatches are views.
-  ASSIGN_OR_RETURN(Tensor inputs, ctx_->ToDevice(in.inputs));
-  ASSIGN_OR_RETURN(inputs, ctx_->Cast(inputs, ctx_->activation_dtype()));
   for (int m = 0; m < count; ++m) {
     Microbatch& mb = MicrobatchAt(0, m);
     const int64_t lo = ranges[first + m].first - begin;
     const int64_t hi = ranges[first + m].second - begin;
     mb.input = inputs.Rows(lo, hi);
     mb.state.clear();
-    for (auto& [name, t] : in.state) {
+    for (auto& [name, t] : state) {
       mb.state.push_back({name, t.Rows(lo, hi)});
     }
   }
@@ -499,7 +589,7 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         ASSIGN_OR_RETURN(mb->grad_output,
                          loss_->Compute(mb->output, mb->state, completed_steps_,
                                         first_microbatch_ + mb->index,
-                                        num_microbatches, is_eval));
+                                        num_microbatches, mb->index, is_eval));
         mb->output = Tensor();
         mb->state.clear();
         break;
@@ -575,14 +665,22 @@ absl::Status Stage::SumReplicaGradients() {
 }
 
 absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
+  if (scalars_.has_value()) return DeviceOptimizerStep(step, report);
   const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
-  StepTrace* trace = &report->trace;
   StepContributions mine;
   {
-    Timer t(&report->times.optimizer, trace, origin, SpanKind::kOptimizer);
+    Timer t(&report->times.optimizer, &report->trace, origin,
+            SpanKind::kOptimizer);
     ASSIGN_OR_RETURN(mine.sums_of_squares,
                      optimizer_->GradSumsOfSquares(store_->grads()));
   }
+  return ReduceAndUpdate(step, std::move(mine), report);
+}
+
+absl::Status Stage::ReduceAndUpdate(int64_t step, StepContributions mine,
+                                    StepReport* report) {
+  const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
+  StepTrace* trace = &report->trace;
   for (size_t i = 0; i < store_->segments().size(); ++i) {
     mine.params.push_back(store_->global_index(static_cast<int>(i)));
   }
@@ -623,6 +721,66 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
                           totals->grad_scale, &store_->params_bf16());
 }
 
+absl::Status Stage::DeviceOptimizerStep(int64_t step, StepReport* report) {
+  const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
+  StepTrace* trace = &report->trace;
+  const double clip = plan_.spec.optimizer().clip_grad();
+  const int mine = per_chunk_;  // this replica's microbatches
+  report->lr = LearningRate(plan_.spec.optimizer(), step);
+  if (device_totals_) {
+    // Everything on the device, then the step's one read.
+    {
+      Timer t(&report->times.optimizer, trace, origin, SpanKind::kOptimizer);
+      RETURN_IF_ERROR(optimizer_->GradSumsOfSquaresOnDevice(
+          store_->grads(), scalars_->sums_of_squares()));
+      RETURN_IF_ERROR(DeviceTotals(*ctx_, scalars_->TotalsArgs(clip)));
+      RETURN_IF_ERROR(optimizer_->StepWithDeviceTotals(
+          &store_->params(), store_->grads(), report->lr, scalars_->totals(),
+          &store_->params_bf16()));
+      RETURN_IF_ERROR(scalars_->Read());
+    }
+    // The host learns the step's outcome, and why a refused step was
+    // refused (the device left the parameters as they were).
+    RETURN_IF_ERROR(loss_->Finish(step, first_microbatch_, mine,
+                                  plan_.spec.parallelism().microbatches(),
+                                  /*is_eval=*/false));
+    const StepTotalsValues v = ComputeStepTotals(
+        scalars_->host_sums_of_squares(), scalars_->num_params(),
+        loss_->weight_sum(), loss_->loss_sum(), clip);
+    RETURN_IF_ERROR(TotalsError(plan_, v, loss_->weight_sum(), step));
+    const double* device = scalars_->host_totals();
+    if (device[kTotalsSkipWord] != 0 || device[0] != v.loss ||
+        device[1] != v.grad_norm || device[kTotalsScaleWord] != v.grad_scale) {
+      return absl::InternalError(absl::StrCat(
+          Where(), ": step ", step + 1, ": the device's totals (loss ",
+          device[0], ", norm ", device[1], ", scale ", device[2], ", skip ",
+          device[3], ") are not the host's (", v.loss, ", ", v.grad_norm, ", ",
+          v.grad_scale, ")"));
+    }
+    report->loss = v.loss;
+    report->grad_norm = v.grad_norm;
+    report->checkpoint_files_written = checkpoint_file_written_ ? 1 : 0;
+    return absl::OkStatus();
+  }
+  // The pipeline's all-reduce needs every stage's numbers on the host: the
+  // step's one read comes first.
+  StepContributions contributions;
+  {
+    Timer t(&report->times.optimizer, trace, origin, SpanKind::kOptimizer);
+    RETURN_IF_ERROR(optimizer_->GradSumsOfSquaresOnDevice(
+        store_->grads(), scalars_->sums_of_squares()));
+    RETURN_IF_ERROR(scalars_->Read());
+  }
+  if (loss_.has_value() && loss_->on_device()) {
+    RETURN_IF_ERROR(loss_->Finish(step, first_microbatch_, mine,
+                                  plan_.spec.parallelism().microbatches(),
+                                  /*is_eval=*/false));
+  }
+  const double* sums = scalars_->host_sums_of_squares();
+  contributions.sums_of_squares.assign(sums, sums + scalars_->num_params());
+  return ReduceAndUpdate(step, std::move(contributions), report);
+}
+
 absl::StatusOr<StepReport> Stage::RunStep() {
   const DeviceTraffic traffic_before = ctx_->traffic();
   const Clock::time_point origin = Clock::now();
@@ -637,6 +795,7 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   ResetMicrobatches(mine);
   grads_written_.assign(blocks_.size(), false);
   if (loss_) loss_->Reset();
+  if (scalars_.has_value()) RETURN_IF_ERROR(scalars_->Begin(mine));
   if (task_ != nullptr) {
     RETURN_IF_ERROR(task_->OnEvent(TRAINYARD_EVENT_STEP_BEGIN, step, ""));
   }
@@ -697,6 +856,7 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     const int64_t n = std::min(batch, rows - begin);
     const int parts = static_cast<int>(std::min<int64_t>(M, n));
     ResetMicrobatches(parts);
+    if (scalars_.has_value()) RETURN_IF_ERROR(scalars_->Begin(parts));
     if (is_first()) {
       std::vector<int64_t> idx(n);
       for (int64_t i = 0; i < n; ++i) idx[i] = begin + i;
@@ -709,6 +869,15 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
         MakeForwardOnlySchedule(num_stages_, parts, plan_.num_chunks,
                                 plan_.chunk_layout),
         eval_index, true, parts, &times, /*trace=*/nullptr));
+    if (loss_.has_value() && loss_->on_device()) {
+      // One read per eval batch: its loss slots.
+      RETURN_IF_ERROR(scalars_->Read());
+      RETURN_IF_ERROR(
+          loss_->Finish(completed_steps_, 0, parts, parts, /*is_eval=*/true));
+    } else if (device_data_.has_value()) {
+      // The next batch reuses the pinned row indices.
+      RETURN_IF_ERROR(ctx_->Synchronize());
+    }
   }
   microbatches_.clear();
   report.samples = rows;

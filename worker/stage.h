@@ -32,7 +32,16 @@
 //
 // Devices: a stage computes where its ExecContext says. Messages carry
 // device tensors only over a transport that shares device memory (the
-// in-process one); otherwise they are staged through the host.
+// in-process one); otherwise they are staged through the host. A step on a
+// device (CUDA or simulated) waits for the device once: its small numbers
+// (loss slots, gradient sums of squares, checks) live in one device buffer
+// (worker/step_scalars.h) read when the host needs them — before the
+// pipeline's all-reduce, or, for a one-stage one-replica job whose loss
+// runs on the device, after the optimizer is queued (the totals and the
+// clip scale computed on the device; the update skipped there when the step
+// fails). A first stage whose plugin passes its inputs through keeps the
+// data set on the device and gathers each batch's rows there: no
+// activation-sized copy between host and device inside a step.
 //
 // Thread safety: a Stage is used by one thread. Stages of one job talk only
 // through their Transports.
@@ -66,6 +75,8 @@
 #include "worker/optimizer.h"
 #include "worker/param_store.h"
 #include "worker/replica_group.h"
+#include "worker/step_reducer.h"
+#include "worker/step_scalars.h"
 
 namespace trainyard {
 
@@ -90,6 +101,16 @@ struct StageOptions {
   // layout and this replica's microbatches. Every stage of a job must get
   // the same one.
   std::optional<Schedule> schedule;
+  // The largest data set (train and eval features and targets, in bytes)
+  // the first stage of a device job keeps on its device, gathering each
+  // batch's rows there (plugins whose inputs pass through, task ABI v2):
+  // -1 automatic (a quarter of the GPU's free memory; any size on the
+  // simulated device), 0 never (rows are gathered on the host and copied).
+  int64_t device_data_bytes = -1;
+  // Device stages use the task plugin's host loss (ABI v1) even when it has
+  // a device loss: two copies of each microbatch's output and gradient.
+  // For comparing the two halves of a plugin.
+  bool host_loss = false;
 };
 
 // Data a stage needs. Only the first stage reads rows; every stage needs
@@ -282,6 +303,16 @@ class Stage {
   absl::Status BackwardInput(Microbatch* mb);
   absl::Status BackwardWeight(Microbatch* mb);
   absl::Status OptimizerStep(int64_t step, StepReport* report);
+  // OptimizerStep of a device stage (scalars_).
+  absl::Status DeviceOptimizerStep(int64_t step, StepReport* report);
+  // Given this stage's sums of squares in `mine`: the step's all-reduce
+  // (ReduceStep) and the update with the scale it gives.
+  absl::Status ReduceAndUpdate(int64_t step, StepContributions mine,
+                               StepReport* report);
+  // The first stage of a device job: the data set to the device when the
+  // plugin passes its inputs through and it fits in `limit` bytes (-1:
+  // automatic, see StageOptions::device_data_bytes).
+  absl::Status UploadData(int64_t limit);
   // Splits `rows` into `num_microbatches` and loads microbatches
   // [first, first + count) into microbatches_[0, count).
   absl::Status PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
@@ -329,7 +360,19 @@ class Stage {
 
   std::unique_ptr<Task> task_;             // first and/or last stage
   std::unique_ptr<BatchSampler> sampler_;  // first stage
-  std::optional<LossHead> loss_;           // last stage
+  // Device stages: the step's small numbers, read once per step.
+  std::optional<StepScalars> scalars_;
+  std::optional<LossHead> loss_;  // last stage (may point into scalars_)
+  // One stage, one replica, its loss on the device: the totals and the
+  // clip scale are computed on the device (DeviceOptimizerStep).
+  bool device_totals_ = false;
+  // The first stage's data on the device (UploadData), and the pinned
+  // host buffer and device buffer of a batch's row indices.
+  struct DeviceData {
+    Tensor train_features, train_targets, eval_features, eval_targets;
+    Tensor rows_host, rows;
+  };
+  std::optional<DeviceData> device_data_;
   Schedule train_schedule_;
 
   // [chunk * per_chunk_ + index]: this step's microbatches on each chunk.

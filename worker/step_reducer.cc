@@ -5,8 +5,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
+#include "core/step_totals.h"
 
 namespace trainyard {
+
+absl::Status TotalsError(const JobPlan& plan, const StepTotalsValues& v,
+                         double weight_sum, int64_t step) {
+  if (v.code == kTotalsNoWeight) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step + 1, ": total loss weight is ", weight_sum,
+                     " (every sample was ignored by the task); step refused"));
+  }
+  if (v.code >= kTotalsBadParam) {
+    const auto& ps = plan.params[v.code - kTotalsBadParam];
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step + 1, ": stage ", ps.stage, " parameter ",
+                     ps.name, " has a non-finite gradient; step refused"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<StepTotals> ReduceStep(const JobPlan& plan,
                                       const StepContributions& mine,
@@ -32,32 +49,16 @@ absl::StatusOr<StepTotals> ReduceStep(const JobPlan& plan,
       return Prefixed(st, absl::StrCat(where, ": all-reduce: "));
     }
   }
-  const double weight = reduce[num_params];
-  if (!(weight > 0) || !std::isfinite(weight)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step ", step + 1, ": total loss weight is ", weight,
-                     " (every sample was ignored by the task); step refused"));
-  }
-  double sumsq = 0;
-  for (int p = 0; p < num_params; ++p) {
-    if (!std::isfinite(reduce[p])) {
-      const auto& ps = plan.params[p];
-      return absl::FailedPreconditionError(
-          absl::StrCat("step ", step + 1, ": stage ", ps.stage, " parameter ",
-                       ps.name, " has a non-finite gradient; step refused"));
-    }
-    sumsq += reduce[p];
-  }
-  StepTotals t;
-  t.loss = reduce[num_params + 1] / weight;
-  t.grad_norm = std::sqrt(sumsq) / weight;
-  t.grad_scale = 1.0 / weight;
-  t.checkpoint_files_written = static_cast<int>(reduce[num_params + 2]);
   const double clip = plan.spec.optimizer().clip_grad();
-  if (clip > 0) {
-    const double coef = clip / (t.grad_norm + 1e-6);
-    if (coef < 1.0) t.grad_scale *= coef;
-  }
+  const StepTotalsValues v =
+      ComputeStepTotals(reduce.data(), num_params, reduce[num_params],
+                        reduce[num_params + 1], clip);
+  RETURN_IF_ERROR(TotalsError(plan, v, reduce[num_params], step));
+  StepTotals t;
+  t.loss = v.loss;
+  t.grad_norm = v.grad_norm;
+  t.grad_scale = v.grad_scale;
+  t.checkpoint_files_written = static_cast<int>(reduce[num_params + 2]);
   return t;
 }
 

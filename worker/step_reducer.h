@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/job_plan.h"
+#include "core/step_totals.h"
 #include "core/transport.h"
 
 namespace trainyard {
@@ -50,6 +51,12 @@ struct StepContributions {
   double loss_sum = 0;
   bool checkpoint_file_written = false;  // this stage's, of the pending one
 };
+
+// The error of a refused step (ComputeStepTotals's code, core/
+// step_totals.h), naming the step and the stage and parameter; OK for
+// kTotalsOk. `v` was computed over all of plan.params.
+absl::Status TotalsError(const JobPlan& plan, const StepTotalsValues& v,
+                         double weight_sum, int64_t step);
 
 // `transport` may be null for a one-stage job. `step` is 0-based; `where`
 // ("stage 2") prefixes transport errors; the all-reduce's wall time is

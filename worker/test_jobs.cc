@@ -78,7 +78,8 @@ trainyard::v1::JobSpec DeepClassificationSpec() {
 }
 
 RunResult RunJob(const trainyard::v1::JobSpec& spec_in, int64_t stop_after,
-                 const std::string& plugin_dir, Device device) {
+                 const std::string& plugin_dir, Device device, bool host_loss,
+                 int64_t device_data_bytes) {
   RunResult result;
   trainyard::v1::JobSpec spec = spec_in;
   spec.set_device(device.KindName());
@@ -94,6 +95,8 @@ RunResult RunJob(const trainyard::v1::JobSpec& spec_in, int64_t stop_after,
   options.plugin_dir = plugin_dir;
   options.threads = 1;
   options.stop_after_step = stop_after;
+  options.host_loss = host_loss;
+  options.device_data_bytes = device_data_bytes;
   options.timeout = absl::Seconds(30);
   options.on_step = [&](const StepReport& r, double) {
     result.losses.push_back(r.loss);

@@ -42,9 +42,11 @@ trainyard::v1::JobSpec WithPipeline(trainyard::v1::JobSpec spec, int stages,
 
 // Plans and runs `spec` in this process on `device` (the spec's device kind
 // is set to match).
+// `host_loss` and `device_data_bytes`: LocalJobOptions'.
 RunResult RunJob(const trainyard::v1::JobSpec& spec, int64_t stop_after = 0,
                  const std::string& plugin_dir = PluginDir(),
-                 Device device = Device::Cpu());
+                 Device device = Device::Cpu(), bool host_loss = false,
+                 int64_t device_data_bytes = -1);
 
 }  // namespace testing
 }  // namespace trainyard

@@ -649,9 +649,13 @@ absl::Status Worker::Impl::Init() {
         -> absl::StatusOr<std::unique_ptr<Transport>> {
       ASSIGN_OR_RETURN(std::unique_ptr<NcclTransport> transport,
                        CreateNcclTransport(nccl));
-      // The stage's kernels run on the device's legacy default stream
-      // (kernels/exec_context.h), which is also the transport's default
-      // compute stream, so no SetComputeStream call is needed.
+      // The stage's kernels run on its GPU's compute stream (one per GPU
+      // and process, kernels/exec_context.h): the transport orders its own
+      // streams against that one.
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<ExecContext> gpu,
+          ExecContext::Create(Device::Cuda(nccl.device), Precision::kFp32));
+      transport->SetComputeStream(gpu->stream());
       return std::unique_ptr<Transport>(std::move(transport));
     };
   }

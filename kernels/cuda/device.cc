@@ -69,5 +69,72 @@ absl::Status MemsetAsync(void* dst, int value, size_t bytes, Stream stream) {
   return absl::OkStatus();
 }
 
+absl::Status CopyHostToDeviceAsync(void* dst, const void* src, size_t bytes,
+                                   Stream stream) {
+  if (bytes == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+  return absl::OkStatus();
+}
+
+absl::Status CopyDeviceToHostAsync(void* dst, const void* src, size_t bytes,
+                                   Stream stream) {
+  if (bytes == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> AllocPinned(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cudaHostAlloc of ", bytes, " bytes: ", cudaGetErrorName(e), " (",
+        cudaGetErrorString(e), ")"));
+  }
+  return p;
+}
+
+void FreePinned(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
+absl::StatusOr<Stream> CreateStream(int device) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaStream_t s = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+absl::StatusOr<Event> CreateEvent() {
+  cudaEvent_t e = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+  return e;
+}
+
+void DestroyEvent(Event event) {
+  if (event != nullptr) cudaEventDestroy(event);
+}
+
+absl::Status RecordEvent(Event event, Stream stream) {
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(event, stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> ElapsedMs(Event start, Event end) {
+  float ms = 0;
+  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start, end));
+  return ms;
+}
+
+absl::StatusOr<MemoryInfo> GetMemoryInfo(int device) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  MemoryInfo info;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&info.free_bytes, &info.total_bytes));
+  return info;
+}
+
 }  // namespace gpu
 }  // namespace trainyard

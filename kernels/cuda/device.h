@@ -17,14 +17,17 @@
 #include "absl/strings/string_view.h"
 #include "core/tensor.h"
 
-// The CUDA runtime's stream handle type is `CUstream_st*` (cudaStream_t);
-// declaring the struct here keeps CUDA headers out of our headers.
+// The CUDA runtime's stream and event handle types are `CUstream_st*`
+// (cudaStream_t) and `CUevent_st*` (cudaEvent_t); declaring the structs
+// here keeps CUDA headers out of our headers.
 struct CUstream_st;
+struct CUevent_st;
 
 namespace trainyard {
 namespace gpu {
 
 using Stream = CUstream_st*;  // == cudaStream_t; nullptr is the legacy stream
+using Event = CUevent_st*;    // == cudaEvent_t
 
 // Device activations are DType::kFloat32 or DType::kBFloat16 (the engine's
 // DType, core/tensor.h). Parameters, their gradients and optimizer state
@@ -64,6 +67,39 @@ absl::Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes,
                                 Stream stream);  // asynchronous
 // Sets `bytes` bytes to `value` on `stream` (asynchronous).
 absl::Status MemsetAsync(void* dst, int value, size_t bytes, Stream stream);
+
+// Asynchronous copies between pinned host memory (AllocPinned) and the
+// device, queued on `stream`: the host must leave `src` unchanged (and not
+// read `dst`) until the stream has passed the copy.
+absl::Status CopyHostToDeviceAsync(void* dst, const void* src, size_t bytes,
+                                   Stream stream);
+absl::Status CopyDeviceToHostAsync(void* dst, const void* src, size_t bytes,
+                                   Stream stream);
+
+// Page-locked host memory (cudaHostAlloc), which the copy engines read and
+// write without staging. Errors: ResourceExhausted naming the size.
+absl::StatusOr<void*> AllocPinned(size_t bytes);
+void FreePinned(void* ptr);
+
+// A non-blocking stream on `device` (it does not wait for the legacy
+// default stream). Never destroyed: one per GPU for the life of the
+// process.
+absl::StatusOr<Stream> CreateStream(int device);
+
+// Timing events: created with timing on; record on a stream; the time
+// between two of them once both have completed.
+absl::StatusOr<Event> CreateEvent();
+void DestroyEvent(Event event);
+absl::Status RecordEvent(Event event, Stream stream);
+// Milliseconds from `start` to `end` (both recorded and completed).
+absl::StatusOr<float> ElapsedMs(Event start, Event end);
+
+// Free and total bytes of the current device's memory.
+struct MemoryInfo {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
+absl::StatusOr<MemoryInfo> GetMemoryInfo(int device);
 
 }  // namespace gpu
 }  // namespace trainyard

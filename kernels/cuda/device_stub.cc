@@ -26,6 +26,22 @@ absl::Status CopyDeviceToDevice(void*, const void*, size_t, Stream) {
 absl::Status MemsetAsync(void*, int, size_t, Stream) {
   return NoCuda("MemsetAsync");
 }
+absl::Status CopyHostToDeviceAsync(void*, const void*, size_t, Stream) {
+  return NoCuda("CopyHostToDeviceAsync");
+}
+absl::Status CopyDeviceToHostAsync(void*, const void*, size_t, Stream) {
+  return NoCuda("CopyDeviceToHostAsync");
+}
+absl::StatusOr<void*> AllocPinned(size_t) { return NoCuda("AllocPinned"); }
+void FreePinned(void*) {}
+absl::StatusOr<Stream> CreateStream(int) { return NoCuda("CreateStream"); }
+absl::StatusOr<Event> CreateEvent() { return NoCuda("CreateEvent"); }
+void DestroyEvent(Event) {}
+absl::Status RecordEvent(Event, Stream) { return NoCuda("RecordEvent"); }
+absl::StatusOr<float> ElapsedMs(Event, Event) { return NoCuda("ElapsedMs"); }
+absl::StatusOr<MemoryInfo> GetMemoryInfo(int) {
+  return NoCuda("GetMemoryInfo");
+}
 
 }  // namespace gpu
 }  // namespace trainyard

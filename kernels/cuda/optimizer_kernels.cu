@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/cuda_status.h"
+#include "core/step_totals.h"
 #include "kernels/cuda/cuda_math.cuh"
 #include "kernels/cuda/optimizer_kernels.h"
 
@@ -35,13 +36,29 @@ __device__ __forceinline__ int FindSegment(const SegmentTable& t,
 
 // Same expression order as worker/optimizer.cc's AdamWKernel, with explicit
 // round-to-nearest intrinsics so nvcc cannot contract into FMAs.
+// The gradient scale: `fixed`, or the one a device step computed (and
+// whether that step must not change anything).
+__device__ __forceinline__ bool ScaleFor(const double* totals, float fixed,
+                                         float* scale) {
+  if (totals == nullptr) {
+    *scale = fixed;
+    return true;
+  }
+  if (totals[kTotalsSkipWord] != 0.0) return false;
+  *scale = static_cast<float>(totals[kTotalsScaleWord]);
+  return true;
+}
+
 __global__ void AdamWKernel(SegmentTable t, float* __restrict__ p,
                             const float* __restrict__ g_raw,
                             float* __restrict__ m, float* __restrict__ v,
-                            bf16* __restrict__ p16, float grad_scale,
-                            float beta1, float one_minus_beta1, float beta2,
+                            bf16* __restrict__ p16, float fixed_scale,
+                            const double* __restrict__ totals, float beta1,
+                            float one_minus_beta1, float beta2,
                             float one_minus_beta2, float bc2_sqrt, float eps,
                             float neg_step_size) {
+  float grad_scale;
+  if (!ScaleFor(totals, fixed_scale, &grad_scale)) return;
   const int s = FindSegment(t, blockIdx.x);
   const int64_t begin =
       t.offset[s] + (blockIdx.x - t.block_start[s]) * kElemsPerBlock;
@@ -67,9 +84,11 @@ __global__ void AdamWKernel(SegmentTable t, float* __restrict__ p,
 __global__ void SgdKernel(SegmentTable t, float* __restrict__ p,
                           const float* __restrict__ g_raw,
                           float* __restrict__ buf, bf16* __restrict__ p16,
-                          float grad_scale, float momentum,
-                          float one_minus_dampening, bool first, bool nesterov,
-                          float neg_lr) {
+                          float fixed_scale, const double* __restrict__ totals,
+                          float momentum, float one_minus_dampening, bool first,
+                          bool nesterov, float neg_lr) {
+  float grad_scale;
+  if (!ScaleFor(totals, fixed_scale, &grad_scale)) return;
   const int s = FindSegment(t, blockIdx.x);
   const int64_t begin =
       t.offset[s] + (blockIdx.x - t.block_start[s]) * kElemsPerBlock;
@@ -165,7 +184,7 @@ absl::Status CheckSegments(const char* what,
 absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
                         const AdamWStep& hp, float* params, const float* grads,
                         float* exp_avg, float* exp_avg_sq, void* params_bf16,
-                        Stream stream) {
+                        Stream stream, const double* device_totals) {
   TY_RETURN_IF_ERROR(CheckSegments("FusedAdamW", segments));
   if (hp.step < 1) {
     return absl::InvalidArgumentError(
@@ -195,10 +214,10 @@ absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
     if (blocks == 0) continue;
     AdamWKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         t, params, grads, exp_avg, exp_avg_sq, static_cast<bf16*>(params_bf16),
-        static_cast<float>(hp.grad_scale), static_cast<float>(hp.beta1),
-        static_cast<float>(1.0 - hp.beta1), static_cast<float>(hp.beta2),
-        static_cast<float>(1.0 - hp.beta2), bc2_sqrt,
-        static_cast<float>(hp.eps), neg_step_size);
+        static_cast<float>(hp.grad_scale), device_totals,
+        static_cast<float>(hp.beta1), static_cast<float>(1.0 - hp.beta1),
+        static_cast<float>(hp.beta2), static_cast<float>(1.0 - hp.beta2),
+        bc2_sqrt, static_cast<float>(hp.eps), neg_step_size);
     CUDA_RETURN_IF_LAUNCH_ERROR("AdamWKernel");
   }
   return absl::OkStatus();
@@ -206,8 +225,8 @@ absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
 
 absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
                       const SgdStep& hp, float* params, const float* grads,
-                      float* momentum_buffer, void* params_bf16,
-                      Stream stream) {
+                      float* momentum_buffer, void* params_bf16, Stream stream,
+                      const double* device_totals) {
   TY_RETURN_IF_ERROR(CheckSegments("FusedSgd", segments));
   if (segments.empty()) return absl::OkStatus();
   if (!params || !grads) {
@@ -232,9 +251,9 @@ absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
     if (blocks == 0) continue;
     SgdKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         t, params, grads, buf, static_cast<bf16*>(params_bf16),
-        static_cast<float>(hp.grad_scale), static_cast<float>(hp.momentum),
-        static_cast<float>(1.0 - hp.dampening), hp.first_step, hp.nesterov,
-        static_cast<float>(-hp.lr));
+        static_cast<float>(hp.grad_scale), device_totals,
+        static_cast<float>(hp.momentum), static_cast<float>(1.0 - hp.dampening),
+        hp.first_step, hp.nesterov, static_cast<float>(-hp.lr));
     CUDA_RETURN_IF_LAUNCH_ERROR("SgdKernel");
   }
   return absl::OkStatus();

@@ -37,15 +37,20 @@ struct SgdStep {
   double grad_scale = 1.0;
 };
 
+// `device_totals` (optional): device memory holding a step's totals
+// (core/step_totals.h: [loss, grad_norm, grad_scale, skip]); the kernels
+// then read the gradient scale from it instead of hp.grad_scale, and leave
+// everything unchanged when its skip word is set.
 absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
                         const AdamWStep& hp, float* params, const float* grads,
                         float* exp_avg, float* exp_avg_sq, void* params_bf16,
-                        Stream stream);
+                        Stream stream, const double* device_totals = nullptr);
 
 // momentum_buffer may be null only when hp.momentum == 0.
 absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
                       const SgdStep& hp, float* params, const float* grads,
-                      float* momentum_buffer, void* params_bf16, Stream stream);
+                      float* momentum_buffer, void* params_bf16, Stream stream,
+                      const double* device_totals = nullptr);
 
 // Bytes of device workspace GradSumsOfSquares needs for `num_segments`.
 size_t GradSumsOfSquaresWorkspaceBytes(int num_segments);

@@ -13,14 +13,14 @@ absl::Status NoCuda(const char* what) {
 absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
                         const AdamWStep& hp, float* params, const float* grads,
                         float* exp_avg, float* exp_avg_sq, void* params_bf16,
-                        Stream stream) {
+                        Stream stream, const double* device_totals) {
   return NoCuda("FusedAdamW");
 }
 
 absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
                       const SgdStep& hp, float* params, const float* grads,
-                      float* momentum_buffer, void* params_bf16,
-                      Stream stream) {
+                      float* momentum_buffer, void* params_bf16, Stream stream,
+                      const double* device_totals) {
   return NoCuda("FusedSgd");
 }
 
