@@ -179,6 +179,36 @@ TEST(LocalJobSimTest, DeviceAndHostLossesAgreeInBf16) {
   }
 }
 
+// Phase times and spans come from the device's stream (host clock marks on
+// the simulated device): every span inside its step, in order; a device
+// stage of a multi-stage job counts the update it queued after its read in
+// the next step's optimizer time.
+TEST(LocalJobSimTest, PhaseTimesAndSpansComeFromTheStream) {
+  for (int stages : {1, 4}) {
+    SCOPED_TRACE(::testing::Message() << "S=" << stages);
+    RunResult r = RunJob(WideRegressionSpec(stages), 0, PluginDir(), kSim);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    for (int s = 0; s < stages; ++s) {
+      for (size_t step = 0; step < r.stage_reports[s].size(); ++step) {
+        const StepReport& rep = r.stage_reports[s][step];
+        EXPECT_GT(rep.times.forward, 0);
+        EXPECT_GT(rep.times.backward, 0);
+        int64_t last_end = 0;
+        bool optimizer_span = false;
+        for (const Span& span : rep.trace.spans) {
+          EXPECT_LE(last_end, span.start_us);
+          EXPECT_LE(span.start_us, span.end_us);
+          last_end = span.end_us;
+          optimizer_span |= span.kind == SpanKind::kOptimizer;
+        }
+        EXPECT_LE(last_end, rep.trace.step_us);
+        EXPECT_TRUE(optimizer_span);  // the sums of squares, before the read
+        if (stages > 1 && step > 0) EXPECT_GT(rep.times.optimizer, 0);
+      }
+    }
+  }
+}
+
 // A diverging job fails with the host loss's message on the device too.
 TEST(LocalJobSimTest, DivergenceIsReportedLikeOnTheCpu) {
   auto spec = WithPipeline(ClassificationSpec(), 1, 4, "1f1b");

@@ -45,42 +45,6 @@ void AddSpan(StepTrace* trace, const Span& span) {
   trace->spans.push_back(span);
 }
 
-// Times one part of a step: adds its seconds to *seconds and records it as
-// a span of `trace` (timed from `origin`, the step's start), each when
-// given, both from the same two clock readings.
-class Timer {
- public:
-  explicit Timer(double* seconds, StepTrace* trace = nullptr,
-                 Clock::time_point origin = {},
-                 SpanKind kind = SpanKind::kForward, int microbatch = -1)
-      : seconds_(seconds),
-        trace_(trace),
-        origin_(origin),
-        kind_(kind),
-        microbatch_(microbatch),
-        start_(Clock::now()) {}
-  ~Timer() {
-    const Clock::time_point end = Clock::now();
-    if (seconds_ != nullptr) {
-      *seconds_ += std::chrono::duration<double>(end - start_).count();
-    }
-    if (trace_ != nullptr) {
-      AddSpan(trace_, {kind_, microbatch_, Micros(start_ - origin_),
-                       Micros(end - origin_)});
-    }
-  }
-  Timer(const Timer&) = delete;
-  Timer& operator=(const Timer&) = delete;
-
- private:
-  double* const seconds_;
-  StepTrace* const trace_;
-  const Clock::time_point origin_;
-  const SpanKind kind_;
-  const int microbatch_;
-  const Clock::time_point start_;
-};
-
 // Splits `rows` rows into `parts` contiguous microbatches whose sizes differ
 // by at most one (the first rows % parts get one more).
 std::vector<std::pair<int64_t, int64_t>> SplitRows(int64_t rows, int parts) {
@@ -100,6 +64,67 @@ const char* TaskStateKey(bool first_only) {
 }
 
 }  // namespace
+
+// Times one part of a step on the stage's StreamTimer: a mark before and
+// one after, resolved later into `phase` of the step's StageTimes (may be
+// null) and, when `traced`, a span of the step's trace. A no-op outside
+// RunStep (evals are timed as one host-clock span).
+class Stage::SpanTimer {
+ public:
+  SpanTimer(Stage* stage, double StageTimes::*phase, SpanKind kind,
+            int microbatch = -1, bool traced = true)
+      : stage_(stage), span_{stage->timer_, kind,  microbatch, -1, -1,
+                             phase,         traced} {
+    if (stage_->timing_) span_.start = stage_->TimingMark();
+  }
+  ~SpanTimer() {
+    if (!stage_->timing_ || span_.start < 0) return;
+    span_.end = stage_->TimingMark();
+    if (span_.end >= 0) stage_->pending_.push_back(span_);
+  }
+  SpanTimer(const SpanTimer&) = delete;
+  SpanTimer& operator=(const SpanTimer&) = delete;
+
+ private:
+  Stage* const stage_;
+  PendingSpan span_;
+};
+
+int Stage::TimingMark() {
+  absl::StatusOr<int> id = timers_[timer_]->Mark();
+  if (!id.ok()) {
+    if (timing_error_.ok()) timing_error_ = id.status();
+    return -1;
+  }
+  return *id;
+}
+
+absl::Status Stage::ResolveSpans(int upto, StepReport* report) {
+  RETURN_IF_ERROR(std::exchange(timing_error_, absl::OkStatus()));
+  auto micros = [this](int timer, int id) {
+    return timers_[timer]->Micros(id);
+  };
+  // The previous step's spans queued after its read: complete now, counted
+  // in this step's phases (they are not in any trace).
+  for (const PendingSpan& p : carried_) {
+    ASSIGN_OR_RETURN(const int64_t start, micros(p.timer, p.start));
+    ASSIGN_OR_RETURN(const int64_t end, micros(p.timer, p.end));
+    if (p.phase != nullptr) report->times.*p.phase += (end - start) * 1e-6;
+  }
+  carried_.clear();
+  for (const PendingSpan& p : pending_) {
+    if (upto >= 0 && p.end > upto) {
+      carried_.push_back(p);
+      continue;
+    }
+    ASSIGN_OR_RETURN(const int64_t start, micros(p.timer, p.start));
+    ASSIGN_OR_RETURN(const int64_t end, micros(p.timer, p.end));
+    if (p.phase != nullptr) report->times.*p.phase += (end - start) * 1e-6;
+    if (p.traced) AddSpan(&report->trace, {p.kind, p.microbatch, start, end});
+  }
+  pending_.clear();
+  return absl::OkStatus();
+}
 
 Stage::~Stage() = default;
 
@@ -131,6 +156,9 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     st->ctx_ = st->own_ctx_.get();
   }
   RETURN_IF_ERROR(st->ctx_->Activate());
+  for (auto& timer : st->timers_) {
+    timer = std::make_unique<StreamTimer>(st->ctx_);
+  }
   const auto& spec = plan.spec;
   for (int c = 0; c < plan.num_chunks; ++c) {
     Chunk chunk;
@@ -491,8 +519,7 @@ absl::Status Stage::Send(int virtual_stage, Message msg) {
 }
 
 absl::StatusOr<Message> Stage::Receive(int virtual_stage, MessageKind kind,
-                                       int64_t step, const Microbatch& mb,
-                                       StageTimes* times, StepTrace* trace) {
+                                       int64_t step, const Microbatch& mb) {
   const bool gradient = kind == MessageKind::kGradient;
   const int peer = plan_.HolderOf(virtual_stage).stage;
   const MessageKey want{kind, mb.chunk, mb.index};
@@ -500,9 +527,9 @@ absl::StatusOr<Message> Stage::Receive(int virtual_stage, MessageKind kind,
   const size_t max_held = microbatches_.size() * 2;
   absl::StatusOr<Message> msg;
   {
-    Timer t(&times->idle, trace, step_origin_.value_or(Clock::time_point()),
-            gradient ? SpanKind::kRecvGradient : SpanKind::kRecvActivation,
-            mb.index);
+    SpanTimer t(this, &StageTimes::idle,
+                gradient ? SpanKind::kRecvGradient : SpanKind::kRecvActivation,
+                mb.index);
     while (true) {
       if (auto it = held_.find(want); it != held_.end()) {
         msg = std::move(it->second);
@@ -560,32 +587,29 @@ absl::StatusOr<Message> Stage::Receive(int virtual_stage, MessageKind kind,
 }
 
 absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
-                                bool is_eval, int num_microbatches,
-                                StageTimes* times, StepTrace* trace) {
+                                bool is_eval, int num_microbatches) {
   const MessageKind act_kind =
       is_eval ? MessageKind::kEvalActivation : MessageKind::kActivation;
-  const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
   for (const Action& a : schedule.stages[index_]) {
     if (a.kind == ActionKind::kOptimizerStep) continue;  // run by RunStep
     Microbatch* mb = &MicrobatchAt(a.chunk, a.microbatch);
     const int vs = chunks_[a.chunk].virtual_stage;
     switch (a.kind) {
       case ActionKind::kRecvActivation: {
-        ASSIGN_OR_RETURN(Message msg,
-                         Receive(vs - 1, act_kind, step, *mb, times, trace));
+        ASSIGN_OR_RETURN(Message msg, Receive(vs - 1, act_kind, step, *mb));
         mb->input = msg.tensors[0].second;
         mb->state.assign(msg.tensors.begin() + 1, msg.tensors.end());
         break;
       }
       case ActionKind::kForward: {
         {
-          Timer t(&times->forward, trace, origin, SpanKind::kForward,
-                  mb->index);
+          SpanTimer t(this, &StageTimes::forward, SpanKind::kForward,
+                      mb->index);
           RETURN_IF_ERROR(Forward(mb, !is_eval));
         }
         if (vs != plan_.num_virtual_stages() - 1) break;
         // The loss belongs to the last virtual stage's forward.
-        Timer t(&times->loss, trace, origin, SpanKind::kLoss, mb->index);
+        SpanTimer t(this, &StageTimes::loss, SpanKind::kLoss, mb->index);
         ASSIGN_OR_RETURN(mb->grad_output,
                          loss_->Compute(mb->output, mb->state, completed_steps_,
                                         first_microbatch_ + mb->index,
@@ -595,8 +619,8 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kSendActivation: {
-        Timer t(&times->comm, trace, origin, SpanKind::kSendActivation,
-                mb->index);
+        SpanTimer t(this, &StageTimes::comm, SpanKind::kSendActivation,
+                    mb->index);
         Message msg;
         msg.kind = act_kind;
         msg.step = step;
@@ -609,20 +633,20 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kRecvGradient: {
-        ASSIGN_OR_RETURN(Message msg, Receive(vs + 1, MessageKind::kGradient,
-                                              step, *mb, times, trace));
+        ASSIGN_OR_RETURN(Message msg,
+                         Receive(vs + 1, MessageKind::kGradient, step, *mb));
         mb->grad_output = msg.tensors[0].second;
         break;
       }
       case ActionKind::kBackwardInput: {
-        Timer t(&times->backward, trace, origin, SpanKind::kBackwardInput,
-                mb->index);
+        SpanTimer t(this, &StageTimes::backward, SpanKind::kBackwardInput,
+                    mb->index);
         RETURN_IF_ERROR(BackwardInput(mb));
         break;
       }
       case ActionKind::kSendGradient: {
-        Timer t(&times->comm, trace, origin, SpanKind::kSendGradient,
-                mb->index);
+        SpanTimer t(this, &StageTimes::comm, SpanKind::kSendGradient,
+                    mb->index);
         Message msg;
         msg.kind = MessageKind::kGradient;
         msg.step = step;
@@ -633,8 +657,8 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kBackwardWeight: {
-        Timer t(&times->backward, trace, origin, SpanKind::kBackwardWeight,
-                mb->index);
+        SpanTimer t(this, &StageTimes::backward, SpanKind::kBackwardWeight,
+                    mb->index);
         RETURN_IF_ERROR(BackwardWeight(mb));
         break;
       }
@@ -666,11 +690,9 @@ absl::Status Stage::SumReplicaGradients() {
 
 absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
   if (scalars_.has_value()) return DeviceOptimizerStep(step, report);
-  const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
   StepContributions mine;
   {
-    Timer t(&report->times.optimizer, &report->trace, origin,
-            SpanKind::kOptimizer);
+    SpanTimer t(this, &StageTimes::optimizer, SpanKind::kOptimizer);
     ASSIGN_OR_RETURN(mine.sums_of_squares,
                      optimizer_->GradSumsOfSquares(store_->grads()));
   }
@@ -679,8 +701,6 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
 
 absl::Status Stage::ReduceAndUpdate(int64_t step, StepContributions mine,
                                     StepReport* report) {
-  const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
-  StepTrace* trace = &report->trace;
   for (size_t i = 0; i < store_->segments().size(); ++i) {
     mine.params.push_back(store_->global_index(static_cast<int>(i)));
   }
@@ -706,13 +726,13 @@ absl::Status Stage::ReduceAndUpdate(int64_t step, StepContributions mine,
   {
     // ReduceStep adds the all-reduce's own time to times.comm; the span is
     // the whole call (packing, the all-reduce, the totals).
-    Timer t(nullptr, trace, origin, SpanKind::kAllReduce);
+    SpanTimer t(this, nullptr, SpanKind::kAllReduce);
     ASSIGN_OR_RETURN(
         totals,
         ReduceStep(plan_, mine, num_stages_ > 1 ? transport_ : nullptr,
                    options_.timeout, step, Where(), &report->times.comm));
   }
-  Timer t(&report->times.optimizer, trace, origin, SpanKind::kOptimizer);
+  SpanTimer t(this, &StageTimes::optimizer, SpanKind::kOptimizer);
   report->loss = totals->loss;
   report->grad_norm = totals->grad_norm;
   report->checkpoint_files_written = totals->checkpoint_files_written;
@@ -722,23 +742,21 @@ absl::Status Stage::ReduceAndUpdate(int64_t step, StepContributions mine,
 }
 
 absl::Status Stage::DeviceOptimizerStep(int64_t step, StepReport* report) {
-  const Clock::time_point origin = step_origin_.value_or(Clock::time_point());
-  StepTrace* trace = &report->trace;
   const double clip = plan_.spec.optimizer().clip_grad();
   const int mine = per_chunk_;  // this replica's microbatches
   report->lr = LearningRate(plan_.spec.optimizer(), step);
   if (device_totals_) {
     // Everything on the device, then the step's one read.
     {
-      Timer t(&report->times.optimizer, trace, origin, SpanKind::kOptimizer);
+      SpanTimer t(this, &StageTimes::optimizer, SpanKind::kOptimizer);
       RETURN_IF_ERROR(optimizer_->GradSumsOfSquaresOnDevice(
           store_->grads(), scalars_->sums_of_squares()));
       RETURN_IF_ERROR(DeviceTotals(*ctx_, scalars_->TotalsArgs(clip)));
       RETURN_IF_ERROR(optimizer_->StepWithDeviceTotals(
           &store_->params(), store_->grads(), report->lr, scalars_->totals(),
           &store_->params_bf16()));
-      RETURN_IF_ERROR(scalars_->Read());
     }
+    RETURN_IF_ERROR(ReadScalars());
     // The host learns the step's outcome, and why a refused step was
     // refused (the device left the parameters as they were).
     RETURN_IF_ERROR(loss_->Finish(step, first_microbatch_, mine,
@@ -766,11 +784,11 @@ absl::Status Stage::DeviceOptimizerStep(int64_t step, StepReport* report) {
   // step's one read comes first.
   StepContributions contributions;
   {
-    Timer t(&report->times.optimizer, trace, origin, SpanKind::kOptimizer);
+    SpanTimer t(this, &StageTimes::optimizer, SpanKind::kOptimizer);
     RETURN_IF_ERROR(optimizer_->GradSumsOfSquaresOnDevice(
         store_->grads(), scalars_->sums_of_squares()));
-    RETURN_IF_ERROR(scalars_->Read());
   }
+  RETURN_IF_ERROR(ReadScalars());
   if (loss_.has_value() && loss_->on_device()) {
     RETURN_IF_ERROR(loss_->Finish(step, first_microbatch_, mine,
                                   plan_.spec.parallelism().microbatches(),
@@ -781,10 +799,23 @@ absl::Status Stage::DeviceOptimizerStep(int64_t step, StepReport* report) {
   return ReduceAndUpdate(step, std::move(contributions), report);
 }
 
+absl::Status Stage::ReadScalars() {
+  // Every mark up to here is behind the read: resolvable after it.
+  read_mark_ = TimingMark();
+  return scalars_->Read();
+}
+
 absl::StatusOr<StepReport> Stage::RunStep() {
   const DeviceTraffic traffic_before = ctx_->traffic();
-  const Clock::time_point origin = Clock::now();
-  step_origin_ = origin;
+  step_origin_ = Clock::now();
+  timer_ ^= 1;  // the other timer may hold the last step's carried marks
+  RETURN_IF_ERROR(timers_[timer_]->Start());
+  timing_ = true;
+  read_mark_ = -1;
+  struct TimingOff {
+    bool* on;
+    ~TimingOff() { *on = false; }
+  } timing_off{&timing_};
   const int64_t step = completed_steps_;  // 0-based
   const int M = plan_.spec.parallelism().microbatches();
   const int mine = M / replicas_;  // this replica's microbatches
@@ -800,13 +831,12 @@ absl::StatusOr<StepReport> Stage::RunStep() {
     RETURN_IF_ERROR(task_->OnEvent(TRAINYARD_EVENT_STEP_BEGIN, step, ""));
   }
   if (is_first()) {
-    Timer t(nullptr, &report.trace, origin, SpanKind::kPrepareBatch);
+    SpanTimer t(this, nullptr, SpanKind::kPrepareBatch);
     RETURN_IF_ERROR(PrepareBatch(*data_.train, sampler_->Next(), step,
                                  /*is_eval=*/false, M, first_microbatch_,
                                  mine));
   }
-  RETURN_IF_ERROR(RunSchedule(train_schedule_, step, false, M, &report.times,
-                              &report.trace));
+  RETURN_IF_ERROR(RunSchedule(train_schedule_, step, false, M));
   for (Chunk& chunk : chunks_) {
     for (int b = chunk.local_begin; b < chunk.local_end; ++b) {
       if (!grads_written_[b]) {
@@ -824,7 +854,8 @@ absl::StatusOr<StepReport> Stage::RunStep() {
     }
   }
   if (replicas_ > 1) {
-    Timer t(&report.times.comm, nullptr);
+    SpanTimer t(this, &StageTimes::comm, SpanKind::kAllReduce, -1,
+                /*traced=*/false);
     RETURN_IF_ERROR(SumReplicaGradients());
   }
   RETURN_IF_ERROR(OptimizerStep(step, &report));
@@ -836,7 +867,15 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   }
   microbatches_.clear();
   ++completed_steps_;
-  report.trace.step_us = Micros(Clock::now() - origin);
+  // The step's device timeline ends at its read (device stages; what came
+  // after it is resolved at the next step's), or now (the CPU).
+  const int end_mark = scalars_.has_value() ? read_mark_ : TimingMark();
+  timing_ = false;
+  RETURN_IF_ERROR(
+      ResolveSpans(scalars_.has_value() ? read_mark_ : -1, &report));
+  if (end_mark >= 0) {
+    ASSIGN_OR_RETURN(report.trace.step_us, timers_[timer_]->Micros(end_mark));
+  }
   report.traffic = ctx_->traffic() - traffic_before;
   return report;
 }
@@ -850,7 +889,6 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
   if (loss_) loss_->Reset();
   // Every replica evaluates the whole eval set (the same bits on each).
   first_microbatch_ = 0;
-  StageTimes times;
   int64_t eval_index = 0;
   for (int64_t begin = 0; begin < rows; begin += batch, ++eval_index) {
     const int64_t n = std::min(batch, rows - begin);
@@ -868,7 +906,7 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     RETURN_IF_ERROR(RunSchedule(
         MakeForwardOnlySchedule(num_stages_, parts, plan_.num_chunks,
                                 plan_.chunk_layout),
-        eval_index, true, parts, &times, /*trace=*/nullptr));
+        eval_index, true, parts));
     if (loss_.has_value() && loss_->on_device()) {
       // One read per eval batch: its loss slots.
       RETURN_IF_ERROR(scalars_->Read());

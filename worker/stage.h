@@ -68,6 +68,7 @@
 #include "core/transport.h"
 #include "kernels/block_kernel.h"
 #include "kernels/exec_context.h"
+#include "kernels/stream_timer.h"
 #include "task_plugins/task_loader.h"
 #include "worker/dataset.h"
 #include "worker/gradient_tree.h"
@@ -295,14 +296,15 @@ class Stage {
   // Which message a receive waits for: kind, chunk, microbatch.
   using MessageKey = std::tuple<MessageKind, int, int>;
 
-  // `trace` (null for evals) receives a span per action.
+  // Steps time each action (SpanTimer); evals do not.
   absl::Status RunSchedule(const Schedule& schedule, int64_t step, bool is_eval,
-                           int num_microbatches, StageTimes* times,
-                           StepTrace* trace);
+                           int num_microbatches);
   absl::Status Forward(Microbatch* mb, bool save_for_backward);
   absl::Status BackwardInput(Microbatch* mb);
   absl::Status BackwardWeight(Microbatch* mb);
   absl::Status OptimizerStep(int64_t step, StepReport* report);
+  // A device step's one read of its scalars (recording the read's mark).
+  absl::Status ReadScalars();
   // OptimizerStep of a device stage (scalars_).
   absl::Status DeviceOptimizerStep(int64_t step, StepReport* report);
   // Given this stage's sums of squares in `mine`: the step's all-reduce
@@ -327,12 +329,33 @@ class Stage {
   // stage `virtual_stage`, with its first tensor on this stage's device.
   // Messages for other microbatches or chunks that arrive first are held.
   absl::StatusOr<Message> Receive(int virtual_stage, MessageKind kind,
-                                  int64_t step, const Microbatch& mb,
-                                  StageTimes* times, StepTrace* trace);
+                                  int64_t step, const Microbatch& mb);
   // Sets up microbatches_: `count` per chunk.
   void ResetMicrobatches(int count);
   Microbatch& MicrobatchAt(int chunk, int index);
   std::string Where() const;  // "stage 2"
+
+  // Timing (kernels/stream_timer.h). A span is two marks on the step's
+  // StreamTimer, resolved into the report's phases and trace once the
+  // device has passed them: at the end of the step on the CPU; after the
+  // step's read on a device. What a device stage queues after its read
+  // (the all-reduce and the update of a multi-stage job) is resolved at the
+  // next step's read and counted in that step's phases, not its trace.
+  class SpanTimer;
+  struct PendingSpan {
+    int timer = 0;  // timers_ index
+    SpanKind kind = SpanKind::kForward;
+    int microbatch = -1;
+    int start = -1, end = -1;             // marks
+    double StageTimes::*phase = nullptr;  // may be null
+    bool traced = true;
+  };
+  // A mark on the current step's timer (-1 after an error, kept for
+  // ResolveSpans to return).
+  int TimingMark();
+  // Resolves the carried spans and the pending ones whose marks are <=
+  // `upto` (all for -1) into report; the rest are carried.
+  absl::Status ResolveSpans(int upto, StepReport* report);
 
   JobPlan plan_;
   int index_ = 0;
@@ -381,8 +404,18 @@ class Stage {
   // Messages that arrived before their receive (Receive).
   std::map<MessageKey, Message> held_;
   int64_t completed_steps_ = 0;
-  // Where the current (or last) step began: spans are timed from here.
+  // Where the current (or last) step began on the host clock: the eval
+  // span is timed from here.
   std::optional<Clock::time_point> step_origin_;
+  // Two timers, used by alternate steps, so that a step's carried marks
+  // survive the next step's Start.
+  std::unique_ptr<StreamTimer> timers_[2];
+  int timer_ = 0;        // the current step's
+  bool timing_ = false;  // inside RunStep
+  int read_mark_ = -1;   // this step's read, on a device
+  std::vector<PendingSpan> pending_;
+  std::vector<PendingSpan> carried_;
+  absl::Status timing_error_;
   bool finalized_ = false;
   bool checkpoint_file_written_ = false;
   std::function<absl::Status(int peer, Message message)> snapshot_sink_;

@@ -106,11 +106,13 @@ RunResult RunJob(const trainyard::v1::JobSpec& spec_in, int64_t stop_after,
     result.eval_loss.push_back({step, r.loss});
   };
   result.traffic.resize(plan->num_stages());
+  result.stage_reports.resize(plan->num_stages());
   options.on_stage_step = [&](int replica, int stage, const StepReport& r,
                               double) {
     if (replica != 0) return;
     absl::MutexLock lock(&mu);
     result.traffic[stage].push_back(r.traffic);
+    result.stage_reports[stage].push_back(r);
   };
   options.on_final_params = [&](int, const auto& params) {
     absl::MutexLock lock(&mu);

@@ -12,6 +12,7 @@
 #include "core/device.h"
 #include "kernels/exec_context.h"
 #include "proto/job_spec.pb.h"
+#include "worker/stage.h"
 #include "worker/test_paths.h"
 
 namespace trainyard {
@@ -25,8 +26,9 @@ struct RunResult {
   // Final parameters (host copies) by name.
   std::map<std::string, std::vector<float>> params;
   // [stage][step]: each stage's host<->device traffic in each step
-  // (replica 0's stages).
+  // (replica 0's stages), and its whole report.
   std::vector<std::vector<DeviceTraffic>> traffic;
+  std::vector<std::vector<StepReport>> stage_reports;
 };
 
 // 4 blocks mixing every activation and norm, so stage splits cut through

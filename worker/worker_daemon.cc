@@ -265,6 +265,12 @@ WorkerMessage StepMessage(const std::string& job_id, int stage,
   timing->set_comm_s(r.times.comm);
   timing->set_idle_s(r.times.idle);
   timing->set_optimizer_s(r.times.optimizer);
+  timing->set_loss_s(r.times.loss);
+  timing->set_h2d_copies(r.traffic.h2d_copies);
+  timing->set_h2d_bytes(r.traffic.h2d_bytes);
+  timing->set_d2h_copies(r.traffic.d2h_copies);
+  timing->set_d2h_bytes(r.traffic.d2h_bytes);
+  timing->set_syncs(r.traffic.syncs);
   v1::StageTrace* trace = report->mutable_trace();
   trace->set_stage(stage);
   trace->set_step_us(r.trace.step_us);
@@ -321,24 +327,38 @@ WorkerMessage StartedMessage(const std::string& job_id, int stage,
 // stage), resolved once so that a step only adds numbers.
 class StageMetrics {
  public:
+  // A device stage's host<->device traffic: copies and bytes each way
+  // ([0] to the device, [1] to the host) and synchronisations.
+  struct DeviceCounters {
+    std::array<prometheus::Counter*, 2> copies;
+    std::array<prometheus::Counter*, 2> bytes;
+    prometheus::Counter* syncs;
+  };
+
   StageMetrics(prometheus::Counter& steps, prometheus::Histogram& step_seconds,
-               std::array<prometheus::Counter*, 5> phases,
+               std::array<prometheus::Counter*, 6> phases,
                prometheus::Gauge& bubble, prometheus::Counter& bytes_sent,
-               prometheus::Counter& bytes_received)
+               prometheus::Counter& bytes_received, DeviceCounters device)
       : steps_(steps),
         step_seconds_(step_seconds),
         phases_(phases),
         bubble_(bubble),
         bytes_sent_(bytes_sent),
-        bytes_received_(bytes_received) {}
+        bytes_received_(bytes_received),
+        device_(device) {}
 
   // One step; `transport` (may be null) counts the bytes moved so far.
   void Record(const StepReport& r, double seconds, const Transport* transport) {
     steps_.Increment();
     step_seconds_.Observe(seconds);
-    const double times[5] = {r.times.forward, r.times.backward, r.times.comm,
-                             r.times.idle, r.times.optimizer};
-    for (int i = 0; i < 5; ++i) phases_[i]->Increment(times[i]);
+    const double times[6] = {r.times.forward, r.times.backward,  r.times.comm,
+                             r.times.idle,    r.times.optimizer, r.times.loss};
+    for (int i = 0; i < 6; ++i) phases_[i]->Increment(times[i]);
+    device_.copies[0]->Increment(static_cast<double>(r.traffic.h2d_copies));
+    device_.copies[1]->Increment(static_cast<double>(r.traffic.d2h_copies));
+    device_.bytes[0]->Increment(static_cast<double>(r.traffic.h2d_bytes));
+    device_.bytes[1]->Increment(static_cast<double>(r.traffic.d2h_bytes));
+    device_.syncs->Increment(static_cast<double>(r.traffic.syncs));
     bubble_.Set(seconds > 0 ? std::min(1.0, r.times.idle / seconds) : 0.0);
     if (transport != nullptr) {
       const int64_t sent = transport->payload_bytes_sent();
@@ -352,16 +372,17 @@ class StageMetrics {
   }
 
   // The phase label of phases[i].
-  static constexpr const char* kPhases[5] = {"forward", "backward", "comm",
-                                             "idle", "optimizer"};
+  static constexpr const char* kPhases[6] = {"forward", "backward",  "comm",
+                                             "idle",    "optimizer", "loss"};
 
  private:
   prometheus::Counter& steps_;
   prometheus::Histogram& step_seconds_;
-  const std::array<prometheus::Counter*, 5> phases_;
+  const std::array<prometheus::Counter*, 6> phases_;
   prometheus::Gauge& bubble_;
   prometheus::Counter& bytes_sent_;
   prometheus::Counter& bytes_received_;
+  const DeviceCounters device_;
   int64_t sent_before_ = 0;
   int64_t received_before_ = 0;
 };
@@ -580,6 +601,9 @@ class Worker::Impl {
   prometheus::Histogram* checkpoint_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* snapshots_kept_ = nullptr;
   prometheus::Family<prometheus::Counter>* payload_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* device_copies_ = nullptr;
+  prometheus::Family<prometheus::Counter>* device_copy_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* device_syncs_ = nullptr;
   // The metrics of stage `stage`, looked up once per assignment; null
   // without --metrics_listen.
   std::unique_ptr<StageMetrics> MetricsOfStage(int stage);
@@ -704,7 +728,27 @@ absl::Status Worker::Impl::Init() {
              .Name("trainyard_worker_phase_seconds_total")
              .Help(
                  "Seconds spent per phase of the steps (forward, backward, "
-                 "comm, idle = waiting for a neighbour, optimizer).")
+                 "comm, idle = waiting for a neighbour, optimizer, loss); "
+                 "device time on a GPU.")
+             .Register(r);
+    device_copies_ =
+        &prometheus::BuildCounter()
+             .Name("trainyard_worker_device_copies_total")
+             .Help(
+                 "Copies between host and device made by this worker's "
+                 "stages (direction to_device or to_host); 0 on the CPU.")
+             .Register(r);
+    device_copy_bytes_ = &prometheus::BuildCounter()
+                              .Name("trainyard_worker_device_copy_bytes_total")
+                              .Help("Bytes of those copies, by direction.")
+                              .Register(r);
+    device_syncs_ =
+        &prometheus::BuildCounter()
+             .Name("trainyard_worker_device_syncs_total")
+             .Help(
+                 "Times this worker's stages waited for their device inside "
+                 "steps (one per step on a GPU job that keeps its step on "
+                 "the device).")
              .Register(r);
     bubble_ = &prometheus::BuildGauge()
                    .Name("trainyard_worker_bubble_fraction")
@@ -1277,11 +1321,20 @@ void Worker::Impl::RunJob(StageAssignment assignment,
 std::unique_ptr<StageMetrics> Worker::Impl::MetricsOfStage(int stage) {
   if (metrics_ == nullptr) return nullptr;
   const std::string k = absl::StrCat(stage);
-  std::array<prometheus::Counter*, 5> phases;
-  for (int i = 0; i < 5; ++i) {
+  std::array<prometheus::Counter*, 6> phases;
+  for (int i = 0; i < 6; ++i) {
     phases[i] = &phase_seconds_->Add(
         {{"stage", k}, {"phase", StageMetrics::kPhases[i]}});
   }
+  StageMetrics::DeviceCounters device;
+  const char* directions[2] = {"to_device", "to_host"};
+  for (int i = 0; i < 2; ++i) {
+    device.copies[i] =
+        &device_copies_->Add({{"stage", k}, {"direction", directions[i]}});
+    device.bytes[i] =
+        &device_copy_bytes_->Add({{"stage", k}, {"direction", directions[i]}});
+  }
+  device.syncs = &device_syncs_->Add({{"stage", k}});
   return std::make_unique<StageMetrics>(
       steps_->Add({{"stage", k}}),
       step_seconds_->Add({{"stage", k}},
@@ -1290,7 +1343,7 @@ std::unique_ptr<StageMetrics> Worker::Impl::MetricsOfStage(int stage) {
                              0.5, 1, 2, 5, 10, 30}),
       phases, bubble_->Add({{"stage", k}}),
       payload_bytes_->Add({{"stage", k}, {"direction", "sent"}}),
-      payload_bytes_->Add({{"stage", k}, {"direction", "received"}}));
+      payload_bytes_->Add({{"stage", k}, {"direction", "received"}}), device);
 }
 
 void Worker::Impl::Report(const WorkerMessage& message) {

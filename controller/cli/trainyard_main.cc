@@ -610,7 +610,9 @@ bool g_get_stages = false;
 // costs).
 int PrintStages(JobClient& client, const trainyard::v1::Job& job) {
   struct Sum {
-    double forward = 0, backward = 0, comm = 0, idle = 0, optimizer = 0;
+    double forward = 0, backward = 0, comm = 0, idle = 0, optimizer = 0,
+           loss = 0;
+    int64_t syncs = 0, copy_bytes = 0;
     int64_t steps = 0;
   };
   std::map<int, Sum> sums;
@@ -628,6 +630,9 @@ int PrintStages(JobClient& client, const trainyard::v1::Job& job) {
             s.comm += t.comm_s();
             s.idle += t.idle_s();
             s.optimizer += t.optimizer_s();
+            s.loss += t.loss_s();
+            s.syncs += t.syncs();
+            s.copy_bytes += t.h2d_bytes() + t.d2h_bytes();
             ++s.steps;
           }
           if (e.step().step() >= last) stop.store(true);
@@ -646,20 +651,26 @@ int PrintStages(JobClient& client, const trainyard::v1::Job& job) {
   std::cout << absl::StrFormat(
       "job %s: %d step(s); %d stage(s), schedule %s, %d microbatch(es)\n",
       job.job_id(), last, par.stages(), par.schedule(), par.microbatches());
-  std::cout << absl::StrFormat("%-6s %11s %12s %8s %8s %13s %8s %7s\n", "stage",
-                               "forward_ms", "backward_ms", "comm_ms",
-                               "idle_ms", "optimizer_ms", "step_ms", "bubble");
+  std::cout << absl::StrFormat(
+      "%-6s %11s %12s %8s %8s %13s %8s %8s %7s %6s %11s\n", "stage",
+      "forward_ms", "backward_ms", "loss_ms", "comm_ms", "idle_ms",
+      "optimizer_ms", "step_ms", "bubble", "syncs", "copied_kib");
   double bubble_sum = 0;
   for (const auto& [stage, s] : sums) {
     const double n = static_cast<double>(std::max<int64_t>(1, s.steps));
-    const double total = s.forward + s.backward + s.comm + s.idle + s.optimizer;
+    const double total =
+        s.forward + s.backward + s.loss + s.comm + s.idle + s.optimizer;
     const double bubble = total > 0 ? s.idle / total : 0;
     bubble_sum += bubble;
     std::cout << absl::StrFormat(
-        "%-6d %11.3f %12.3f %8.3f %8.3f %13.3f %8.3f %7.3f\n", stage,
-        1e3 * s.forward / n, 1e3 * s.backward / n, 1e3 * s.comm / n,
-        1e3 * s.idle / n, 1e3 * s.optimizer / n, 1e3 * total / n, bubble);
+        "%-6d %11.3f %12.3f %8.3f %8.3f %8.3f %13.3f %8.3f %7.3f %6.1f "
+        "%11.1f\n",
+        stage, 1e3 * s.forward / n, 1e3 * s.backward / n, 1e3 * s.loss / n,
+        1e3 * s.comm / n, 1e3 * s.idle / n, 1e3 * s.optimizer / n,
+        1e3 * total / n, bubble, s.syncs / n, s.copy_bytes / n / 1024);
   }
+  std::cout << "(syncs and copied_kib: a device stage's waits for its device "
+               "and host<->device bytes per step)\n";
   if (!sums.empty()) {
     std::cout << absl::StrFormat("measured bubble (mean over stages): %.3f\n",
                                  bubble_sum / sums.size());
