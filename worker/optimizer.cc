@@ -299,9 +299,8 @@ absl::Status StageOptimizer::GradSumsOfSquaresOnDevice(const Tensor& grads,
     std::copy(sums.begin(), sums.end(), out);
     return absl::OkStatus();
   }
-  const int n = static_cast<int>(segments_.size());
   const int64_t bytes =
-      static_cast<int64_t>(gpu::GradSumsOfSquaresWorkspaceBytes(n));
+      static_cast<int64_t>(gpu::GradSumsOfSquaresWorkspaceBytes(segments_));
   if (norm_workspace_.numel() < bytes) {
     ASSIGN_OR_RETURN(norm_workspace_, ctx_->Empty(DType::kUInt8, {bytes}));
   }

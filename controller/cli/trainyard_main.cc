@@ -669,8 +669,7 @@ int PrintStages(JobClient& client, const trainyard::v1::Job& job) {
         1e3 * s.comm / n, 1e3 * s.idle / n, 1e3 * s.optimizer / n,
         1e3 * total / n, bubble, s.syncs / n, s.copy_bytes / n / 1024);
   }
-  std::cout << "(syncs and copied_kib: a device stage's waits for its device "
-               "and host<->device bytes per step)\n";
+
   if (!sums.empty()) {
     std::cout << absl::StrFormat("measured bubble (mean over stages): %.3f\n",
                                  bubble_sum / sums.size());

@@ -495,15 +495,21 @@ absl::Status CudaMlpBlock::BackwardWeight(CudaMlpBlockSaved* saved,
     RETURN_IF_ERROR(ColumnSums(t, b, f1, saved->d_fc1_out.data(), accumulate,
                                g.fc1_bias, stream));
   }
+  if (c.norm != NormType::kNone) {
+    const size_t need = NormParamsWorkspaceBytes(b, in);
+    if (norm_workspace_.size() < need) {
+      ASSIGN_OR_RETURN(norm_workspace_, DeviceBuffer::Allocate(device_, need));
+    }
+  }
   if (c.norm == NormType::kLayerNorm) {
     RETURN_IF_ERROR(LayerNormBackwardParams(
         t, b, in, saved->x, saved->mean.as<float>(), saved->rstd.as<float>(),
         saved->d_norm_out.data(), accumulate, g.norm_weight, g.norm_bias,
-        stream));
+        norm_workspace_.data(), stream));
   } else if (c.norm == NormType::kRmsNorm) {
     RETURN_IF_ERROR(RmsNormBackwardParams(
         t, b, in, saved->x, saved->rstd.as<float>(), saved->d_norm_out.data(),
-        accumulate, g.norm_weight, stream));
+        accumulate, g.norm_weight, norm_workspace_.data(), stream));
   }
   *saved = CudaMlpBlockSaved();
   return absl::OkStatus();

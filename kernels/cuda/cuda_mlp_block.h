@@ -179,6 +179,8 @@ class CudaMlpBlock {
   std::unique_ptr<GemmLt> gemm_;
   DeviceBuffer w1_bf16_, w2_bf16_;
   DeviceBuffer bias_grad_scratch_;  // float32, max(out, fc1_out)
+  DeviceBuffer norm_workspace_;     // the norm's parameter gradients'
+
   bool use_epilogues_ = true;
   absl::flat_hash_map<std::pair<int, int64_t>, EpilogueDecision> decisions_;
   CudaMlpBlockEpilogueStats stats_;

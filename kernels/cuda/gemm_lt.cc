@@ -1,11 +1,19 @@
 #include "kernels/cuda/gemm_lt.h"
 
+#include <sys/stat.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/cuda_status.h"
 #include "kernels/cuda/device_allocator.h"
 
@@ -219,10 +227,137 @@ std::string PlanKey(const GemmArgs& g) {
       Alignment(g.aux));
 }
 
+// "NVIDIA H100 80GB HBM3/132/130100": what a tuned choice is valid for.
+std::string GpuModel(int device) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "unknown";
+  }
+  return absl::StrCat(prop.name, "/", prop.multiProcessorCount, "/",
+                      cublasLtGetVersion());
+}
+
+// The tuned choices (an index into the heuristic's ranked candidates) by
+// GPU model and problem, for the process, loaded from and appended to the
+// cache file. File errors only cost a re-tune.
+class AlgoCache {
+ public:
+  static AlgoCache& Get() {
+    static AlgoCache* const cache = new AlgoCache();
+    return *cache;
+  }
+
+  bool Lookup(const std::string& key, int* index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Load();
+    auto it = choices_.find(key);
+    if (it == choices_.end()) return false;
+    *index = it->second;
+    return true;
+  }
+
+  void Store(const std::string& key, int index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Load();
+    if (!choices_.emplace(key, index).second) return;
+    const std::string path = Path();
+    if (path.empty()) return;
+    const size_t slash = path.rfind('/');
+    if (slash != std::string::npos) {
+      // mkdir -p of the folder, quietly.
+      std::string dir;
+      for (absl::string_view part :
+           absl::StrSplit(path.substr(0, slash), '/', absl::SkipEmpty())) {
+        dir = absl::StrCat(dir, "/", part);
+        mkdir(dir.c_str(), 0755);
+      }
+    }
+    std::ofstream out(path, std::ios::app);
+    out << key << "\t" << index << "\n";
+  }
+
+ private:
+  static std::string Path() {
+    if (const char* p = std::getenv("TRAINYARD_GEMM_CACHE")) return p;
+    const char* home = std::getenv("HOME");
+    if (home == nullptr || home[0] == '\0') return "";
+    return absl::StrCat(home, "/.cache/trainyard/gemm_algos.tsv");
+  }
+  void Load() {
+    if (loaded_) return;
+    loaded_ = true;
+    const std::string path = Path();
+    if (path.empty()) return;
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t tab = line.rfind('\t');
+      int index = 0;
+      if (tab == std::string::npos ||
+          !absl::SimpleAtoi(line.substr(tab + 1), &index) || index < 0 ||
+          index >= GemmLt::kTuneCandidates) {
+        continue;  // a damaged line: that problem is tuned again
+      }
+      choices_.emplace(line.substr(0, tab), index);
+    }
+  }
+
+  std::mutex mu_;
+  bool loaded_ = false;
+  absl::flat_hash_map<std::string, int> choices_;
+};
+
+bool TuningEnabled() {
+  const char* v = std::getenv("TRAINYARD_GEMM_TUNE");
+  return v == nullptr || std::string(v) != "0";
+}
+
+// Times each of the `found` candidates once (after a warm-up run) on the
+// real arguments (beta == 0: D is only written) and returns the fastest's
+// index. Synchronises the stream.
+absl::StatusOr<int> TuneAlgo(cublasLtHandle_t handle, const GemmArgs& g,
+                             const Plan& p,
+                             const cublasLtMatmulHeuristicResult_t* results,
+                             int found, const void* c_ptr, void* workspace,
+                             size_t workspace_bytes, Stream stream) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  int best = 0;
+  float best_ms = -1;
+  for (int i = 0; i < found; ++i) {
+    auto run = [&] {
+      return cublasLtMatmul(handle, p.op, &g.alpha, g.b, p.a, g.a, p.b, &g.beta,
+                            c_ptr, p.c, g.d, p.d, &results[i].algo, workspace,
+                            workspace_bytes, stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; skip failures
+    cudaEventRecord(start, stream);
+    const cublasStatus_t st = run();
+    cudaEventRecord(stop, stream);
+    if (st != CUBLAS_STATUS_SUCCESS ||
+        cudaEventSynchronize(stop) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) continue;
+    if (best_ms < 0 || ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
 }  // namespace
 
 struct GemmLt::Impl {
   int device = 0;
+  std::string model;  // GpuModel(device)
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
   absl::flat_hash_map<std::string, std::unique_ptr<Plan>> plans;
@@ -244,6 +379,7 @@ absl::StatusOr<std::unique_ptr<GemmLt>> GemmLt::Create(int device) {
   }
   auto impl = std::make_unique<Impl>();
   impl->device = device;
+  impl->model = GpuModel(device);
   absl::StatusOr<DeviceBuffer> ws =
       DeviceBuffer::Allocate(device, kWorkspaceBytes);
   if (!ws.ok()) return ws.status();
@@ -328,7 +464,7 @@ absl::Status GemmLt::Run(const GemmArgs& g, Stream stream) {
     const uint64_t ws = impl_->workspace.size();
     const uint32_t align_a = Alignment(g.b), align_b = Alignment(g.a),
                    align_c = Alignment(c_ptr), align_d = Alignment(g.d);
-    cublasLtMatmulHeuristicResult_t result = {};
+    cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
     int found = 0;
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
@@ -345,8 +481,16 @@ absl::Status GemmLt::Run(const GemmArgs& g, Stream stream) {
       cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
           sizeof(align_d));
+      // Split-K only with a separate reduction step, never in place.
+      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE |
+                               CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+                               CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+      cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+          sizeof(schemes));
       st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.op, p.a, p.b, p.c,
-                                          p.d, pref, 1, &result, &found);
+                                          p.d, pref, kTuneCandidates, results,
+                                          &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
@@ -360,7 +504,19 @@ absl::Status GemmLt::Run(const GemmArgs& g, Stream stream) {
           st == CUBLAS_STATUS_SUCCESS ? "no result" : cublasGetStatusString(st),
           ")"));
     }
-    p.algo = result.algo;
+    int chosen = 0;
+    if (found > 1 && g.beta == 0.0f && TuningEnabled()) {
+      const std::string key = absl::StrCat(impl_->model, "|", PlanKey(g));
+      if (!AlgoCache::Get().Lookup(key, &chosen) || chosen >= found) {
+        absl::StatusOr<int> tuned =
+            TuneAlgo(impl_->handle, g, p, results, found, c_ptr,
+                     impl_->workspace.data(), impl_->workspace.size(), stream);
+        if (!tuned.ok()) return tuned.status();
+        chosen = *tuned;
+        AlgoCache::Get().Store(key, chosen);
+      }
+    }
+    p.algo = results[chosen].algo;
   }
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.b, p.a,
                                         g.a, p.b, &g.beta, c_ptr, p.c, g.d, p.d,

@@ -43,8 +43,21 @@
 // back to separate kernels.
 //
 // Each distinct problem (shapes, types, transposes, epilogue, alignments of
-// every pointer) is planned once: layouts, descriptors and the heuristic's
-// first algorithm are cached, so a problem always runs the same algorithm.
+// every pointer) is planned once: layouts, descriptors and an algorithm are
+// cached, so a problem always runs the same algorithm. The algorithm is
+// tuned: cuBLASLt's heuristic is asked for its top kTuneCandidates, each
+// is run once to warm it and once timed with CUDA events, and the fastest
+// is kept (only algorithms whose split-K reduction, if any, is a separate
+// deterministic step: the heuristic is told to leave out the in-place
+// reduction scheme). The choice is cached per GPU model (name, SM count,
+// cuBLASLt version) in the process and in a file (TRAINYARD_GEMM_CACHE, or
+// $HOME/.cache/trainyard/gemm_algos.tsv), so later runs, and later
+// processes, pick the same algorithm for the same problem: results are
+// bitwise repeatable once the cache holds a job's problems. Only
+// problems with beta == 0 are tuned (tuning runs overwrite D); the others,
+// and every problem with TRAINYARD_GEMM_TUNE=0, take the heuristic's first
+// choice. Tuning a problem synchronises the stream (once per problem).
+//
 // Determinism: cuBLAS documents bitwise run-to-run reproducibility of its
 // routines for one toolkit version, GPU architecture and SM count when
 // each stream has its own workspace (ours: one GemmLt per stream, its own
@@ -128,6 +141,9 @@ class GemmLt {
 
   // Number of planned problems (for tests of the cache).
   int64_t cached_plans() const;
+
+  // Candidates timed when a problem is tuned.
+  static constexpr int kTuneCandidates = 8;
 
  private:
   struct Impl;

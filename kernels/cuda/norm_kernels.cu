@@ -85,21 +85,70 @@ __global__ void NormBackwardInputKernel(
   }
 }
 
+// Parameter gradients in two deterministic stages. Stage 1: a block of
+// kParamCols x kParamRowLanes threads sums a chunk of kRowsPerChunk rows for
+// kParamCols columns (each thread every kParamRowLanes-th row, in order;
+// then the lanes in order), into partial[chunk][col]. Stage 2: one thread
+// per column adds the chunks in order. The split depends only on the shape:
+// the same bits every run.
+constexpr int kParamCols = 32;
+constexpr int kParamRowLanes = 8;
+constexpr int64_t kRowsPerChunk = 256;
+
+int64_t ParamChunks(int64_t rows) {
+  return rows <= 0 ? 1 : (rows + kRowsPerChunk - 1) / kRowsPerChunk;
+}
+
 template <bool RMS, typename T>
-__global__ void NormBackwardParamsKernel(
-    int64_t rows, int64_t cols, const T* __restrict__ x,
-    const float* __restrict__ mean, const float* __restrict__ rstd,
-    const T* __restrict__ dy, bool accumulate, float* __restrict__ dw,
-    float* __restrict__ db) {
+__global__ void NormParamsPartialKernel(int64_t rows, int64_t cols,
+                                        const T* __restrict__ x,
+                                        const float* __restrict__ mean,
+                                        const float* __restrict__ rstd,
+                                        const T* __restrict__ dy,
+                                        double* __restrict__ partial_w,
+                                        double* __restrict__ partial_b) {
+  __shared__ double sw_sh[kParamRowLanes][kParamCols];
+  __shared__ double sb_sh[kParamRowLanes][kParamCols];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = blockIdx.x * int64_t{kParamCols} + tx;
+  const int64_t chunk = blockIdx.y;
+  const int64_t r0 = chunk * kRowsPerChunk;
+  const int64_t r1 = min(rows, r0 + kRowsPerChunk);
+  double sw = 0.0, sb = 0.0;
+  if (c < cols) {
+    for (int64_t r = r0 + ty; r < r1; r += kParamRowLanes) {
+      const float g = Load(dy, r * cols + c);
+      const float xhat =
+          (Load(x, r * cols + c) - (RMS ? 0.0f : mean[r])) * rstd[r];
+      sw += static_cast<double>(g) * xhat;
+      sb += g;
+    }
+  }
+  sw_sh[ty][tx] = sw;
+  sb_sh[ty][tx] = sb;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    double a = 0.0, b = 0.0;
+    for (int i = 0; i < kParamRowLanes; ++i) {
+      a += sw_sh[i][tx];
+      b += sb_sh[i][tx];
+    }
+    partial_w[chunk * cols + c] = a;
+    partial_b[chunk * cols + c] = b;
+  }
+}
+
+__global__ void NormParamsFinalKernel(int64_t chunks, int64_t cols,
+                                      const double* __restrict__ partial_w,
+                                      const double* __restrict__ partial_b,
+                                      bool accumulate, float* __restrict__ dw,
+                                      float* __restrict__ db) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= cols) return;
   double sw = 0.0, sb = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float g = Load(dy, r * cols + c);
-    const float xhat =
-        (Load(x, r * cols + c) - (RMS ? 0.0f : mean[r])) * rstd[r];
-    sw += static_cast<double>(g) * xhat;
-    sb += g;
+  for (int64_t k = 0; k < chunks; ++k) {
+    sw += partial_w[k * cols + c];
+    sb += partial_b[k * cols + c];
   }
   dw[c] = accumulate ? static_cast<float>(dw[c] + sw) : static_cast<float>(sw);
   if (db != nullptr) {
@@ -170,18 +219,26 @@ template <bool RMS>
 absl::Status BackwardParams(DType dtype, int64_t rows, int64_t cols,
                             const void* x, const float* mean, const float* rstd,
                             const void* dy, bool accumulate, float* dw,
-                            float* db, Stream stream) {
+                            float* db, void* workspace, Stream stream) {
+  const int64_t chunks = ParamChunks(rows);
+  double* partial_w = static_cast<double*>(workspace);
+  double* partial_b = partial_w + chunks * cols;
+  const dim3 grid(static_cast<unsigned>((cols + kParamCols - 1) / kParamCols),
+                  static_cast<unsigned>(chunks));
+  const dim3 block(kParamCols, kParamRowLanes);
   if (dtype == DType::kFloat32) {
-    NormBackwardParamsKernel<RMS, float>
-        <<<ColGrid(cols), kThreads, 0, stream>>>(
-            rows, cols, static_cast<const float*>(x), mean, rstd,
-            static_cast<const float*>(dy), accumulate, dw, db);
+    NormParamsPartialKernel<RMS, float><<<grid, block, 0, stream>>>(
+        rows, cols, static_cast<const float*>(x), mean, rstd,
+        static_cast<const float*>(dy), partial_w, partial_b);
   } else {
-    NormBackwardParamsKernel<RMS, bf16><<<ColGrid(cols), kThreads, 0, stream>>>(
+    NormParamsPartialKernel<RMS, bf16><<<grid, block, 0, stream>>>(
         rows, cols, static_cast<const bf16*>(x), mean, rstd,
-        static_cast<const bf16*>(dy), accumulate, dw, db);
+        static_cast<const bf16*>(dy), partial_w, partial_b);
   }
-  CUDA_RETURN_IF_LAUNCH_ERROR("NormBackwardParamsKernel");
+  CUDA_RETURN_IF_LAUNCH_ERROR("NormParamsPartialKernel");
+  NormParamsFinalKernel<<<ColGrid(cols), kThreads, 0, stream>>>(
+      chunks, cols, partial_w, partial_b, accumulate, dw, db);
+  CUDA_RETURN_IF_LAUNCH_ERROR("NormParamsFinalKernel");
   return absl::OkStatus();
 }
 
@@ -214,11 +271,17 @@ absl::Status LayerNormBackwardInput(DType dtype, int64_t rows, int64_t cols,
                               residual, dx, stream);
 }
 
+size_t NormParamsWorkspaceBytes(int64_t rows, int64_t cols) {
+  return static_cast<size_t>(2 * ParamChunks(rows) * (cols > 0 ? cols : 0)) *
+         sizeof(double);
+}
+
 absl::Status LayerNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
                                      const void* x, const float* mean,
                                      const float* rstd, const void* dy,
                                      bool accumulate, float* d_weight,
-                                     float* d_bias, Stream stream) {
+                                     float* d_bias, void* workspace,
+                                     Stream stream) {
   TY_RETURN_IF_ERROR(CheckActivationDType("LayerNormBackwardParams", dtype));
   TY_RETURN_IF_ERROR(
       internal::CheckSizes("LayerNormBackwardParams", rows, cols));
@@ -230,8 +293,10 @@ absl::Status LayerNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
         CheckArgs("LayerNormBackwardParams", rows, cols, x, mean, rstd));
     TY_RETURN_IF_ERROR(internal::CheckPtr("LayerNormBackwardParams", "dy", dy));
   }
+  TY_RETURN_IF_ERROR(
+      internal::CheckPtr("LayerNormBackwardParams", "workspace", workspace));
   return BackwardParams<false>(dtype, rows, cols, x, mean, rstd, dy, accumulate,
-                               d_weight, d_bias, stream);
+                               d_weight, d_bias, workspace, stream);
 }
 
 absl::Status RmsNormForward(DType dtype, int64_t rows, int64_t cols,
@@ -263,7 +328,8 @@ absl::Status RmsNormBackwardInput(DType dtype, int64_t rows, int64_t cols,
 absl::Status RmsNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
                                    const void* x, const float* rstd,
                                    const void* dy, bool accumulate,
-                                   float* d_weight, Stream stream) {
+                                   float* d_weight, void* workspace,
+                                   Stream stream) {
   TY_RETURN_IF_ERROR(CheckActivationDType("RmsNormBackwardParams", dtype));
   TY_RETURN_IF_ERROR(internal::CheckSizes("RmsNormBackwardParams", rows, cols));
   if (cols == 0) return absl::OkStatus();
@@ -273,8 +339,10 @@ absl::Status RmsNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
     TY_RETURN_IF_ERROR(
         CheckArgs("RmsNormBackwardParams", rows, cols, x, rstd, dy));
   }
+  TY_RETURN_IF_ERROR(
+      internal::CheckPtr("RmsNormBackwardParams", "workspace", workspace));
   return BackwardParams<true>(dtype, rows, cols, x, nullptr, rstd, dy,
-                              accumulate, d_weight, nullptr, stream);
+                              accumulate, d_weight, nullptr, workspace, stream);
 }
 
 }  // namespace gpu

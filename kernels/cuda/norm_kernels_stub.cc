@@ -25,11 +25,14 @@ absl::Status LayerNormBackwardInput(DType dtype, int64_t rows, int64_t cols,
   return NoCuda("LayerNormBackwardInput");
 }
 
+size_t NormParamsWorkspaceBytes(int64_t, int64_t) { return 0; }
+
 absl::Status LayerNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
                                      const void* x, const float* mean,
                                      const float* rstd, const void* dy,
                                      bool accumulate, float* d_weight,
-                                     float* d_bias, Stream stream) {
+                                     float* d_bias, void* workspace,
+                                     Stream stream) {
   return NoCuda("LayerNormBackwardParams");
 }
 
@@ -50,7 +53,8 @@ absl::Status RmsNormBackwardInput(DType dtype, int64_t rows, int64_t cols,
 absl::Status RmsNormBackwardParams(DType dtype, int64_t rows, int64_t cols,
                                    const void* x, const float* rstd,
                                    const void* dy, bool accumulate,
-                                   float* d_weight, Stream stream) {
+                                   float* d_weight, void* workspace,
+                                   Stream stream) {
   return NoCuda("RmsNormBackwardParams");
 }
 

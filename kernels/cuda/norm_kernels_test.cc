@@ -47,6 +47,8 @@ TEST(NormKernelsTest, LayerNormAndRmsNormMatchCpu) {
                      dw = Poisoned(cols, kF), db = Poisoned(cols, kF);
         std::vector<float> cy(rows * cols), cmean(rows), crstd(rows),
             cdx(rows * cols), cdw(cols), cdb(cols);
+        DeviceBuffer ws =
+            *DeviceBuffer::Allocate(0, NormParamsWorkspaceBytes(rows, cols));
         if (rms) {
           ASSERT_TRUE(RmsNormForward(t, rows, cols, dx_in.data(),
                                      d_w.as<float>(), 1e-5f, y.data(),
@@ -59,7 +61,8 @@ TEST(NormKernelsTest, LayerNormAndRmsNormMatchCpu) {
                           .ok());
           ASSERT_TRUE(RmsNormBackwardParams(t, rows, cols, dx_in.data(),
                                             rstd.as<float>(), d_dy.data(),
-                                            false, dw.as<float>(), nullptr)
+                                            false, dw.as<float>(), ws.data(),
+                                            nullptr)
                           .ok());
           ::trainyard::RmsNormForward(rows, cols, x.data(), w.data(), 1e-5f,
                                       cy.data(), crstd.data());
@@ -82,7 +85,7 @@ TEST(NormKernelsTest, LayerNormAndRmsNormMatchCpu) {
           ASSERT_TRUE(LayerNormBackwardParams(
                           t, rows, cols, dx_in.data(), mean.as<float>(),
                           rstd.as<float>(), d_dy.data(), false, dw.as<float>(),
-                          db.as<float>(), nullptr)
+                          db.as<float>(), ws.data(), nullptr)
                           .ok());
           ::trainyard::LayerNormForward(rows, cols, x.data(), w.data(),
                                         b.data(), 1e-5f, cy.data(),

@@ -37,6 +37,8 @@ struct SgdStep {
   double grad_scale = 1.0;
 };
 
+// params, grads and state must be 16-byte aligned (the flat buffers are):
+// the update moves 4 elements at a time with 16-byte loads and stores.
 // `device_totals` (optional): device memory holding a step's totals
 // (core/step_totals.h: [loss, grad_norm, grad_scale, skip]); the kernels
 // then read the gradient scale from it instead of hp.grad_scale, and leave
@@ -52,12 +54,15 @@ absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
                       float* momentum_buffer, void* params_bf16, Stream stream,
                       const double* device_totals = nullptr);
 
-// Bytes of device workspace GradSumsOfSquares needs for `num_segments`.
-size_t GradSumsOfSquaresWorkspaceBytes(int num_segments);
+// Bytes of device workspace GradSumsOfSquares needs for `segments`.
+size_t GradSumsOfSquaresWorkspaceBytes(
+    const std::vector<ParamSegment>& segments);
 
 // out [segments.size()] (device, double) = sum of squares of each segment
-// of the raw gradients. Fixed grid and fixed reduction tree, double
-// accumulation, no atomics: the same bits on every run and device.
+// of the raw gradients (a 16-byte aligned flat buffer). A grid
+// proportional to each segment's size, 16-byte loads, double
+// accumulation, fixed reduction trees, no atomics: the same bits on every
+// run and device.
 absl::Status GradSumsOfSquares(const std::vector<ParamSegment>& segments,
                                const float* grads, void* workspace, double* out,
                                Stream stream);

@@ -24,7 +24,9 @@ absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
   return NoCuda("FusedSgd");
 }
 
-size_t GradSumsOfSquaresWorkspaceBytes(int num_segments) { return 0; }
+size_t GradSumsOfSquaresWorkspaceBytes(const std::vector<ParamSegment>&) {
+  return 0;
+}
 
 absl::Status GradSumsOfSquares(const std::vector<ParamSegment>& segments,
                                const float* grads, void* workspace, double* out,

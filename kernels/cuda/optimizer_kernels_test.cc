@@ -17,15 +17,18 @@ using testing::Download;
 using testing::Upload;
 constexpr DType kF = DType::kFloat32;
 
+// Offsets that leave every alignment of 4 floats, and a segment large
+// enough for several blocks of the sums of squares.
 std::vector<ParamSegment> CpuSegments() {
   return {{"a", {1}, 0, true},
           {"b", {17, 3}, 1, false},
           {"c", {5000}, 52, true},
-          {"d", {1009}, 5052, false}};
+          {"d", {1009}, 5052, false},
+          {"e", {100003}, 6061, true}};
 }
 // The CPU optimizer and the kernels take the same segments.
 std::vector<ParamSegment> GpuSegments() { return CpuSegments(); }
-constexpr int64_t kTotal = 6061;
+constexpr int64_t kTotal = 106064;
 
 void ExpectBitwiseEqual(const char* what, const std::vector<float>& a,
                         const float* b) {
@@ -112,6 +115,44 @@ TEST(OptimizerKernelsTest, SgdNesterovMatchesStageOptimizerBitwise) {
   ExpectBitwiseEqual("params", Download(dp, kTotal, kF), p.data());
 }
 
+// The scale a device step computed (core/step_totals.h), read on the
+// device: the same update as the scale passed by value; a set skip word
+// leaves everything as it was.
+TEST(OptimizerKernelsTest, AdamWReadsTheDeviceTotals) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  Rng rng(24);
+  std::vector<float> p = testing::RandomFloats(&rng, kTotal, 1);
+  std::vector<float> g = testing::RandomFloats(&rng, kTotal, 1);
+  std::vector<float> zeros(kTotal, 0.0f);
+  AdamWStep hp;
+  hp.grad_scale = 0.37;
+  DeviceBuffer dg = Upload(g, kF);
+  DeviceBuffer p1 = Upload(p, kF), m1 = Upload(zeros, kF),
+               v1 = Upload(zeros, kF);
+  ASSERT_TRUE(FusedAdamW(GpuSegments(), hp, p1.as<float>(), dg.as<float>(),
+                         m1.as<float>(), v1.as<float>(), nullptr, nullptr)
+                  .ok());
+  for (double skip : {0.0, 1.0}) {
+    const double totals[4] = {1.5, 2.5, 0.37, skip};
+    DeviceBuffer dt = *DeviceBuffer::Allocate(0, sizeof(totals));
+    ASSERT_TRUE(dt.CopyFromHost(totals, sizeof(totals)).ok());
+    DeviceBuffer p2 = Upload(p, kF), m2 = Upload(zeros, kF),
+                 v2 = Upload(zeros, kF);
+    AdamWStep other = hp;
+    other.grad_scale = 99;  // ignored: the device's scale rules
+    ASSERT_TRUE(FusedAdamW(GpuSegments(), other, p2.as<float>(), dg.as<float>(),
+                           m2.as<float>(), v2.as<float>(), nullptr, nullptr,
+                           dt.as<double>())
+                    .ok());
+    const std::vector<float> got = Download(p2, kTotal, kF);
+    if (skip == 0) {
+      ExpectBitwiseEqual("params", got, Download(p1, kTotal, kF).data());
+    } else {
+      ExpectBitwiseEqual("params", got, p.data());
+    }
+  }
+}
+
 TEST(OptimizerKernelsTest, GradSumsOfSquaresDeterministicAndAccurate) {
   SKIP_WITHOUT_CUDA_DEVICE();
   Rng rng(23);
@@ -119,7 +160,7 @@ TEST(OptimizerKernelsTest, GradSumsOfSquaresDeterministicAndAccurate) {
   DeviceBuffer dg = Upload(g, kF);
   const std::vector<ParamSegment> segs = GpuSegments();
   DeviceBuffer ws =
-      *DeviceBuffer::Allocate(0, GradSumsOfSquaresWorkspaceBytes(segs.size()));
+      *DeviceBuffer::Allocate(0, GradSumsOfSquaresWorkspaceBytes(segs));
   std::vector<double> runs[2];
   for (auto& r : runs) {
     DeviceBuffer out = testing::Poisoned(segs.size() * 2, kF);
