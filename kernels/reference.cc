@@ -167,8 +167,18 @@ struct Intermediates {
   Vec norm_out, pre, act;
 };
 
+// The activation of pre-activation i ([b, ffn] index), or its derivative,
+// with relu decided by `mask` when given.
+double Activate(const MlpBlockConfig& c, const ReluMask* mask, int64_t i,
+                double x, bool derivative) {
+  if (c.activation == Activation::kRelu && mask != nullptr) {
+    return (*mask)[i] ? (derivative ? 1.0 : x) : 0.0;
+  }
+  return derivative ? ActGrad(c.activation, x) : Act(c.activation, x);
+}
+
 Vec Forward(const MlpBlockConfig& c, const BlockParams& p, int64_t b,
-            const Vec& x, Intermediates* t) {
+            const Vec& x, Intermediates* t, const ReluMask* mask) {
   const int64_t in = c.in_features, out = c.out_features,
                 ffn = c.ffn_hidden_size, f1 = c.fc1_out();
   switch (c.norm) {
@@ -192,7 +202,7 @@ Vec Forward(const MlpBlockConfig& c, const BlockParams& p, int64_t b,
       t->act[r * ffn + j] =
           c.activation == Activation::kSwiglu
               ? Silu(t->pre[r * f1 + j]) * t->pre[r * f1 + ffn + j]
-              : Act(c.activation, t->pre[r * f1 + j]);
+              : Activate(c, mask, r * ffn + j, t->pre[r * f1 + j], false);
     }
   }
   Vec y = Gemm(false, true, b, out, ffn, t->act, p.fc2_weight);
@@ -212,17 +222,18 @@ Vec ColSums(int64_t rows, int64_t cols, const Vec& g) {
 }  // namespace
 
 Vec BlockForward(const MlpBlockConfig& c, const BlockParams& p, int64_t b,
-                 const Vec& x) {
+                 const Vec& x, const ReluMask* relu_mask) {
   Intermediates t;
-  return Forward(c, p, b, x, &t);
+  return Forward(c, p, b, x, &t, relu_mask);
 }
 
 void BlockBackward(const MlpBlockConfig& c, const BlockParams& p, int64_t b,
-                   const Vec& x, const Vec& dy, Vec* dx, BlockParams* g) {
+                   const Vec& x, const Vec& dy, Vec* dx, BlockParams* g,
+                   const ReluMask* relu_mask) {
   const int64_t in = c.in_features, out = c.out_features,
                 ffn = c.ffn_hidden_size, f1 = c.fc1_out();
   Intermediates t;
-  Forward(c, p, b, x, &t);
+  Forward(c, p, b, x, &t, relu_mask);
   *g = BlockParams();
   g->fc2_weight = Gemm(true, false, out, ffn, b, dy, t.act);
   if (c.bias) g->fc2_bias = ColSums(b, out, dy);
@@ -236,7 +247,8 @@ void BlockBackward(const MlpBlockConfig& c, const BlockParams& p, int64_t b,
         d_pre[r * f1 + j] = g_act * bb * SiluGrad(a);
         d_pre[r * f1 + ffn + j] = g_act * Silu(a);
       } else {
-        d_pre[r * f1 + j] = g_act * ActGrad(c.activation, t.pre[r * f1 + j]);
+        d_pre[r * f1 + j] = g_act * Activate(c, relu_mask, r * ffn + j,
+                                             t.pre[r * f1 + j], true);
       }
     }
   }
@@ -269,6 +281,33 @@ Vec RandomVec(Rng* rng, int64_t n, double scale) {
 
 std::vector<float> ToFloat(const Vec& v) {
   return std::vector<float>(v.begin(), v.end());
+}
+
+double NormRel(const float* actual, const Vec& expected) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const double d = actual[i] - expected[i];
+    num += d * d;
+    den += expected[i] * expected[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+::testing::AssertionResult NormRelClose(const char* what, const float* actual,
+                                        const Vec& expected, double tol) {
+  const double r = NormRel(actual, expected);
+  if (r <= tol) return ::testing::AssertionSuccess();
+  size_t worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (!(std::fabs(actual[i] - expected[i]) <=
+          std::fabs(actual[worst] - expected[worst]))) {
+      worst = i;
+    }
+  }
+  return ::testing::AssertionFailure()
+         << what << ": ||got - want|| / ||want|| = " << r << " > " << tol
+         << " over " << expected.size() << " elements; worst [" << worst
+         << "] = " << actual[worst] << ", expected " << expected[worst];
 }
 
 ::testing::AssertionResult AllClose(const char* what, const float* actual,

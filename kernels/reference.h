@@ -41,17 +41,31 @@ struct BlockParams {
   Vec norm_weight, norm_bias, fc1_weight, fc1_bias, fc2_weight, fc2_bias;
 };
 
+// Which pre-activations [b, ffn] count as positive for relu, when given:
+// another implementation's own decisions (its pre-activations within
+// rounding of 0 may fall on the other side of the mask than ours).
+using ReluMask = std::vector<uint8_t>;
+
 // y [b, out] = block(x [b, in]).
 Vec BlockForward(const MlpBlockConfig& c, const BlockParams& p, int64_t b,
-                 const Vec& x);
+                 const Vec& x, const ReluMask* relu_mask = nullptr);
 // dx [b, in] and parameter gradients for the loss sum(y * dy).
 void BlockBackward(const MlpBlockConfig& c, const BlockParams& p, int64_t b,
-                   const Vec& x, const Vec& dy, Vec* dx, BlockParams* grads);
+                   const Vec& x, const Vec& dy, Vec* dx, BlockParams* grads,
+                   const ReluMask* relu_mask = nullptr);
 
 // n standard normals times `scale`, rounded to float so that the float32
 // kernels and the float64 reference see exactly the same inputs.
 Vec RandomVec(Rng* rng, int64_t n, double scale);
 std::vector<float> ToFloat(const Vec& v);
+
+// ||actual - expected|| / ||expected|| (Euclidean; 0 when both are 0).
+double NormRel(const float* actual, const Vec& expected);
+// Success when NormRel <= tol: the way to judge a result whose error grows
+// with the reduction length (GEMMs), against this file's float64 results;
+// otherwise names `what`, the ratio and the worst element.
+::testing::AssertionResult NormRelClose(const char* what, const float* actual,
+                                        const Vec& expected, double tol);
 
 // Success when every |actual[i] - expected[i]| <= atol + rtol*|expected[i]|;
 // otherwise names `what` and the worst element.

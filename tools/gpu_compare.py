@@ -3,12 +3,16 @@
 
 Python 3 standard library only: the GPU machine may have nothing else.
 
-  gpu_compare.py compare REF.jsonl GOT.jsonl --rtol R [--min-final-accuracy A]
+  gpu_compare.py compare REF.jsonl GOT.jsonl --rtol R [--first-steps N]
+                 [--min-final-accuracy A] [--same-final-accuracy]
       Every step's loss in GOT must be within R relative of REF's loss for
-      the same step, and GOT must have exactly REF's steps. With
-      --min-final-accuracy, GOT's last eval_accuracy must be >= A.
-      Prints one line starting PASS or FAIL; exit 0 (pass), 1 (fail),
-      2 (unreadable input).
+      the same step (with --first-steps, only steps 1..N: training is
+      chaotic, and two correct runs that differ by rounding drift apart
+      later; every later loss must still be finite), and GOT must have
+      exactly REF's steps. With --min-final-accuracy, GOT's last
+      eval_accuracy must be >= A; with --same-final-accuracy, equal to
+      REF's. Prints one line starting PASS or FAIL; exit 0 (pass), 1
+      (fail), 2 (unreadable input).
   gpu_compare.py spec IN.json OUT.json [--blocks N] [--stages S]
                  [--device D] [--precision P]
       Writes a variant of a job spec: at least N blocks (extra blocks are
@@ -18,9 +22,10 @@ Python 3 standard library only: the GPU machine may have nothing else.
       so OUT may live anywhere.
   gpu_compare.py summary RUN.jsonl
       One line: steps run, last loss, last eval_accuracy.
-  gpu_compare.py bench OURS.jsonl TORCH.jsonl
-      Prints our kernel benchmark and the PyTorch reference side by side
-      (TFLOP/s per benchmark and mode).
+  gpu_compare.py bench TORCH.jsonl OURS.jsonl...
+      Prints our benchmarks and the PyTorch reference side by side: TFLOP/s
+      per benchmark and mode, and for full training steps the step time and
+      MFU of each and the speed ratio (PyTorch's step time over ours).
 
 Metric lines are the engine's: {"step":N,"loss":L,...} per step and
 {"step":N,"eval_loss":...,"eval_accuracy":A,...} per eval. The engine
@@ -68,9 +73,10 @@ def read_metrics(path):
     return losses, evals
 
 
-def compare(ref_path, got_path, rtol, min_accuracy=None):
+def compare(ref_path, got_path, rtol, min_accuracy=None, first_steps=None,
+            same_accuracy=False):
     """Returns (ok, one-line message)."""
-    ref, _ = read_metrics(ref_path)
+    ref, ref_evals = read_metrics(ref_path)
     got, got_evals = read_metrics(got_path)
     name = os.path.basename(got_path)
     if not ref:
@@ -87,10 +93,14 @@ def compare(ref_path, got_path, rtol, min_accuracy=None):
         return False, ("FAIL: %s has steps the reference lacks (first %d)" %
                        (name, extra[0]))
     worst_step, worst = None, -1.0
+    held = 0
     for step in sorted(ref):
         r, g = ref[step], got[step]
         if not math.isfinite(g):
             return False, "FAIL: %s step %d loss is %r" % (name, step, g)
+        if first_steps is not None and step > first_steps:
+            continue
+        held += 1
         rel = abs(g - r) / max(abs(r), 1e-30)
         if rel > worst:
             worst_step, worst = step, rel
@@ -98,17 +108,31 @@ def compare(ref_path, got_path, rtol, min_accuracy=None):
             return False, ("FAIL: %s step %d loss %.9g vs reference %.9g: "
                            "relative difference %.3g > %g" %
                            (name, step, g, r, rel, rtol))
-    msg = ("%d steps, max relative loss difference %.3g at step %d "
-           "(tolerance %g)" % (len(ref), worst, worst_step, rtol))
+    if first_steps is None:
+        msg = ("%d steps, max relative loss difference %.3g at step %d "
+               "(tolerance %g)" % (len(ref), worst, worst_step, rtol))
+    else:
+        msg = ("%d steps; the first %d within %g (max relative loss "
+               "difference %.3g at step %d)" % (len(ref), held, rtol, worst,
+                                                 worst_step))
     accs = [e["eval_accuracy"] for e in got_evals if "eval_accuracy" in e]
-    if min_accuracy is not None:
+    ref_accs = [e["eval_accuracy"] for e in ref_evals if "eval_accuracy" in e]
+    if min_accuracy is not None or same_accuracy:
         if not accs:
             return False, "FAIL: %s has no eval_accuracy; %s" % (name, msg)
-        if not accs[-1] >= min_accuracy:
-            return False, ("FAIL: %s last eval_accuracy %.4f < %g; %s" %
-                           (name, accs[-1], min_accuracy, msg))
+    if min_accuracy is not None and not accs[-1] >= min_accuracy:
+        return False, ("FAIL: %s last eval_accuracy %.4f < %g; %s" %
+                       (name, accs[-1], min_accuracy, msg))
+    if same_accuracy:
+        if not ref_accs:
+            return False, "FAIL: %s has no eval_accuracy; %s" % (ref_path, msg)
+        if accs[-1] != ref_accs[-1]:
+            return False, ("FAIL: %s last eval_accuracy %.4f, the reference's "
+                           "%.4f; %s" % (name, accs[-1], ref_accs[-1], msg))
     if accs:
         msg += "; last eval_accuracy %.4f" % accs[-1]
+        if same_accuracy:
+            msg += " (the reference's)"
     return True, "PASS: " + msg
 
 
@@ -183,30 +207,60 @@ def _mode(rec):
     return {"bfloat16": "bf16", "float32": "fp32"}.get(m, m)
 
 
-def bench_table(ours_path, torch_path):
+def _records(path):
+    if not path or not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            if not line.startswith("{"):
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def bench_table(torch_path, ours_paths):
     rows = {}
-    for col, path in ((0, ours_path), (1, torch_path)):
-        if not path or not os.path.exists(path):
-            continue
-        with open(path) as f:
-            for line in f:
-                if not line.startswith("{"):
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                kind = "gemm" if str(rec.get("bench", "")).startswith(
-                    "gemm") else rec.get("bench", "?")
+    steps = {}  # (bench, mode) -> [ours record, torch record]
+    for col, paths in ((1, [torch_path]), (0, ours_paths)):
+        for path in paths:
+            for rec in _records(path):
+                bench = str(rec.get("bench", "?"))
+                kind = "gemm" if bench.startswith("gemm") else bench
                 rows.setdefault((kind, _mode(rec)), [None, None])[col] = (
                     rec.get("tflops"))
-    out = ["%-12s %-5s %14s %14s %7s" % ("bench", "mode", "ours TFLOP/s",
+                if bench.startswith("train_step"):
+                    steps.setdefault((bench, _mode(rec)),
+                                     [None, None])[col] = rec
+    out = ["%-26s %-5s %14s %14s %7s" % ("bench", "mode", "ours TFLOP/s",
                                           "torch TFLOP/s", "ratio")]
     for (kind, mode), (a, b) in sorted(rows.items()):
         ratio = "%.2f" % (a / b) if a and b else "-"
-        out.append("%-12s %-5s %14s %14s %7s" % (
+        out.append("%-26s %-5s %14s %14s %7s" % (
             kind, mode, "-" if a is None else a, "-" if b is None else b,
             ratio))
+    if steps:
+        out.append("")
+        out.append("full training steps (step time, MFU; speed = torch time "
+                   "/ ours):")
+        out.append("%-26s %-5s %12s %8s %12s %8s %6s" % (
+            "bench", "mode", "ours ms", "MFU", "torch ms", "MFU", "speed"))
+
+        def cell(rec, key, fmt):
+            v = rec.get(key) if rec else None
+            return "-" if v is None else fmt % v
+
+        for (bench, mode), (ours, theirs) in sorted(steps.items()):
+            a = ours.get("step_ms") if ours else None
+            b = theirs.get("step_ms") if theirs else None
+            out.append("%-26s %-5s %12s %8s %12s %8s %6s" % (
+                bench, mode, cell(ours, "step_ms", "%.2f"),
+                cell(ours, "mfu", "%.3f"), cell(theirs, "step_ms", "%.2f"),
+                cell(theirs, "mfu", "%.3f"),
+                "%.2f" % (b / a) if a and b else "-"))
     return "\n".join(out)
 
 
@@ -217,7 +271,9 @@ def main(argv):
     c.add_argument("ref")
     c.add_argument("got")
     c.add_argument("--rtol", type=float, required=True)
+    c.add_argument("--first-steps", type=int)
     c.add_argument("--min-final-accuracy", type=float)
+    c.add_argument("--same-final-accuracy", action="store_true")
     s = sub.add_parser("spec")
     s.add_argument("input")
     s.add_argument("output")
@@ -228,14 +284,15 @@ def main(argv):
     m = sub.add_parser("summary")
     m.add_argument("run")
     b = sub.add_parser("bench")
-    b.add_argument("ours")
     b.add_argument("torch")
+    b.add_argument("ours", nargs="+")
     args = p.parse_args(argv)
 
     if args.cmd == "compare":
         try:
             ok, msg = compare(args.ref, args.got, args.rtol,
-                              args.min_final_accuracy)
+                              args.min_final_accuracy, args.first_steps,
+                              args.same_final_accuracy)
         except (OSError, ValueError) as e:
             print("FAIL: %s" % e)
             return 2
@@ -267,7 +324,7 @@ def main(argv):
             print(e)
             return 2
         return 0
-    print(bench_table(args.ours, args.torch))
+    print(bench_table(args.torch, args.ours))
     return 0
 
 

@@ -1,8 +1,11 @@
 #!/bin/bash
 # tools/gpu_compare.py, as the bundle's run.sh uses it: a loss difference
 # above the tolerance fails (exit 1, naming the step), one below passes;
-# missing steps, a NaN loss and a low final accuracy fail; the 4-block spec
-# variant keeps the widths and makes data paths absolute.
+# missing steps, a NaN loss and a low final accuracy fail; --first-steps
+# holds only the first steps to the tolerance and --same-final-accuracy
+# wants the reference's accuracy; the 4-block spec variant keeps the widths
+# and makes data paths absolute; the benchmark table sets full training
+# steps side by side.
 #   gpu_compare_test.sh GPU_COMPARE_PY DIGITS_JSON
 set -euo pipefail
 CMP=$(realpath "$1")
@@ -58,6 +61,33 @@ expect "nan loss" 1 "FAIL: nan.jsonl step 3 loss is nan" \
 expect "low accuracy" 1 "FAIL: weak.jsonl last eval_accuracy 0.9000 < 0.95" \
   compare "$T/ref.jsonl" "$T/weak.jsonl" --rtol 1e-5 --min-final-accuracy 0.95
 expect "unreadable" 2 "FAIL: " compare "$T/ref.jsonl" "$T/absent.jsonl" --rtol 1e-5
+# 5e-4 at step 2, after the first step: only step 1 is held to 1e-5.
+expect "first steps" 0 "PASS: 3 steps; the first 1 within 1e-05 (max relative loss difference 0 at step 1); last eval_accuracy 0.9600 (the reference's)" \
+  compare "$T/ref.jsonl" "$T/off.jsonl" --rtol 1e-5 --first-steps 1 --same-final-accuracy
+expect "first steps, still too far" 1 "FAIL: off.jsonl step 2 loss 2.001" \
+  compare "$T/ref.jsonl" "$T/off.jsonl" --rtol 1e-5 --first-steps 2
+expect "first steps, a later nan" 1 "FAIL: nan.jsonl step 3 loss is nan" \
+  compare "$T/ref.jsonl" "$T/nan.jsonl" --rtol 1e-5 --first-steps 1
+expect "another final accuracy" 1 "FAIL: weak.jsonl last eval_accuracy 0.9000, the reference's 0.9600" \
+  compare "$T/ref.jsonl" "$T/weak.jsonl" --rtol 1e-5 --first-steps 1 --same-final-accuracy
+
+cat >"$T/torch.jsonl" <<'EOF'
+{"bench": "gemm_bf16", "mode": "bf16", "tflops": 700.0}
+{"bench": "train_step", "mode": "bf16", "step_ms": 100.0, "mfu": 0.53, "tflops": 525.0}
+EOF
+cat >"$T/kernels.jsonl" <<'EOF'
+{"bench": "gemm", "mode": "bf16", "tflops": 770.0}
+EOF
+cat >"$T/step.jsonl" <<'EOF'
+{"bench": "train_step", "mode": "bf16", "step_ms": 80.0, "mfu": 0.66, "tflops": 656.3}
+{"bench": "train_step_4blocks_4stages", "mode": "bf16", "step_ms": 170.0, "mfu": 0.62}
+EOF
+expect "bench gemm" 0 "gemm                       bf16           770.0          700.0    1.10" \
+  bench "$T/torch.jsonl" "$T/kernels.jsonl" "$T/step.jsonl"
+expect "bench train step" 0 "train_step                 bf16         80.00    0.660       100.00    0.530   1.25" \
+  bench "$T/torch.jsonl" "$T/kernels.jsonl" "$T/step.jsonl"
+expect "bench train step without torch" 0 "train_step_4blocks_4stages bf16        170.00    0.620            -        -      -" \
+  bench "$T/torch.jsonl" "$T/kernels.jsonl" "$T/step.jsonl"
 
 expect "4-block spec" 0 "4 blocks, 4 stages, device cuda" \
   spec "$DIGITS" "$T/spec4.json" --blocks 4 --stages 4 --device cuda --precision fp32

@@ -15,11 +15,13 @@
 //   stages_1: 4 blocks, 1 stage, 4 microbatches  } samples/s side by side:
 //   stages_4: 4 blocks, 4 stages (threads sharing } the pipeline's cost on
 //             the GPU), 4 microbatches, 1f1b      } one GPU
-// Each reports the median step time over --steps steps after --warmup,
-// the last stage's phase times, and the loss head's share: plugin ABI v1
-// computes the loss on the host (docs/GPU.md), which for this wide MSE head
-// copies [8192, 8192] floats each way per step; mfu_without_loss_head is
-// the figure with that time taken out.
+// Each reports the median step time over --steps steps after --warmup
+// (host wall time, as a user sees it), the last stage's phase times (device
+// time, from CUDA events), its host<->device traffic per step (the step
+// keeps everything on the device: the plugin's device loss, data resident
+// and gathered there, one read of the step's scalars), and the loss
+// head's share (mfu_without_loss_head: the figure with the loss phase taken
+// out, for comparison with runs before the device loss).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -127,6 +129,7 @@ int Run(const Config& c, const std::string& dir) {
   }
   std::vector<double> seconds;
   StageTimes times;
+  DeviceTraffic traffic;
   LocalJobOptions options;
   options.device = *device;
   options.plugin_dir = PluginDir();
@@ -140,6 +143,9 @@ int Run(const Config& c, const std::string& dir) {
       times.idle += r.times.idle;
       times.comm += r.times.comm;
       times.loss += r.times.loss;
+      traffic.syncs += r.traffic.syncs;
+      traffic.h2d_bytes += r.traffic.h2d_bytes;
+      traffic.d2h_bytes += r.traffic.d2h_bytes;
     }
   };
   absl::Status st = RunLocalJob(*plan, options);
@@ -159,14 +165,16 @@ int Run(const Config& c, const std::string& dir) {
       "\"tflops\":%.1f,\"mfu\":%.4f,\"last_stage_forward_ms\":%.3f,"
       "\"last_stage_backward_ms\":%.3f,\"last_stage_optimizer_ms\":%.3f,"
       "\"last_stage_idle_ms\":%.3f,\"loss_head_ms\":%.3f,"
-      "\"mfu_without_loss_head\":%.4f}\n",
+      "\"mfu_without_loss_head\":%.4f,\"last_stage_syncs_per_step\":%.2f,"
+      "\"last_stage_copied_bytes_per_step\":%.0f}\n",
       c.bench, absl::GetFlag(FLAGS_precision).c_str(), c.blocks, c.stages,
       c.microbatches, static_cast<long long>(h), static_cast<long long>(ffn),
       static_cast<long long>(tokens), t * 1e3, tokens / t, flops / t * 1e-12,
       flops / t / (absl::GetFlag(FLAGS_peak_tflops) * 1e12),
       times.forward / n * 1e3, times.backward / n * 1e3,
       times.optimizer / n * 1e3, times.idle / n * 1e3, times.loss / n * 1e3,
-      flops / (t - times.loss / n) / (absl::GetFlag(FLAGS_peak_tflops) * 1e12));
+      flops / (t - times.loss / n) / (absl::GetFlag(FLAGS_peak_tflops) * 1e12),
+      traffic.syncs / n, (traffic.h2d_bytes + traffic.d2h_bytes) / n);
   std::fflush(stdout);
   return 0;
 }

@@ -19,6 +19,7 @@ using testing::PluginDir;
 using testing::RunJob;
 using testing::RunResult;
 using testing::TempDir;
+using testing::WideRegressionSpec;
 using testing::WithPipeline;
 
 const Device kGpu = Device::Cuda(0);
@@ -36,6 +37,45 @@ trainyard::v1::JobSpec WithPrecision(trainyard::v1::JobSpec spec,
                                      const char* precision) {
   spec.set_precision(precision);
   return spec;
+}
+
+// The step stays on the GPU (the same budget local_job_sim_test holds the
+// simulated device to): no activation-sized copy between host and device,
+// one synchronisation per step and stage, for 1 and 4 stages on cuda:0.
+TEST(LocalJobGpuTest, StepCopiesNoActivationAndWaitsOnce) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (int stages : {1, 4}) {
+    SCOPED_TRACE(::testing::Message() << "S=" << stages);
+    RunResult r = RunJob(WideRegressionSpec(stages), 0, PluginDir(), kGpu);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    for (int s = 0; s < stages; ++s) {
+      for (const DeviceTraffic& t : r.traffic[s]) {
+        EXPECT_EQ(t.syncs, 1);
+        EXPECT_EQ(t.h2d_copies, s == 0 ? 1 : 0);
+        EXPECT_EQ(t.d2h_copies, 1);
+        EXPECT_LT(t.h2d_bytes + t.d2h_bytes, 16 * 128 * 2);
+      }
+    }
+  }
+}
+
+// A plugin's device loss (ABI v2, kernels/cuda/loss_kernels) and its host
+// loss (v1) on the GPU: the same training within float32 rounding (the
+// device sums in another order).
+TEST(LocalJobGpuTest, DeviceAndHostLossesAgree) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (const char* plugin : {"mse", "cross_entropy"}) {
+    SCOPED_TRACE(plugin);
+    auto spec = plugin == std::string("mse")
+                    ? WideRegressionSpec(2)
+                    : WithPipeline(ClassificationSpec(), 2, 4, "1f1b");
+    spec.set_precision("fp32");
+    RunResult v2 = RunJob(spec, 0, PluginDir(), kGpu);
+    RunResult v1 = RunJob(spec, 0, PluginDir(), kGpu, /*host_loss=*/true);
+    ASSERT_TRUE(v2.status.ok() && v1.status.ok()) << v2.status << v1.status;
+    ASSERT_EQ(v2.losses.size(), v1.losses.size());
+    EXPECT_LE(MaxRelativeDifference(v2.losses, v1.losses), 1e-5);
+  }
 }
 
 TEST(LocalJobGpuTest, Fp32FollowsTheCpuWithin1e5) {

@@ -25,6 +25,7 @@ using ::testing::HasSubstr;
 using testing::PluginDir;
 using testing::RunJob;
 using testing::RunResult;
+using testing::WideRegressionSpec;
 using testing::WithPipeline;
 
 const Device kSim = Device::Sim(0);
@@ -35,43 +36,6 @@ void ExpectSameBits(const RunResult& r, const RunResult& ref) {
   EXPECT_EQ(r.grad_norms, ref.grad_norms);
   EXPECT_EQ(r.eval_loss, ref.eval_loss);
   EXPECT_EQ(r.params, ref.params);
-}
-
-// A regression job wide enough that one microbatch's activations (16 rows x
-// 128 features) dwarf the step's small numbers: MSE, 3 blocks, bf16.
-trainyard::v1::JobSpec WideRegressionSpec(int stages) {
-  trainyard::v1::JobSpec spec;
-  spec.set_name("sim-budget");
-  spec.set_steps(6);
-  spec.set_seed(11);
-  spec.set_precision("bf16");
-  for (int i = 0; i < 4; ++i) {
-    auto* b = spec.mutable_model()->add_blocks();
-    b->set_out_features(i == 3 ? 32 : 128);
-    b->set_ffn_hidden_size(256);
-    b->set_activation("gelu_tanh");
-    b->set_norm("layernorm");
-    b->set_residual(i > 0 && i < 3);
-  }
-  auto* par = spec.mutable_parallelism();
-  par->set_stages(stages);
-  par->set_microbatches(4);
-  par->set_schedule("1f1b");
-  auto* opt = spec.mutable_optimizer();
-  opt->set_type("adamw");
-  opt->set_lr(1e-3);
-  opt->set_clip_grad(1.0);
-  spec.mutable_task()->set_plugin("mse");
-  auto* data = spec.mutable_data();
-  auto* syn = data->mutable_train()->mutable_synthetic();
-  syn->set_kind("teacher_regression");
-  syn->set_num_samples(512);
-  syn->set_num_features(128);
-  syn->set_num_outputs(32);
-  syn->set_noise(0.1);
-  data->set_batch_size(64);
-  data->set_shuffle(true);
-  return spec;
 }
 
 // One microbatch's activations between blocks: 16 rows x 128 bfloat16.

@@ -39,6 +39,12 @@ trainyard::v1::JobSpec ClassificationSpec();
 // so 4 stages can hold 2 model chunks each.
 trainyard::v1::JobSpec DeepClassificationSpec();
 
+// A regression job wide enough that one microbatch's activations (16 rows x
+// 128 features) dwarf a step's small numbers: MSE, 4 blocks (pre-LayerNorm,
+// GELU tanh, residual in the middle), 4 microbatches of 16 rows, 6 steps,
+// bf16, `stages` stages.
+trainyard::v1::JobSpec WideRegressionSpec(int stages);
+
 trainyard::v1::JobSpec WithPipeline(trainyard::v1::JobSpec spec, int stages,
                                     int microbatches, const char* schedule);
 

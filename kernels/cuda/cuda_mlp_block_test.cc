@@ -1,4 +1,4 @@
-// CudaMlpBlock against the CPU MlpBlock (kernels/mlp_block.h): forward,
+// CudaMlpBlock against the float64 reference (kernels/reference.h): forward,
 // input gradient and parameter gradients (two microbatches, the second
 // accumulated), for every compute mode, activation and norm, with and
 // without bias, each with cuBLASLt epilogues allowed and forced off, on odd
@@ -6,6 +6,14 @@
 // back to the element-wise path) and aligned sizes (64 / 256: epilogues
 // apply). A second identical step must give the same bits (fixed path and
 // algorithm per shape).
+//
+// Each tensor is judged by ||got - want|| / ||want||, whose size is the
+// precision's own rounding whatever the reduction length (measured on an
+// H100: fp32 <= 5e-7, tf32 <= 6.7e-4, bf16 <= 6.6e-3); an element-wise
+// tolerance is not, at these sizes. Relu is compared against a reference
+// that takes the device's own mask (from its activations): a
+// pre-activation within rounding of 0 may fall on either side, and the
+// gradient through it differs by the whole upstream gradient.
 #include "kernels/cuda/cuda_mlp_block.h"
 
 #include <cstring>
@@ -19,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/mlp_block.h"
+#include "kernels/reference.h"
 
 namespace trainyard {
 namespace gpu {
@@ -28,8 +37,8 @@ using testing::Download;
 using testing::Upload;
 constexpr DType kF = DType::kFloat32;
 
-std::vector<double> D(const Tensor& t) {
-  return std::vector<double>(t.data<float>(), t.data<float>() + t.numel());
+reference::Vec D(const std::vector<float>& v) {
+  return reference::Vec(v.begin(), v.end());
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -79,9 +88,11 @@ std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
 }
 
 // One step on the device: two microbatches, forward, input gradient, and
-// weight gradients (the first overwrites, the second accumulates).
+// weight gradients (the first overwrites, the second accumulates); for
+// relu, which pre-activations the device took as positive.
 struct DeviceStep {
   std::vector<float> y[2], dx[2];
+  reference::ReluMask mask[2];
   std::map<std::string, std::vector<float>> grads;
 };
 
@@ -100,34 +111,35 @@ TEST_P(CudaMlpBlockTest, MatchesCpuBlock) {
   c.residual = bias != (norm == NormType::kNone);  // every pairing occurs
   const int64_t b = sz.rows, in = sz.in;
   const DType at = mode == ComputeMode::kBFloat16 ? DType::kBFloat16 : kF;
-  // Tolerances of docs/GPU.md; atol = 10 rtol (sums of O(1) terms).
-  const double tol = mode == ComputeMode::kFloat32 ? testing::kFp32Tol
-                     : mode == ComputeMode::kTf32  ? testing::kTf32Tol
-                                                   : testing::kBf16Tol;
-  const double atol = 10 * tol;
+  // ||got - want|| / ||want|| per tensor: about 3x the levels measured on
+  // an H100 (docs/GPU.md).
+  const double tol = mode == ComputeMode::kFloat32 ? 1e-5
+                     : mode == ComputeMode::kTf32  ? 2e-3
+                                                   : 2e-2;
 
   // Random parameters; for bf16 the weights (which the GEMMs read as bf16)
-  // and the inputs are rounded to bf16 first, so the CPU sees what the
-  // device sees.
+  // and the inputs are rounded to bf16 first, so the reference sees what
+  // the device sees.
   Rng rng(51);
-  MlpBlockParams p;
+  reference::BlockParams p;
   std::vector<DeviceBuffer> keep;
   CudaMlpBlockParams dp;
+  std::map<std::string, int64_t> sizes;
   for (const ParamInfo& info : BlockParamInfos(c)) {
     std::vector<float> v = testing::RandomFloats(
         &rng, NumElements(info.shape), info.is_bias_or_norm ? 0.5f : 0.2f);
     if (at == DType::kBFloat16 && !info.is_bias_or_norm) {
       v = testing::RoundToBf16(v);
     }
-    Tensor t = Tensor::FromVector(v, info.shape);
+    sizes[info.name] = static_cast<int64_t>(v.size());
     keep.push_back(Upload(v, kF));
     const float* ptr = keep.back().as<float>();
-    if (info.name == "norm.weight") p.norm_weight = t, dp.norm_weight = ptr;
-    if (info.name == "norm.bias") p.norm_bias = t, dp.norm_bias = ptr;
-    if (info.name == "fc1.weight") p.fc1_weight = t, dp.fc1_weight = ptr;
-    if (info.name == "fc1.bias") p.fc1_bias = t, dp.fc1_bias = ptr;
-    if (info.name == "fc2.weight") p.fc2_weight = t, dp.fc2_weight = ptr;
-    if (info.name == "fc2.bias") p.fc2_bias = t, dp.fc2_bias = ptr;
+    if (info.name == "norm.weight") p.norm_weight = D(v), dp.norm_weight = ptr;
+    if (info.name == "norm.bias") p.norm_bias = D(v), dp.norm_bias = ptr;
+    if (info.name == "fc1.weight") p.fc1_weight = D(v), dp.fc1_weight = ptr;
+    if (info.name == "fc1.bias") p.fc1_bias = D(v), dp.fc1_bias = ptr;
+    if (info.name == "fc2.weight") p.fc2_weight = D(v), dp.fc2_weight = ptr;
+    if (info.name == "fc2.bias") p.fc2_bias = D(v), dp.fc2_bias = ptr;
   }
   std::vector<float> x[2], dy[2];
   for (int mb = 0; mb < 2; ++mb) {
@@ -138,29 +150,13 @@ TEST_P(CudaMlpBlockTest, MatchesCpuBlock) {
       dy[mb] = testing::RoundToBf16(dy[mb]);
     }
   }
-
-  // CPU reference.
-  MlpBlock cpu(c);
-  Tensor y[2], dx[2];
-  MlpBlockParams grads;
-  for (int mb = 0; mb < 2; ++mb) {
-    MlpBlockSaved saved;
-    ASSERT_TRUE(
-        cpu.Forward(p, Tensor::FromVector(x[mb], {b, in}), &y[mb], &saved)
-            .ok());
-    ASSERT_TRUE(cpu.BackwardInput(p, Tensor::FromVector(dy[mb], {b, in}),
-                                  &saved, &dx[mb])
-                    .ok());
-    ASSERT_TRUE(cpu.BackwardWeight(&saved, mb > 0, &grads).ok());
-  }
-  std::map<std::string, const Tensor*> want = {
-      {"fc1.weight", &grads.fc1_weight}, {"fc2.weight", &grads.fc2_weight}};
+  std::vector<std::string> grad_names = {"fc1.weight", "fc2.weight"};
   if (bias) {
-    want["fc1.bias"] = &grads.fc1_bias;
-    want["fc2.bias"] = &grads.fc2_bias;
+    grad_names.push_back("fc1.bias");
+    grad_names.push_back("fc2.bias");
   }
-  if (norm != NormType::kNone) want["norm.weight"] = &grads.norm_weight;
-  if (norm == NormType::kLayerNorm) want["norm.bias"] = &grads.norm_bias;
+  if (norm != NormType::kNone) grad_names.push_back("norm.weight");
+  if (norm == NormType::kLayerNorm) grad_names.push_back("norm.bias");
 
   auto block = CudaMlpBlock::Create(c, mode, 0);
   ASSERT_TRUE(block.ok()) << block.status();
@@ -169,8 +165,8 @@ TEST_P(CudaMlpBlockTest, MatchesCpuBlock) {
   DeviceBuffer d_dy[2] = {Upload(dy[0], at), Upload(dy[1], at)};
   std::map<std::string, DeviceBuffer> d_grads;
   CudaMlpBlockGrads dg;
-  for (const auto& [name, t] : want) {
-    d_grads[name] = testing::Poisoned(t->numel(), kF);
+  for (const std::string& name : grad_names) {
+    d_grads[name] = testing::Poisoned(sizes[name], kF);
   }
   auto grad_ptr = [&](const char* name) {
     auto it = d_grads.find(name);
@@ -191,6 +187,12 @@ TEST_P(CudaMlpBlockTest, MatchesCpuBlock) {
       absl::Status s =
           (*block)->Forward(dp, b, d_x[mb].data(), d_y.data(), &ds, nullptr);
       ASSERT_TRUE(s.ok()) << s;
+      if (act == Activation::kRelu) {
+        const std::vector<float> a =
+            Download(ds.act_out, b * sz.ffn, at);  // relu(pre) > 0 <=> pre > 0
+        out->mask[mb].assign(a.size(), 0);
+        for (size_t i = 0; i < a.size(); ++i) out->mask[mb][i] = a[i] > 0;
+      }
       s = (*block)->BackwardInput(dp, d_dy[mb].data(), &ds, d_dx.data(),
                                   nullptr);
       ASSERT_TRUE(s.ok()) << s;
@@ -200,7 +202,7 @@ TEST_P(CudaMlpBlockTest, MatchesCpuBlock) {
       out->dx[mb] = Download(d_dx, b * in, at);
     }
     for (const auto& [name, buf] : d_grads) {
-      out->grads[name] = Download(buf, want[name]->numel(), kF);
+      out->grads[name] = Download(buf, sizes[name], kF);
     }
   };
   DeviceStep first, second;
@@ -210,16 +212,37 @@ TEST_P(CudaMlpBlockTest, MatchesCpuBlock) {
   const CudaMlpBlockEpilogueStats after_second = (*block)->epilogue_stats();
   std::cout << "epilogue decisions:\n" << (*block)->EpilogueReport();
 
+  // The float64 reference, with the device's relu decisions.
+  reference::BlockParams ref_grads;
+  std::map<std::string, reference::Vec> want;
   for (int mb = 0; mb < 2; ++mb) {
     SCOPED_TRACE(::testing::Message() << "microbatch " << mb);
-    EXPECT_TRUE(testing::AllClose("y", first.y[mb], D(y[mb]), tol, atol));
-    EXPECT_TRUE(testing::AllClose("dx", first.dx[mb], D(dx[mb]), tol, atol));
+    const reference::ReluMask* mask =
+        act == Activation::kRelu ? &first.mask[mb] : nullptr;
+    const reference::Vec y = reference::BlockForward(c, p, b, D(x[mb]), mask);
+    reference::Vec dx;
+    reference::BlockParams g;
+    reference::BlockBackward(c, p, b, D(x[mb]), D(dy[mb]), &dx, &g, mask);
+    for (const auto& [name, v] : {std::make_pair("fc1.weight", &g.fc1_weight),
+                                  std::make_pair("fc2.weight", &g.fc2_weight),
+                                  std::make_pair("fc1.bias", &g.fc1_bias),
+                                  std::make_pair("fc2.bias", &g.fc2_bias),
+                                  std::make_pair("norm.weight", &g.norm_weight),
+                                  std::make_pair("norm.bias", &g.norm_bias)}) {
+      if (v->empty()) continue;
+      reference::Vec& sum = want[name];
+      sum.resize(v->size(), 0.0);
+      for (size_t i = 0; i < v->size(); ++i) sum[i] += (*v)[i];
+    }
+    EXPECT_TRUE(reference::NormRelClose("y", first.y[mb].data(), y, tol));
+    EXPECT_TRUE(reference::NormRelClose("dx", first.dx[mb].data(), dx, tol));
     EXPECT_TRUE(SameBits(first.y[mb], second.y[mb])) << "y not reproducible";
     EXPECT_TRUE(SameBits(first.dx[mb], second.dx[mb])) << "dx not reproducible";
   }
-  for (const auto& [name, t] : want) {
-    EXPECT_TRUE(testing::AllClose(("grad " + name).c_str(), first.grads[name],
-                                  D(*t), tol, atol));
+  for (const std::string& name : grad_names) {
+    ASSERT_EQ(want[name].size(), first.grads[name].size()) << name;
+    EXPECT_TRUE(reference::NormRelClose(
+        ("grad " + name).c_str(), first.grads[name].data(), want[name], tol));
     EXPECT_TRUE(SameBits(first.grads[name], second.grads[name]))
         << "grad " << name << " not reproducible";
   }
