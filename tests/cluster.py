@@ -47,12 +47,13 @@ class Cluster:
     there, and `jobs` calls as the admin."""
 
     def __init__(self, workers=0, heartbeat_timeout_ms=2000, metrics=False,
-                 secure=False, controller_args=()):
+                 secure=False, controller_args=(), device="cpu"):
         self.dir = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.metrics = metrics  # every daemon serves /metrics
         self.secure = secure
         self.controller_args = list(controller_args)
+        self.device = device  # every worker's --device
         self.controller = None
         self.address = None
         self.workers = {}
@@ -153,7 +154,8 @@ class Cluster:
     def start_worker(self, name):
         self.workers[name] = self._spawn(name, [
             WORKER_BIN, f"--controller={self.address}", "--listen=127.0.0.1:0",
-            f"--name={name}", "--threads=1", f"--plugin_dir={PLUGIN_DIR}"] +
+            f"--name={name}", "--threads=1", f"--plugin_dir={PLUGIN_DIR}",
+            f"--device={self.device}"] +
             self.worker_security_args() + self._metrics_args(name))
         return self.workers[name]
 
