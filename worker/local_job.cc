@@ -120,6 +120,13 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
     for (auto& t : joiners) t.join();
     if (!join_error.ok()) return join_error;
   }
+  // Replicas on one device sum their gradients there, not through the host.
+  std::vector<std::unique_ptr<SharedDeviceReplicas>> device_replicas;
+  if (R > 1 && !options.device.is_cpu()) {
+    for (int s = 0; s < S; ++s) {
+      device_replicas.push_back(std::make_unique<SharedDeviceReplicas>(R));
+    }
+  }
   StageOptions stage_options;
   stage_options.plugin_dir = options.plugin_dir;
   stage_options.timeout = options.timeout;
@@ -138,6 +145,8 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
       contexts.push_back(std::move(exec));
       stage_options.replica = r;
       stage_options.replica_group = groups[r][s].get();
+      stage_options.device_replicas =
+          device_replicas.empty() ? nullptr : device_replicas[s].get();
       ASSIGN_OR_RETURN(StartedStage started,
                        StartStage(plan, s, hubs[r]->rank(s), stage_options));
       resume_step = started.resume_step;
@@ -190,11 +199,13 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
     }
     // A replica's failure stops every replica: their group calls would
     // otherwise wait out their timeout.
+    const std::string why =
+        absl::StrCat(R > 1 ? absl::StrCat("replica ", r, " ") : "", "stage ", s,
+                     " failed: ", st.message());
     for (int q = 0; q < R; ++q) {
-      hubs[q]->rank(s)->Abort(absl::Status(
-          st.code(), absl::StrCat(R > 1 ? absl::StrCat("replica ", r, " ") : "",
-                                  "stage ", s, " failed: ", st.message())));
+      hubs[q]->rank(s)->Abort(absl::Status(st.code(), why));
     }
+    for (auto& group : device_replicas) group->Abort(why);
   };
 
   std::vector<std::thread> threads;

@@ -143,6 +143,33 @@ TEST(LocalJobSimTest, DeviceAndHostLossesAgreeInBf16) {
   }
 }
 
+// Replicas on one device sum their gradients there (worker/
+// shared_device_replicas.h): R = 1's bits, and still no gradient-sized copy
+// and one synchronisation per step and stage.
+TEST(LocalJobSimTest, ReplicasOnOneDeviceSumThereBitForBit) {
+  auto base = ClassificationSpec();
+  base.mutable_parallelism()->set_accumulation("tree");
+  RunResult ref = RunJob(WithPipeline(base, 1, 8, "1f1b"));
+  ASSERT_TRUE(ref.status.ok()) << ref.status;
+  for (int stages : {1, 2}) {
+    for (int replicas : {2, 4}) {
+      SCOPED_TRACE(::testing::Message() << "R=" << replicas << " S=" << stages);
+      auto spec = WithPipeline(base, stages, 8, "1f1b");
+      spec.mutable_parallelism()->set_replicas(replicas);
+      RunResult r = RunJob(spec, 0, PluginDir(), kSim);
+      ExpectSameBits(r, ref);
+      for (int s = 0; s < stages; ++s) {
+        for (const DeviceTraffic& t : r.traffic[s]) {
+          EXPECT_EQ(t.syncs, 1);
+          EXPECT_LE(t.h2d_copies + t.d2h_copies, 2);
+          // The whole gradient is 4 KiB here: none of it crosses.
+          EXPECT_LT(t.h2d_bytes + t.d2h_bytes, 1024);
+        }
+      }
+    }
+  }
+}
+
 // Phase times and spans come from the device's stream (host clock marks on
 // the simulated device): every span inside its step, in order; a device
 // stage of a multi-stage job counts the update it queued after its read in

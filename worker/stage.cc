@@ -677,6 +677,11 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
 
 absl::Status Stage::SumReplicaGradients() {
   Tensor& grads = store_->grads();
+  if (options_.device_replicas != nullptr) {
+    return Prefixed(options_.device_replicas->SumInTreeOrder(
+                        replica_, *ctx_, &grads, options_.timeout),
+                    absl::StrCat(Where(), ": "));
+  }
   if (grads.device().is_cpu()) {
     return Prefixed(replica_group_->SumInTreeOrder(&grads),
                     absl::StrCat(Where(), ": "));

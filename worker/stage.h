@@ -76,6 +76,7 @@
 #include "worker/optimizer.h"
 #include "worker/param_store.h"
 #include "worker/replica_group.h"
+#include "worker/shared_device_replicas.h"
 #include "worker/step_reducer.h"
 #include "worker/step_scalars.h"
 
@@ -97,6 +98,11 @@ struct StageOptions {
   // gradients and losses are summed (not owned; must outlive the stage).
   int replica = 0;
   ReplicaGroup* replica_group = nullptr;
+  // Replicas that are threads of one process on one device (CUDA or
+  // simulated): their gradients are summed there, through each other's
+  // buffers, instead of through the host and replica_group (which still
+  // gathers the loss terms). Not owned; shared by the stage's replicas.
+  SharedDeviceReplicas* device_replicas = nullptr;
   // The training schedule to run instead of the one the spec names: any
   // valid schedule (ValidateSchedule) for the plan's stages, chunks and
   // layout and this replica's microbatches. Every stage of a job must get
