@@ -215,49 +215,42 @@ absl::StatusOr<Tensor> ExecContext::PinnedEmpty(DType dtype,
       device_.is_cuda() ? PinnedAllocator() : HostAllocator());
 }
 
-absl::Status ExecContext::CheckAsync(const char* what, const Tensor& host,
-                                     const Tensor& device) const {
+absl::Status ExecContext::CopyAsync(bool to_device, const Tensor& src,
+                                    Tensor* dst) const {
+  const Tensor& host = to_device ? src : *dst;
+  const Tensor& device = to_device ? *dst : src;
   if (host.dtype() != device.dtype() || host.numel() != device.numel() ||
       !host.device().is_cpu() || device.device() != device_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " between ", DTypeName(host.dtype()), ShapeToString(host.shape()),
+        "asynchronous copy to the ", to_device ? "device" : "host",
+        " between ", DTypeName(host.dtype()), ShapeToString(host.shape()),
         " on ", host.device().ToString(), " and ", DTypeName(device.dtype()),
         ShapeToString(device.shape()), " on ", device.device().ToString(),
         " in a context on ", device_.ToString()));
   }
-  return absl::OkStatus();
+  const size_t n = src.nbytes();
+  if (n == 0 || device_.is_cpu()) {
+    if (n > 0 && src.ptr() != dst->ptr()) std::memcpy(dst->ptr(), src.ptr(), n);
+    return absl::OkStatus();
+  }
+  CountCopy(to_device, n, /*waits=*/false);
+  if (device_.is_sim()) {
+    std::memcpy(dst->ptr(), src.ptr(), n);
+    return absl::OkStatus();
+  }
+  return to_device
+             ? gpu::CopyHostToDeviceAsync(dst->ptr(), src.ptr(), n, stream())
+             : gpu::CopyDeviceToHostAsync(dst->ptr(), src.ptr(), n, stream());
 }
 
 absl::Status ExecContext::CopyToDeviceAsync(const Tensor& src,
                                             Tensor* dst) const {
-  RETURN_IF_ERROR(CheckAsync("asynchronous copy to the device", src, *dst));
-  const size_t n = src.nbytes();
-  if (n == 0 || device_.is_cpu()) {
-    if (n > 0 && src.ptr() != dst->ptr()) std::memcpy(dst->ptr(), src.ptr(), n);
-    return absl::OkStatus();
-  }
-  CountCopy(/*to_device=*/true, n, false);
-  if (device_.is_sim()) {
-    std::memcpy(dst->ptr(), src.ptr(), n);
-    return absl::OkStatus();
-  }
-  return gpu::CopyHostToDeviceAsync(dst->ptr(), src.ptr(), n, stream());
+  return CopyAsync(/*to_device=*/true, src, dst);
 }
 
 absl::Status ExecContext::CopyToHostAsync(const Tensor& src,
                                           Tensor* dst) const {
-  RETURN_IF_ERROR(CheckAsync("asynchronous copy to the host", *dst, src));
-  const size_t n = src.nbytes();
-  if (n == 0 || device_.is_cpu()) {
-    if (n > 0 && src.ptr() != dst->ptr()) std::memcpy(dst->ptr(), src.ptr(), n);
-    return absl::OkStatus();
-  }
-  CountCopy(/*to_device=*/false, n, false);
-  if (device_.is_sim()) {
-    std::memcpy(dst->ptr(), src.ptr(), n);
-    return absl::OkStatus();
-  }
-  return gpu::CopyDeviceToHostAsync(dst->ptr(), src.ptr(), n, stream());
+  return CopyAsync(/*to_device=*/false, src, dst);
 }
 
 absl::StatusOr<Tensor> ExecContext::HostCopy(const Tensor& t) const {

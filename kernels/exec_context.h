@@ -152,9 +152,8 @@ class ExecContext {
   // Counts a copy of `bytes` between the host and this context's device,
   // and a synchronisation when the copy waits for the device.
   void CountCopy(bool to_device, size_t bytes, bool waits) const;
-  // The host and device sides of an asynchronous copy, checked.
-  absl::Status CheckAsync(const char* what, const Tensor& host,
-                          const Tensor& device) const;
+  // CopyToDeviceAsync (to_device) or CopyToHostAsync, checked and counted.
+  absl::Status CopyAsync(bool to_device, const Tensor& src, Tensor* dst) const;
 
   Device device_;
   Precision precision_;

@@ -65,6 +65,17 @@ int64_t CountValid(const Labels& labels, int64_t rows, int64_t classes,
   return n;
 }
 
+// CountValid over out's rows; when every label is ignored the gradient is
+// zero (a classifier with nothing to learn from contributes nothing).
+int64_t CountValidRows(const Output& out, const Labels& labels,
+                       double* slots) {
+  const int64_t n = CountValid(labels, out.rows, out.cols, slots);
+  if (n == 0 && out.grad != nullptr) {
+    for (int64_t r = 0; r < out.rows; ++r) ZeroGradRow(out, r);
+  }
+  return n;
+}
+
 // The first maximum of row[0, n).
 int64_t ArgMax(const float* row, int64_t n) {
   int64_t best = 0;
@@ -115,13 +126,8 @@ void CrossEntropy(const Output& out, const Labels& labels, double eps,
                   double* slots) {
   std::fill(slots, slots + kCrossEntropySlots, 0.0);
   const int64_t b = out.rows, c = out.cols;
-  const int64_t n = CountValid(labels, b, c, slots);
-  if (n <= 0) {
-    if (n == 0 && out.grad != nullptr) {
-      for (int64_t r = 0; r < b; ++r) ZeroGradRow(out, r);
-    }
-    return;
-  }
+  const int64_t n = CountValidRows(out, labels, slots);
+  if (n <= 0) return;
   const float w = static_cast<float>(n);
   std::vector<double> logp(c);
   std::vector<float> scratch;
@@ -158,13 +164,8 @@ void Distillation(const Output& out, const float* teacher, const Labels& labels,
                   double temperature, double alpha, double* slots) {
   std::fill(slots, slots + kDistillationSlots, 0.0);
   const int64_t b = out.rows, c = out.cols;
-  const int64_t n = CountValid(labels, b, c, slots);
-  if (n <= 0) {
-    if (n == 0 && out.grad != nullptr) {
-      for (int64_t r = 0; r < b; ++r) ZeroGradRow(out, r);
-    }
-    return;
-  }
+  const int64_t n = CountValidRows(out, labels, slots);
+  if (n <= 0) return;
   const double t = temperature;
   const float w = static_cast<float>(n);
   std::vector<double> log_q(c), log_p(c), log_s(c);

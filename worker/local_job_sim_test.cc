@@ -194,7 +194,9 @@ TEST(LocalJobSimTest, PhaseTimesAndSpansComeFromTheStream) {
         }
         EXPECT_LE(last_end, rep.trace.step_us);
         EXPECT_TRUE(optimizer_span);  // the sums of squares, before the read
-        if (stages > 1 && step > 0) EXPECT_GT(rep.times.optimizer, 0);
+        if (stages > 1 && step > 0) {
+          EXPECT_GT(rep.times.optimizer, 0);
+        }
       }
     }
   }
