@@ -13,11 +13,11 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "controller/scheduler.h"
-#include "core/job_plan.h"
+#include "plan/job_plan.h"
 #include "core/sha256.h"
 #include "core/status_macros.h"
 #include "glog/logging.h"
-#include "task_plugins/task_loader.h"
+#include "engine/task_loader.h"
 
 namespace trainyard {
 namespace {

@@ -58,9 +58,9 @@
 #include "controller/job_store.h"
 #include "controller/log_ring.h"
 #include "controller/rendezvous_table.h"
-#include "controller/tensorboard_writer.h"
+#include "observability/tensorboard_writer.h"
 #include "controller/trace_buffer.h"
-#include "core/job_plan.h"
+#include "plan/job_plan.h"
 #include "proto/trainyard.pb.h"
 #include "security/tokens.h"
 

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "core/job_plan.h"
+#include "plan/job_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

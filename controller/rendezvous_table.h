@@ -1,5 +1,5 @@
 // RendezvousTable: the controller's side of the rendezvous
-// (core/rendezvous.h): one write-once key-value store per running job,
+// (transport/rendezvous.h): one write-once key-value store per running job,
 // served to that job's workers over their WorkerService.Connect streams
 // (RendezvousPut / RendezvousGet in, RendezvousReply out).
 //

@@ -102,7 +102,7 @@ inline constexpr int kTotalsScaleWord = 2;
 inline constexpr int kTotalsSkipWord = 3;
 
 // The totals of a one-stage step, from its microbatches' slots summed in
-// microbatch order (the host's order, worker/loss_head.h).
+// microbatch order (the host's order, engine/loss_head.h).
 TY_HOST_DEVICE inline void ComputeDeviceTotals(const DeviceTotalsArgs& a) {
   double weight_sum = 0, loss_sum = 0;
   bool bad = false;

@@ -12,7 +12,7 @@
 // on one stream) and stages that share a GPU hand tensors to each other
 // without copies or events: a tensor's consumer is queued after its
 // producer. Communication libraries keep their own streams and order them
-// against it with events (core/nccl_transport.h: SetComputeStream).
+// against it with events (transport/nccl_transport.h: SetComputeStream).
 // Simulated (sim:N, core/sim_device.h): memory the engine must treat as
 // device memory, computed on by the CPU's kernels as work is queued (so
 // nothing is ever pending); fp32, or bf16 activations that its kernels

@@ -11,7 +11,7 @@
 #include "core/tensor.h"
 #include "gtest/gtest.h"
 #include "task_plugins/plugin_test_util.h"
-#include "task_plugins/task_loader.h"
+#include "engine/task_loader.h"
 
 namespace trainyard {
 namespace {

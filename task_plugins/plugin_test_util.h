@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "task_plugins/task_loader.h"
+#include "engine/task_loader.h"
 
 namespace trainyard {
 namespace testing {

@@ -24,7 +24,7 @@ from proto import job_spec_pb2, trainyard_pb2 as pb, trainyard_pb2_grpc as pb_gr
 
 CONTROLLER_BIN = os.path.join(ROOT, "controller", "trainyard-controller")
 WORKER_BIN = os.path.join(ROOT, "worker", "trainyard-worker")
-CLI_BIN = os.path.join(ROOT, "controller", "cli", "trainyard")
+CLI_BIN = os.path.join(ROOT, "cli", "trainyard")
 PLUGIN_DIR = os.path.join(ROOT, "task_plugins")
 TERMINAL = (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED)
 

@@ -42,7 +42,7 @@ for ((r = 1; r <= rounds; r++)); do
     for s in none ckpt; do
       rm -rf ck
       t0=$(date +%s.%N)
-      env -u OPENBLAS_CORETYPE "$bin/controller/cli/trainyard" train \
+      env -u OPENBLAS_CORETYPE "$bin/cli/trainyard" train \
         --spec "$work/$s.json" --plugin_dir "$bin/task_plugins" --threads 2 \
         --metrics_out "$work/$name-$s.jsonl" 2>/dev/null
       t=$(echo "$(date +%s.%N) - $t0" | bc)

@@ -11,7 +11,7 @@
 
 Build, then run from anywhere:
     bazel build //controller:trainyard-controller //worker:trainyard-worker \\
-        //controller/cli:trainyard //proto:trainyard_py //task_plugins:plugins
+        //cli:trainyard //proto:trainyard_py //task_plugins:plugins
     /usr/bin/python3 tools/bench_service.py [--security [--rounds N]]
 """
 import os

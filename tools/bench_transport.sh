@@ -16,15 +16,15 @@ command -v iperf3 >/dev/null || {
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 
-bazel build //core:tcp_transport_benchmark >/dev/null 2>&1 ||
-  bazel build //core:tcp_transport_benchmark
+bazel build //transport:tcp_transport_benchmark >/dev/null 2>&1 ||
+  bazel build //transport:tcp_transport_benchmark
 
 REPEATS="${REPEATS:-3}"
 for i in $(seq "$REPEATS"); do
   iperf3 -s -1 -p "$PORT" -D
   sleep 0.5
   iperf3 -c 127.0.0.1 -p "$PORT" -t "$SECONDS_PER_RUN" -J >"$TMP/iperf.$i.json"
-  bazel-bin/core/tcp_transport_benchmark \
+  bazel-bin/transport/tcp_transport_benchmark \
     --benchmark_filter="BM_ActivationTransfer/rows:1024/secret:0" \
     --benchmark_min_time="$SECONDS_PER_RUN" \
     --benchmark_format=json >"$TMP/bench.$i.json" 2>/dev/null

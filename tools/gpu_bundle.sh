@@ -53,7 +53,7 @@ benches=$(query 'kind("cc_binary", attr(name, "gpu.*benchmark", //...) + attr(ta
 mapfile -t TESTS < <(grep . <<<"$tests")
 mapfile -t BENCHES < <(grep . <<<"$benches")
 ((${#TESTS[@]} > 0)) || die "bazel query found no test tagged gpu"
-TOOLS=(//kernels/cuda:mlp_benchmark //controller/cli:trainyard
+TOOLS=(//kernels/cuda:mlp_benchmark //cli:trainyard
   //controller:trainyard-controller //worker:trainyard-worker "${BENCHES[@]}")
 PLUGINS=(//task_plugins:libmse.so //task_plugins:libcross_entropy.so
   //task_plugins:liblogit_distillation.so)

@@ -386,13 +386,13 @@ BAZEL=(bazel --output_base="$OUTPUT_BASE")
 BAZEL_FLAGS=(--symlink_prefix=/ --action_env=CUDA_HOME=/nonexistent)
 (cd "$SRC" && CUDA_HOME=/nonexistent "${BAZEL[@]}" build "${BAZEL_FLAGS[@]}" \
     //controller:trainyard-controller //worker:trainyard-worker \
-    //controller/cli:trainyard //task_plugins:plugins) >"$LOGS/bazel.log" 2>&1 ||
+    //cli:trainyard //task_plugins:plugins) >"$LOGS/bazel.log" 2>&1 ||
   { grep -E '^ERROR|error:' "$LOGS/bazel.log" | head -8 | cut -c1-300
     fail "bazel build of $SRC failed (errors above; whole log $LOGS/bazel.log)$([ "$FROM_HEAD" = 0 ] && echo "; if the working tree is mid-edit, --head builds HEAD")"; }
 BIN="$(cd "$SRC" && CUDA_HOME=/nonexistent "${BAZEL[@]}" info "${BAZEL_FLAGS[@]}" bazel-bin 2>/dev/null)"
 # Its server is ours: stop it now rather than leave it running.
 (cd "$SRC" && "${BAZEL[@]}" shutdown) >/dev/null 2>&1 || true
-TY_BIN="$BIN/controller/cli/trainyard"
+TY_BIN="$BIN/cli/trainyard"
 if ldd "$BIN/worker/trainyard-worker" | grep -q libcudart; then
   fail "$BIN/worker/trainyard-worker links CUDA although CUDA_HOME=/nonexistent"
 fi

@@ -23,13 +23,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/device.h"
-#include "core/job_plan.h"
-#include "core/metrics.h"
-#include "core/nccl_transport.h"
-#include "core/rendezvous.h"
+#include "plan/job_plan.h"
+#include "observability/metrics.h"
+#include "transport/nccl_transport.h"
+#include "transport/rendezvous.h"
 #include "core/status_macros.h"
-#include "core/tcp_transport.h"
-#include "core/transport_select.h"
+#include "transport/tcp_transport.h"
+#include "transport/transport_select.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -42,10 +42,10 @@
 #include "prometheus/histogram.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "proto/trainyard.pb.h"
-#include "worker/job_log.h"
-#include "worker/replica_group.h"
-#include "worker/stage.h"
-#include "worker/stage_runner.h"
+#include "engine/job_log.h"
+#include "engine/replica_group.h"
+#include "engine/stage.h"
+#include "engine/stage_runner.h"
 
 namespace trainyard {
 namespace {
@@ -582,7 +582,7 @@ class Worker::Impl {
 
   WorkerOptions options_;
   const Device device_;
-  // Sends the lines logged about a running job (worker/job_log.h).
+  // Sends the lines logged about a running job (engine/job_log.h).
   std::unique_ptr<JobLogForwarder> job_log_;
   std::string peer_address_;
   std::unique_ptr<PeerListener> listener_;

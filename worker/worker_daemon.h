@@ -17,7 +17,7 @@
 //
 // Multi-stage jobs: every rank chooses the same transport from the
 // placements in its assignment (ChooseAssignmentTransport below, which
-// applies core/transport_select.h), logs the choice and its reason and
+// applies transport/transport_select.h), logs the choice and its reason and
 // reports it to the controller (StageTransport, kept in the job's history).
 // TCP: the worker's PeerListener and core/tcp_transport. NCCL (every stage
 // on its own GPU): core/nccl_transport, whose unique ids rank 0 puts and
@@ -48,9 +48,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "core/nccl_transport.h"
-#include "core/transport.h"
-#include "core/transport_select.h"
+#include "transport/nccl_transport.h"
+#include "transport/transport.h"
+#include "transport/transport_select.h"
 #include "proto/trainyard.pb.h"
 #include "security/tls.h"
 
@@ -69,7 +69,7 @@ using TransportFactory =
         const std::vector<std::string>& peer_addresses,
         const std::string& secret, const std::atomic<bool>* cancel)>;
 
-// Creates an NCCL transport (core/nccl_transport.h's CreateNcclTransport
+// Creates an NCCL transport (transport/nccl_transport.h's CreateNcclTransport
 // by default). `options.rendezvous` is the worker's rendezvous through the
 // controller, valid for the call.
 using NcclTransportFactory =
@@ -129,7 +129,7 @@ struct WorkerOptions {
 
   // How multi-stage jobs whose transport choice is TCP reach their peers.
   // Null = the TCP transport over a PeerListener bound to `listen`
-  // (core/tcp_transport.h). Tests inject fakes here; `peer_address` must
+  // (transport/tcp_transport.h). Tests inject fakes here; `peer_address` must
   // then be set too.
   TransportFactory connect_transport;
   // The address reported to the controller when connect_transport is set.
@@ -149,7 +149,7 @@ struct WorkerOptions {
 
 // The transport the stages of a multi-stage assignment use, from its
 // placements (the same on every rank, so every rank decides the same):
-// core/transport_select.h's ChooseTransport with `nccl_built`
+// transport/transport_select.h's ChooseTransport with `nccl_built`
 // (NcclTransportBuilt() in the daemon). An assignment without placements
 // (from a controller older than that field) uses TCP. Errors:
 // InvalidArgument naming StageAssignment.placements when their number is

@@ -25,9 +25,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "controller/controller_service.h"
-#include "core/job_plan.h"
-#include "core/nccl_transport.h"
-#include "core/transport_select.h"
+#include "plan/job_plan.h"
+#include "transport/nccl_transport.h"
+#include "transport/transport_select.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -35,8 +35,8 @@
 #include "kernels/exec_context.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "proto/trainyard.pb.h"
-#include "worker/local_job.h"
-#include "worker/test_paths.h"
+#include "engine/local_job.h"
+#include "engine/test_paths.h"
 
 namespace trainyard {
 namespace {

@@ -20,7 +20,7 @@
 #include "core/stop_signals.h"
 #include "glog/logging.h"
 #include "security/tls.h"
-#include "task_plugins/task_loader.h"
+#include "engine/task_loader.h"
 #include "worker/worker_daemon.h"
 
 ABSL_FLAG(std::string, controller, "",

@@ -1,6 +1,6 @@
 #include "kernels/cuda/device.h"
 
-#include "core/cuda_status.h"
+#include "kernels/cuda/cuda_status.h"
 
 namespace trainyard {
 namespace gpu {

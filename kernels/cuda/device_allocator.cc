@@ -7,7 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "core/cuda_status.h"
+#include "kernels/cuda/cuda_status.h"
 
 namespace trainyard {
 namespace gpu {

@@ -1,5 +1,5 @@
 // Kernels first, then the launchers of elementwise_kernels.h.
-#include "core/cuda_status.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
 #include "kernels/cuda/elementwise_kernels.h"
 

@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "core/cuda_status.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_allocator.h"
 
 namespace trainyard {

@@ -1,7 +1,7 @@
 // Kernels first, then the launchers of loss_kernels.h.
 #include <cfloat>
 
-#include "core/cuda_status.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
 #include "kernels/cuda/loss_kernels.h"
 

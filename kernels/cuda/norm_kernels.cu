@@ -1,5 +1,5 @@
 // Kernels first, then the launchers of norm_kernels.h.
-#include "core/cuda_status.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
 #include "kernels/cuda/norm_kernels.h"
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/cuda_status.h"
+#include "kernels/cuda/cuda_status.h"
 #include "core/step_totals.h"
 #include "kernels/cuda/cuda_math.cuh"
 #include "kernels/cuda/optimizer_kernels.h"
@@ -34,7 +34,7 @@ __device__ __forceinline__ int FindSegment(const SegmentTable& t,
   return s;
 }
 
-// Same expression order as worker/optimizer.cc's AdamWKernel, with explicit
+// Same expression order as engine/optimizer.cc's AdamWKernel, with explicit
 // round-to-nearest intrinsics so nvcc cannot contract into FMAs.
 // The gradient scale: `fixed`, or the one a device step computed (and
 // whether that step must not change anything).
@@ -49,7 +49,7 @@ __device__ __forceinline__ bool ScaleFor(const double* totals, float fixed,
   return true;
 }
 
-// One element of the AdamW update, in worker/optimizer.cc's order.
+// One element of the AdamW update, in engine/optimizer.cc's order.
 struct AdamWScalars {
   float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt,
       eps, neg_step_size;

@@ -1,5 +1,5 @@
 // Fused multi-tensor optimizer steps and the deterministic gradient
-// sum-of-squares on the device, with the semantics of worker/optimizer.cc
+// sum-of-squares on the device, with the semantics of engine/optimizer.cc
 // (torch.optim.AdamW / SGD in float32, the same operation order, every
 // operation IEEE-rounded with no FMA contraction, so results match the CPU
 // StageOptimizer bit for bit). The effective gradient is grad * grad_scale

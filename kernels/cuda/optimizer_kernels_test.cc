@@ -1,4 +1,4 @@
-// Fused device AdamW/SGD against worker/optimizer.cc's StageOptimizer (bit
+// Fused device AdamW/SGD against engine/optimizer.cc's StageOptimizer (bit
 // for bit: same operation order, IEEE-rounded, no FMA), and the device sums
 // of squares against a float64 reference.
 #include "kernels/cuda/optimizer_kernels.h"
@@ -7,7 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/test_util.h"
-#include "worker/optimizer.h"
+#include "engine/optimizer.h"
 
 namespace trainyard {
 namespace gpu {

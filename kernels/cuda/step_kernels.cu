@@ -1,7 +1,7 @@
 // Kernels first, then the launchers of step_kernels.h.
 #include <cstring>
 
-#include "core/cuda_status.h"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
 #include "kernels/cuda/step_kernels.h"
 

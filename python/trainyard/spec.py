@@ -1,5 +1,5 @@
 """Turns what submit() is given (a spec file, a dict, a JobSpec) into the
-JobSpec it sends, as `trainyard submit` does (controller/cli/job_client.cc):
+JobSpec it sends, as `trainyard submit` does (cli/job_client.cc):
 relative paths resolve against the spec file's folder, and block 0's
 in_features is read from a local .npy features file when the spec leaves it
 unset.

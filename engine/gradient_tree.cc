@@ -1,0 +1,57 @@
+#include "engine/gradient_tree.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace trainyard {
+
+absl::Status GradientTree::Add(const Tensor& gradient) {
+  if (gradient.numel() != total_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient of ", gradient.numel(), " elements, expected ", total_));
+  }
+  // carry: the block being moved up; -1 = `gradient` itself.
+  int carry = -1;
+  for (size_t l = 0;; ++l) {
+    if (l == levels_.size()) {
+      ASSIGN_OR_RETURN(Tensor buffer, ctx_->Empty(DType::kFloat32, {total_}));
+      levels_.push_back(std::move(buffer));
+      full_.push_back(false);
+    }
+    if (!full_[l]) {
+      if (carry < 0) {
+        RETURN_IF_ERROR(ctx_->CopyInto(gradient, &levels_[l]));
+      } else {
+        std::swap(levels_[l], levels_[carry]);  // no copy: buffers trade
+      }
+      full_[l] = true;
+      ++added_;
+      return absl::OkStatus();
+    }
+    // levels_[l] holds the block just before the carried one, of the same
+    // size: their sum is the next level's block.
+    RETURN_IF_ERROR(
+        ctx_->AddInto(carry < 0 ? gradient : levels_[carry], &levels_[l]));
+    full_[l] = false;
+    carry = static_cast<int>(l);
+  }
+}
+
+absl::Status GradientTree::Finish(Tensor* out) {
+  if (added_ == 0) {
+    return absl::FailedPreconditionError("no gradient was added this step");
+  }
+  int top = static_cast<int>(levels_.size()) - 1;
+  while (!full_[top]) --top;
+  for (int l = top - 1; l >= 0; --l) {
+    if (full_[l]) RETURN_IF_ERROR(ctx_->AddInto(levels_[l], &levels_[top]));
+  }
+  RETURN_IF_ERROR(ctx_->CopyInto(levels_[top], out));
+  full_.assign(full_.size(), false);
+  added_ = 0;
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard

@@ -1,0 +1,62 @@
+// Test helpers: a small classification job that exercises every block kind,
+// and a runner that collects its losses and final parameters.
+#ifndef TRAINYARD_ENGINE_TEST_JOBS_H_
+#define TRAINYARD_ENGINE_TEST_JOBS_H_
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/device.h"
+#include "kernels/exec_context.h"
+#include "proto/job_spec.pb.h"
+#include "engine/stage.h"
+#include "engine/test_paths.h"
+
+namespace trainyard {
+namespace testing {
+
+struct RunResult {
+  absl::Status status;
+  std::vector<double> losses;
+  std::vector<double> grad_norms;
+  std::vector<std::pair<int64_t, double>> eval_loss;
+  // Final parameters (host copies) by name.
+  std::map<std::string, std::vector<float>> params;
+  // [stage][step]: each stage's host<->device traffic in each step
+  // (replica 0's stages), and its whole report.
+  std::vector<std::vector<DeviceTraffic>> traffic;
+  std::vector<std::vector<StepReport>> stage_reports;
+};
+
+// 4 blocks mixing every activation and norm, so stage splits cut through
+// all kinds of blocks; 30 steps of AdamW with clipping and warmup-cosine on
+// gaussian blobs (cross_entropy).
+trainyard::v1::JobSpec ClassificationSpec();
+// ClassificationSpec with 4 more residual blocks before the last: 8 blocks,
+// so 4 stages can hold 2 model chunks each.
+trainyard::v1::JobSpec DeepClassificationSpec();
+
+// A regression job wide enough that one microbatch's activations (16 rows x
+// 128 features) dwarf a step's small numbers: MSE, 4 blocks (pre-LayerNorm,
+// GELU tanh, residual in the middle), 4 microbatches of 16 rows, 6 steps,
+// bf16, `stages` stages.
+trainyard::v1::JobSpec WideRegressionSpec(int stages);
+
+trainyard::v1::JobSpec WithPipeline(trainyard::v1::JobSpec spec, int stages,
+                                    int microbatches, const char* schedule);
+
+// Plans and runs `spec` in this process on `device` (the spec's device kind
+// is set to match).
+// `host_loss` and `device_data_bytes`: LocalJobOptions'.
+RunResult RunJob(const trainyard::v1::JobSpec& spec, int64_t stop_after = 0,
+                 const std::string& plugin_dir = PluginDir(),
+                 Device device = Device::Cpu(), bool host_loss = false,
+                 int64_t device_data_bytes = -1);
+
+}  // namespace testing
+}  // namespace trainyard
+
+#endif  // TRAINYARD_ENGINE_TEST_JOBS_H_
