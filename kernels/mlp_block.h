@@ -1,4 +1,5 @@
-// MlpBlock: one block of the Trainyard MLP, after Megatron Core's MLP.
+// MlpBlock: one block of the Trainyard MLP on the CPU, after Megatron Core's
+// MLP. Its configuration is core/block_config.h's MlpBlockConfig:
 //
 //   y = fc2(act(fc1(norm(x)))) (+ x if residual)
 //
@@ -25,45 +26,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/block_config.h"
 #include "core/tensor.h"
 
 namespace trainyard {
-
-enum class Activation { kRelu, kGelu, kGeluTanh, kSwiglu };
-enum class NormType { kNone, kLayerNorm, kRmsNorm };
-
-absl::StatusOr<Activation> ActivationFromName(const std::string& name);
-absl::StatusOr<NormType> NormTypeFromName(const std::string& name);
-
-struct MlpBlockConfig {
-  int64_t in_features = 0;
-  int64_t out_features = 0;
-  int64_t ffn_hidden_size = 0;
-  Activation activation = Activation::kGelu;
-  bool bias = true;
-  NormType norm = NormType::kNone;
-  bool residual = false;  // requires in_features == out_features
-  float norm_eps = 1e-5f;
-
-  // Rows of fc1's weight: ffn, or 2*ffn for SwiGLU.
-  int64_t fc1_out() const {
-    return activation == Activation::kSwiglu ? 2 * ffn_hidden_size
-                                             : ffn_hidden_size;
-  }
-};
-
-// One parameter tensor of a block, in checkpoint order.
-struct ParamInfo {
-  std::string name;  // "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
-                     // "norm.weight", "norm.bias"
-  Shape shape;
-  bool is_bias_or_norm;  // excluded from weight decay by default
-};
-
-// The parameters a block with `config` has, in a fixed order:
-// norm.weight, norm.bias (LayerNorm only), fc1.weight, fc1.bias, fc2.weight,
-// fc2.bias; biases only when config.bias.
-std::vector<ParamInfo> BlockParamInfos(const MlpBlockConfig& config);
 
 // Parameters (or their gradients), in BlockParamInfos order; tensors that
 // the config does not use stay undefined.

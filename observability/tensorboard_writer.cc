@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/file_util.h"
-#include "transport/frame.h"
+#include "core/crc32c.h"
 #include "core/status_macros.h"
 
 namespace trainyard {

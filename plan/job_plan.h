@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "schedule/schedule.h"
 #include "core/tensor.h"
-#include "kernels/mlp_block.h"
+#include "core/block_config.h"
 #include "proto/job_spec.pb.h"
 
 namespace trainyard {

@@ -164,12 +164,6 @@ absl::StatusOr<FramePrefix> DecodeFramePrefix(const char* data);
 absl::StatusOr<FrameHeader> DecodeFrameHeader(const FramePrefix& prefix,
                                               absl::string_view rest);
 
-// CRC32C (Castagnoli), extending `crc` (start with 0) by `n` bytes. Uses
-// the SSE4.2 instruction when the CPU has it, else a table.
-uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
-// The table version, for tests against the hardware one.
-uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n);
-
 // An abort frame's content: the status the sending rank aborted with.
 struct AbortReason {
   absl::StatusCode code = absl::StatusCode::kAborted;

@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "core/crc32c.h"
 #include "transport/frame.h"
 #include "net/ipv4_address.h"
 #include "core/status_macros.h"

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/crc32c.h"
 #include "transport/frame.h"
 #include "transport/in_process_transport.h"
 #include "core/random.h"

@@ -14,25 +14,6 @@ namespace trainyard {
 namespace gpu {
 namespace {
 
-absl::Status ValidateConfig(const MlpBlockConfig& c) {
-  if (c.in_features <= 0 || c.out_features <= 0 || c.ffn_hidden_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CudaMlpBlock: in_features, out_features and ffn_hidden_size must be "
-        "> 0, got ",
-        c.in_features, ", ", c.out_features, ", ", c.ffn_hidden_size));
-  }
-  if (c.residual && c.in_features != c.out_features) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CudaMlpBlock: residual needs in_features == out_features, got ",
-        c.in_features, " and ", c.out_features));
-  }
-  if (c.norm != NormType::kNone && !(c.norm_eps > 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CudaMlpBlock: norm_eps must be > 0, got ", c.norm_eps));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Need(const char* name, const void* p) {
   if (p == nullptr) {
     return absl::InvalidArgumentError(
@@ -88,7 +69,7 @@ int64_t RoundUp(int64_t x, int64_t multiple) {
 
 absl::StatusOr<std::unique_ptr<CudaMlpBlock>> CudaMlpBlock::Create(
     const MlpBlockConfig& config, ComputeMode mode, int device) {
-  RETURN_IF_ERROR(ValidateConfig(config));
+  RETURN_IF_ERROR(ValidateBlockConfig(config));
   ASSIGN_OR_RETURN(std::unique_ptr<GemmLt> gemm, GemmLt::Create(device));
   return std::unique_ptr<CudaMlpBlock>(
       new CudaMlpBlock(config, mode, device, std::move(gemm)));

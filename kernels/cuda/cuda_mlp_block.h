@@ -48,7 +48,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/gemm_lt.h"
-#include "kernels/mlp_block.h"
+#include "core/block_config.h"
 
 namespace trainyard {
 namespace gpu {

@@ -8,7 +8,7 @@
 // Activations are DType::kFloat32 or DType::kBFloat16 (`dtype`; any other
 // DType is InvalidArgument naming it); bfloat16 values are computed in
 // float32 and rounded once. Bias vectors and sums are float32. `act` is the
-// engine's Activation (kernels/mlp_block.h): kRelu, kGelu or kGeluTanh here;
+// engine's Activation (core/block_config.h): kRelu, kGelu or kGeluTanh here;
 // kSwiglu has its own launchers and is InvalidArgument elsewhere.
 // Every launcher enqueues on `stream`, checks its arguments (InvalidArgument
 // naming the argument) and the launch (the CUDA error). Thread-safe.
@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "core/tensor.h"
 #include "kernels/cuda/device.h"
-#include "kernels/mlp_block.h"
+#include "core/block_config.h"
 
 namespace trainyard {
 namespace gpu {

@@ -9,7 +9,7 @@
 #include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/norm_kernels.h"
-#include "kernels/mlp_block.h"
+#include "core/block_config.h"
 
 namespace trainyard {
 namespace gpu {
