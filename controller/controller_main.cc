@@ -19,7 +19,7 @@
 #include "core/file_util.h"
 #include "core/stop_signals.h"
 #include "glog/logging.h"
-#include "security/tls.h"
+#include "security/daemon_flags.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to serve on; port 0 picks a free port (see --port_file)");
@@ -44,13 +44,6 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, metrics_port_file, "",
           "If set, the /metrics port is written here (atomically) once "
           "serving.");
-ABSL_FLAG(std::string, tls_cert, "",
-          "The controller's TLS certificate (PEM). With --tls_key, --tls_ca "
-          "and --tokens_file: the secure setup (README, \"Security model\").");
-ABSL_FLAG(std::string, tls_key, "", "Private key of --tls_cert (PEM).");
-ABSL_FLAG(std::string, tls_ca, "",
-          "The cluster CA (PEM): workers must present a client certificate "
-          "it signed to register.");
 ABSL_FLAG(std::string, tokens_file, "",
           "Users, roles and token hashes (`trainyard token` adds one); "
           "re-read when it changes. Every JobService call needs a token.");
@@ -64,10 +57,6 @@ ABSL_FLAG(std::string, plugin_dir, "",
           "SubmitJob also checks task.config with the plugin's "
           "validate_config (no files opened). Only trusted plugins: their "
           "code runs in the controller. Empty = the workers check.");
-ABSL_FLAG(bool, insecure, false,
-          "Plaintext gRPC and no authentication: anyone who can reach the "
-          "port can submit, see and cancel every job and register as a "
-          "worker. Only for a machine nobody else can reach.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound port is written here (atomically) once the "
           "server is serving.");
@@ -133,25 +122,19 @@ int main(int argc, char** argv) {
     fprintf(stderr, "trainyard-controller: --data_dir is required\n");
     return 2;
   }
-  options.tls.insecure = absl::GetFlag(FLAGS_insecure);
-  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
-  options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
   options.tokens_file = absl::GetFlag(FLAGS_tokens_file);
   options.job_data_dir = absl::GetFlag(FLAGS_job_data_dir);
   options.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
-  if (absl::Status st = trainyard::CheckSecurityFlags(
-          options.tls.insecure,
-          {{"--tls_cert", options.tls.cert_file, true},
-           {"--tls_key", options.tls.key_file, true},
-           {"--tls_ca", options.tls.ca_file, true},
-           {"--tokens_file", options.tokens_file, true}},
+  absl::StatusOr<trainyard::TlsOptions> tls =
+      trainyard::DaemonTlsOptionsFromFlags(
+          {{"--tokens_file", options.tokens_file, true}},
           "`trainyard certs --out DIR` makes them all");
-      !st.ok()) {
+  if (!tls.ok()) {
     fprintf(stderr, "trainyard-controller: %s\n",
-            std::string(st.message()).c_str());
+            std::string(tls.status().message()).c_str());
     return 2;
   }
+  options.tls = *tls;
   if (options.tls.insecure) {
     LOG(WARNING) << "--insecure: plaintext gRPC and no authentication; "
                     "anyone who can reach "

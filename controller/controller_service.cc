@@ -4,6 +4,7 @@
 #include <deque>
 #include <utility>
 
+#include "net/address.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
@@ -625,8 +626,8 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
         "cannot listen on ", options.listen, " (address in use or invalid?)"));
   }
   server->port_ = port;
-  std::string host = options.listen.substr(0, options.listen.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
+  std::string host = HostOfAddress(options.listen);
+  if (host.empty() || host == "0.0.0.0" || host == "::") host = "127.0.0.1";
   server->address_ = absl::StrCat(host, ":", port);
   LOG(INFO) << "trainyard-controller serving on " << server->address_
             << (options.tls.insecure ? " (plaintext)" : " (TLS)")

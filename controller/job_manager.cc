@@ -4,6 +4,7 @@
 #include <limits>
 #include <utility>
 
+#include "net/address.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -46,23 +47,13 @@ PlanOptions ControllerPlanOptions(const JobManagerOptions& manager) {
 // "stage 3", or with replicas "rank 3 (stage 1 of replica 1)".
 std::string RankLabel(int rank, int num_ranks, int replicas) {
   if (replicas <= 1) return absl::StrCat("stage ", rank);
-  const int stages = num_ranks / replicas;
-  return absl::StrCat("rank ", rank, " (stage ", rank % stages, " of replica ",
-                      rank / stages, ")");
+  const Gang gang{num_ranks / replicas, replicas};
+  return absl::StrCat("rank ", rank, " (stage ", gang.StageOf(rank),
+                      " of replica ", gang.ReplicaOf(rank), ")");
 }
 
 std::string WorkerLabel(const std::string& id, const std::string& name) {
   return absl::StrCat(id, " (", name, ")");
-}
-
-// "10.0.0.5" of "10.0.0.5:7100", "::1" of "[::1]:7100".
-std::string HostOfAddress(const std::string& address) {
-  if (!address.empty() && address[0] == '[') {
-    const size_t end = address.find(']');
-    return end == std::string::npos ? address : address.substr(1, end - 1);
-  }
-  const size_t colon = address.rfind(':');
-  return colon == std::string::npos ? address : address.substr(0, colon);
 }
 
 // Where a worker's stages run, for the transport choice of its jobs: the
@@ -260,9 +251,9 @@ absl::Status JobManager::Load() {
 }
 
 void JobManager::SetPlanLocked(JobEntry& e, const JobPlan& plan) {
-  e.replicas = std::max(1, plan.spec.parallelism().replicas());
-  e.num_stages = plan.num_stages() * e.replicas;
-  e.loss_rank = (e.replicas - 1) * plan.num_stages() + plan.loss_stage();
+  e.replicas = plan.num_replicas();
+  e.num_stages = plan.gang().size();
+  e.loss_rank = plan.gang().RankOf(e.replicas - 1, plan.loss_stage());
   e.normalized = WorkerSpec(e.job.spec(), plan.spec);
   e.max_restarts = e.normalized.recovery().max_restarts();
   e.backoff_ms = e.normalized.recovery().backoff_ms();

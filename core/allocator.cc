@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/host_info.h"
 
 namespace trainyard {
 namespace {
@@ -24,24 +24,7 @@ namespace {
 class CachingHostAllocator final : public Allocator {
  public:
   CachingHostAllocator() {
-    cap_ = std::max<size_t>(size_t{256} << 20, UsableMemory() / 8);
-  }
-
-  // Physical memory, or the cgroup's limit when it is lower (a pod).
-  static size_t UsableMemory() {
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page = sysconf(_SC_PAGE_SIZE);
-    size_t usable =
-        pages > 0 && page > 0 ? static_cast<size_t>(pages) * page : 0;
-    for (const char* path : {"/sys/fs/cgroup/memory.max",
-                             "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-      std::ifstream in(path);
-      unsigned long long limit = 0;
-      if (in >> limit && limit > 0 && (usable == 0 || limit < usable)) {
-        usable = static_cast<size_t>(limit);
-      }
-    }
-    return usable;
+    cap_ = std::max<size_t>(size_t{256} << 20, static_cast<size_t>(UsableMemoryBytes() / 8));
   }
 
   Device device() const override { return Device::Cpu(); }

@@ -86,9 +86,9 @@ void MeasuredBubbles() {
   absl::Status st = RunLocalJob(Plan(Spec(1, kSteps, 8, 1)), options);
   CHECK(st.ok()) << st;
   auto mean_ms = [&](SpanKind k) { return total_us[k] / count[k] / 1e3; };
-  const double f = mean_ms(SpanKind::kForward);
-  const double b = mean_ms(SpanKind::kBackwardInput);
-  const double w = mean_ms(SpanKind::kBackwardWeight);
+  const double f = mean_ms(v1::SPAN_FORWARD);
+  const double b = mean_ms(v1::SPAN_BACKWARD_INPUT);
+  const double w = mean_ms(v1::SPAN_BACKWARD_WEIGHT);
   std::printf(
       "measured per microbatch (one block h=512 ffn=2048, 32 rows, %d "
       "steps): F %.3f ms, B %.3f ms, W %.3f ms\n",
@@ -160,9 +160,9 @@ void RealTwoStageBubbles() {
     CHECK(st.ok()) << st;
     // Whole-stage costs per microbatch, mean over the stages.
     const double per = 1e3 * steps * kStages * kMicrobatches;
-    const PassCosts costs{total_us[SpanKind::kForward] / per,
-                          total_us[SpanKind::kBackwardInput] / per,
-                          total_us[SpanKind::kBackwardWeight] / per};
+    const PassCosts costs{total_us[v1::SPAN_FORWARD] / per,
+                          total_us[v1::SPAN_BACKWARD_INPUT] / per,
+                          total_us[v1::SPAN_BACKWARD_WEIGHT] / per};
     absl::StatusOr<Schedule> sched =
         MakeTrainingSchedule(name, kStages, kMicrobatches, plan.num_chunks);
     CHECK(sched.ok()) << sched.status();

@@ -132,7 +132,7 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   stage_options.timeout = options.timeout;
   stage_options.host_loss = options.host_loss;
   stage_options.device_data_bytes = options.device_data_bytes;
-  // stages[r * S + s], each with its own context on the one device (so that
+  // stages[plan.gang().RankOf(r, s)], each with its own context on the one device (so that
   // each counts its own copies; they share the device's stream and memory).
   std::vector<std::unique_ptr<ExecContext>> contexts;  // outlive the stages
   std::vector<std::unique_ptr<Stage>> stages;
@@ -166,7 +166,7 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   absl::Mutex mu;
   absl::Status first_error;  // the root cause, not the aborts it caused
   auto run_stage = [&](int r, int s) {
-    Stage& stage = *stages[r * S + s];
+    Stage& stage = *stages[plan.gang().RankOf(r, s)];
     StageRunOptions run;
     run.stop_after_step = options.stop_after_step;
     run.timeout = options.timeout;

@@ -190,7 +190,7 @@ TEST(LocalJobSimTest, PhaseTimesAndSpansComeFromTheStream) {
           EXPECT_LE(last_end, span.start_us);
           EXPECT_LE(span.start_us, span.end_us);
           last_end = span.end_us;
-          optimizer_span |= span.kind == SpanKind::kOptimizer;
+          optimizer_span |= span.kind == v1::SPAN_OPTIMIZER;
         }
         EXPECT_LE(last_end, rep.trace.step_us);
         EXPECT_TRUE(optimizer_span);  // the sums of squares, before the read

@@ -528,7 +528,7 @@ absl::StatusOr<Message> Stage::Receive(int virtual_stage, MessageKind kind,
   absl::StatusOr<Message> msg;
   {
     SpanTimer t(this, &StageTimes::idle,
-                gradient ? SpanKind::kRecvGradient : SpanKind::kRecvActivation,
+                gradient ? v1::SPAN_RECV_GRADIENT : v1::SPAN_RECV_ACTIVATION,
                 mb.index);
     while (true) {
       if (auto it = held_.find(want); it != held_.end()) {
@@ -603,13 +603,13 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
       }
       case ActionKind::kForward: {
         {
-          SpanTimer t(this, &StageTimes::forward, SpanKind::kForward,
+          SpanTimer t(this, &StageTimes::forward, v1::SPAN_FORWARD,
                       mb->index);
           RETURN_IF_ERROR(Forward(mb, !is_eval));
         }
         if (vs != plan_.num_virtual_stages() - 1) break;
         // The loss belongs to the last virtual stage's forward.
-        SpanTimer t(this, &StageTimes::loss, SpanKind::kLoss, mb->index);
+        SpanTimer t(this, &StageTimes::loss, v1::SPAN_LOSS, mb->index);
         ASSIGN_OR_RETURN(mb->grad_output,
                          loss_->Compute(mb->output, mb->state, completed_steps_,
                                         first_microbatch_ + mb->index,
@@ -619,7 +619,7 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kSendActivation: {
-        SpanTimer t(this, &StageTimes::comm, SpanKind::kSendActivation,
+        SpanTimer t(this, &StageTimes::comm, v1::SPAN_SEND_ACTIVATION,
                     mb->index);
         Message msg;
         msg.kind = act_kind;
@@ -639,13 +639,13 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kBackwardInput: {
-        SpanTimer t(this, &StageTimes::backward, SpanKind::kBackwardInput,
+        SpanTimer t(this, &StageTimes::backward, v1::SPAN_BACKWARD_INPUT,
                     mb->index);
         RETURN_IF_ERROR(BackwardInput(mb));
         break;
       }
       case ActionKind::kSendGradient: {
-        SpanTimer t(this, &StageTimes::comm, SpanKind::kSendGradient,
+        SpanTimer t(this, &StageTimes::comm, v1::SPAN_SEND_GRADIENT,
                     mb->index);
         Message msg;
         msg.kind = MessageKind::kGradient;
@@ -657,7 +657,7 @@ absl::Status Stage::RunSchedule(const Schedule& schedule, int64_t step,
         break;
       }
       case ActionKind::kBackwardWeight: {
-        SpanTimer t(this, &StageTimes::backward, SpanKind::kBackwardWeight,
+        SpanTimer t(this, &StageTimes::backward, v1::SPAN_BACKWARD_WEIGHT,
                     mb->index);
         RETURN_IF_ERROR(BackwardWeight(mb));
         break;
@@ -697,7 +697,7 @@ absl::Status Stage::OptimizerStep(int64_t step, StepReport* report) {
   if (scalars_.has_value()) return DeviceOptimizerStep(step, report);
   StepContributions mine;
   {
-    SpanTimer t(this, &StageTimes::optimizer, SpanKind::kOptimizer);
+    SpanTimer t(this, &StageTimes::optimizer, v1::SPAN_OPTIMIZER);
     ASSIGN_OR_RETURN(mine.sums_of_squares,
                      optimizer_->GradSumsOfSquares(store_->grads()));
   }
@@ -731,13 +731,13 @@ absl::Status Stage::ReduceAndUpdate(int64_t step, StepContributions mine,
   {
     // ReduceStep adds the all-reduce's own time to times.comm; the span is
     // the whole call (packing, the all-reduce, the totals).
-    SpanTimer t(this, nullptr, SpanKind::kAllReduce);
+    SpanTimer t(this, nullptr, v1::SPAN_ALL_REDUCE);
     ASSIGN_OR_RETURN(
         totals,
         ReduceStep(plan_, mine, num_stages_ > 1 ? transport_ : nullptr,
                    options_.timeout, step, Where(), &report->times.comm));
   }
-  SpanTimer t(this, &StageTimes::optimizer, SpanKind::kOptimizer);
+  SpanTimer t(this, &StageTimes::optimizer, v1::SPAN_OPTIMIZER);
   report->loss = totals->loss;
   report->grad_norm = totals->grad_norm;
   report->checkpoint_files_written = totals->checkpoint_files_written;
@@ -753,7 +753,7 @@ absl::Status Stage::DeviceOptimizerStep(int64_t step, StepReport* report) {
   if (device_totals_) {
     // Everything on the device, then the step's one read.
     {
-      SpanTimer t(this, &StageTimes::optimizer, SpanKind::kOptimizer);
+      SpanTimer t(this, &StageTimes::optimizer, v1::SPAN_OPTIMIZER);
       RETURN_IF_ERROR(optimizer_->GradSumsOfSquaresOnDevice(
           store_->grads(), scalars_->sums_of_squares()));
       RETURN_IF_ERROR(DeviceTotals(*ctx_, scalars_->TotalsArgs(clip)));
@@ -789,7 +789,7 @@ absl::Status Stage::DeviceOptimizerStep(int64_t step, StepReport* report) {
   // step's one read comes first.
   StepContributions contributions;
   {
-    SpanTimer t(this, &StageTimes::optimizer, SpanKind::kOptimizer);
+    SpanTimer t(this, &StageTimes::optimizer, v1::SPAN_OPTIMIZER);
     RETURN_IF_ERROR(optimizer_->GradSumsOfSquaresOnDevice(
         store_->grads(), scalars_->sums_of_squares()));
   }
@@ -836,7 +836,7 @@ absl::StatusOr<StepReport> Stage::RunStep() {
     RETURN_IF_ERROR(task_->OnEvent(TRAINYARD_EVENT_STEP_BEGIN, step, ""));
   }
   if (is_first()) {
-    SpanTimer t(this, nullptr, SpanKind::kPrepareBatch);
+    SpanTimer t(this, nullptr, v1::SPAN_PREPARE_BATCH);
     RETURN_IF_ERROR(PrepareBatch(*data_.train, sampler_->Next(), step,
                                  /*is_eval=*/false, M, first_microbatch_,
                                  mine));
@@ -859,7 +859,7 @@ absl::StatusOr<StepReport> Stage::RunStep() {
     }
   }
   if (replicas_ > 1) {
-    SpanTimer t(this, &StageTimes::comm, SpanKind::kAllReduce, -1,
+    SpanTimer t(this, &StageTimes::comm, v1::SPAN_ALL_REDUCE, -1,
                 /*traced=*/false);
     RETURN_IF_ERROR(SumReplicaGradients());
   }
@@ -930,7 +930,7 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     ASSIGN_OR_RETURN(report.metrics, task_->UpdateMetrics(true));
   }
   if (step_origin_.has_value()) {
-    report.span = Span{SpanKind::kEval, -1, Micros(start - *step_origin_),
+    report.span = Span{v1::SPAN_EVAL, -1, Micros(start - *step_origin_),
                        Micros(Clock::now() - *step_origin_)};
   }
   return report;

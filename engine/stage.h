@@ -63,6 +63,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "plan/job_plan.h"
+#include "proto/trainyard.pb.h"
 #include "core/safetensors.h"
 #include "schedule/schedule.h"
 #include "transport/transport.h"
@@ -138,25 +139,15 @@ struct StageTimes {
   double loss = 0;       // the last stage's loss head (task plugin, copies)
 };
 
-// What a stage was doing during one span of a step (v1::SpanKind on the
-// wire). Each kind is timed where StageTimes' phases are.
-enum class SpanKind {
-  kPrepareBatch,    // first stage: rows to inputs (task plugin)
-  kForward,         // times.forward
-  kLoss,            // times.loss
-  kBackwardInput,   // times.backward
-  kBackwardWeight,  // times.backward
-  kSendActivation,  // times.comm
-  kSendGradient,    // times.comm
-  kRecvActivation,  // times.idle: waiting for the previous stage
-  kRecvGradient,    // times.idle: waiting for the next stage
-  kAllReduce,       // the step's all-reduce (ReduceStep; times.comm inside)
-  kOptimizer,       // times.optimizer
-  kEval,            // the eval pass after a step
-};
+// What a stage was doing during one span of a step: the wire's
+// v1::SpanKind. Each kind is timed where StageTimes' phases are:
+// PREPARE_BATCH in none; FORWARD in forward; LOSS in loss; BACKWARD_INPUT
+// and BACKWARD_WEIGHT in backward; SEND_* and ALL_REDUCE in comm; RECV_*
+// in idle (waiting for a neighbour); OPTIMIZER in optimizer; EVAL in none.
+using SpanKind = v1::SpanKind;
 
 struct Span {
-  SpanKind kind = SpanKind::kForward;
+  SpanKind kind = v1::SPAN_FORWARD;
   int microbatch = -1;  // -1: not about one microbatch
   // Microseconds from the start of the step (RunStep's start) on this
   // stage's monotonic clock.
@@ -350,7 +341,7 @@ class Stage {
   class SpanTimer;
   struct PendingSpan {
     int timer = 0;  // timers_ index
-    SpanKind kind = SpanKind::kForward;
+    SpanKind kind = v1::SPAN_FORWARD;
     int microbatch = -1;
     int start = -1, end = -1;             // marks
     double StageTimes::*phase = nullptr;  // may be null

@@ -73,36 +73,36 @@ std::vector<StageRun> RunAllStages(const JobPlan& plan,
 std::vector<std::pair<SpanKind, int>> ExpectedSpans(const Schedule& schedule,
                                                     int stage) {
   std::vector<std::pair<SpanKind, int>> out;
-  if (stage == 0) out.push_back({SpanKind::kPrepareBatch, -1});
+  if (stage == 0) out.push_back({v1::SPAN_PREPARE_BATCH, -1});
   const bool last = stage == schedule.num_stages - 1;
   for (const Action& a : schedule.stages[stage]) {
     switch (a.kind) {
       case ActionKind::kForward:
-        out.push_back({SpanKind::kForward, a.microbatch});
-        if (last) out.push_back({SpanKind::kLoss, a.microbatch});
+        out.push_back({v1::SPAN_FORWARD, a.microbatch});
+        if (last) out.push_back({v1::SPAN_LOSS, a.microbatch});
         break;
       case ActionKind::kBackwardInput:
-        out.push_back({SpanKind::kBackwardInput, a.microbatch});
+        out.push_back({v1::SPAN_BACKWARD_INPUT, a.microbatch});
         break;
       case ActionKind::kBackwardWeight:
-        out.push_back({SpanKind::kBackwardWeight, a.microbatch});
+        out.push_back({v1::SPAN_BACKWARD_WEIGHT, a.microbatch});
         break;
       case ActionKind::kSendActivation:
-        out.push_back({SpanKind::kSendActivation, a.microbatch});
+        out.push_back({v1::SPAN_SEND_ACTIVATION, a.microbatch});
         break;
       case ActionKind::kRecvActivation:
-        out.push_back({SpanKind::kRecvActivation, a.microbatch});
+        out.push_back({v1::SPAN_RECV_ACTIVATION, a.microbatch});
         break;
       case ActionKind::kSendGradient:
-        out.push_back({SpanKind::kSendGradient, a.microbatch});
+        out.push_back({v1::SPAN_SEND_GRADIENT, a.microbatch});
         break;
       case ActionKind::kRecvGradient:
-        out.push_back({SpanKind::kRecvGradient, a.microbatch});
+        out.push_back({v1::SPAN_RECV_GRADIENT, a.microbatch});
         break;
       case ActionKind::kOptimizerStep:
-        out.push_back({SpanKind::kOptimizer, -1});
-        out.push_back({SpanKind::kAllReduce, -1});
-        out.push_back({SpanKind::kOptimizer, -1});
+        out.push_back({v1::SPAN_OPTIMIZER, -1});
+        out.push_back({v1::SPAN_ALL_REDUCE, -1});
+        out.push_back({v1::SPAN_OPTIMIZER, -1});
         break;
     }
   }
@@ -165,22 +165,22 @@ TEST_P(StageTraceTest, SpansCoverEveryActionInOrderWithinTheStep) {
       // The spans are the phases' own measurements: they add up the same
       // (each span is cut to whole microseconds).
       const int64_t n = static_cast<int64_t>(t.spans.size());
-      EXPECT_NEAR(SpanMicros(t, {SpanKind::kForward}), r.times.forward * 1e6,
+      EXPECT_NEAR(SpanMicros(t, {v1::SPAN_FORWARD}), r.times.forward * 1e6,
                   n + 1);
       EXPECT_NEAR(
-          SpanMicros(t, {SpanKind::kBackwardInput, SpanKind::kBackwardWeight}),
+          SpanMicros(t, {v1::SPAN_BACKWARD_INPUT, v1::SPAN_BACKWARD_WEIGHT}),
           r.times.backward * 1e6, n + 1);
       EXPECT_NEAR(
-          SpanMicros(t, {SpanKind::kRecvActivation, SpanKind::kRecvGradient}),
+          SpanMicros(t, {v1::SPAN_RECV_ACTIVATION, v1::SPAN_RECV_GRADIENT}),
           r.times.idle * 1e6, n + 1);
-      EXPECT_NEAR(SpanMicros(t, {SpanKind::kOptimizer}),
+      EXPECT_NEAR(SpanMicros(t, {v1::SPAN_OPTIMIZER}),
                   r.times.optimizer * 1e6, n + 1);
     }
     // The eval after steps 2 and 4, as one span after that step's end.
     ASSERT_EQ(runs[s].evals.size(), 2u);
     for (const auto& [step, eval] : runs[s].evals) {
       ASSERT_TRUE(eval.span.has_value()) << "eval after step " << step;
-      EXPECT_EQ(eval.span->kind, SpanKind::kEval);
+      EXPECT_EQ(eval.span->kind, v1::SPAN_EVAL);
       EXPECT_GE(eval.span->start_us, runs[s].steps[step - 1].trace.step_us);
       EXPECT_GT(eval.span->end_us, eval.span->start_us);
     }
@@ -268,7 +268,7 @@ TEST(StageRunnerTest, MessagesThatArriveBeforeTheirReceiveAreHeld) {
   const StepTrace& trace = got[1].steps[0].trace;
   std::vector<int> forwards;
   for (const Span& span : trace.spans) {
-    if (span.kind == SpanKind::kForward) forwards.push_back(span.microbatch);
+    if (span.kind == v1::SPAN_FORWARD) forwards.push_back(span.microbatch);
   }
   EXPECT_EQ(forwards, (std::vector<int>{0, 0, 1, 1}));
 

@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "net/ipv4_address.h"
+#include "net/address.h"
 #include "core/status_macros.h"
 #include "glog/logging.h"
 #include "prometheus/client_metric.h"

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "core/file_util.h"
 #include "core/crc32c.h"
+#include "core/host_info.h"
 #include "core/status_macros.h"
 
 namespace trainyard {
@@ -39,12 +40,10 @@ uint32_t MaskedCrc32c(const void* data, size_t n) {
 absl::StatusOr<std::unique_ptr<TensorboardWriter>> TensorboardWriter::Open(
     const std::string& dir) {
   RETURN_IF_ERROR(CreateDirectories(dir));
-  char host[256] = "localhost";
-  gethostname(host, sizeof(host) - 1);
-  host[sizeof(host) - 1] = '\0';
   const std::string path =
       absl::StrCat(dir, "/events.out.tfevents.",
-                   absl::ToUnixSeconds(absl::Now()), ".", host, ".", getpid());
+                   absl::ToUnixSeconds(absl::Now()), ".", Hostname(), ".",
+                   getpid());
   FILE* f = std::fopen(path.c_str(), "ab");
   if (f == nullptr) {
     return absl::InternalError(

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/file_util.h"
+#include "core/host_info.h"
 #include "core/npy.h"
 #include "glog/logging.h"
 #include "google/protobuf/util/json_util.h"
@@ -529,13 +530,6 @@ MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
       ", activations ", FormatBytes(m.activations), ", data ",
       FormatBytes(m.data), ")");
   return m;
-}
-
-uint64_t PhysicalMemory() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0) return 0;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
 }
 
 }  // namespace
@@ -1255,7 +1249,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   plan.memory = EstimateMemory(plan, train.bytes + eval.bytes);
   const bool from_machine = options.memory_limit_bytes == 0;
   const uint64_t limit =
-      from_machine ? PhysicalMemory() : options.memory_limit_bytes;
+      from_machine ? PhysicalMemoryBytes() : options.memory_limit_bytes;
   if (limit > 0 && plan.memory.total > limit) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "job needs an estimated ", plan.memory.description, " but ",

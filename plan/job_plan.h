@@ -99,6 +99,18 @@ struct MemoryEstimate {
   std::string description;
 };
 
+// The processes of a job: S stages x R replicas, one rank each, stage s of
+// replica r being rank r * S + s.
+struct Gang {
+  int stages = 1;
+  int replicas = 1;
+
+  int size() const { return stages * replicas; }
+  int RankOf(int replica, int stage) const { return replica * stages + stage; }
+  int StageOf(int rank) const { return rank % stages; }
+  int ReplicaOf(int rank) const { return rank / stages; }
+};
+
 struct JobPlan {
   // The spec with every default filled in (see docs/SPEC.md), in_features
   // resolved, seeds resolved and paths absolute.
@@ -142,6 +154,12 @@ struct JobPlan {
   int VirtualStage(int stage, int chunk) const {
     return VirtualStageOf(chunk_layout, num_stages(), num_chunks, stage, chunk);
   }
+  // parallelism.replicas (at least 1).
+  int num_replicas() const {
+    return spec.parallelism().replicas() > 1 ? spec.parallelism().replicas()
+                                             : 1;
+  }
+  Gang gang() const { return Gang{num_stages(), num_replicas()}; }
   // The (stage, chunk) holding virtual stage `virtual_stage`.
   StageChunk HolderOf(int virtual_stage) const {
     return StageChunkOf(chunk_layout, num_stages(), num_chunks, virtual_stage);

@@ -30,7 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/crc32c.h"
 #include "transport/frame.h"
-#include "net/ipv4_address.h"
+#include "net/address.h"
 #include "core/status_macros.h"
 #include "transport/tcp_handshake.h"
 #include "glog/logging.h"

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 
+#include "net/address.h"
 #include "absl/strings/numbers.h"
 #include "glog/logging.h"
 
@@ -15,13 +16,9 @@ namespace trainyard {
 int ConnectTestSocket(const std::string& address, int timeout_s) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   CHECK_GE(fd, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  CHECK(absl::SimpleAtoi(address.substr(colon + 1), &port)) << address;
-  sa.sin_port = htons(port);
-  ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
+  absl::StatusOr<sockaddr_in> resolved = ResolveIpv4(address);
+  CHECK(resolved.ok()) << resolved.status();
+  sockaddr_in sa = *resolved;
   timeval tv{timeout_s, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));

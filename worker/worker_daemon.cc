@@ -16,6 +16,8 @@
 #include <thread>
 #include <utility>
 
+#include "net/address.h"
+#include "core/host_info.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -63,20 +65,6 @@ using ::trainyard::v1::WorkerMessage;
 using ::trainyard::v1::WorkerService;
 using Stream = grpc::ClientReaderWriter<trainyard::v1::WorkerMessage,
                                         trainyard::v1::ControllerMessage>;
-
-std::string Hostname() {
-  char buf[256];
-  if (gethostname(buf, sizeof(buf)) != 0) return "localhost";
-  buf[sizeof(buf) - 1] = '\0';
-  return buf;
-}
-
-uint64_t PhysicalMemory() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0) return 0;
-  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
-}
 
 bool IsDirectory(const std::string& path) {
   struct stat st;
@@ -205,39 +193,9 @@ class ActiveJob {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-v1::SpanKind SpanKindProto(SpanKind kind) {
-  switch (kind) {
-    case SpanKind::kPrepareBatch:
-      return v1::SPAN_PREPARE_BATCH;
-    case SpanKind::kForward:
-      return v1::SPAN_FORWARD;
-    case SpanKind::kLoss:
-      return v1::SPAN_LOSS;
-    case SpanKind::kBackwardInput:
-      return v1::SPAN_BACKWARD_INPUT;
-    case SpanKind::kBackwardWeight:
-      return v1::SPAN_BACKWARD_WEIGHT;
-    case SpanKind::kSendActivation:
-      return v1::SPAN_SEND_ACTIVATION;
-    case SpanKind::kSendGradient:
-      return v1::SPAN_SEND_GRADIENT;
-    case SpanKind::kRecvActivation:
-      return v1::SPAN_RECV_ACTIVATION;
-    case SpanKind::kRecvGradient:
-      return v1::SPAN_RECV_GRADIENT;
-    case SpanKind::kAllReduce:
-      return v1::SPAN_ALL_REDUCE;
-    case SpanKind::kOptimizer:
-      return v1::SPAN_OPTIMIZER;
-    case SpanKind::kEval:
-      return v1::SPAN_EVAL;
-  }
-  return v1::SPAN_KIND_UNSPECIFIED;
-}
-
 void AddSpanProto(const Span& span, v1::StageTrace* out) {
   v1::StageSpan* s = out->add_spans();
-  s->set_kind(SpanKindProto(span.kind));
+  s->set_kind(span.kind);
   s->set_microbatch(span.microbatch);
   s->set_start_us(span.start_us);
   s->set_end_us(span.end_us);
@@ -498,7 +456,7 @@ absl::StatusOr<WorkerOptions> ValidateWorkerOptions(WorkerOptions options) {
   if (options.name.empty()) {
     options.name = absl::StrCat(Hostname(), "-", getpid());
   }
-  if (options.memory_bytes == 0) options.memory_bytes = PhysicalMemory();
+  if (options.memory_bytes == 0) options.memory_bytes = PhysicalMemoryBytes();
   if (options.min_backoff <= absl::ZeroDuration()) {
     options.min_backoff = absl::Milliseconds(10);
   }
@@ -1430,15 +1388,16 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
   // With replicas the assignment's stage is the gang rank r * S + s: this
   // worker runs stage s of replica r, whose pipeline is ranks
   // [r S, (r + 1) S) (their addresses and placements).
-  const int replicas = std::max(1, plan->spec.parallelism().replicas());
+  const Gang gang = plan->gang();
+  const int replicas = gang.replicas;
   const int rank = assignment.stage();
-  if (rank < 0 || rank >= num_stages * replicas) {
+  if (rank < 0 || rank >= gang.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("StageAssignment.stage: must be in [0, ",
-                     num_stages * replicas, ") for this job, got ", rank));
+                     gang.size(), ") for this job, got ", rank));
   }
-  const int s = rank % num_stages;
-  const int replica = rank / num_stages;
+  const int s = gang.StageOf(rank);
+  const int replica = gang.ReplicaOf(rank);
   if (replicas > 1 && assignment.snapshot().step() > 0) {
     return absl::InvalidArgumentError(
         "StageAssignment.snapshot: a job with replicas resumes from "
@@ -1446,18 +1405,19 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
   }
   StageAssignment pipeline = assignment;  // this replica's ranks
   if (replicas > 1) {
-    if (assignment.peer_addresses_size() != num_stages * replicas ||
+    if (assignment.peer_addresses_size() != gang.size() ||
         (assignment.placements_size() > 0 &&
-         assignment.placements_size() != num_stages * replicas)) {
+         assignment.placements_size() != gang.size())) {
       return absl::InvalidArgumentError(
           absl::StrCat("StageAssignment: a job of ", num_stages, " stages x ",
-                       replicas, " replicas needs ", num_stages * replicas,
+                       replicas, " replicas needs ", gang.size(),
                        " peer addresses and placements"));
     }
     pipeline.set_stage(s);
     pipeline.clear_peer_addresses();
     pipeline.clear_placements();
-    for (int k = replica * num_stages; k < (replica + 1) * num_stages; ++k) {
+    for (int k = gang.RankOf(replica, 0); k < gang.RankOf(replica + 1, 0);
+         ++k) {
       pipeline.add_peer_addresses(assignment.peer_addresses(k));
       if (assignment.placements_size() > 0) {
         *pipeline.add_placements() = assignment.placements(k);
@@ -1495,7 +1455,7 @@ absl::Status Worker::Impl::RunAssignment(const StageAssignment& assignment,
     group.size = replicas;
     group.key_prefix =
         absl::StrCat(job_id, "/attempt-", assignment.attempt(), "/stage-", s);
-    group.hostname = peer_address_.substr(0, peer_address_.rfind(':'));
+    group.hostname = HostOfAddress(peer_address_);
     group.timeout =
         std::min(options_.stage_timeout, options_.peer_connect_timeout);
     absl::StatusOr<std::unique_ptr<ReplicaGroup>> joined =

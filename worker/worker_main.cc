@@ -19,7 +19,7 @@
 #include "core/file_util.h"
 #include "core/stop_signals.h"
 #include "glog/logging.h"
-#include "security/tls.h"
+#include "security/daemon_flags.h"
 #include "engine/task_loader.h"
 #include "worker/worker_daemon.h"
 
@@ -59,13 +59,6 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "= none.");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "Write the /metrics port here once it listens.");
-ABSL_FLAG(std::string, tls_cert, "",
-          "This worker's certificate (PEM), signed by the cluster CA: its "
-          "client certificate towards the controller and the health port's "
-          "server certificate.");
-ABSL_FLAG(std::string, tls_key, "", "Private key of --tls_cert (PEM).");
-ABSL_FLAG(std::string, tls_ca, "",
-          "The cluster CA (PEM) the controller's certificate must chain to.");
 ABSL_FLAG(std::string, tls_server_name, "",
           "The name to check in the controller's certificate instead of the "
           "host in --controller (e.g. its Service name).");
@@ -73,9 +66,6 @@ ABSL_FLAG(int, shutdown_grace_s, 20,
           "On SIGTERM / SIGINT, how long a running stage may take to finish "
           "its current step before the worker stops it (keep it below the "
           "pod's terminationGracePeriodSeconds).");
-ABSL_FLAG(bool, insecure, false,
-          "Plaintext to the controller and on the health port (the "
-          "controller must run with --insecure too).");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -110,23 +100,18 @@ int main(int argc, char** argv) {
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.shutdown_grace =
       absl::Seconds(std::max(0, absl::GetFlag(FLAGS_shutdown_grace_s)));
-  options.tls.insecure = absl::GetFlag(FLAGS_insecure);
-  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  options.tls.key_file = absl::GetFlag(FLAGS_tls_key);
-  options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
-  options.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
-  if (absl::Status st = trainyard::CheckSecurityFlags(
-          options.tls.insecure,
-          {{"--tls_cert", options.tls.cert_file, true},
-           {"--tls_key", options.tls.key_file, true},
-           {"--tls_ca", options.tls.ca_file, true},
-           {"--tls_server_name", options.tls.server_name, false}},
+  const std::string server_name = absl::GetFlag(FLAGS_tls_server_name);
+  absl::StatusOr<trainyard::TlsOptions> tls =
+      trainyard::DaemonTlsOptionsFromFlags(
+          {{"--tls_server_name", server_name, false}},
           "worker.pem, worker.key and ca.pem from `trainyard certs`");
-      !st.ok()) {
+  if (!tls.ok()) {
     fprintf(stderr, "trainyard-worker: %s\n",
-            std::string(st.message()).c_str());
+            std::string(tls.status().message()).c_str());
     return 2;
   }
+  options.tls = *tls;
+  options.tls.server_name = server_name;
   if (options.tls.insecure) {
     LOG(WARNING) << "--insecure: plaintext to the controller and on the "
                     "health port";

@@ -2,6 +2,7 @@
 // DeviceAllocator object ever exists.
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/no_cuda.h"
 
 namespace trainyard {
 namespace gpu {
@@ -9,18 +10,16 @@ namespace gpu {
 struct DeviceAllocator::State {};
 
 absl::StatusOr<DeviceAllocator*> DeviceAllocator::ForDevice(int device) {
-  return absl::UnimplementedError(
-      absl::StrCat("DeviceAllocator for cuda:", device,
-                   ": Trainyard was built without CUDA"));
+  return NoCuda(absl::StrCat("DeviceAllocator for cuda:", device));
 }
 absl::StatusOr<void*> DeviceAllocator::Allocate(size_t) {
-  return absl::UnimplementedError("built without CUDA");
+  return NoCuda("DeviceAllocator::Allocate");
 }
 absl::Status DeviceAllocator::Free(void*) {
-  return absl::UnimplementedError("built without CUDA");
+  return NoCuda("DeviceAllocator::Free");
 }
 absl::Status DeviceAllocator::EmptyCache() {
-  return absl::UnimplementedError("built without CUDA");
+  return NoCuda("DeviceAllocator::EmptyCache");
 }
 AllocatorStats DeviceAllocator::stats() const { return AllocatorStats(); }
 

@@ -1,15 +1,9 @@
 // device.h without a CUDA toolkit: every call fails cleanly.
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/no_cuda.h"
 
 namespace trainyard {
 namespace gpu {
-namespace {
-absl::Status NoCuda(const char* what) {
-  return absl::UnimplementedError(std::string(what) +
-                                  ": Trainyard was built without CUDA");
-}
-}  // namespace
-
 absl::StatusOr<int> DeviceCount() { return NoCuda("DeviceCount"); }
 absl::Status CheckDevice(int) { return NoCuda("CheckDevice"); }
 absl::Status SetDevice(int) { return NoCuda("SetDevice"); }

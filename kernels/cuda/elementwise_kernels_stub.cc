@@ -1,15 +1,9 @@
 // elementwise_kernels.h without a CUDA toolkit: every launcher fails cleanly.
 #include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/cuda/no_cuda.h"
 
 namespace trainyard {
 namespace gpu {
-namespace {
-absl::Status NoCuda(const char* what) {
-  return absl::UnimplementedError(std::string(what) +
-                                  ": Trainyard was built without CUDA");
-}
-}  // namespace
-
 absl::Status BiasActivationForward(Activation act, DType dtype, int64_t rows,
                                    int64_t cols, const float* bias, void* pre,
                                    void* out, Stream stream) {

@@ -1,6 +1,7 @@
 // gemm_lt.h without a CUDA toolkit: Create fails cleanly.
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/no_cuda.h"
 
 namespace trainyard {
 namespace gpu {
@@ -13,11 +14,10 @@ GemmLt::GemmLt(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GemmLt::~GemmLt() = default;
 int64_t GemmLt::cached_plans() const { return 0; }
 absl::StatusOr<std::unique_ptr<GemmLt>> GemmLt::Create(int device) {
-  return absl::UnimplementedError(absl::StrCat(
-      "GemmLt on cuda:", device, ": Trainyard was built without CUDA"));
+  return NoCuda(absl::StrCat("GemmLt on cuda:", device));
 }
 absl::Status GemmLt::Run(const GemmArgs&, Stream) {
-  return absl::UnimplementedError("GemmLt: built without CUDA");
+  return NoCuda("GemmLt::Run");
 }
 
 }  // namespace gpu

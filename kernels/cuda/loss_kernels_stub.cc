@@ -1,17 +1,9 @@
 // loss_kernels.h without a CUDA toolkit: every launcher fails cleanly.
-#include <string>
-
 #include "kernels/cuda/loss_kernels.h"
+#include "kernels/cuda/no_cuda.h"
 
 namespace trainyard {
 namespace gpu {
-namespace {
-absl::Status NoCuda(const char* what) {
-  return absl::UnimplementedError(std::string(what) +
-                                  ": Trainyard was built without CUDA");
-}
-}  // namespace
-
 size_t MseWorkspaceBytes(int64_t, int64_t) { return 0; }
 size_t ClassifierWorkspaceBytes(int64_t, int64_t) { return 0; }
 

@@ -1,15 +1,9 @@
 // optimizer_kernels.h without a CUDA toolkit: every launcher fails cleanly.
 #include "kernels/cuda/optimizer_kernels.h"
+#include "kernels/cuda/no_cuda.h"
 
 namespace trainyard {
 namespace gpu {
-namespace {
-absl::Status NoCuda(const char* what) {
-  return absl::UnimplementedError(std::string(what) +
-                                  ": Trainyard was built without CUDA");
-}
-}  // namespace
-
 absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
                         const AdamWStep& hp, float* params, const float* grads,
                         float* exp_avg, float* exp_avg_sq, void* params_bf16,

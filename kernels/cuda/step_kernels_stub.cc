@@ -1,17 +1,9 @@
 // step_kernels.h without a CUDA toolkit: every launcher fails cleanly.
-#include <string>
-
 #include "kernels/cuda/step_kernels.h"
+#include "kernels/cuda/no_cuda.h"
 
 namespace trainyard {
 namespace gpu {
-namespace {
-absl::Status NoCuda(const char* what) {
-  return absl::UnimplementedError(std::string(what) +
-                                  ": Trainyard was built without CUDA");
-}
-}  // namespace
-
 absl::Status GatherRows(DType, DType, int64_t, int64_t, const void*,
                         const int64_t*, void*, Stream) {
   return NoCuda("GatherRows");

@@ -1,4 +1,4 @@
-#include "net/ipv4_address.h"
+#include "net/address.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -10,6 +10,15 @@
 
 namespace trainyard {
 
+std::string HostOfAddress(const std::string& address) {
+  if (!address.empty() && address[0] == '[') {
+    const size_t end = address.find(']');
+    return end == std::string::npos ? address : address.substr(1, end - 1);
+  }
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
 absl::StatusOr<sockaddr_in> ResolveIpv4(const std::string& address) {
   const size_t colon = address.rfind(':');
   int port = -1;
@@ -20,7 +29,7 @@ absl::StatusOr<sockaddr_in> ResolveIpv4(const std::string& address) {
         absl::StrCat("address \"", address,
                      "\": expected host:port with port in [0, 65535]"));
   }
-  const std::string host = address.substr(0, colon);
+  const std::string host = HostOfAddress(address);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
