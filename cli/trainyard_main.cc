@@ -642,10 +642,7 @@ int PrintStages(JobClient& client, const trainyard::v1::Job& job) {
       return ReportRpcError("get --stages", client, watched.status());
     }
   }
-  PlanOptions options;
-  options.check_files = false;
-  options.memory_limit_bytes = std::numeric_limits<uint64_t>::max();
-  absl::StatusOr<JobPlan> plan = PlanJob(job.spec(), options);
+  absl::StatusOr<JobPlan> plan = PlanJob(job.spec(), PlanOptions::ShapeOnly());
   const auto& par =
       plan.ok() ? plan->spec.parallelism() : job.spec().parallelism();
   std::cout << absl::StrFormat(

@@ -30,17 +30,13 @@ using v1::JobState;
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
 PlanOptions ControllerPlanOptions(const JobManagerOptions& manager) {
-  PlanOptions options;
-  options.check_files = false;
+  PlanOptions options = PlanOptions::ShapeOnly();
   if (!manager.job_data_dir.empty()) {
     // Relative paths resolve on the workers, against the same folder.
     options.base_dir = manager.job_data_dir;
     options.confine_to = manager.job_data_dir;
     options.confine_flag = "the controller's --job_data_dir";
   }
-  // Workers check memory and devices against their own machines; the
-  // controller only schedules, so neither may reject a spec here.
-  options.memory_limit_bytes = std::numeric_limits<uint64_t>::max();
   return options;
 }
 

@@ -14,6 +14,7 @@
 #define TRAINYARD_PLAN_JOB_PLAN_H_
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +81,16 @@ struct PlanOptions {
   std::string confine_to;
   // How the problem names the folder's origin.
   std::string confine_flag = "this worker's --data_dir";
+
+  // For a process that runs no stage (the controller, a client): the job's
+  // shape only, checking no file and no memory (the workers check those
+  // against their own machines).
+  static PlanOptions ShapeOnly() {
+    PlanOptions options;
+    options.check_files = false;
+    options.memory_limit_bytes = std::numeric_limits<uint64_t>::max();
+    return options;
+  }
 };
 
 // Bytes the job is estimated to need; formulas in docs/SPEC.md ("Memory").
