@@ -1,5 +1,5 @@
 // Pipeline bubbles from measured costs, and the replicas' reduction cost
-// (issue 11's measurements; figures in docs/BENCHMARKS.md):
+// (figures in docs/BENCHMARKS.md):
 //
 //   bazel run //engine:bubble_benchmark
 //

@@ -6,7 +6,7 @@
 //   bazel run //engine:gpu_train_step_benchmark            (on a GPU machine)
 //   bin/gpu_train_step_benchmark                           (in the GPU bundle)
 //
-// Model (issue 7): blocks of h = 8192, ffn = 32768, pre-LayerNorm, GELU
+// Model: blocks of h = 8192, ffn = 32768, pre-LayerNorm, GELU
 // (tanh), bias, residual; 8192 tokens per step; MSE on random data.
 // Model FLOPs per step = 6 * 2 * T * h * ffn per block (the six GEMMs);
 // MFU = that / step time / peak (989 TFLOP/s: H100 SXM dense bf16).

@@ -1,5 +1,8 @@
 """Secure by default, refused properly: a cluster run as `trainyard up` runs
-it (TLS, worker certificates, tokens), attacked the ways issue 9 lists.
+it (TLS, worker certificates, tokens), attacked: missing and wrong tokens,
+another user's job, a plaintext client, workers without the cluster's
+certificate, spec paths leaving the data folder, strangers on the data
+plane.
 Every refusal is checked for its code, its message, and that nothing
 changed."""
 import os

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Service benchmarks (issue 3), against real processes on 127.0.0.1:
+"""Service benchmarks, against real processes on 127.0.0.1:
 
 1. SubmitJob latency (p50/p99) with 1,000 jobs already queued.
 2. Metrics fan-out: 100 concurrent WatchJob watchers on a job running at the
