@@ -37,6 +37,7 @@
 #include "proto/trainyard.pb.h"
 #include "engine/local_job.h"
 #include "engine/test_paths.h"
+#include "worker/stage_transport.h"
 
 namespace trainyard {
 namespace {
