@@ -235,8 +235,9 @@ StageRunOptions AssignmentRunner::RunOptions(const StageAssignment& assignment,
   run.snapshot_every = plan.spec.recovery().snapshot_every();
   run.may_commit = [outbox = parts_.outbox] { return outbox->live(); };
   run.on_snapshot = [this, job_id, s](StageSnapshot snap) {
-    if (parts_.metrics != nullptr)
+    if (parts_.metrics != nullptr) {
       parts_.metrics->SnapshotKept(snap.stage == s);
+    }
     KeepSnapshot(job_id, std::move(snap));
   };
   if (parts_.metrics != nullptr) {

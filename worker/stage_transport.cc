@@ -156,7 +156,8 @@ absl::StatusOr<std::unique_ptr<Transport>> StageTransports::CreateNccl(
   // Creation is the NCCL form of connecting to the peers: bounded like a
   // TCP connect (and never longer than a stage's wait for a neighbour), so
   // an aborted job whose creation cannot be interrupted (NCCL's own join)
-  // still ends within the time OnAssign gives it.
+  // still ends within the time the worker waits for it before refusing the
+  // next assignment (worker_daemon.cc's AbortedJobWait).
   nccl.init_timeout =
       std::min(options_.stage_timeout, options_.peer_connect_timeout);
   nccl.payload_timeout = options_.stage_timeout;

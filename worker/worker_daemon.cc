@@ -38,7 +38,7 @@ namespace {
 using ::trainyard::v1::CancelStage;
 using ::trainyard::v1::StageAssignment;
 
-// How long OnAssign waits for an aborted job to finish before refusing the
+// How long StartJob waits for an aborted job to finish before refusing the
 // next assignment: at least 15 s, and longer than a peer connect can take.
 absl::Duration AbortedJobWait(absl::Duration peer_connect_timeout) {
   return std::max(absl::Seconds(15), peer_connect_timeout + absl::Seconds(5));
