@@ -1,18 +1,21 @@
 #include "engine/local_job.h"
 
-#include <algorithm>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "transport/in_process_transport.h"
 #include "core/status_macros.h"
-#include "kernels/blas.h"
 #include "engine/replica_group.h"
+#include "engine/shared_device_replicas.h"
 #include "engine/stage_runner.h"
+#include "engine/stage_wiring.h"
+#include "kernels/blas.h"
+#include "transport/in_process_transport.h"
 
 namespace trainyard {
 namespace {
@@ -59,6 +62,180 @@ std::string MetricsJson(
   return out;
 }
 
+// The stages of one job as threads of this process: R replicas
+// (parallelism.replicas) of the S-stage pipeline, each replica's stages
+// connected by its own in-process transport; the copies of stage s sum
+// their gradients through a replica group (Gloo over loopback, rendezvous
+// in this process) and, on a device, through shared device replicas.
+class LocalGang {
+ public:
+  LocalGang(const JobPlan& plan, const LocalJobOptions& options)
+      : plan_(plan), options_(options), gang_(plan.gang()) {
+    for (int r = 0; r < gang_.replicas; ++r) {
+      hubs_.push_back(std::make_unique<InProcessHub>(gang_.stages));
+    }
+    groups_.resize(gang_.size());
+    // Replicas on one device sum their gradients there, not through the
+    // host.
+    if (gang_.replicas > 1 && !options.device.is_cpu()) {
+      for (int s = 0; s < gang_.stages; ++s) {
+        device_replicas_.push_back(
+            std::make_unique<SharedDeviceReplicas>(gang_.replicas));
+      }
+    }
+  }
+
+  // Every stage joins the group of its copies, all at once (each join
+  // waits for the others). The first error, if any.
+  absl::Status JoinReplicaGroups();
+  // Builds every stage, each with its own context on the one device (so
+  // that each counts its own copies; they share the device's stream and
+  // memory), and initialises or restores it.
+  absl::Status StartStages(Precision precision);
+  // Runs every stage on its own thread, the first on this one; returns the
+  // first error (the root cause, not the aborts it caused).
+  absl::Status Run();
+
+ private:
+  Transport* TransportOf(int r, int s) { return hubs_[r]->rank(s); }
+  StageRunOptions RunOptions(int r, int s, bool last);
+  void RunOne(int r, int s);
+  // Keeps `st` as the job's error if it is the first (or the first that
+  // is not an abort) and stops every replica's stage s: their group calls
+  // would otherwise wait out their timeout.
+  void Fail(int r, int s, const absl::Status& st);
+
+  const JobPlan& plan_;
+  const LocalJobOptions& options_;
+  const Gang gang_;
+  std::vector<std::unique_ptr<InProcessHub>> hubs_;
+  InProcessRendezvous rendezvous_;
+  std::vector<std::unique_ptr<ReplicaGroup>> groups_;  // by gang rank
+  std::vector<std::unique_ptr<SharedDeviceReplicas>> device_replicas_;
+  std::vector<std::unique_ptr<ExecContext>> contexts_;  // outlive the stages
+  std::vector<std::unique_ptr<Stage>> stages_;          // by gang rank
+  absl::Mutex mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status LocalGang::JoinReplicaGroups() {
+  if (gang_.replicas <= 1) return absl::OkStatus();
+  absl::Mutex join_mu;
+  absl::Status join_error;
+  std::vector<std::thread> joiners;
+  for (int rank = 0; rank < gang_.size(); ++rank) {
+    joiners.emplace_back([&, rank] {
+      absl::StatusOr<std::unique_ptr<ReplicaGroup>> g =
+          JoinStageReplicas(&rendezvous_, gang_, rank, "local",
+                            ReplicaGroupOptions().hostname, options_.timeout);
+      absl::MutexLock lock(&join_mu);
+      if (g.ok()) {
+        groups_[rank] = *std::move(g);
+      } else if (join_error.ok()) {
+        join_error = g.status();
+      }
+    });
+  }
+  for (auto& t : joiners) t.join();
+  return join_error;
+}
+
+absl::Status LocalGang::StartStages(Precision precision) {
+  StageOptions base;
+  base.plugin_dir = options_.plugin_dir;
+  base.timeout = options_.timeout;
+  base.host_loss = options_.host_loss;
+  base.device_data_bytes = options_.device_data_bytes;
+  int64_t resume_step = 0;
+  for (int rank = 0; rank < gang_.size(); ++rank) {
+    const int r = gang_.ReplicaOf(rank);
+    const int s = gang_.StageOf(rank);
+    ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec,
+                     ExecContext::Create(options_.device, precision));
+    StageOptions stage_options =
+        GangStageOptions(base, gang_, rank, exec.get(), groups_[rank].get());
+    contexts_.push_back(std::move(exec));
+    stage_options.device_replicas =
+        device_replicas_.empty() ? nullptr : device_replicas_[s].get();
+    ASSIGN_OR_RETURN(StartedStage started,
+                     StartStage(plan_, s, TransportOf(r, s), stage_options));
+    resume_step = started.resume_step;
+    if (options_.on_log && r == 0) {
+      for (const std::string& line : started.set_aside) {
+        options_.on_log("checkpoint set aside: " + line);
+      }
+    }
+    stages_.push_back(std::move(started.stage));
+  }
+  if (resume_step > 0 && options_.on_log) {
+    options_.on_log(absl::StrCat("resumed from ", plan_.spec.checkpoint().dir(),
+                                 " at step ", resume_step));
+  }
+  return absl::OkStatus();
+}
+
+StageRunOptions LocalGang::RunOptions(int r, int s, bool last) {
+  StageRunOptions run =
+      GangRunOptions(gang_, gang_.RankOf(r, s), options_.timeout);
+  run.stop_after_step = options_.stop_after_step;
+  // Replicas hold the same state and losses: the first reports and
+  // writes checkpoints.
+  if (last && r == 0) {
+    run.on_step = options_.on_step;
+    run.on_eval = options_.on_eval;
+  }
+  if (options_.on_stage_step) {
+    run.on_step = [this, r, s, own = run.on_step](const StepReport& report,
+                                                  double seconds) {
+      if (own) own(report, seconds);
+      options_.on_stage_step(r, s, report, seconds);
+    };
+  }
+  if (run.write_checkpoints) run.on_checkpoint = options_.on_checkpoint;
+  return run;
+}
+
+void LocalGang::RunOne(int r, int s) {
+  Stage& stage = *stages_[gang_.RankOf(r, s)];
+  absl::Status st = RunStage(stage, TransportOf(r, s), plan_,
+                             RunOptions(r, s, stage.is_last()));
+  if (st.ok() && options_.on_final_params && r == 0) {
+    absl::StatusOr<NamedTensors> params = stage.NamedParametersOnHost();
+    st = params.status();
+    if (st.ok()) options_.on_final_params(s, *params);
+  }
+  if (!st.ok()) Fail(r, s, st);
+}
+
+void LocalGang::Fail(int r, int s, const absl::Status& st) {
+  absl::MutexLock lock(&mu_);
+  if (first_error_.ok() ||
+      (absl::IsAborted(first_error_) && !absl::IsAborted(st))) {
+    first_error_ = st;
+  }
+  const absl::Status failure =
+      StageFailure(gang_, gang_.RankOf(r, s), st,
+                   /*name_replica=*/gang_.replicas > 1);
+  for (int q = 0; q < gang_.replicas; ++q) TransportOf(q, s)->Abort(failure);
+  for (auto& group : device_replicas_) {
+    group->Abort(std::string(failure.message()));
+  }
+}
+
+absl::Status LocalGang::Run() {
+  std::vector<std::thread> threads;
+  for (int rank = 1; rank < gang_.size(); ++rank) {
+    threads.emplace_back(
+        [this, rank] { RunOne(gang_.ReplicaOf(rank), gang_.StageOf(rank)); });
+  }
+  RunOne(0, 0);
+  for (auto& t : threads) t.join();
+  stages_.clear();
+  HostAllocator()->EmptyCache();
+  absl::MutexLock lock(&mu_);
+  return first_error_;
+}
+
 }  // namespace
 
 std::string StepJson(const StepReport& r, double step_seconds) {
@@ -76,7 +253,6 @@ std::string EvalJson(int64_t step, const EvalReport& r) {
 }
 
 absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
-  const int S = plan.num_stages();
   if (options.threads > 0) SetBlasThreads(options.threads);
   if (plan.spec.device() != options.device.KindName()) {
     return absl::InvalidArgumentError(
@@ -85,142 +261,10 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   }
   ASSIGN_OR_RETURN(const Precision precision,
                    PrecisionFromName(plan.spec.precision()));
-  // R replicas of the S-stage pipeline (parallelism.replicas): each its own
-  // in-process transport; the copies of stage s sum their gradients through
-  // a replica group (Gloo over loopback, rendezvous in this process).
-  const int R = std::max(1, plan.spec.parallelism().replicas());
-  std::vector<std::unique_ptr<InProcessHub>> hubs;
-  for (int r = 0; r < R; ++r) hubs.push_back(std::make_unique<InProcessHub>(S));
-  InProcessRendezvous rendezvous;
-  std::vector<std::vector<std::unique_ptr<ReplicaGroup>>> groups(R);
-  for (auto& g : groups) g.resize(S);
-  if (R > 1) {
-    absl::Mutex join_mu;
-    absl::Status join_error;
-    std::vector<std::thread> joiners;
-    for (int r = 0; r < R; ++r) {
-      for (int s = 0; s < S; ++s) {
-        joiners.emplace_back([&, r, s] {
-          ReplicaGroupOptions o;
-          o.rank = r;
-          o.size = R;
-          o.key_prefix = absl::StrCat("local/stage-", s);
-          o.timeout = options.timeout;
-          absl::StatusOr<std::unique_ptr<ReplicaGroup>> g =
-              ReplicaGroup::Join(&rendezvous, o);
-          absl::MutexLock lock(&join_mu);
-          if (g.ok()) {
-            groups[r][s] = *std::move(g);
-          } else if (join_error.ok()) {
-            join_error = g.status();
-          }
-        });
-      }
-    }
-    for (auto& t : joiners) t.join();
-    if (!join_error.ok()) return join_error;
-  }
-  // Replicas on one device sum their gradients there, not through the host.
-  std::vector<std::unique_ptr<SharedDeviceReplicas>> device_replicas;
-  if (R > 1 && !options.device.is_cpu()) {
-    for (int s = 0; s < S; ++s) {
-      device_replicas.push_back(std::make_unique<SharedDeviceReplicas>(R));
-    }
-  }
-  StageOptions stage_options;
-  stage_options.plugin_dir = options.plugin_dir;
-  stage_options.timeout = options.timeout;
-  stage_options.host_loss = options.host_loss;
-  stage_options.device_data_bytes = options.device_data_bytes;
-  // stages[plan.gang().RankOf(r, s)], each with its own context on the one device (so that
-  // each counts its own copies; they share the device's stream and memory).
-  std::vector<std::unique_ptr<ExecContext>> contexts;  // outlive the stages
-  std::vector<std::unique_ptr<Stage>> stages;
-  int64_t resume_step = 0;
-  for (int r = 0; r < R; ++r) {
-    for (int s = 0; s < S; ++s) {
-      ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec,
-                       ExecContext::Create(options.device, precision));
-      stage_options.exec = exec.get();
-      contexts.push_back(std::move(exec));
-      stage_options.replica = r;
-      stage_options.replica_group = groups[r][s].get();
-      stage_options.device_replicas =
-          device_replicas.empty() ? nullptr : device_replicas[s].get();
-      ASSIGN_OR_RETURN(StartedStage started,
-                       StartStage(plan, s, hubs[r]->rank(s), stage_options));
-      resume_step = started.resume_step;
-      if (options.on_log && r == 0) {
-        for (const std::string& line : started.set_aside) {
-          options.on_log("checkpoint set aside: " + line);
-        }
-      }
-      stages.push_back(std::move(started.stage));
-    }
-  }
-  if (resume_step > 0 && options.on_log) {
-    options.on_log(absl::StrCat("resumed from ", plan.spec.checkpoint().dir(),
-                                " at step ", resume_step));
-  }
-
-  absl::Mutex mu;
-  absl::Status first_error;  // the root cause, not the aborts it caused
-  auto run_stage = [&](int r, int s) {
-    Stage& stage = *stages[plan.gang().RankOf(r, s)];
-    StageRunOptions run;
-    run.stop_after_step = options.stop_after_step;
-    run.timeout = options.timeout;
-    // Replicas hold the same state and losses: the first reports and
-    // writes checkpoints.
-    if (stage.is_last() && r == 0) {
-      run.on_step = options.on_step;
-      run.on_eval = options.on_eval;
-    }
-    if (options.on_stage_step) {
-      run.on_step = [&options, r, s, own = run.on_step](
-                        const StepReport& report, double seconds) {
-        if (own) own(report, seconds);
-        options.on_stage_step(r, s, report, seconds);
-      };
-    }
-    run.write_checkpoints = r == 0;
-    if (r == 0) run.on_checkpoint = options.on_checkpoint;
-    absl::Status st = RunStage(stage, hubs[r]->rank(s), plan, run);
-    if (st.ok() && options.on_final_params && r == 0) {
-      absl::StatusOr<NamedTensors> params = stage.NamedParametersOnHost();
-      st = params.status();
-      if (st.ok()) options.on_final_params(s, *params);
-    }
-    if (st.ok()) return;
-    absl::MutexLock lock(&mu);
-    if (first_error.ok() ||
-        (absl::IsAborted(first_error) && !absl::IsAborted(st))) {
-      first_error = st;
-    }
-    // A replica's failure stops every replica: their group calls would
-    // otherwise wait out their timeout.
-    const std::string why =
-        absl::StrCat(R > 1 ? absl::StrCat("replica ", r, " ") : "", "stage ", s,
-                     " failed: ", st.message());
-    for (int q = 0; q < R; ++q) {
-      hubs[q]->rank(s)->Abort(absl::Status(st.code(), why));
-    }
-    for (auto& group : device_replicas) group->Abort(why);
-  };
-
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r) {
-    for (int s = 0; s < S; ++s) {
-      if (r == 0 && s == 0) continue;
-      threads.emplace_back(run_stage, r, s);
-    }
-  }
-  run_stage(0, 0);
-  for (auto& t : threads) t.join();
-  stages.clear();
-  HostAllocator()->EmptyCache();
-  absl::MutexLock lock(&mu);
-  return first_error;
+  LocalGang gang(plan, options);
+  RETURN_IF_ERROR(gang.JoinReplicaGroups());
+  RETURN_IF_ERROR(gang.StartStages(precision));
+  return gang.Run();
 }
 
 }  // namespace trainyard

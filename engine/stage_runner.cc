@@ -1,9 +1,12 @@
 #include "engine/stage_runner.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -12,11 +15,11 @@
 #include "core/npy.h"
 #include "core/safetensors.h"
 #include "core/status_macros.h"
-#include "glog/logging.h"
-#include "google/protobuf/util/json_util.h"
 #include "engine/checkpoint_store.h"
 #include "engine/checkpoint_writer.h"
 #include "engine/dataset.h"
+#include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace trainyard {
 namespace {
@@ -243,107 +246,220 @@ absl::StatusOr<StartedStage> StartStage(const JobPlan& plan, int index,
   return out;
 }
 
+namespace {
+
+// A stage's asynchronous checkpoints. When one is due after step N, the
+// stage copies its state (CheckpointContents) and the writer thread writes
+// the file while training goes on. Each later step's all-reduce counts the
+// stages whose file is on disk; once all S are, the first stage's writer
+// commits the manifest (and prunes), also in the background. Every
+// decision here depends only on step numbers and that reduced count, so
+// all stages take the same branches and call the all-reduce equally often.
+// A checkpoint still pending when the next one is due, or at the run's
+// end, is finished at once: wait for the file, a barrier, the commit. A
+// failure before the commit loses that checkpoint (a resume takes the one
+// before): the writer finishes its file writes before the stage returns
+// but drops a queued commit (see `abandoned_`).
+class AsyncCheckpoints {
+ public:
+  AsyncCheckpoints(Stage& stage, Transport* transport, const JobPlan& plan,
+                   const StageRunOptions& options)
+      : stage_(stage),
+        transport_(transport),
+        plan_(plan),
+        options_(options),
+        dir_(plan.spec.checkpoint().dir()) {}
+  // Unless Finish succeeded, a queued commit is dropped; then the writer
+  // finishes what is queued.
+  ~AsyncCheckpoints() {
+    if (!succeeded_) abandoned_.store(true);
+  }
+
+  // Before a step: the writer's first error, if any; tells the stage
+  // whether the pending checkpoint's file is on disk (for the step's
+  // all-reduce count).
+  absl::Status BeforeStep() {
+    RETURN_IF_ERROR(writer_.status());
+    stage_.set_checkpoint_file_written(pending_step_ > 0 &&
+                                       writer_.Succeeded(pending_task_));
+    return absl::OkStatus();
+  }
+  // After a step: when every stage's file of the pending checkpoint is on
+  // disk, it is committed.
+  absl::Status AfterStep(const StepReport& report) {
+    if (pending_step_ > 0 &&
+        report.checkpoint_files_written == plan_.num_stages()) {
+      return AllWritten();
+    }
+    return absl::OkStatus();
+  }
+  // Starts the checkpoint after `step` when one is due (finishing the
+  // pending one first, and this one at once when `step` is the last).
+  absl::Status MaybeSave(int64_t step, int64_t stop);
+  // At the run's end: finishes the pending checkpoint and every queued
+  // write.
+  absl::Status Finish() {
+    if (pending_step_ > 0) RETURN_IF_ERROR(FinishNow());
+    RETURN_IF_ERROR(writer_.Drain());
+    succeeded_ = true;
+    return absl::OkStatus();
+  }
+
+ private:
+  // Commits (and prunes) the checkpoint after `step`, on the writer's
+  // thread.
+  absl::Status Commit(int64_t step);
+  // Every stage's file of the pending checkpoint is on disk: the first
+  // stage's writer commits it next, and the task hears of it now.
+  absl::Status AllWritten();
+  absl::Status FinishNow();
+
+  Stage& stage_;
+  Transport* const transport_;
+  const JobPlan& plan_;
+  const StageRunOptions& options_;
+  const std::string dir_;
+  int64_t pending_step_ = 0;  // 0: none
+  int64_t pending_task_ = 0;  // the writer's sequence number of its file
+  bool succeeded_ = false;
+  // Set when the stage leaves with an error: a queued commit (and prune) is
+  // then dropped, so a failed or cancelled job never changes the checkpoint
+  // folder after it returned (a resubmitted job may be reading it).
+  std::atomic<bool> abandoned_{false};
+  // Declared after what its tasks use: its destructor, which finishes the
+  // queued tasks, runs first.
+  CheckpointWriter writer_;
+};
+
+absl::Status AsyncCheckpoints::Commit(int64_t step) {
+  if (abandoned_.load()) return absl::OkStatus();
+  if (options_.may_commit && !options_.may_commit()) {
+    LOG(WARNING) << "stage " << stage_.index() << ": checkpoint after step "
+                 << step << " left uncommitted (no controller)";
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(CommitCheckpoint(dir_, step, plan_.num_stages(),
+                                   PlanMetadataJson(plan_, step)));
+  RETURN_IF_ERROR(PruneCheckpoints(dir_, plan_.spec.checkpoint().keep_last()));
+  if (options_.on_checkpoint) options_.on_checkpoint(step, dir_);
+  return absl::OkStatus();
+}
+
+absl::Status AsyncCheckpoints::AllWritten() {
+  const int64_t step = pending_step_;
+  if (stage_.is_first()) {
+    writer_.Submit([this, step] { return Commit(step); });
+  }
+  pending_step_ = 0;
+  return stage_.NotifyTask(TRAINYARD_EVENT_CHECKPOINT_SAVED, dir_, step);
+}
+
+absl::Status AsyncCheckpoints::FinishNow() {
+  RETURN_IF_ERROR(writer_.WaitFor(pending_task_));
+  if (plan_.num_stages() > 1) {
+    std::vector<double> done = {1.0};
+    RETURN_IF_ERROR(transport_->AllReduceSum(&done, options_.timeout));
+  }
+  return AllWritten();
+}
+
+absl::Status AsyncCheckpoints::MaybeSave(int64_t step, int64_t stop) {
+  const auto& ckpt = plan_.spec.checkpoint();
+  if (!options_.write_checkpoints || dir_.empty() ||
+      !CheckpointDue(step, ckpt.every(), plan_.spec.steps())) {
+    return absl::OkStatus();
+  }
+  if (pending_step_ > 0) RETURN_IF_ERROR(FinishNow());
+  ASSIGN_OR_RETURN(SafetensorsFile contents, stage_.CheckpointContents());
+  pending_step_ = step;
+  pending_task_ =
+      writer_.Submit([dir = dir_, step, k = stage_.index(), &options = options_,
+                      file = std::move(contents)]() -> absl::Status {
+        const absl::Time start = absl::Now();
+        RETURN_IF_ERROR(WriteStageFile(dir, step, k, file).status());
+        if (options.on_checkpoint_file) {
+          options.on_checkpoint_file(
+              absl::ToDoubleSeconds(absl::Now() - start));
+        }
+        return absl::OkStatus();
+      });
+  if (step == stop) RETURN_IF_ERROR(FinishNow());
+  return absl::OkStatus();
+}
+
+// Takes in the neighbours' snapshots with the next step's messages.
+void SetSnapshotSink(Stage& stage, int num_stages,
+                     const StageRunOptions& options) {
+  stage.set_snapshot_sink([&options, S = num_stages, k = stage.index()](
+                              int peer, Message m) -> absl::Status {
+    if (SnapshotBuddy(peer, S) != k) {
+      return absl::DataLossError(absl::StrCat(
+          "stage ", k, " got a snapshot from rank ", peer,
+          ", which keeps its copies on stage ", SnapshotBuddy(peer, S)));
+    }
+    ASSIGN_OR_RETURN(StageSnapshot snap,
+                     SnapshotFromMessage(std::move(m), peer, peer, -1));
+    if (options.on_snapshot) options.on_snapshot(std::move(snap));
+    return absl::OkStatus();
+  });
+}
+
+// Every stage chose its resume point on its own (ResumeStep): makes sure
+// they agree before the first step.
+absl::Status CheckResumedTogether(Stage& stage, Transport* transport,
+                                  int num_stages, absl::Duration timeout) {
+  if (num_stages <= 1) return absl::OkStatus();
+  std::vector<double> resumed = {static_cast<double>(stage.completed_steps())};
+  RETURN_IF_ERROR(transport->AllReduceSum(&resumed, timeout));
+  if (resumed[0] != static_cast<double>(num_stages) * stage.completed_steps()) {
+    // Aborted, not FailedPrecondition: a restart settles it.
+    return absl::AbortedError(absl::StrCat(
+        "stage ", stage.index(), " resumed after step ",
+        stage.completed_steps(),
+        " but the stages did not all resume from the same checkpoint (a "
+        "checkpoint was set aside while they started?)"));
+  }
+  return absl::OkStatus();
+}
+
+// After step `step`'s report went out: the snapshot, then the eval, when
+// due. The snapshot goes first so that its swap is the next message between
+// neighbours on every rank. Like the eval's, its time is not part of the
+// step's (docs/BENCHMARKS.md measures it).
+absl::Status SnapshotAndEval(Stage& stage, Transport* transport,
+                             const JobPlan& plan,
+                             const StageRunOptions& options, int64_t step,
+                             int64_t stop, int64_t eval_rows) {
+  if (options.snapshot_every > 0 && step % options.snapshot_every == 0 &&
+      step < stop) {
+    RETURN_IF_ERROR(
+        TakeSnapshot(stage, transport, plan.num_stages(), step, options));
+  }
+  if (eval_rows > 0 &&
+      Due(step, plan.spec.data().eval_every(), plan.spec.steps())) {
+    ASSIGN_OR_RETURN(EvalReport eval, stage.RunEval());
+    if (options.on_eval) options.on_eval(step, eval);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
                       const StageRunOptions& options) {
   RETURN_IF_ERROR(stage.exec().Activate());
-  const auto& spec = plan.spec;
-  const auto& ckpt = spec.checkpoint();
-  const int S = plan.num_stages();
-  const int64_t last_step = spec.steps();
+  const int64_t last_step = plan.spec.steps();
   const int64_t stop = options.stop_after_step > 0
                            ? std::min(options.stop_after_step, last_step)
                            : last_step;
   ASSIGN_OR_RETURN(const int64_t eval_rows, EvalRows(plan));
-
-  // Asynchronous checkpoints. When one is due after step N, the stage copies
-  // its state (CheckpointContents) and its writer thread writes the file
-  // while training goes on. Each later step's all-reduce counts the stages
-  // whose file is on disk; once all S are, the first stage's writer commits
-  // the manifest (and prunes), also in the background. Every decision here
-  // depends only on step numbers and that reduced count, so all stages take
-  // the same branches and call the all-reduce equally often. A checkpoint
-  // still pending when the next one is due, or at the run's end, is finished
-  // at once: wait for the file, a barrier, the commit. A failure before the
-  // commit loses that checkpoint (a resume takes the one before): the writer
-  // finishes its file writes before the stage returns but drops a queued
-  // commit (see `abandoned`).
-  int64_t pending_step = 0;  // 0: none
-  int64_t pending_task = 0;  // the writer's sequence number of its file
-  // Set when the stage leaves with an error: a queued commit (and prune) is
-  // then dropped, so a failed or cancelled job never changes the checkpoint
-  // folder after it returned (a resubmitted job may be reading it).
-  std::atomic<bool> abandoned{false};
-  auto commit = [&, dir = ckpt.dir()](int64_t step) -> absl::Status {
-    if (abandoned.load()) return absl::OkStatus();
-    if (options.may_commit && !options.may_commit()) {
-      LOG(WARNING) << "stage " << stage.index() << ": checkpoint after step "
-                   << step << " left uncommitted (no controller)";
-      return absl::OkStatus();
-    }
-    RETURN_IF_ERROR(
-        CommitCheckpoint(dir, step, S, PlanMetadataJson(plan, step)));
-    RETURN_IF_ERROR(PruneCheckpoints(dir, ckpt.keep_last()));
-    if (options.on_checkpoint) options.on_checkpoint(step, dir);
-    return absl::OkStatus();
-  };
-  // Declared after what its tasks use: its destructor, which finishes the
-  // queued tasks, runs first.
-  CheckpointWriter writer;
-  bool succeeded = false;
-  absl::Cleanup drop_commits = [&] {
-    if (!succeeded) abandoned.store(true);
-  };
-  // Every stage's file of the pending checkpoint is on disk: the first
-  // stage's writer commits it next, and the task hears of it now.
-  auto all_written = [&]() -> absl::Status {
-    const int64_t step = pending_step;
-    if (stage.is_first()) {
-      writer.Submit([&commit, step] { return commit(step); });
-    }
-    pending_step = 0;
-    return stage.NotifyTask(TRAINYARD_EVENT_CHECKPOINT_SAVED, ckpt.dir(), step);
-  };
-  auto finish_now = [&]() -> absl::Status {
-    RETURN_IF_ERROR(writer.WaitFor(pending_task));
-    if (S > 1) {
-      std::vector<double> done = {1.0};
-      RETURN_IF_ERROR(transport->AllReduceSum(&done, options.timeout));
-    }
-    return all_written();
-  };
-
+  AsyncCheckpoints checkpoints(stage, transport, plan, options);
   if (options.snapshot_every > 0) {
-    // Neighbours' snapshots, taken in with the next step's messages.
-    stage.set_snapshot_sink(
-        [&options, S, k = stage.index()](int peer, Message m) -> absl::Status {
-          if (SnapshotBuddy(peer, S) != k) {
-            return absl::DataLossError(absl::StrCat(
-                "stage ", k, " got a snapshot from rank ", peer,
-                ", which keeps its copies on stage ", SnapshotBuddy(peer, S)));
-          }
-          ASSIGN_OR_RETURN(StageSnapshot snap,
-                           SnapshotFromMessage(std::move(m), peer, peer, -1));
-          if (options.on_snapshot) options.on_snapshot(std::move(snap));
-          return absl::OkStatus();
-        });
+    SetSnapshotSink(stage, plan.num_stages(), options);
   }
   absl::Cleanup no_sink = [&stage] { stage.set_snapshot_sink(nullptr); };
-
-  // Every stage chose its resume point on its own (ResumeStep): make sure
-  // they agree before the first step.
-  if (S > 1) {
-    std::vector<double> resumed = {
-        static_cast<double>(stage.completed_steps())};
-    RETURN_IF_ERROR(transport->AllReduceSum(&resumed, options.timeout));
-    if (resumed[0] != static_cast<double>(S) * stage.completed_steps()) {
-      // Aborted, not FailedPrecondition: a restart settles it.
-      return absl::AbortedError(absl::StrCat(
-          "stage ", stage.index(), " resumed after step ",
-          stage.completed_steps(),
-          " but the stages did not all resume from the same checkpoint (a "
-          "checkpoint was set aside while they started?)"));
-    }
-  }
+  RETURN_IF_ERROR(CheckResumedTogether(stage, transport, plan.num_stages(),
+                                       options.timeout));
   absl::Time step_start = absl::Now();
   while (stage.completed_steps() < stop) {
     if (options.cancel != nullptr && options.cancel->load()) {
@@ -351,51 +467,18 @@ absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
                                                " cancelled after step ",
                                                stage.completed_steps()));
     }
-    RETURN_IF_ERROR(writer.status());
-    stage.set_checkpoint_file_written(pending_step > 0 &&
-                                      writer.Succeeded(pending_task));
+    RETURN_IF_ERROR(checkpoints.BeforeStep());
     ASSIGN_OR_RETURN(StepReport report, stage.RunStep());
-    const int64_t step = report.step;
-    if (pending_step > 0 && report.checkpoint_files_written == S) {
-      RETURN_IF_ERROR(all_written());
-    }
+    RETURN_IF_ERROR(checkpoints.AfterStep(report));
     if (options.on_step) {
       options.on_step(report, absl::ToDoubleSeconds(absl::Now() - step_start));
     }
-    // Taken before the eval and the checkpoint so that the snapshot swap is
-    // the next message between neighbours on every rank. Like theirs, its
-    // time is not part of the step's (docs/BENCHMARKS.md measures it).
-    if (options.snapshot_every > 0 && step % options.snapshot_every == 0 &&
-        step < stop) {
-      RETURN_IF_ERROR(TakeSnapshot(stage, transport, S, step, options));
-    }
-    if (eval_rows > 0 && Due(step, spec.data().eval_every(), last_step)) {
-      ASSIGN_OR_RETURN(EvalReport eval, stage.RunEval());
-      if (options.on_eval) options.on_eval(step, eval);
-    }
-    if (options.write_checkpoints && !ckpt.dir().empty() &&
-        CheckpointDue(step, ckpt.every(), last_step)) {
-      if (pending_step > 0) RETURN_IF_ERROR(finish_now());
-      ASSIGN_OR_RETURN(SafetensorsFile contents, stage.CheckpointContents());
-      pending_step = step;
-      pending_task =
-          writer.Submit([dir = ckpt.dir(), step, k = stage.index(), &options,
-                         file = std::move(contents)]() -> absl::Status {
-            const absl::Time start = absl::Now();
-            RETURN_IF_ERROR(WriteStageFile(dir, step, k, file).status());
-            if (options.on_checkpoint_file) {
-              options.on_checkpoint_file(
-                  absl::ToDoubleSeconds(absl::Now() - start));
-            }
-            return absl::OkStatus();
-          });
-      if (step == stop) RETURN_IF_ERROR(finish_now());
-    }
+    RETURN_IF_ERROR(SnapshotAndEval(stage, transport, plan, options,
+                                    report.step, stop, eval_rows));
+    RETURN_IF_ERROR(checkpoints.MaybeSave(report.step, stop));
     step_start = absl::Now();
   }
-  if (pending_step > 0) RETURN_IF_ERROR(finish_now());
-  RETURN_IF_ERROR(writer.Drain());
-  succeeded = true;
+  RETURN_IF_ERROR(checkpoints.Finish());
   RETURN_IF_ERROR(stage.NotifyTask(
       TRAINYARD_EVENT_JOB_END, stop == last_step ? "completed" : "stopped"));
   return stage.Finalize();

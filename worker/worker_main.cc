@@ -18,9 +18,9 @@
 #include "absl/synchronization/notification.h"
 #include "core/file_util.h"
 #include "core/stop_signals.h"
+#include "engine/task_loader.h"
 #include "glog/logging.h"
 #include "security/daemon_flags.h"
-#include "engine/task_loader.h"
 #include "worker/worker_daemon.h"
 
 ABSL_FLAG(std::string, controller, "",
@@ -67,17 +67,11 @@ ABSL_FLAG(int, shutdown_grace_s, 20,
           "its current step before the worker stops it (keep it below the "
           "pod's terminationGracePeriodSeconds).");
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "trainyard-worker --controller=HOST:PORT [--listen=HOST:PORT] "
-      "[--plugin_dir=DIR] [--data_dir=DIR] [--threads=N]");
-  absl::ParseCommandLine(argc, argv);
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
+namespace {
 
-  // Before any thread starts, so only the waiter below sees them.
-  const sigset_t signals = trainyard::BlockStopSignals();
-
+// The worker's options from the flags, checked. Errors name the flag (exit
+// status 2).
+absl::StatusOr<trainyard::WorkerOptions> OptionsFromFlags() {
   trainyard::WorkerOptions options;
   options.controller = absl::GetFlag(FLAGS_controller);
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -105,20 +99,58 @@ int main(int argc, char** argv) {
       trainyard::DaemonTlsOptionsFromFlags(
           {{"--tls_server_name", server_name, false}},
           "worker.pem, worker.key and ca.pem from `trainyard certs`");
-  if (!tls.ok()) {
-    fprintf(stderr, "trainyard-worker: %s\n",
-            std::string(tls.status().message()).c_str());
-    return 2;
-  }
+  if (!tls.ok()) return tls.status();
   options.tls = *tls;
   options.tls.server_name = server_name;
   if (options.tls.insecure) {
     LOG(WARNING) << "--insecure: plaintext to the controller and on the "
                     "health port";
   }
+  return trainyard::ValidateWorkerOptions(options);
+}
 
-  absl::StatusOr<trainyard::WorkerOptions> valid =
-      trainyard::ValidateWorkerOptions(options);
+// Notifies `stop` at the first SIGTERM or SIGINT (`signals`, blocked in
+// every thread), from a thread that lives until the process exits.
+void StartSignalWaiter(sigset_t signals, absl::Notification* stop) {
+  std::thread waiter([signals, stop] {
+    const int sig = trainyard::WaitForStopSignal(signals);
+    LOG(INFO) << "trainyard-worker: signal " << sig << ": shutting down";
+    stop->Notify();
+  });
+  waiter.detach();
+}
+
+// Writes the ports of `worker`'s servers to --metrics_port_file and
+// --port_file (those set), stopping at the first that fails.
+absl::Status WritePortFiles(const trainyard::Worker& worker) {
+  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  if (!metrics_port_file.empty()) {
+    absl::Status status = trainyard::WriteFileAtomically(
+        metrics_port_file, absl::StrCat(worker.metrics_port(), "\n"));
+    if (!status.ok()) return status;
+  }
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    return trainyard::WriteFileAtomically(
+        port_file, absl::StrCat(worker.health_port(), "\n"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "trainyard-worker --controller=HOST:PORT [--listen=HOST:PORT] "
+      "[--plugin_dir=DIR] [--data_dir=DIR] [--threads=N]");
+  absl::ParseCommandLine(argc, argv);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+
+  // Before any thread starts, so only the waiter below sees them.
+  const sigset_t signals = trainyard::BlockStopSignals();
+
+  absl::StatusOr<trainyard::WorkerOptions> valid = OptionsFromFlags();
   if (!valid.ok()) {
     fprintf(stderr, "trainyard-worker: %s\n",
             std::string(valid.status().message()).c_str());
@@ -126,32 +158,14 @@ int main(int argc, char** argv) {
   }
 
   absl::Notification stop;
-  std::thread waiter([&signals, &stop] {
-    const int sig = trainyard::WaitForStopSignal(signals);
-    LOG(INFO) << "trainyard-worker: signal " << sig << ": shutting down";
-    stop.Notify();
-  });
-  waiter.detach();  // lives until the process exits
+  StartSignalWaiter(signals, &stop);
 
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  const std::string metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   absl::Status port_status;
   absl::Status st =
       trainyard::RunWorker(*valid, &stop, [&](const trainyard::Worker& worker) {
-        if (!metrics_port_file.empty()) {
-          port_status = trainyard::WriteFileAtomically(
-              metrics_port_file, absl::StrCat(worker.metrics_port(), "\n"));
-          if (!port_status.ok()) {
-            kill(getpid(), SIGTERM);
-            return;
-          }
-        }
-        if (!port_file.empty()) {
-          port_status = trainyard::WriteFileAtomically(
-              port_file, absl::StrCat(worker.health_port(), "\n"));
-          // Through the signal waiter, so `stop` is notified exactly once.
-          if (!port_status.ok()) kill(getpid(), SIGTERM);
-        }
+        port_status = WritePortFiles(worker);
+        // Through the signal waiter, so `stop` is notified exactly once.
+        if (!port_status.ok()) kill(getpid(), SIGTERM);
       });
   if (st.ok()) st = port_status;
   if (!st.ok()) {
