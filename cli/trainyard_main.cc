@@ -35,20 +35,20 @@
 #include "absl/time/clock.h"
 #include "cli/chrome_trace.h"
 #include "cli/job_client.h"
+#include "cli/job_format.h"
 #include "cli/local_cluster.h"
 #include "core/device.h"
 #include "core/file_util.h"
+#include "core/status_macros.h"
+#include "engine/local_job.h"
+#include "kernels/blas.h"
 #include "plan/job_plan.h"
+#include "proto/health.grpc.pb.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_timeline.h"
-#include "core/status_macros.h"
-#include "google/protobuf/util/json_util.h"
-#include "kernels/blas.h"
-#include "proto/health.grpc.pb.h"
 #include "security/cluster_credentials.h"
 #include "security/tls.h"
 #include "security/tokens.h"
-#include "engine/local_job.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec file (proto3 JSON).");
 ABSL_FLAG(std::string, metrics_out, "",
@@ -408,42 +408,6 @@ int ReportRpcError(const char* command, const JobClient& client,
   return 3;
 }
 
-std::string ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.add_whitespace = true;
-  opts.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
-  return out;
-}
-
-// The plugin's metrics, sorted, each quantity once: a metric named "loss"
-// that equals `loss` (already printed) is left out.
-std::string FormatMetrics(const google::protobuf::Map<std::string, double>& m,
-                          const std::string& prefix, double loss) {
-  std::vector<std::string> keys;
-  for (const auto& [k, v] : m) {
-    if (k == "loss" && v == loss) continue;
-    keys.push_back(k);
-  }
-  std::sort(keys.begin(), keys.end());
-  std::string out;
-  for (const auto& k : keys) {
-    absl::StrAppend(&out, " ", prefix, k, "=",
-                    absl::StrFormat("%.6g", m.at(k)));
-  }
-  return out;
-}
-
-std::string FormatEta(double seconds) {
-  if (!(seconds >= 0) || seconds > 1e7) return "--:--";
-  int64_t s = static_cast<int64_t>(seconds + 0.5);
-  if (s >= 3600) {
-    return absl::StrFormat("%d:%02d:%02d", s / 3600, (s / 60) % 60, s % 60);
-  }
-  return absl::StrFormat("%d:%02d", s / 60, s % 60);
-}
-
 // Prints a job's events: a live progress bar on a terminal, one plain line
 // per step otherwise.
 class WatchPrinter {
@@ -798,22 +762,6 @@ int Watch(const std::vector<char*>& args) {
   std::unique_ptr<JobClient> connected = Connect("watch");
   if (connected == nullptr) return 2;
   return WatchToEnd(*connected, args[2], absl::GetFlag(FLAGS_from_step));
-}
-
-// One log line as `trainyard logs` prints it:
-// "[stage 1 w-3 worker-1] 12:00:01.234 text".
-std::string FormatLogLine(const trainyard::v1::LogLine& l) {
-  const char* severity = "";
-  if (l.severity() == trainyard::v1::LOG_SEVERITY_WARNING) {
-    severity = "WARNING: ";
-  } else if (l.severity() == trainyard::v1::LOG_SEVERITY_ERROR) {
-    severity = "ERROR: ";
-  }
-  return absl::StrCat(
-      "[stage ", l.stage(), " ", l.worker_id(), " ", l.worker_name(), "] ",
-      absl::FormatTime("%H:%M:%E3S", absl::FromUnixMillis(l.time_ms()),
-                       absl::LocalTimeZone()),
-      " ", severity, l.text());
 }
 
 int Logs(const std::vector<char*>& args) {
