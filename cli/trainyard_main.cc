@@ -37,6 +37,7 @@
 #include "cli/job_client.h"
 #include "cli/job_format.h"
 #include "cli/local_cluster.h"
+#include "cli/submit_spec.h"
 #include "core/device.h"
 #include "core/file_util.h"
 #include "core/status_macros.h"
@@ -510,21 +511,6 @@ int WatchToEnd(JobClient& client, const std::string& job_id, int64_t from_step,
   return end->state() == trainyard::v1::SUCCEEDED ? 0 : 1;
 }
 
-absl::StatusOr<std::pair<trainyard::v1::JobSpec, std::string>>
-ReadSpecForSubmit(const std::string& path) {
-  absl::StatusOr<trainyard::v1::JobSpec> spec = LoadJobSpecFile(path);
-  if (!spec.ok()) return spec.status();
-  std::string base = Dirname(path);
-  if (!base.empty() && base[0] != '/') {
-    char cwd[4096];
-    if (getcwd(cwd, sizeof(cwd)) != nullptr)
-      base = std::string(cwd) + "/" + base;
-  }
-  ResolveSpecPaths(base, &*spec);
-  FillInputWidthFromLocalData(&*spec);
-  return std::make_pair(*spec, base);
-}
-
 int Submit() {
   const std::string path = absl::GetFlag(FLAGS_spec);
   if (path.empty()) {
@@ -541,8 +527,7 @@ int Submit() {
   JobClient& client = *connected;
   std::string request_id = absl::GetFlag(FLAGS_request_id);
   if (request_id.empty()) request_id = NewRequestId();
-  auto job =
-      client.Submit(spec->first, request_id, absl::GetFlag(FLAGS_priority));
+  auto job = client.Submit(*spec, request_id, absl::GetFlag(FLAGS_priority));
   if (!job.ok()) {
     const int rc = ReportRpcError("submit", client, job.status());
     if (absl::IsUnavailable(job.status()) ||
@@ -889,7 +874,7 @@ int Up() {
       std::cerr << "trainyard up: --run: " << spec.status().message() << "\n";
       return 2;
     }
-    run_spec = spec->first;
+    run_spec = *std::move(spec);
     if (!absl::GetFlag(FLAGS_device).empty()) {
       run_spec->set_device(ParseDevice(opts.device)->KindName());
     } else if (run_spec->device() == "cuda") {
