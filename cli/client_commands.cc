@@ -57,6 +57,19 @@ void PrintTraceSummary(const trainyard::v1::GetTraceResponse& trace,
                "step start (no clock sync between machines).\n";
 }
 
+// For a command of one job id (args[2]): the client, or null after
+// printing `usage` (other arguments) or why no client could be made (both
+// exit status 2).
+std::unique_ptr<JobClient> ConnectForJob(const char* command, const char* usage,
+                                         const CliFlags& flags,
+                                         const std::vector<char*>& args) {
+  if (args.size() != 3) {
+    std::cerr << usage;
+    return nullptr;
+  }
+  return Connect(command, flags);
+}
+
 }  // namespace
 
 int SubmitCommand(const CliFlags& flags) {
@@ -98,11 +111,8 @@ int SubmitCommand(const CliFlags& flags) {
 }
 
 int GetCommand(const CliFlags& flags, const std::vector<char*>& args) {
-  if (args.size() != 3) {
-    std::cerr << "usage: trainyard get JOB_ID [--stages]\n";
-    return 2;
-  }
-  std::unique_ptr<JobClient> connected = Connect("get", flags);
+  std::unique_ptr<JobClient> connected = ConnectForJob(
+      "get", "usage: trainyard get JOB_ID [--stages]\n", flags, args);
   if (connected == nullptr) return 2;
   JobClient& client = *connected;
   auto job = client.Get(args[2]);
@@ -145,11 +155,9 @@ int ListCommand(const CliFlags& flags) {
 }
 
 int CancelCommand(const CliFlags& flags, const std::vector<char*>& args) {
-  if (args.size() != 3) {
-    std::cerr << "usage: trainyard cancel JOB_ID [--reason TEXT]\n";
-    return 2;
-  }
-  std::unique_ptr<JobClient> connected = Connect("cancel", flags);
+  std::unique_ptr<JobClient> connected = ConnectForJob(
+      "cancel", "usage: trainyard cancel JOB_ID [--reason TEXT]\n", flags,
+      args);
   if (connected == nullptr) return 2;
   JobClient& client = *connected;
   auto job = client.Cancel(args[2], flags.reason);
@@ -159,11 +167,8 @@ int CancelCommand(const CliFlags& flags, const std::vector<char*>& args) {
 }
 
 int WatchCommand(const CliFlags& flags, const std::vector<char*>& args) {
-  if (args.size() != 3) {
-    std::cerr << "usage: trainyard watch JOB_ID [--from_step N]\n";
-    return 2;
-  }
-  std::unique_ptr<JobClient> connected = Connect("watch", flags);
+  std::unique_ptr<JobClient> connected = ConnectForJob(
+      "watch", "usage: trainyard watch JOB_ID [--from_step N]\n", flags, args);
   if (connected == nullptr) return 2;
   return WatchToEnd(*connected, args[2], flags.from_step,
                     ReconnectWindow(flags));
@@ -189,11 +194,8 @@ int WorkersCommand(const CliFlags& flags) {
 }
 
 int LogsCommand(const CliFlags& flags, const std::vector<char*>& args) {
-  if (args.size() != 3) {
-    std::cerr << "usage: trainyard logs JOB_ID [--follow]\n";
-    return 2;
-  }
-  std::unique_ptr<JobClient> connected = Connect("logs", flags);
+  std::unique_ptr<JobClient> connected = ConnectForJob(
+      "logs", "usage: trainyard logs JOB_ID [--follow]\n", flags, args);
   if (connected == nullptr) return 2;
   JobClient& client = *connected;
   int64_t expected = 0;  // the seq the next line should have
