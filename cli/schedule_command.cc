@@ -1,65 +1,24 @@
 #include "cli/schedule_command.h"
 
-#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "cli/cli_flags.h"
 #include "cli/connect.h"
 #include "cli/job_client.h"
+#include "cli/pass_costs.h"
 #include "proto/trainyard.pb.h"
 #include "schedule/schedule.h"
 #include "schedule/schedule_timeline.h"
 
 namespace trainyard {
 namespace {
-
-// --costs "F,B,W": three finite times >= 0, not all 0; nullopt otherwise.
-std::optional<PassCosts> ParseCosts(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, ',');
-  double v[3];
-  bool ok = parts.size() == 3;
-  for (size_t i = 0; ok && i < 3; ++i) {
-    ok = absl::SimpleAtod(parts[i], &v[i]) && std::isfinite(v[i]) && v[i] >= 0;
-  }
-  if (!ok || v[0] + v[1] + v[2] <= 0) return std::nullopt;
-  return PassCosts{v[0], v[1], v[2]};
-}
-
-// Whole-stage costs per microbatch (ms) from a step's spans: a stage with v
-// chunks has v spans of each kind per microbatch, so each kind's time is
-// divided by the microbatches it ran. nullopt when the step has no forward,
-// input- or weight-gradient span.
-std::optional<PassCosts> MeanPassCosts(
-    const trainyard::v1::GetTraceResponse& trace) {
-  double sum[3] = {0, 0, 0};
-  int n[3] = {0, 0, 0};
-  for (const auto& stage : trace.stages()) {
-    std::set<int> microbatches[3];
-    for (const auto& span : stage.spans()) {
-      const int k = span.kind() == trainyard::v1::SPAN_FORWARD           ? 0
-                    : span.kind() == trainyard::v1::SPAN_BACKWARD_INPUT  ? 1
-                    : span.kind() == trainyard::v1::SPAN_BACKWARD_WEIGHT ? 2
-                                                                         : -1;
-      if (k < 0) continue;
-      sum[k] += static_cast<double>(span.end_us() - span.start_us()) / 1e3;
-      microbatches[k].insert(span.microbatch());
-    }
-    for (int k = 0; k < 3; ++k) n[k] += microbatches[k].size();
-  }
-  if (n[0] == 0 || n[1] == 0 || n[2] == 0) return std::nullopt;
-  return PassCosts{sum[0] / n[0], sum[1] / n[1], sum[2] / n[2]};
-}
 
 // --costs_from JOB: the costs of the job's newest traced step (GetTrace at
 // --controller). Returns 0 and sets *costs, or prints why not and returns
