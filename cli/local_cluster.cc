@@ -74,6 +74,25 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(
   return pid;
 }
 
+absl::StatusOr<int> LocalCluster::WaitForPort(const std::string& port_file) {
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  while (true) {
+    std::string text(absl::StripAsciiWhitespace(ReadSmallFile(port_file)));
+    int port = 0;
+    if (!text.empty() && absl::SimpleAtoi(text, &port) && port > 0) {
+      return port;
+    }
+    if (auto st = CheckChildren(); !st.ok()) return st;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("controller did not report its port within ",
+                       absl::FormatDuration(options_.start_timeout), "; see ",
+                       children_[0].log));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
 absl::Status LocalCluster::Start() {
   RETURN_IF_ERROR(CreateDirectories(options_.data_dir + "/logs"));
   RETURN_IF_ERROR(CreateDirectories(options_.data_dir + "/controller"));
@@ -103,21 +122,7 @@ absl::Status LocalCluster::Start() {
                          controller_security.end());
   auto pid = Spawn("controller", controller_argv);
   if (!pid.ok()) return pid.status();
-  const absl::Time deadline = absl::Now() + options_.start_timeout;
-  int port = 0;
-  while (port == 0) {
-    std::string text(absl::StripAsciiWhitespace(ReadSmallFile(port_file)));
-    if (!text.empty() && absl::SimpleAtoi(text, &port) && port > 0) break;
-    port = 0;
-    if (auto st = CheckChildren(); !st.ok()) return st;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("controller did not report its port within ",
-                       absl::FormatDuration(options_.start_timeout), "; see ",
-                       children_[0].log));
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  ASSIGN_OR_RETURN(const int port, WaitForPort(port_file));
   address_ = absl::StrCat("127.0.0.1:", port);
   for (int i = 0; i < options_.workers; ++i) {
     std::vector<std::string> argv = {

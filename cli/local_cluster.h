@@ -56,6 +56,10 @@ class LocalCluster {
  private:
   absl::StatusOr<pid_t> Spawn(const std::string& name,
                               const std::vector<std::string>& argv);
+  // The port the controller (children_[0]) writes to `port_file`, once it
+  // has; DeadlineExceeded after options_.start_timeout, or CheckChildren's
+  // error when a child exits first.
+  absl::StatusOr<int> WaitForPort(const std::string& port_file);
 
   LocalClusterOptions options_;
   std::string address_;
