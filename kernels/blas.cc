@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/status_macros.h"
 #include "kernels/parallel.h"
 
 namespace trainyard {
@@ -135,9 +136,11 @@ const Blas& GetBlas() {
 
 absl::Status BlasStatus() { return GetBlas().status; }
 
-absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                   float alpha, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float beta, float* c, int64_t ldc) {
+namespace {
+
+// Sizes and leading dimensions Sgemm accepts (see blas.h).
+absl::Status CheckSgemmArgs(bool trans_a, bool trans_b, int64_t m, int64_t n,
+                            int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {
   if (m < 0 || n < 0 || k < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("Sgemm: negative size m=", m, " n=", n, " k=", k));
@@ -156,16 +159,29 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     return absl::InvalidArgumentError(absl::StrCat(
         "Sgemm: size ", largest, " exceeds OpenBLAS's 32-bit int"));
   }
+  return absl::OkStatus();
+}
+
+// C = beta * C; BLAS semantics: beta == 0 overwrites.
+void ScaleC(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j)
+      row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+  }
+}
+
+}  // namespace
+
+absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   float alpha, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float beta, float* c, int64_t ldc) {
+  RETURN_IF_ERROR(CheckSgemmArgs(trans_a, trans_b, m, n, k, lda, ldb, ldc));
   const Blas& blas = GetBlas();
   if (!blas.status.ok()) return blas.status;
   if (m == 0 || n == 0) return absl::OkStatus();
   if (k == 0 || alpha == 0.0f) {
-    // C = beta * C; BLAS semantics: beta == 0 overwrites.
-    for (int64_t i = 0; i < m; ++i) {
-      float* row = c + i * ldc;
-      for (int64_t j = 0; j < n; ++j)
-        row[j] = beta == 0.0f ? 0.0f : beta * row[j];
-    }
+    ScaleC(m, n, beta, c, ldc);
     return absl::OkStatus();
   }
   // A fixed tiling of C that depends only on the shape, each tile one

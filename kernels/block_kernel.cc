@@ -26,6 +26,20 @@ absl::Status CheckActivation(const ExecContext& ctx, const char* what,
   return absl::OkStatus();
 }
 
+// `p`'s six parameter tensors (or gradients) through f into the fields of
+// the same names of an `Out`: host views, device pointers.
+template <typename Out, typename Params, typename F>
+Out MapParams(Params& p, F f) {
+  Out out;
+  out.norm_weight = f(p.norm_weight);
+  out.norm_bias = f(p.norm_bias);
+  out.fc1_weight = f(p.fc1_weight);
+  out.fc1_bias = f(p.fc1_bias);
+  out.fc2_weight = f(p.fc2_weight);
+  out.fc2_bias = f(p.fc2_bias);
+  return out;
+}
+
 class CpuBlockKernel final : public BlockKernel {
  public:
   explicit CpuBlockKernel(const MlpBlockConfig& config) : block_(config) {}
@@ -108,17 +122,9 @@ class SimBlockKernel final : public BlockKernel {
 
  private:
   static MlpBlockParams HostParams(const MlpBlockParams& p) {
-    MlpBlockParams h;
-    auto view = [](const Tensor& t) {
+    return MapParams<MlpBlockParams>(p, [](const Tensor& t) {
       return t.defined() ? SimDeviceAccess::HostView(t) : Tensor();
-    };
-    h.norm_weight = view(p.norm_weight);
-    h.norm_bias = view(p.norm_bias);
-    h.fc1_weight = view(p.fc1_weight);
-    h.fc1_bias = view(p.fc1_bias);
-    h.fc2_weight = view(p.fc2_weight);
-    h.fc2_bias = view(p.fc2_bias);
-    return h;
+    });
   }
   // A float32 host view (or widened copy) of a device activation.
   Tensor Widened(const Tensor& t) const {
@@ -197,13 +203,8 @@ class CudaBlockKernel final : public BlockKernel {
   absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
                               MlpBlockParams* grads) override {
     Saved* s = static_cast<Saved*>(saved);
-    gpu::CudaMlpBlockGrads g;
-    g.norm_weight = Float(grads->norm_weight);
-    g.norm_bias = Float(grads->norm_bias);
-    g.fc1_weight = Float(grads->fc1_weight);
-    g.fc1_bias = Float(grads->fc1_bias);
-    g.fc2_weight = Float(grads->fc2_weight);
-    g.fc2_bias = Float(grads->fc2_bias);
+    const gpu::CudaMlpBlockGrads g = MapParams<gpu::CudaMlpBlockGrads>(
+        *grads, [](Tensor& t) { return Float(t); });
     RETURN_IF_ERROR(
         block_->BackwardWeight(&s->s, accumulate, g, ctx_->stream()));
     // The saved buffers went back to the allocator; x and d_out may go as
@@ -221,13 +222,8 @@ class CudaBlockKernel final : public BlockKernel {
     return t.defined() ? static_cast<const float*>(t.ptr()) : nullptr;
   }
   static gpu::CudaMlpBlockParams Pointers(const MlpBlockParams& p) {
-    gpu::CudaMlpBlockParams c;
-    c.norm_weight = Float(p.norm_weight);
-    c.norm_bias = Float(p.norm_bias);
-    c.fc1_weight = Float(p.fc1_weight);
-    c.fc1_bias = Float(p.fc1_bias);
-    c.fc2_weight = Float(p.fc2_weight);
-    c.fc2_bias = Float(p.fc2_bias);
+    gpu::CudaMlpBlockParams c = MapParams<gpu::CudaMlpBlockParams>(
+        p, [](const Tensor& t) { return Float(t); });
     if (p.fc1_weight_bf16.defined())
       c.fc1_weight_bf16 = p.fc1_weight_bf16.ptr();
     if (p.fc2_weight_bf16.defined())

@@ -2,14 +2,13 @@
 // plugins' host and simulated-device paths use: the same slots (the
 // device's sums in another order: equal to 1e-12 relative) and the same
 // weighted gradients (to the rounding of one float32 in the log-sum-exp).
-#include "kernels/cuda/loss_kernels.h"
-
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "core/bfloat16.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda/loss_kernels.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/losses.h"
 
@@ -70,9 +69,10 @@ void Compare(const char* what, DType dtype, int64_t rows, int64_t cols,
   DeviceBuffer ws = *DeviceBuffer::Allocate(0, ws_bytes);
   DeviceBuffer slots = *DeviceBuffer::Allocate(0, num_slots * sizeof(double));
   ASSERT_TRUE(slots.Fill(0).ok());
-  ASSERT_TRUE(gpu_loss(LossOutput{dtype, rows, cols, d_x.data(), grad.data()},
-                       ws.data(), slots.as<double>())
-                  .ok());
+  ASSERT_TRUE(
+      gpu_loss(losses::Output{dtype, rows, cols, d_x.data(), grad.data(), true},
+               ws.data(), slots.as<double>())
+          .ok());
   std::vector<double> got(num_slots);
   ASSERT_TRUE(slots.CopyToHost(got.data(), num_slots * sizeof(double)).ok());
   for (int k = 0; k < num_slots; ++k) {
@@ -95,7 +95,7 @@ TEST(LossKernelsTest, MseMatchesTheCpu) {
           [&](const losses::Output& out, double* s) {
             losses::Mse(out, y.data(), s);
           },
-          [&](const LossOutput& out, void* ws, double* s) {
+          [&](const losses::Output& out, void* ws, double* s) {
             return MseLoss(out, d_y.as<float>(), ws, s, nullptr);
           },
           MseWorkspaceBytes(c.rows, c.cols), 0.0);  // elementwise: exact
@@ -118,6 +118,7 @@ TEST(LossKernelsTest, ClassifiersMatchTheCpu) {
     ASSERT_TRUE(d_l.CopyFromHost(labels.data(), c.rows * 4).ok());
     DeviceBuffer d_t = Upload(teacher, DType::kFloat32);
     const losses::Labels l{DType::kInt32, labels.data(), -100};
+    const losses::Labels d_labels{DType::kInt32, d_l.data(), -100};
     const size_t ws = ClassifierWorkspaceBytes(c.rows, c.cols);
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       const double tol = dtype == DType::kFloat32 ? 1e-6 : 4e-3;
@@ -126,9 +127,8 @@ TEST(LossKernelsTest, ClassifiersMatchTheCpu) {
           [&](const losses::Output& out, double* s) {
             losses::CrossEntropy(out, l, 0.1, s);
           },
-          [&](const LossOutput& out, void* w, double* s) {
-            return CrossEntropyLoss(out, DType::kInt32, d_l.data(), -100, 0.1,
-                                    w, s, nullptr);
+          [&](const losses::Output& out, void* w, double* s) {
+            return CrossEntropyLoss(out, d_labels, 0.1, w, s, nullptr);
           },
           ws, tol);
       Compare(
@@ -136,9 +136,9 @@ TEST(LossKernelsTest, ClassifiersMatchTheCpu) {
           [&](const losses::Output& out, double* s) {
             losses::Distillation(out, teacher.data(), l, 2.0, 0.7, s);
           },
-          [&](const LossOutput& out, void* w, double* s) {
-            return DistillationLoss(out, d_t.as<float>(), DType::kInt32,
-                                    d_l.data(), -100, 2.0, 0.7, w, s, nullptr);
+          [&](const losses::Output& out, void* w, double* s) {
+            return DistillationLoss(out, d_t.as<float>(), d_labels, 2.0, 0.7, w,
+                                    s, nullptr);
           },
           ws, tol);
     }
@@ -157,8 +157,8 @@ TEST(LossKernelsTest, ABadLabelFillsTheBadSlotsOnly) {
       *DeviceBuffer::Allocate(0, losses::kCrossEntropySlots * sizeof(double));
   ASSERT_TRUE(slots.Fill(0).ok());
   ASSERT_TRUE(CrossEntropyLoss({DType::kFloat32, 4, 3, d_x.data(), nullptr},
-                               DType::kInt64, d_l.data(), -100, 0.0, ws.data(),
-                               slots.as<double>(), nullptr)
+                               {DType::kInt64, d_l.data(), -100}, 0.0,
+                               ws.data(), slots.as<double>(), nullptr)
                   .ok());
   double got[losses::kCrossEntropySlots];
   ASSERT_TRUE(slots.CopyToHost(got, sizeof(got)).ok());

@@ -57,32 +57,13 @@ const char* ModeName(ComputeMode m) {
          : m == ComputeMode::kTf32  ? "tf32"
                                     : "bf16";
 }
-const char* ActName(Activation a) {
-  switch (a) {
-    case Activation::kRelu:
-      return "relu";
-    case Activation::kGelu:
-      return "gelu";
-    case Activation::kGeluTanh:
-      return "gelu_tanh";
-    case Activation::kSwiglu:
-      return "swiglu";
-  }
-  return "?";
-}
-const char* NormName(NormType n) {
-  return n == NormType::kNone        ? "none"
-         : n == NormType::kLayerNorm ? "layernorm"
-                                     : "rmsnorm";
-}
-
 // mode, activation, norm, bias, aligned sizes, epilogues allowed.
 using Param = std::tuple<ComputeMode, Activation, NormType, bool, bool, bool>;
 
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   const auto& [mode, act, norm, bias, aligned, epilogues] = info.param;
-  return std::string(ModeName(mode)) + "_" + ActName(act) + "_" +
-         NormName(norm) + (bias ? "_bias" : "_nobias") +
+  return std::string(ModeName(mode)) + "_" + reference::ActivationName(act) +
+         "_" + reference::NormName(norm) + (bias ? "_bias" : "_nobias") +
          (aligned ? "_aligned" : "_odd") +
          (epilogues ? "_epilogues" : "_elementwise");
 }

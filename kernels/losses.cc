@@ -67,13 +67,32 @@ int64_t CountValid(const Labels& labels, int64_t rows, int64_t classes,
 
 // CountValid over out's rows; when every label is ignored the gradient is
 // zero (a classifier with nothing to learn from contributes nothing).
-int64_t CountValidRows(const Output& out, const Labels& labels,
-                       double* slots) {
+int64_t CountValidRows(const Output& out, const Labels& labels, double* slots) {
   const int64_t n = CountValid(labels, out.rows, out.cols, slots);
   if (n == 0 && out.grad != nullptr) {
     for (int64_t r = 0; r < out.rows; ++r) ZeroGradRow(out, r);
   }
   return n;
+}
+
+// Calls row(i, y) for each row i whose label y is not ignored, in row
+// order; zeroes the gradient of the ignored rows.
+template <typename F>
+void ForEachLabeledRow(const Output& out, const Labels& labels, F row) {
+  for (int64_t i = 0; i < out.rows; ++i) {
+    const int64_t y = LabelAt(labels, i);
+    if (y == labels.ignore_index) {
+      if (out.grad != nullptr) ZeroGradRow(out, i);
+      continue;
+    }
+    row(i, y);
+  }
+}
+
+// slots[0] = w and slots[1] = w * loss.
+void SetWeightedLoss(double w, double loss, double* slots) {
+  slots[0] = w;
+  slots[1] = slots[0] * loss;
 }
 
 // The first maximum of row[0, n).
@@ -115,9 +134,7 @@ void Mse(const Output& out, const float* target, double* slots) {
       StoreGrad(out, i, static_cast<float>(2.0 * d / n), w);
     }
   }
-  const double loss = sum / n;
-  slots[0] = static_cast<double>(out.rows);
-  slots[1] = slots[0] * loss;
+  SetWeightedLoss(static_cast<double>(out.rows), sum / n, slots);
   slots[4] = sum;
   slots[5] = static_cast<double>(n);
 }
@@ -125,7 +142,7 @@ void Mse(const Output& out, const float* target, double* slots) {
 void CrossEntropy(const Output& out, const Labels& labels, double eps,
                   double* slots) {
   std::fill(slots, slots + kCrossEntropySlots, 0.0);
-  const int64_t b = out.rows, c = out.cols;
+  const int64_t c = out.cols;
   const int64_t n = CountValidRows(out, labels, slots);
   if (n <= 0) return;
   const float w = static_cast<float>(n);
@@ -133,12 +150,7 @@ void CrossEntropy(const Output& out, const Labels& labels, double eps,
   std::vector<float> scratch;
   double sum = 0;
   int64_t correct = 0;
-  for (int64_t i = 0; i < b; ++i) {
-    const int64_t y = LabelAt(labels, i);
-    if (y == labels.ignore_index) {
-      if (out.grad != nullptr) ZeroGradRow(out, i);
-      continue;
-    }
+  ForEachLabeledRow(out, labels, [&](int64_t i, int64_t y) {
     const float* row = RowAt(out, i, &scratch);
     LogSoftmaxRow(row, c, 1.0, logp.data());
     double smooth = 0;
@@ -152,10 +164,8 @@ void CrossEntropy(const Output& out, const Labels& labels, double eps,
                   static_cast<float>((std::exp(logp[k]) - target) / n), w);
       }
     }
-  }
-  const double loss = sum / n;
-  slots[0] = static_cast<double>(n);
-  slots[1] = slots[0] * loss;
+  });
+  SetWeightedLoss(static_cast<double>(n), sum / n, slots);
   slots[4] = sum;
   slots[5] = static_cast<double>(correct);
 }
@@ -163,7 +173,7 @@ void CrossEntropy(const Output& out, const Labels& labels, double eps,
 void Distillation(const Output& out, const float* teacher, const Labels& labels,
                   double temperature, double alpha, double* slots) {
   std::fill(slots, slots + kDistillationSlots, 0.0);
-  const int64_t b = out.rows, c = out.cols;
+  const int64_t c = out.cols;
   const int64_t n = CountValidRows(out, labels, slots);
   if (n <= 0) return;
   const double t = temperature;
@@ -172,12 +182,7 @@ void Distillation(const Output& out, const float* teacher, const Labels& labels,
   std::vector<float> scratch;
   double kl_sum = 0, ce_sum = 0;
   int64_t correct = 0;
-  for (int64_t i = 0; i < b; ++i) {
-    const int64_t y = LabelAt(labels, i);
-    if (y == labels.ignore_index) {
-      if (out.grad != nullptr) ZeroGradRow(out, i);
-      continue;
-    }
+  ForEachLabeledRow(out, labels, [&](int64_t i, int64_t y) {
     const float* s = RowAt(out, i, &scratch);
     const float* z = teacher + i * c;
     LogSoftmaxRow(s, c, 1.0 / t, log_q.data());
@@ -200,10 +205,9 @@ void Distillation(const Output& out, const float* teacher, const Labels& labels,
         StoreGrad(out, i * c + k, static_cast<float>((dkl + dce) / n), w);
       }
     }
-  }
-  const double loss = alpha * t * t * kl_sum / n + (1 - alpha) * ce_sum / n;
-  slots[0] = static_cast<double>(n);
-  slots[1] = slots[0] * loss;
+  });
+  SetWeightedLoss(static_cast<double>(n),
+                  alpha * t * t * kl_sum / n + (1 - alpha) * ce_sum / n, slots);
   slots[4] = kl_sum;
   slots[5] = ce_sum;
   slots[6] = static_cast<double>(correct);

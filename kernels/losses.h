@@ -3,11 +3,8 @@
 // logit distillation (logit_distillation.cc). The plugins call these for
 // their host loss (task ABI v1) and for their device loss on the simulated
 // device (ABI v2); kernels/cuda/loss_kernels.h computes the same
-// quantities on a GPU, in the same slot layout.
-//
-// Results go to `slots` in the ABI v2 layout (task_plugins/task_abi.h):
-//   [0] loss weight w   [1] w * loss   [2] 0, or 1 + the first bad row
-//   [3] that row's label   [4...] each loss's partials (below).
+// quantities on a GPU. Both take kernels/cuda/loss_args.h's arguments and
+// fill its slot layout; each loss's partials are listed below.
 // Sums are double, accumulated in row (element) order, so the results do
 // not depend on anything but the inputs.
 //
@@ -25,32 +22,17 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "kernels/cuda/loss_args.h"
 
 namespace trainyard {
 namespace losses {
 
-// One microbatch's model output [rows, cols] and where its gradient goes.
-struct Output {
-  DType dtype = DType::kFloat32;  // float32 or bfloat16
-  int64_t rows = 0;
-  int64_t cols = 0;
-  const void* data = nullptr;
-  void* grad = nullptr;  // [rows, cols]: float32 (unweighted) or dtype
-  bool weighted = false;
-};
-
-// Class-index labels, int32 or int64 [rows].
-struct Labels {
-  DType dtype = DType::kInt64;
-  const void* data = nullptr;
-  int64_t ignore_index = -100;
-};
+// The label of `row`.
 int64_t LabelAt(const Labels& labels, int64_t row);
 
 // torch.nn.MSELoss (mean over every element) against float32 targets
 // [rows, cols]: w = rows; grad = 2 (out - target) / (rows cols).
 // Partials: [4] sum of squared differences, [5] elements.
-inline constexpr int kMseSlots = 6;
 void Mse(const Output& out, const float* target, double* slots);
 
 // torch.nn.CrossEntropyLoss with ignore_index and label smoothing eps:
@@ -60,7 +42,6 @@ void Mse(const Output& out, const float* target, double* slots);
 // [0, cols) that is not ignore_index fills [2] and [3] and nothing else.
 // Partials: [4] sum of loss_i, [5] rows whose argmax (first maximum)
 // equals the label.
-inline constexpr int kCrossEntropySlots = 6;
 void CrossEntropy(const Output& out, const Labels& labels,
                   double label_smoothing, double* slots);
 
@@ -70,7 +51,6 @@ void CrossEntropy(const Output& out, const Labels& labels,
 // (KLDivLoss "batchmean"); w = their count; teacher float32 [rows, cols].
 // Bad labels as for CrossEntropy. Partials: [4] sum of KL, [5] sum of CE,
 // [6] correct.
-inline constexpr int kDistillationSlots = 7;
 void Distillation(const Output& out, const float* teacher, const Labels& labels,
                   double temperature, double alpha, double* slots);
 

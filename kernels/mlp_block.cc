@@ -70,6 +70,108 @@ std::vector<Tensor*> MlpBlockParams::InOrder(const MlpBlockConfig& c) {
   return out;
 }
 
+namespace {
+
+// norm_out [b, in] = norm(x), with the statistics the backward needs.
+void NormForward(const MlpBlockConfig& c, const MlpBlockParams& params,
+                 const Tensor& x, MlpBlockSaved* s) {
+  const int64_t b = x.dim(0), in = c.in_features;
+  switch (c.norm) {
+    case NormType::kNone:
+      s->norm_out = x;
+      break;
+    case NormType::kLayerNorm:
+      s->norm_out = Tensor::Empty(DType::kFloat32, {b, in});
+      s->mean = Tensor::Empty(DType::kFloat32, {b});
+      s->rstd = Tensor::Empty(DType::kFloat32, {b});
+      LayerNormForward(b, in, F(x), F(params.norm_weight), F(params.norm_bias),
+                       c.norm_eps, F(s->norm_out), F(s->mean), F(s->rstd));
+      break;
+    case NormType::kRmsNorm:
+      s->norm_out = Tensor::Empty(DType::kFloat32, {b, in});
+      s->rstd = Tensor::Empty(DType::kFloat32, {b});
+      RmsNormForward(b, in, F(x), F(params.norm_weight), c.norm_eps,
+                     F(s->norm_out), F(s->rstd));
+      break;
+  }
+}
+
+// act_out [b, ffn] = act(fc1_out (+ bias)); the bias is added into fc1_out.
+void ActivationForward(const MlpBlockConfig& c, const MlpBlockParams& params,
+                       int64_t b, MlpBlockSaved* s) {
+  const int64_t ffn = c.ffn_hidden_size;
+  const float* b1 = OrNull(c.bias, params.fc1_bias);
+  switch (c.activation) {
+    case Activation::kRelu:
+      BiasReluForward(b, ffn, b1, F(s->fc1_out), F(s->act_out));
+      break;
+    case Activation::kGelu:
+      BiasGeluForward(b, ffn, b1, F(s->fc1_out), F(s->act_out));
+      break;
+    case Activation::kGeluTanh:
+      BiasGeluTanhForward(b, ffn, b1, F(s->fc1_out), F(s->act_out));
+      break;
+    case Activation::kSwiglu:
+      BiasSwigluForward(b, ffn, b1, F(s->fc1_out), F(s->act_out));
+      break;
+  }
+}
+
+// d(fc1_out) [b, f1] from d(act_out) [b, ffn]: d_act itself, overwritten,
+// for the element-wise activations.
+Tensor ActivationBackward(const MlpBlockConfig& c, int64_t b,
+                          const Tensor& fc1_out, Tensor d_act) {
+  const int64_t ffn = c.ffn_hidden_size;
+  switch (c.activation) {
+    case Activation::kRelu:
+      ReluBackward(b * ffn, F(fc1_out), F(d_act));
+      return d_act;
+    case Activation::kGelu:
+      GeluBackward(b * ffn, F(fc1_out), F(d_act));
+      return d_act;
+    case Activation::kGeluTanh:
+      GeluTanhBackward(b * ffn, F(fc1_out), F(d_act));
+      return d_act;
+    case Activation::kSwiglu:
+      break;
+  }
+  Tensor d_fc1 = Tensor::Empty(DType::kFloat32, {b, c.fc1_out()});
+  SwigluBackward(b, ffn, F(fc1_out), F(d_act), F(d_fc1));
+  return d_fc1;
+}
+
+// dx [b, in] from d(norm_out) (plus the residual gradient d_out); keeps
+// d_norm_out in `saved` when the norm has parameters. dx may be null then.
+void NormBackwardInput(const MlpBlockConfig& c, const MlpBlockParams& params,
+                       const Tensor& d_out, Tensor d_norm_out,
+                       MlpBlockSaved* saved, Tensor* dx) {
+  const int64_t b = d_norm_out.dim(0), in = c.in_features;
+  const float* residual = c.residual ? F(d_out) : nullptr;
+  switch (c.norm) {
+    case NormType::kNone:
+      AddBiasResidual(b, in, nullptr, residual, F(d_norm_out));
+      *dx = d_norm_out;
+      return;
+    case NormType::kLayerNorm:
+      saved->d_norm_out = d_norm_out;
+      if (dx == nullptr) return;
+      *dx = Tensor::Empty(DType::kFloat32, {b, in});
+      LayerNormBackwardInput(b, in, F(saved->x), F(params.norm_weight),
+                             F(saved->mean), F(saved->rstd), F(d_norm_out),
+                             residual, F(*dx));
+      return;
+    case NormType::kRmsNorm:
+      saved->d_norm_out = d_norm_out;
+      if (dx == nullptr) return;
+      *dx = Tensor::Empty(DType::kFloat32, {b, in});
+      RmsNormBackwardInput(b, in, F(saved->x), F(params.norm_weight),
+                           F(saved->rstd), F(d_norm_out), residual, F(*dx));
+      return;
+  }
+}
+
+}  // namespace
+
 absl::Status MlpBlock::Forward(const MlpBlockParams& params, const Tensor& x,
                                Tensor* y, MlpBlockSaved* saved) const {
   const MlpBlockConfig& c = config_;
@@ -87,45 +189,13 @@ absl::Status MlpBlock::Forward(const MlpBlockParams& params, const Tensor& x,
 
   MlpBlockSaved s;
   s.x = x;
-  switch (c.norm) {
-    case NormType::kNone:
-      s.norm_out = x;
-      break;
-    case NormType::kLayerNorm:
-      s.norm_out = Tensor::Empty(DType::kFloat32, {b, in});
-      s.mean = Tensor::Empty(DType::kFloat32, {b});
-      s.rstd = Tensor::Empty(DType::kFloat32, {b});
-      LayerNormForward(b, in, F(x), F(params.norm_weight), F(params.norm_bias),
-                       c.norm_eps, F(s.norm_out), F(s.mean), F(s.rstd));
-      break;
-    case NormType::kRmsNorm:
-      s.norm_out = Tensor::Empty(DType::kFloat32, {b, in});
-      s.rstd = Tensor::Empty(DType::kFloat32, {b});
-      RmsNormForward(b, in, F(x), F(params.norm_weight), c.norm_eps,
-                     F(s.norm_out), F(s.rstd));
-      break;
-  }
-
+  NormForward(c, params, x, &s);
   // fc1: [b, f1] = norm_out [b, in] @ fc1.weight^T [in, f1].
   s.fc1_out = Tensor::Empty(DType::kFloat32, {b, f1});
   RETURN_IF_ERROR(Sgemm(false, true, b, f1, in, 1.0f, F(s.norm_out), in,
                         F(params.fc1_weight), in, 0.0f, F(s.fc1_out), f1));
   s.act_out = Tensor::Empty(DType::kFloat32, {b, ffn});
-  const float* b1 = OrNull(c.bias, params.fc1_bias);
-  switch (c.activation) {
-    case Activation::kRelu:
-      BiasReluForward(b, ffn, b1, F(s.fc1_out), F(s.act_out));
-      break;
-    case Activation::kGelu:
-      BiasGeluForward(b, ffn, b1, F(s.fc1_out), F(s.act_out));
-      break;
-    case Activation::kGeluTanh:
-      BiasGeluTanhForward(b, ffn, b1, F(s.fc1_out), F(s.act_out));
-      break;
-    case Activation::kSwiglu:
-      BiasSwigluForward(b, ffn, b1, F(s.fc1_out), F(s.act_out));
-      break;
-  }
+  ActivationForward(c, params, b, &s);
 
   // fc2: [b, out] = act_out [b, ffn] @ fc2.weight^T [ffn, out].
   Tensor result = Tensor::Empty(DType::kFloat32, {b, out});
@@ -159,25 +229,7 @@ absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
   Tensor d_act = Tensor::Empty(DType::kFloat32, {b, ffn});
   RETURN_IF_ERROR(Sgemm(false, false, b, ffn, out, 1.0f, F(g), out,
                         F(params.fc2_weight), ffn, 0.0f, F(d_act), ffn));
-  Tensor d_fc1;  // [b, f1]
-  switch (c.activation) {
-    case Activation::kRelu:
-      ReluBackward(b * ffn, F(saved->fc1_out), F(d_act));
-      d_fc1 = d_act;
-      break;
-    case Activation::kGelu:
-      GeluBackward(b * ffn, F(saved->fc1_out), F(d_act));
-      d_fc1 = d_act;
-      break;
-    case Activation::kGeluTanh:
-      GeluTanhBackward(b * ffn, F(saved->fc1_out), F(d_act));
-      d_fc1 = d_act;
-      break;
-    case Activation::kSwiglu:
-      d_fc1 = Tensor::Empty(DType::kFloat32, {b, f1});
-      SwigluBackward(b, ffn, F(saved->fc1_out), F(d_act), F(d_fc1));
-      break;
-  }
+  const Tensor d_fc1 = ActivationBackward(c, b, saved->fc1_out, d_act);
   saved->d_out = g;
   saved->d_fc1_out = d_fc1;
 
@@ -187,28 +239,7 @@ absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
   Tensor d_norm_out = Tensor::Empty(DType::kFloat32, {b, in});
   RETURN_IF_ERROR(Sgemm(false, false, b, in, f1, 1.0f, F(d_fc1), f1,
                         F(params.fc1_weight), in, 0.0f, F(d_norm_out), in));
-  const float* residual = c.residual ? F(g) : nullptr;
-  switch (c.norm) {
-    case NormType::kNone:
-      AddBiasResidual(b, in, nullptr, residual, F(d_norm_out));
-      *dx = d_norm_out;
-      return absl::OkStatus();
-    case NormType::kLayerNorm:
-      saved->d_norm_out = d_norm_out;
-      if (dx == nullptr) return absl::OkStatus();
-      *dx = Tensor::Empty(DType::kFloat32, {b, in});
-      LayerNormBackwardInput(b, in, F(saved->x), F(params.norm_weight),
-                             F(saved->mean), F(saved->rstd), F(d_norm_out),
-                             residual, F(*dx));
-      return absl::OkStatus();
-    case NormType::kRmsNorm:
-      saved->d_norm_out = d_norm_out;
-      if (dx == nullptr) return absl::OkStatus();
-      *dx = Tensor::Empty(DType::kFloat32, {b, in});
-      RmsNormBackwardInput(b, in, F(saved->x), F(params.norm_weight),
-                           F(saved->rstd), F(d_norm_out), residual, F(*dx));
-      return absl::OkStatus();
-  }
+  NormBackwardInput(c, params, g, d_norm_out, saved, dx);
   return absl::OkStatus();
 }
 

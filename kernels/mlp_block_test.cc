@@ -22,35 +22,11 @@ using reference::Vec;
 constexpr double kRtol = 1e-4;
 constexpr double kAtol = 2e-5;
 
-const char* ActName(Activation a) {
-  switch (a) {
-    case Activation::kRelu:
-      return "relu";
-    case Activation::kGelu:
-      return "gelu";
-    case Activation::kGeluTanh:
-      return "gelu_tanh";
-    case Activation::kSwiglu:
-      return "swiglu";
-  }
-  return "?";
-}
-const char* NormName(NormType n) {
-  switch (n) {
-    case NormType::kNone:
-      return "none";
-    case NormType::kLayerNorm:
-      return "layernorm";
-    case NormType::kRmsNorm:
-      return "rmsnorm";
-  }
-  return "?";
-}
-
 std::string Describe(const MlpBlockConfig& c, int64_t b) {
-  return std::string(ActName(c.activation)) + "/" + NormName(c.norm) +
-         (c.bias ? "/bias" : "/nobias") + (c.residual ? "/residual" : "") +
-         " b=" + std::to_string(b) + " in=" + std::to_string(c.in_features) +
+  return std::string(reference::ActivationName(c.activation)) + "/" +
+         reference::NormName(c.norm) + (c.bias ? "/bias" : "/nobias") +
+         (c.residual ? "/residual" : "") + " b=" + std::to_string(b) +
+         " in=" + std::to_string(c.in_features) +
          " ffn=" + std::to_string(c.ffn_hidden_size) +
          " out=" + std::to_string(c.out_features);
 }

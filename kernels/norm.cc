@@ -42,6 +42,22 @@ inline __attribute__((always_inline)) void RowSumsInto(
   }
 }
 
+// Row r of dx [rows, cols] for a backward-input pass: dx[r][c] = v(c),
+// plus residual[r][c] (a skip connection's gradient) when `residual` is not
+// null.
+template <typename F>
+inline __attribute__((always_inline)) void StoreDxRow(int64_t r, int64_t cols,
+                                                      const float* residual,
+                                                      float* dx, F v) {
+  float* __restrict out = dx + r * cols;
+  if (residual != nullptr) {
+    const float* __restrict res = residual + r * cols;
+    for (int64_t c = 0; c < cols; ++c) out[c] = v(c) + res[c];
+  } else {
+    for (int64_t c = 0; c < cols; ++c) out[c] = v(c);
+  }
+}
+
 }  // namespace
 
 TY_VECTOR_CLONES
@@ -82,7 +98,6 @@ void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x,
   for (int64_t r = 0; r < rows; ++r) {
     const float* __restrict xr = x + r * cols;
     const float* __restrict g = dy + r * cols;
-    float* __restrict out = dx + r * cols;
     const float m = mean[r];
     const float rs = rstd[r];
     const float mean_g =
@@ -91,18 +106,10 @@ void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x,
         LaneSum(cols,
                 [=](int64_t i) { return g[i] * w[i] * ((xr[i] - m) * rs); }) *
         inv_n;
-    if (residual != nullptr) {
-      const float* __restrict res = residual + r * cols;
-      for (int64_t c = 0; c < cols; ++c) {
-        const float xhat = (xr[c] - m) * rs;
-        out[c] = (g[c] * w[c] - mean_g - xhat * mean_gx) * rs + res[c];
-      }
-    } else {
-      for (int64_t c = 0; c < cols; ++c) {
-        const float xhat = (xr[c] - m) * rs;
-        out[c] = (g[c] * w[c] - mean_g - xhat * mean_gx) * rs;
-      }
-    }
+    StoreDxRow(r, cols, residual, dx, [=](int64_t c) {
+      const float xhat = (xr[c] - m) * rs;
+      return (g[c] * w[c] - mean_g - xhat * mean_gx) * rs;
+    });
   }
 }
 
@@ -147,21 +154,13 @@ void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x,
   for (int64_t r = 0; r < rows; ++r) {
     const float* __restrict xr = x + r * cols;
     const float* __restrict g = dy + r * cols;
-    float* __restrict out = dx + r * cols;
     const float rs = rstd[r];
     const float mean_gx =
         LaneSum(cols, [=](int64_t i) { return g[i] * w[i] * (xr[i] * rs); }) *
         inv_n;
-    if (residual != nullptr) {
-      const float* __restrict res = residual + r * cols;
-      for (int64_t c = 0; c < cols; ++c) {
-        out[c] = (g[c] * w[c] - (xr[c] * rs) * mean_gx) * rs + res[c];
-      }
-    } else {
-      for (int64_t c = 0; c < cols; ++c) {
-        out[c] = (g[c] * w[c] - (xr[c] * rs) * mean_gx) * rs;
-      }
-    }
+    StoreDxRow(r, cols, residual, dx, [=](int64_t c) {
+      return (g[c] * w[c] - (xr[c] * rs) * mean_gx) * rs;
+    });
   }
 }
 

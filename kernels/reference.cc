@@ -10,7 +10,56 @@ constexpr double kPi = 3.14159265358979323846;
 
 double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
+// Row r's mean and 1 / sqrt(var + eps) (biased variance) for LayerNorm.
+struct RowStats {
+  double mean, rstd;
+};
+RowStats LayerNormStats(const Vec& x, int64_t r, int64_t cols, double eps) {
+  double mean = 0.0, var = 0.0;
+  for (int64_t c = 0; c < cols; ++c) mean += x[r * cols + c];
+  mean /= cols;
+  for (int64_t c = 0; c < cols; ++c) {
+    const double d = x[r * cols + c] - mean;
+    var += d * d;
+  }
+  var /= cols;
+  return {mean, 1.0 / std::sqrt(var + eps)};
+}
+
+// Row r's 1 / sqrt(mean(x^2) + eps) for RMSNorm.
+double RmsNormRstd(const Vec& x, int64_t r, int64_t cols, double eps) {
+  double ms = 0.0;
+  for (int64_t c = 0; c < cols; ++c) ms += x[r * cols + c] * x[r * cols + c];
+  return 1.0 / std::sqrt(ms / cols + eps);
+}
+
 }  // namespace
+
+const char* ActivationName(Activation act) {
+  switch (act) {
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kGeluTanh:
+      return "gelu_tanh";
+    case Activation::kSwiglu:
+      return "swiglu";
+  }
+  return "?";
+}
+
+const char* NormName(NormType norm) {
+  switch (norm) {
+    case NormType::kNone:
+      return "none";
+    case NormType::kLayerNorm:
+      return "layernorm";
+    case NormType::kRmsNorm:
+      return "rmsnorm";
+  }
+  return "?";
+}
 
 Vec Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
          const Vec& a, const Vec& b) {
@@ -74,15 +123,7 @@ Vec LayerNorm(int64_t rows, int64_t cols, const Vec& x, const Vec& w,
               const Vec& b, double eps) {
   Vec y(rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
-    double mean = 0.0, var = 0.0;
-    for (int64_t c = 0; c < cols; ++c) mean += x[r * cols + c];
-    mean /= cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double d = x[r * cols + c] - mean;
-      var += d * d;
-    }
-    var /= cols;
-    const double rstd = 1.0 / std::sqrt(var + eps);
+    const auto [mean, rstd] = LayerNormStats(x, r, cols, eps);
     for (int64_t c = 0; c < cols; ++c) {
       y[r * cols + c] =
           (x[r * cols + c] - mean) * rstd * w[c] + (b.empty() ? 0.0 : b[c]);
@@ -97,15 +138,7 @@ void LayerNormBackward(int64_t rows, int64_t cols, const Vec& x, const Vec& w,
   dw->assign(cols, 0.0);
   db->assign(cols, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
-    double mean = 0.0, var = 0.0;
-    for (int64_t c = 0; c < cols; ++c) mean += x[r * cols + c];
-    mean /= cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double d = x[r * cols + c] - mean;
-      var += d * d;
-    }
-    var /= cols;
-    const double rstd = 1.0 / std::sqrt(var + eps);
+    const auto [mean, rstd] = LayerNormStats(x, r, cols, eps);
     double mean_g = 0.0, mean_gx = 0.0;
     for (int64_t c = 0; c < cols; ++c) {
       const double xhat = (x[r * cols + c] - mean) * rstd;
@@ -129,9 +162,7 @@ Vec RmsNorm(int64_t rows, int64_t cols, const Vec& x, const Vec& w,
             double eps) {
   Vec y(rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
-    double ms = 0.0;
-    for (int64_t c = 0; c < cols; ++c) ms += x[r * cols + c] * x[r * cols + c];
-    const double rstd = 1.0 / std::sqrt(ms / cols + eps);
+    const double rstd = RmsNormRstd(x, r, cols, eps);
     for (int64_t c = 0; c < cols; ++c) {
       y[r * cols + c] = x[r * cols + c] * rstd * w[c];
     }
@@ -144,9 +175,7 @@ void RmsNormBackward(int64_t rows, int64_t cols, const Vec& x, const Vec& w,
   dx->assign(rows * cols, 0.0);
   dw->assign(cols, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
-    double ms = 0.0;
-    for (int64_t c = 0; c < cols; ++c) ms += x[r * cols + c] * x[r * cols + c];
-    const double rstd = 1.0 / std::sqrt(ms / cols + eps);
+    const double rstd = RmsNormRstd(x, r, cols, eps);
     double mean_gx = 0.0;
     for (int64_t c = 0; c < cols; ++c) {
       const double xhat = x[r * cols + c] * rstd;

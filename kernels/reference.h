@@ -20,6 +20,11 @@ using Vec = std::vector<double>;
 Vec Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
          const Vec& a, const Vec& b);
 
+// "relu", "gelu", "gelu_tanh", "swiglu"; "none", "layernorm", "rmsnorm":
+// the names tests give their cases.
+const char* ActivationName(Activation act);
+const char* NormName(NormType norm);
+
 // Element-wise activations (not SwiGLU) and their derivatives.
 double Act(Activation act, double x);
 double ActGrad(Activation act, double x);

@@ -9,13 +9,16 @@
 // The loss is kernels/losses.h's Mse on the host (ABI v1) and the simulated
 // device, kernels/cuda/loss_kernels.h's on a GPU (ABI v2). On device stages
 // the inputs pass through: the state is the batch's "targets".
-#include <cmath>
 #include <cstring>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kernels/cuda/loss_kernels.h"
 #include "kernels/losses.h"
+#include "task_plugins/plugin_losses.h"
 #include "task_plugins/plugin_sdk.h"
 
 namespace trainyard {
@@ -31,47 +34,37 @@ class MseTask : public DevicePluginTask {
   // Touches nothing: the same call serves validate_config.
   static absl::StatusOr<std::unique_ptr<PluginTask>> Create(
       const nlohmann::json& config, const CreateContext&) {
-    absl::StatusOr<std::string> reduction =
-        GetString(config, "reduction", "mean");
-    if (!reduction.ok()) return reduction.status();
-    if (*reduction != "mean") {
+    ASSIGN_OR_RETURN(const std::string reduction,
+                     GetString(config, "reduction", "mean"));
+    if (reduction != "mean") {
       return absl::InvalidArgumentError(absl::StrCat(
           "task.config.reduction: only \"mean\" is supported, got \"",
-          *reduction, "\""));
+          reduction, "\""));
     }
     return std::unique_ptr<PluginTask>(new MseTask());
   }
 
   absl::Status BuildForwardInputs(const TrainyardBatch& batch,
                                   TrainyardSink* out) override {
-    absl::StatusOr<const TrainyardTensor*> features =
-        CopyFeaturesToInputs(batch, out);
-    if (!features.ok()) return features.status();
-    absl::StatusOr<const TrainyardTensor*> targets =
-        FindTensor(batch.tensors, batch.num_tensors, "targets");
-    if (!targets.ok()) return targets.status();
-    const TrainyardTensor& t = **targets;
+    RETURN_IF_ERROR(CopyFeaturesToInputs(batch, out).status());
+    ASSIGN_OR_RETURN(const TrainyardTensor* targets,
+                     FindTensor(batch.tensors, batch.num_tensors, "targets"));
+    const TrainyardTensor& t = *targets;
     if (t.dtype != TRAINYARD_FLOAT32 || t.ndim != 2) {
       return absl::InvalidArgumentError(
           absl::StrCat("mse needs float32 [B, K] \"targets\", got ",
                        DTypeString(t.dtype), " ", ShapeString(t)));
     }
-    absl::StatusOr<void*> p =
-        AddTensor(out, "targets", TRAINYARD_FLOAT32, {t.shape[0], t.shape[1]});
-    if (!p.ok()) return p.status();
-    const int64_t n = NumElements(t);
-    if (n > 0) std::memcpy(*p, t.data, n * sizeof(float));
-    return absl::OkStatus();
+    return AddFloat32Copy(out, "targets", t);
   }
 
   absl::Status ComputeLoss(const TrainyardLossArgs& args,
                            TrainyardLossResult* result,
                            TrainyardSink* metrics) override {
     const TrainyardTensor& out = *args.output;
-    absl::StatusOr<const TrainyardTensor*> targets =
-        FindTensor(args.state, args.num_state, "targets");
-    if (!targets.ok()) return targets.status();
-    const TrainyardTensor& t = **targets;
+    ASSIGN_OR_RETURN(const TrainyardTensor* targets,
+                     FindState(args, "targets"));
+    const TrainyardTensor& t = *targets;
     if (t.dtype != TRAINYARD_FLOAT32 || t.ndim != out.ndim ||
         std::memcmp(t.shape, out.shape, sizeof(int64_t) * out.ndim) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -87,8 +80,7 @@ class MseTask : public DevicePluginTask {
       return absl::OkStatus();
     }
     double slots[kNumSlots];
-    losses::Mse({DType::kFloat32, rows, n / rows, out.data,
-                 args.is_eval ? nullptr : args.grad_output->data, false},
+    losses::Mse(HostOutput(args, rows, n / rows),
                 static_cast<const float*>(t.data), slots);
     result->loss = slots[4] / slots[5];
     result->loss_weight = slots[0];
@@ -101,14 +93,11 @@ class MseTask : public DevicePluginTask {
   }
 
   absl::Status ComputeLossDevice(const TrainyardDeviceLossArgs& a) override {
-    absl::StatusOr<DeviceOutput> out = CheckDeviceOutput(a);
-    if (!out.ok()) return out.status();
-    absl::StatusOr<const TrainyardTensor*> targets =
-        FindTensor(a.state, a.num_state, "targets");
-    if (!targets.ok()) return targets.status();
-    const TrainyardTensor& t = **targets;
-    if (t.dtype != TRAINYARD_FLOAT32 || t.ndim != 2 ||
-        t.shape[0] != out->rows || t.shape[1] != out->cols) {
+    ASSIGN_OR_RETURN(const losses::Output out, CheckDeviceOutput(a));
+    ASSIGN_OR_RETURN(const TrainyardTensor* targets, FindState(a, "targets"));
+    const TrainyardTensor& t = *targets;
+    if (t.dtype != TRAINYARD_FLOAT32 || t.ndim != 2 || t.shape[0] != out.rows ||
+        t.shape[1] != out.cols) {
       return absl::InvalidArgumentError(absl::StrCat(
           "microbatch ", a.microbatch, ": targets ", DTypeString(t.dtype), " ",
           ShapeString(t), " do not match the model output ",
@@ -116,14 +105,11 @@ class MseTask : public DevicePluginTask {
     }
     const float* target = static_cast<const float*>(t.data);
     if (a.device_kind == TRAINYARD_DEVICE_SIM) {
-      losses::Mse(
-          {out->dtype, out->rows, out->cols, out->data, out->grad, true},
-          target, a.slots);
+      losses::Mse(out, target, a.slots);
       return absl::OkStatus();
     }
-    return gpu::MseLoss(
-        {out->dtype, out->rows, out->cols, out->data, out->grad}, target,
-        a.workspace, a.slots, static_cast<gpu::Stream>(a.stream));
+    return gpu::MseLoss(out, target, a.workspace, a.slots,
+                        static_cast<gpu::Stream>(a.stream));
   }
 
   absl::Status FinishLoss(const double* slots, int32_t, int32_t, bool is_eval,
@@ -133,23 +119,17 @@ class MseTask : public DevicePluginTask {
   }
 
   absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) override {
-    Accum& a = accum_[is_eval ? 1 : 0];
-    if (a.count > 0) out->add_metric(out->ctx, "loss", a.sum_sq / a.count);
-    a = Accum();
+    metrics_.Report(is_eval, out);
     return absl::OkStatus();
   }
 
  private:
-  struct Accum {
-    double sum_sq = 0;
-    int64_t count = 0;
-  };
+  // Slots [4] the sum of squared differences, [5] the elements.
   void Accumulate(bool is_eval, const double* slots) {
-    Accum& a = accum_[is_eval ? 1 : 0];
-    a.sum_sq += slots[4];
-    a.count += static_cast<int64_t>(slots[5]);
+    metrics_.Add(is_eval, static_cast<int64_t>(slots[5]), {slots[4]});
   }
-  Accum accum_[2];  // [train, eval]
+
+  MetricSums metrics_{{"loss"}};
 };
 
 }  // namespace

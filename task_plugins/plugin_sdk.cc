@@ -173,59 +173,6 @@ int64_t LabelAt(const TrainyardTensor& t, int64_t i) {
   return static_cast<const int64_t*>(t.data)[i];
 }
 
-absl::StatusOr<DeviceOutput> CheckDeviceOutput(
-    const TrainyardDeviceLossArgs& a) {
-  if (a.device_kind != TRAINYARD_DEVICE_CUDA &&
-      a.device_kind != TRAINYARD_DEVICE_SIM) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown device kind ", a.device_kind));
-  }
-  if (a.output == nullptr || a.slots == nullptr) {
-    return absl::InvalidArgumentError("no output or no slots");
-  }
-  const TrainyardTensor& o = *a.output;
-  if ((o.dtype != TRAINYARD_FLOAT32 && o.dtype != TRAINYARD_BFLOAT16) ||
-      o.ndim != 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the model output must be float32 or bfloat16 [b, out], "
-                     "got ",
-                     DTypeString(o.dtype), " ", ShapeString(o)));
-  }
-  DeviceOutput out;
-  out.dtype = o.dtype == TRAINYARD_FLOAT32 ? DType::kFloat32 : DType::kBFloat16;
-  out.rows = o.shape[0];
-  out.cols = o.shape[1];
-  out.data = o.data;
-  if (!a.is_eval) {
-    const TrainyardTensor* g = a.grad_output;
-    if (g == nullptr || g->dtype != o.dtype || g->ndim != 2 ||
-        g->shape[0] != out.rows || g->shape[1] != out.cols ||
-        (g->data == nullptr && out.rows * out.cols > 0)) {
-      return absl::InvalidArgumentError(
-          "grad_output must be a tensor like the output");
-    }
-    out.grad = g->data;
-  }
-  return out;
-}
-
-absl::StatusOr<DType> LabelDType(const TrainyardTensor& t, int64_t rows) {
-  if (!IsLabelTensor(t) || t.shape[0] != rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "\"", t.name, "\" must be class indices int32/int64 [", rows, "], got ",
-        DTypeString(t.dtype), " ", ShapeString(t)));
-  }
-  return t.dtype == TRAINYARD_INT32 ? DType::kInt32 : DType::kInt64;
-}
-
-std::string BadLabelMessage(int32_t microbatch, int32_t num_microbatches,
-                            int64_t row, int64_t label, int64_t classes,
-                            int64_t ignore_index) {
-  return absl::StrCat("microbatch ", microbatch, " of ", num_microbatches,
-                      ", row ", row, ": label ", label, " outside [0, ",
-                      classes, ") and not ignore_index ", ignore_index);
-}
-
 absl::StatusOr<void*> AddTensor(TrainyardSink* sink, const std::string& name,
                                 int32_t dtype,
                                 const std::vector<int64_t>& shape) {
@@ -239,6 +186,16 @@ absl::StatusOr<void*> AddTensor(TrainyardSink* sink, const std::string& name,
   return p;
 }
 
+absl::Status AddFloat32Copy(TrainyardSink* sink, const std::string& name,
+                            const TrainyardTensor& t) {
+  absl::StatusOr<void*> p =
+      AddTensor(sink, name, TRAINYARD_FLOAT32, {t.shape[0], t.shape[1]});
+  if (!p.ok()) return p.status();
+  const int64_t n = NumElements(t);
+  if (n > 0) std::memcpy(*p, t.data, n * sizeof(float));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<const TrainyardTensor*> CopyFeaturesToInputs(
     const TrainyardBatch& batch, TrainyardSink* out) {
   absl::StatusOr<const TrainyardTensor*> f =
@@ -250,11 +207,8 @@ absl::StatusOr<const TrainyardTensor*> CopyFeaturesToInputs(
         absl::StrCat("\"features\" must be float32 [B, D], got ",
                      DTypeString(t.dtype), " ", ShapeString(t)));
   }
-  absl::StatusOr<void*> p =
-      AddTensor(out, "inputs", TRAINYARD_FLOAT32, {t.shape[0], t.shape[1]});
-  if (!p.ok()) return p.status();
-  const int64_t n = NumElements(t);
-  if (n > 0) std::memcpy(*p, t.data, n * sizeof(float));
+  absl::Status s = AddFloat32Copy(out, "inputs", t);
+  if (!s.ok()) return s;
   return &t;
 }
 

@@ -32,7 +32,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/tensor.h"
 #include "nlohmann/json.hpp"
 #include "task_plugins/task_abi.h"
 
@@ -140,29 +139,6 @@ absl::StatusOr<const TrainyardTensor*> FindTensor(
 bool IsLabelTensor(const TrainyardTensor& t);
 int64_t LabelAt(const TrainyardTensor& t, int64_t i);
 
-// compute_loss_device's output, checked: float32 or bfloat16 [rows, cols],
-// and (unless is_eval) a gradient of the same dtype and shape; the slots
-// and the device kind are checked too. InvalidArgument naming what is off.
-struct DeviceOutput {
-  DType dtype = DType::kFloat32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  const void* data = nullptr;
-  void* grad = nullptr;  // null for eval
-};
-absl::StatusOr<DeviceOutput> CheckDeviceOutput(
-    const TrainyardDeviceLossArgs& args);
-
-// The dtype of class-index labels `t` (int32/int64 [rows]), or
-// InvalidArgument naming the tensor, what it is and what was expected.
-absl::StatusOr<DType> LabelDType(const TrainyardTensor& t, int64_t rows);
-
-// "microbatch 1 of 4, row 3: label 12 outside [0, 10) and not ignore_index
-// -100": the error for a label that is neither a class nor ignored.
-std::string BadLabelMessage(int32_t microbatch, int32_t num_microbatches,
-                            int64_t row, int64_t label, int64_t classes,
-                            int64_t ignore_index);
-
 // The batch's "features" (float32 [B, D]) copied to "inputs"; returns it.
 absl::StatusOr<const TrainyardTensor*> CopyFeaturesToInputs(
     const TrainyardBatch& batch, TrainyardSink* out);
@@ -171,6 +147,10 @@ absl::StatusOr<const TrainyardTensor*> CopyFeaturesToInputs(
 absl::StatusOr<void*> AddTensor(TrainyardSink* sink, const std::string& name,
                                 int32_t dtype,
                                 const std::vector<int64_t>& shape);
+
+// Adds a copy of `t`, float32 [rows, cols], to the sink as `name`.
+absl::Status AddFloat32Copy(TrainyardSink* sink, const std::string& name,
+                            const TrainyardTensor& t);
 
 // Whether T::Create takes a CreateContext.
 template <typename T, typename = void>

@@ -38,6 +38,16 @@ __device__ __forceinline__ T WarpSum(T v) {
   return v;
 }
 
+// A grid-stride loop over n elements:
+//   for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep())
+// launched with GridFor(n, threads) blocks of `threads`.
+__device__ __forceinline__ int64_t GridStrideBegin() {
+  return blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridStrideStep() {
+  return int64_t{gridDim.x} * blockDim.x;
+}
+
 // Blocks for a grid-stride loop over n elements.
 inline unsigned GridFor(int64_t n, int threads) {
   int64_t blocks = (n + threads - 1) / threads;

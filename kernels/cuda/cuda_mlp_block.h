@@ -44,11 +44,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/block_config.h"
 #include "core/tensor.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/gemm_lt.h"
-#include "core/block_config.h"
 
 namespace trainyard {
 namespace gpu {
@@ -163,6 +163,49 @@ class CudaMlpBlock {
   absl::Status Bf16Weights(const CudaMlpBlockParams& p, const void** w1,
                            const void** w2, Stream stream);
   absl::StatusOr<DeviceBuffer> Alloc(int64_t elements, DType t);
+
+  // Forward's steps, in order: s->norm_out = norm(s->x) (and the norm's
+  // statistics); s->act_out = act(fc1(norm_out)), keeping s->fc1_out or
+  // s->relu_mask for the backward (FusedFc1Forward: through cuBLASLt's
+  // epilogue, false when it fell back); y = fc2(act_out) (+ bias, + x).
+  absl::Status NormForward(const CudaMlpBlockParams& p, CudaMlpBlockSaved* s,
+                           Stream stream);
+  absl::Status Fc1Forward(const CudaMlpBlockParams& p, const void* w1,
+                          CudaMlpBlockSaved* s, Stream stream);
+  absl::StatusOr<bool> FusedFc1Forward(const float* b1, const void* w1,
+                                       CudaMlpBlockSaved* s, Stream stream);
+  absl::Status Fc2Forward(const CudaMlpBlockParams& p, const void* w2,
+                          const CudaMlpBlockSaved& s, void* y, Stream stream);
+
+  // BackwardInput's steps: saved->d_fc1_out from d_out through fc2 and the
+  // activation (FusedFc1Backward: the d_act GEMM with cuBLASLt's epilogue,
+  // false when it fell back); then dx (and saved->d_norm_out) from it.
+  absl::Status Fc1Backward(const void* w2, const void* d_out,
+                           CudaMlpBlockSaved* saved, Stream stream);
+  absl::StatusOr<bool> FusedFc1Backward(const GemmArgs& g,
+                                        CudaMlpBlockSaved* saved,
+                                        Stream stream);
+  absl::Status NormBackwardInput(const CudaMlpBlockParams& p, const void* w1,
+                                 CudaMlpBlockSaved* saved, void* dx,
+                                 Stream stream);
+
+  // BackwardWeight's steps: fc2's and fc1's weight gradients, true when
+  // their bias gradient came along; the norm's parameter gradients.
+  absl::StatusOr<bool> Fc2WeightGrad(const CudaMlpBlockSaved& saved,
+                                     bool accumulate,
+                                     const CudaMlpBlockGrads& g, Stream stream);
+  absl::StatusOr<bool> Fc1WeightGrad(const CudaMlpBlockSaved& saved,
+                                     bool accumulate,
+                                     const CudaMlpBlockGrads& g, Stream stream);
+  // Weight-gradient GEMM `g` (site, rows) with the BGRADB epilogue into the
+  // scratch, folded into bias_grad [n]; false (nothing enqueued) when it
+  // fell back.
+  absl::StatusOr<bool> FusedWeightGrad(int site, int64_t rows,
+                                       const GemmArgs& g, int64_t n,
+                                       bool accumulate, float* bias_grad,
+                                       Stream stream);
+  absl::Status NormParamGrads(const CudaMlpBlockSaved& saved, bool accumulate,
+                              const CudaMlpBlockGrads& g, Stream stream);
   // fp32 mode promises float32 results close to the CPU's: cuBLASLt's
   // GELU epilogues may evaluate tanh approximately, so fp32 keeps gelu_tanh
   // on our element-wise kernels (bias and bias-gradient epilogues stay).

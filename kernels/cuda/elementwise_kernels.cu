@@ -1,6 +1,6 @@
 // Kernels first, then the launchers of elementwise_kernels.h.
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise_kernels.h"
 
 namespace trainyard {
@@ -8,6 +8,8 @@ namespace gpu {
 namespace {
 
 using internal::GridFor;
+using internal::GridStrideBegin;
+using internal::GridStrideStep;
 using internal::Load;
 using internal::Store;
 using bf16 = __nv_bfloat16;
@@ -47,8 +49,7 @@ __global__ void BiasActForwardKernel(int64_t rows, int64_t cols,
                                      const float* __restrict__ bias,
                                      T* __restrict__ pre, T* __restrict__ out) {
   const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
     float x = Load(pre, i);
     if (bias != nullptr) {
       x += bias[i % cols];
@@ -62,8 +63,7 @@ __global__ void BiasActForwardKernel(int64_t rows, int64_t cols,
 template <Activation A, typename T>
 __global__ void ActBackwardKernel(int64_t n, const T* __restrict__ pre,
                                   const T* d_out, T* d_pre) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
     Store(d_pre, i, Load(d_out, i) * ActGrad<A>(Load(pre, i)));
   }
 }
@@ -74,8 +74,7 @@ __global__ void BiasSwigluForwardKernel(int64_t rows, int64_t ffn,
                                         T* __restrict__ pre,
                                         T* __restrict__ out) {
   const int64_t n = rows * ffn;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
     const int64_t r = i / ffn, c = i % ffn;
     const int64_t ia = r * 2 * ffn + c, ib = ia + ffn;
     float a = Load(pre, ia), b = Load(pre, ib);
@@ -95,8 +94,7 @@ __global__ void SwigluBackwardKernel(int64_t rows, int64_t ffn,
                                      const T* __restrict__ d_out,
                                      T* __restrict__ d_pre) {
   const int64_t n = rows * ffn;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
     const int64_t r = i / ffn, c = i % ffn;
     const int64_t ia = r * 2 * ffn + c, ib = ia + ffn;
     const float a = Load(pre, ia), b = Load(pre, ib), g = Load(d_out, i);
@@ -113,8 +111,7 @@ __global__ void AddBiasResidualKernel(int64_t rows, int64_t cols,
                                       const T* __restrict__ residual,
                                       T* __restrict__ y) {
   const int64_t n = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
     float v = Load(y, i);
     if (bias != nullptr) v += bias[i % cols];
     if (residual != nullptr) v += Load(residual, i);
@@ -159,16 +156,14 @@ __global__ void ColumnSumsKernel(int64_t rows, int64_t cols,
 
 __global__ void CastToBf16Kernel(int64_t n, const float* __restrict__ src,
                                  bf16* __restrict__ dst) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
     dst[i] = __float2bfloat16_rn(src[i]);
   }
 }
 
 __global__ void CastToFloatKernel(int64_t n, const bf16* __restrict__ src,
                                   float* __restrict__ dst) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
     dst[i] = __bfloat162float(src[i]);
   }
 }

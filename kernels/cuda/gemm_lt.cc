@@ -1,21 +1,16 @@
 #include "kernels/cuda/gemm_lt.h"
 
-#include <sys/stat.h>
-
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
-#include <mutex>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "core/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/gemm_algo_cache.h"
 
 namespace trainyard {
 namespace gpu {
@@ -238,75 +233,12 @@ std::string GpuModel(int device) {
                       cublasLtGetVersion());
 }
 
-// The tuned choices (an index into the heuristic's ranked candidates) by
-// GPU model and problem, for the process, loaded from and appended to the
-// cache file. File errors only cost a re-tune.
-class AlgoCache {
- public:
-  static AlgoCache& Get() {
-    static AlgoCache* const cache = new AlgoCache();
-    return *cache;
-  }
-
-  bool Lookup(const std::string& key, int* index) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Load();
-    auto it = choices_.find(key);
-    if (it == choices_.end()) return false;
-    *index = it->second;
-    return true;
-  }
-
-  void Store(const std::string& key, int index) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Load();
-    if (!choices_.emplace(key, index).second) return;
-    const std::string path = Path();
-    if (path.empty()) return;
-    const size_t slash = path.rfind('/');
-    if (slash != std::string::npos) {
-      // mkdir -p of the folder, quietly.
-      std::string dir;
-      for (absl::string_view part :
-           absl::StrSplit(path.substr(0, slash), '/', absl::SkipEmpty())) {
-        dir = absl::StrCat(dir, "/", part);
-        mkdir(dir.c_str(), 0755);
-      }
-    }
-    std::ofstream out(path, std::ios::app);
-    out << key << "\t" << index << "\n";
-  }
-
- private:
-  static std::string Path() {
-    if (const char* p = std::getenv("TRAINYARD_GEMM_CACHE")) return p;
-    const char* home = std::getenv("HOME");
-    if (home == nullptr || home[0] == '\0') return "";
-    return absl::StrCat(home, "/.cache/trainyard/gemm_algos.tsv");
-  }
-  void Load() {
-    if (loaded_) return;
-    loaded_ = true;
-    const std::string path = Path();
-    if (path.empty()) return;
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) {
-      const size_t tab = line.rfind('\t');
-      int index = 0;
-      if (tab == std::string::npos ||
-          !absl::SimpleAtoi(line.substr(tab + 1), &index) || index < 0 ||
-          index >= GemmLt::kTuneCandidates) {
-        continue;  // a damaged line: that problem is tuned again
-      }
-      choices_.emplace(line.substr(0, tab), index);
-    }
-  }
-
-  std::mutex mu_;
-  bool loaded_ = false;
-  absl::flat_hash_map<std::string, int> choices_;
-};
+// The process's tuned choices (see gemm_algo_cache.h).
+GemmAlgoCache& AlgoCache() {
+  static GemmAlgoCache* const cache =
+      new GemmAlgoCache(GemmLt::kTuneCandidates);
+  return *cache;
+}
 
 bool TuningEnabled() {
   const char* v = std::getenv("TRAINYARD_GEMM_TUNE");
@@ -353,6 +285,111 @@ absl::StatusOr<int> TuneAlgo(cublasLtHandle_t handle, const GemmArgs& g,
   return best;
 }
 
+// A plan for `g`: its descriptors and layouts, no algorithm yet. `ldc` is
+// C's leading dimension (D's when beta == 0: C is then D).
+absl::StatusOr<std::unique_ptr<Plan>> CreatePlan(const GemmArgs& g,
+                                                 int64_t ldc) {
+  const cudaDataType_t ab_type =
+      g.precision == GemmPrecision::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t cd_type =
+      g.d_type == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasLtEpilogue_t epilogue = ToLt(g.epilogue);
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  auto p = std::make_unique<Plan>();
+  const cublasComputeType_t compute = g.precision == GemmPrecision::kTf32
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&p->op, compute, CUDA_R_32F));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  if (UsesBias(g.epilogue) || UsesBiasGrad(g.epilogue)) {
+    const int32_t bias_type = CUDA_R_32F;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+        sizeof(bias_type)));
+  }
+  if (UsesAux(g.epilogue)) {
+    const int64_t ld_aux = g.ld_aux;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux, sizeof(ld_aux)));
+  }
+  // Column-major view: D^T [n, m] = op(B)^T [n, k] @ op(A)^T [k, m].
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+      &p->a, ab_type, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.ldb));
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
+      &p->b, ab_type, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.lda));
+  CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatrixLayoutCreate(&p->c, cd_type, g.n, g.m, ldc));
+  CUBLAS_RETURN_IF_ERROR(
+      cublasLtMatrixLayoutCreate(&p->d, cd_type, g.n, g.m, g.ldd));
+  return p;
+}
+
+// Points the plan's descriptor at g's bias (or bias gradient) and aux
+// buffers, which may differ from call to call.
+absl::Status SetEpiloguePointers(const GemmArgs& g, const Plan& p) {
+  if (UsesBias(g.epilogue) || UsesBiasGrad(g.epilogue)) {
+    const void* bias =
+        UsesBias(g.epilogue) ? static_cast<const void*>(g.bias) : g.bias_grad;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (UsesAux(g.epilogue)) {
+    void* aux = g.aux;
+    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+  }
+  return absl::OkStatus();
+}
+
+// Asks cuBLASLt's heuristic for up to GemmLt::kTuneCandidates algorithms
+// for plan `p` (told the pointers' alignments and `workspace_bytes`, and
+// kept from in-place split-K reductions) into results[0, *found); returns
+// the heuristic's status, or an error when no preference can be made.
+absl::StatusOr<cublasStatus_t> Heuristic(
+    cublasLtHandle_t handle, const GemmArgs& g, const Plan& p,
+    const void* c_ptr, uint64_t workspace_bytes,
+    cublasLtMatmulHeuristicResult_t* results, int* found) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = workspace_bytes;
+  const uint32_t align_a = Alignment(g.b), align_b = Alignment(g.a),
+                 align_c = Alignment(c_ptr), align_d = Alignment(g.d);
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+        sizeof(align_a));
+    cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+        sizeof(align_b));
+    cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
+        sizeof(align_c));
+    cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+        sizeof(align_d));
+    // Split-K only with a separate reduction step, never in place.
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE |
+                             CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
+                             CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+        sizeof(schemes));
+    st =
+        cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.d, pref,
+                                       GemmLt::kTuneCandidates, results, found);
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  return st;
+}
+
 }  // namespace
 
 struct GemmLt::Impl {
@@ -365,7 +402,44 @@ struct GemmLt::Impl {
     plans.clear();
     if (handle) cublasLtDestroy(handle);
   }
+
+  // Picks the algorithm of the fresh plan `p` for `g`: the heuristic's
+  // first, or the tuned (cached) one. Without any, drops the plan (p
+  // dangles then) and returns Unimplemented.
+  absl::Status ChooseAlgo(const GemmArgs& g, const void* c_ptr, Plan& p,
+                          Stream stream);
 };
+
+absl::Status GemmLt::Impl::ChooseAlgo(const GemmArgs& g, const void* c_ptr,
+                                      Plan& p, Stream stream) {
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
+  int found = 0;
+  ASSIGN_OR_RETURN(
+      const cublasStatus_t st,
+      Heuristic(handle, g, p, c_ptr, workspace.size(), results, &found));
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    plans.erase(PlanKey(g));
+    return absl::UnimplementedError(absl::StrCat(
+        "GemmLt: cuBLASLt has no algorithm for m=", g.m, " n=", g.n, " k=", g.k,
+        " trans_a=", g.trans_a, " trans_b=", g.trans_b, " ",
+        GemmPrecisionName(g.precision), " -> ", DTypeName(g.d_type),
+        ", epilogue ", GemmEpilogueName(g.epilogue), " (",
+        st == CUBLAS_STATUS_SUCCESS ? "no result" : cublasGetStatusString(st),
+        ")"));
+  }
+  int chosen = 0;
+  if (found > 1 && g.beta == 0.0f && TuningEnabled()) {
+    const std::string key = absl::StrCat(model, "|", PlanKey(g));
+    if (!AlgoCache().Lookup(key, &chosen) || chosen >= found) {
+      ASSIGN_OR_RETURN(chosen,
+                       TuneAlgo(handle, g, p, results, found, c_ptr,
+                                workspace.data(), workspace.size(), stream));
+      AlgoCache().Store(key, chosen);
+    }
+  }
+  p.algo = results[chosen].algo;
+  return absl::OkStatus();
+}
 
 GemmLt::GemmLt(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GemmLt::~GemmLt() = default;
@@ -390,134 +464,21 @@ absl::StatusOr<std::unique_ptr<GemmLt>> GemmLt::Create(int device) {
 }
 
 absl::Status GemmLt::Run(const GemmArgs& g, Stream stream) {
-  absl::Status valid = Validate(g);
-  if (!valid.ok()) return valid;
+  RETURN_IF_ERROR(Validate(g));
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
-  valid = CheckAuxLd(g);
-  if (!valid.ok()) return valid;
-  valid = CheckEpiloguePointers(g);
-  if (!valid.ok()) return valid;
-
-  const cudaDataType_t ab_type =
-      g.precision == GemmPrecision::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cudaDataType_t cd_type =
-      g.d_type == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cublasLtEpilogue_t epilogue = ToLt(g.epilogue);
-  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  RETURN_IF_ERROR(CheckAuxLd(g));
+  RETURN_IF_ERROR(CheckEpiloguePointers(g));
   const void* c_ptr = g.beta != 0.0f ? g.c : g.d;
   const int64_t ldc = g.beta != 0.0f ? g.ldc : g.ldd;
 
   std::unique_ptr<Plan>& plan = impl_->plans[PlanKey(g)];
   const bool fresh = plan == nullptr;
   if (fresh) {
-    auto p = std::make_unique<Plan>();
-    const cublasComputeType_t compute = g.precision == GemmPrecision::kTf32
-                                            ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                            : CUBLAS_COMPUTE_32F;
-    CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatmulDescCreate(&p->op, compute, CUDA_R_32F));
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (UsesBias(g.epilogue) || UsesBiasGrad(g.epilogue)) {
-      const int32_t bias_type = CUDA_R_32F;
-      CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-          p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-          sizeof(bias_type)));
-    }
-    if (UsesAux(g.epilogue)) {
-      const int64_t ld_aux = g.ld_aux;
-      CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-          p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld_aux,
-          sizeof(ld_aux)));
-    }
-    // Column-major view: D^T [n, m] = op(B)^T [n, k] @ op(A)^T [k, m].
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
-        &p->a, ab_type, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.ldb));
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(
-        &p->b, ab_type, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.lda));
-    CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatrixLayoutCreate(&p->c, cd_type, g.n, g.m, ldc));
-    CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatrixLayoutCreate(&p->d, cd_type, g.n, g.m, g.ldd));
-    plan = std::move(p);
+    ASSIGN_OR_RETURN(plan, CreatePlan(g, ldc));
   }
   Plan& p = *plan;
-  if (UsesBias(g.epilogue) || UsesBiasGrad(g.epilogue)) {
-    const void* bias =
-        UsesBias(g.epilogue) ? static_cast<const void*>(g.bias) : g.bias_grad;
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  }
-  if (UsesAux(g.epilogue)) {
-    void* aux = g.aux;
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-        p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-  }
-  if (fresh) {
-    cublasLtMatmulPreference_t pref = nullptr;
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t ws = impl_->workspace.size();
-    const uint32_t align_a = Alignment(g.b), align_b = Alignment(g.a),
-                   align_c = Alignment(c_ptr), align_d = Alignment(g.d);
-    cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
-    int found = 0;
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    if (st == CUBLAS_STATUS_SUCCESS) {
-      cublasLtMatmulPreferenceSetAttribute(
-          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-          sizeof(align_a));
-      cublasLtMatmulPreferenceSetAttribute(
-          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-          sizeof(align_b));
-      cublasLtMatmulPreferenceSetAttribute(
-          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c,
-          sizeof(align_c));
-      cublasLtMatmulPreferenceSetAttribute(
-          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-          sizeof(align_d));
-      // Split-K only with a separate reduction step, never in place.
-      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE |
-                               CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
-                               CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-      cublasLtMatmulPreferenceSetAttribute(
-          pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
-          sizeof(schemes));
-      st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.op, p.a, p.b, p.c,
-                                          p.d, pref, kTuneCandidates, results,
-                                          &found);
-    }
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-      plan.reset();
-      impl_->plans.erase(PlanKey(g));
-      return absl::UnimplementedError(absl::StrCat(
-          "GemmLt: cuBLASLt has no algorithm for m=", g.m, " n=", g.n,
-          " k=", g.k, " trans_a=", g.trans_a, " trans_b=", g.trans_b, " ",
-          GemmPrecisionName(g.precision), " -> ", DTypeName(g.d_type),
-          ", epilogue ", GemmEpilogueName(g.epilogue), " (",
-          st == CUBLAS_STATUS_SUCCESS ? "no result" : cublasGetStatusString(st),
-          ")"));
-    }
-    int chosen = 0;
-    if (found > 1 && g.beta == 0.0f && TuningEnabled()) {
-      const std::string key = absl::StrCat(impl_->model, "|", PlanKey(g));
-      if (!AlgoCache::Get().Lookup(key, &chosen) || chosen >= found) {
-        absl::StatusOr<int> tuned =
-            TuneAlgo(impl_->handle, g, p, results, found, c_ptr,
-                     impl_->workspace.data(), impl_->workspace.size(), stream);
-        if (!tuned.ok()) return tuned.status();
-        chosen = *tuned;
-        AlgoCache::Get().Store(key, chosen);
-      }
-    }
-    p.algo = results[chosen].algo;
-  }
+  RETURN_IF_ERROR(SetEpiloguePointers(g, p));
+  if (fresh) RETURN_IF_ERROR(impl_->ChooseAlgo(g, c_ptr, p, stream));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(impl_->handle, p.op, &g.alpha, g.b, p.a,
                                         g.a, p.b, &g.beta, c_ptr, p.c, g.d, p.d,
                                         &p.algo, impl_->workspace.data(),

@@ -50,13 +50,14 @@
 // is kept (only algorithms whose split-K reduction, if any, is a separate
 // deterministic step: the heuristic is told to leave out the in-place
 // reduction scheme). The choice is cached per GPU model (name, SM count,
-// cuBLASLt version) in the process and in a file (TRAINYARD_GEMM_CACHE, or
-// $HOME/.cache/trainyard/gemm_algos.tsv), so later runs, and later
-// processes, pick the same algorithm for the same problem: results are
-// bitwise repeatable once the cache holds a job's problems. Only
-// problems with beta == 0 are tuned (tuning runs overwrite D); the others,
-// and every problem with TRAINYARD_GEMM_TUNE=0, take the heuristic's first
-// choice. Tuning a problem synchronises the stream (once per problem).
+// cuBLASLt version) in the process and in a file (gemm_algo_cache.h:
+// TRAINYARD_GEMM_CACHE, or $HOME/.cache/trainyard/gemm_algos.tsv), so later
+// runs, and later processes, pick the same algorithm for the same problem:
+// results are bitwise repeatable once the cache holds a job's problems.
+// Only problems with beta == 0 are tuned (tuning runs overwrite D); the
+// others, and every problem with TRAINYARD_GEMM_TUNE=0, take the
+// heuristic's first choice. Tuning a problem synchronises the stream (once
+// per problem).
 //
 // Determinism: cuBLAS documents bitwise run-to-run reproducibility of its
 // routines for one toolkit version, GPU architecture and SM count when

@@ -1,8 +1,8 @@
 // Kernels first, then the launchers of loss_kernels.h.
 #include <cfloat>
 
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/loss_kernels.h"
 
 namespace trainyard {
@@ -310,23 +310,50 @@ __global__ void ClassifierFinalKernel(int kind, int64_t rows, double t,
   }
 }
 
-absl::Status CheckOutput(const char* k, const LossOutput& out, double* slots) {
+absl::Status CheckOutput(const char* k, const losses::Output& out,
+                         double* slots) {
   TY_RETURN_IF_ERROR(internal::CheckSizes(k, out.rows, out.cols));
   TY_RETURN_IF_ERROR(CheckActivationDType(k, out.dtype));
   TY_RETURN_IF_ERROR(internal::CheckPtr(k, "slots", slots));
   if (out.rows * out.cols > 0) {
     TY_RETURN_IF_ERROR(internal::CheckPtr(k, "output", out.data));
   }
+  if (out.grad != nullptr && !out.weighted) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        k, ": the gradient on a GPU is the weighted one (Output::weighted)"));
+  }
   return absl::OkStatus();
 }
 
-absl::Status CheckLabels(const char* k, DType dtype, const void* labels,
-                         int64_t rows) {
-  if (dtype != DType::kInt32 && dtype != DType::kInt64) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        k, ": labels are ", DTypeName(dtype), ", expected int32 or int64"));
+// The output, the labels and the classes of a classifier loss.
+absl::Status CheckClassifier(const char* k, const losses::Output& out,
+                             const losses::Labels& labels, double* slots) {
+  TY_RETURN_IF_ERROR(CheckOutput(k, out, slots));
+  if (labels.dtype != DType::kInt32 && labels.dtype != DType::kInt64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(k, ": labels are ", DTypeName(labels.dtype),
+                     ", expected int32 or int64"));
   }
-  if (rows > 0) TY_RETURN_IF_ERROR(internal::CheckPtr(k, "labels", labels));
+  if (out.rows > 0) {
+    TY_RETURN_IF_ERROR(internal::CheckPtr(k, "labels", labels.data));
+  }
+  if (out.cols < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(k, ": classes must be >= 1, got ", out.cols));
+  }
+  return absl::OkStatus();
+}
+
+// Checks the workspace and enqueues CountLabelsKernel into it: the first
+// step of both classifier losses.
+absl::Status CountLabels(const char* k, const losses::Output& out,
+                         const losses::Labels& labels, void* workspace,
+                         double* slots, Stream stream) {
+  TY_RETURN_IF_ERROR(internal::CheckPtr(k, "workspace", workspace));
+  CountLabelsKernel<<<1, kFinalThreads, 0, stream>>>(
+      out.rows, out.cols, labels.data, labels.dtype == DType::kInt64,
+      labels.ignore_index, static_cast<double*>(workspace), slots);
+  CUDA_RETURN_IF_LAUNCH_ERROR("CountLabelsKernel");
   return absl::OkStatus();
 }
 
@@ -344,7 +371,7 @@ size_t ClassifierWorkspaceBytes(int64_t rows, int64_t) {
   return static_cast<size_t>(2 + 3 * (rows > 0 ? rows : 0)) * sizeof(double);
 }
 
-absl::Status MseLoss(const LossOutput& out, const float* target,
+absl::Status MseLoss(const losses::Output& out, const float* target,
                      void* workspace, double* slots, Stream stream) {
   const char* k = "MseLoss";
   TY_RETURN_IF_ERROR(CheckOutput(k, out, slots));
@@ -375,36 +402,29 @@ absl::Status MseLoss(const LossOutput& out, const float* target,
   return absl::OkStatus();
 }
 
-absl::Status CrossEntropyLoss(const LossOutput& out, DType label_dtype,
-                              const void* labels, int64_t ignore_index,
+absl::Status CrossEntropyLoss(const losses::Output& out,
+                              const losses::Labels& labels,
                               double label_smoothing, void* workspace,
                               double* slots, Stream stream) {
   const char* k = "CrossEntropyLoss";
-  TY_RETURN_IF_ERROR(CheckOutput(k, out, slots));
-  TY_RETURN_IF_ERROR(CheckLabels(k, label_dtype, labels, out.rows));
-  if (out.cols < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(k, ": classes must be >= 1, got ", out.cols));
-  }
+  TY_RETURN_IF_ERROR(CheckClassifier(k, out, labels, slots));
   if (!(label_smoothing >= 0.0 && label_smoothing <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         k, ": label_smoothing must be in [0, 1], got ", label_smoothing));
   }
   if (out.rows == 0) return absl::OkStatus();
-  TY_RETURN_IF_ERROR(internal::CheckPtr(k, "workspace", workspace));
+  TY_RETURN_IF_ERROR(CountLabels(k, out, labels, workspace, slots, stream));
   double* ws = static_cast<double*>(workspace);
-  const bool wide = label_dtype == DType::kInt64;
-  CountLabelsKernel<<<1, kFinalThreads, 0, stream>>>(
-      out.rows, out.cols, labels, wide, ignore_index, ws, slots);
-  CUDA_RETURN_IF_LAUNCH_ERROR("CountLabelsKernel");
+  const bool wide = labels.dtype == DType::kInt64;
+  const int64_t ignore_index = labels.ignore_index;
   if (out.dtype == DType::kFloat32) {
     CrossEntropyRowKernel<float><<<RowBlocks(out.rows), kThreads, 0, stream>>>(
-        out.rows, out.cols, static_cast<const float*>(out.data), labels, wide,
-        ignore_index, label_smoothing, static_cast<float*>(out.grad), ws);
+        out.rows, out.cols, static_cast<const float*>(out.data), labels.data,
+        wide, ignore_index, label_smoothing, static_cast<float*>(out.grad), ws);
   } else {
     CrossEntropyRowKernel<bf16><<<RowBlocks(out.rows), kThreads, 0, stream>>>(
-        out.rows, out.cols, static_cast<const bf16*>(out.data), labels, wide,
-        ignore_index, label_smoothing, static_cast<bf16*>(out.grad), ws);
+        out.rows, out.cols, static_cast<const bf16*>(out.data), labels.data,
+        wide, ignore_index, label_smoothing, static_cast<bf16*>(out.grad), ws);
   }
   CUDA_RETURN_IF_LAUNCH_ERROR("CrossEntropyRowKernel");
   ClassifierFinalKernel<<<1, kFinalThreads, 0, stream>>>(0, out.rows, 0, 0, ws,
@@ -413,18 +433,12 @@ absl::Status CrossEntropyLoss(const LossOutput& out, DType label_dtype,
   return absl::OkStatus();
 }
 
-absl::Status DistillationLoss(const LossOutput& out, const float* teacher,
-                              DType label_dtype, const void* labels,
-                              int64_t ignore_index, double temperature,
+absl::Status DistillationLoss(const losses::Output& out, const float* teacher,
+                              const losses::Labels& labels, double temperature,
                               double alpha, void* workspace, double* slots,
                               Stream stream) {
   const char* k = "DistillationLoss";
-  TY_RETURN_IF_ERROR(CheckOutput(k, out, slots));
-  TY_RETURN_IF_ERROR(CheckLabels(k, label_dtype, labels, out.rows));
-  if (out.cols < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(k, ": classes must be >= 1, got ", out.cols));
-  }
+  TY_RETURN_IF_ERROR(CheckClassifier(k, out, labels, slots));
   if (!(temperature > 0) || !(alpha >= 0 && alpha <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat(k, ": temperature must be > 0 and alpha in [0, 1], got ",
@@ -432,22 +446,20 @@ absl::Status DistillationLoss(const LossOutput& out, const float* teacher,
   }
   if (out.rows == 0) return absl::OkStatus();
   TY_RETURN_IF_ERROR(internal::CheckPtr(k, "teacher", teacher));
-  TY_RETURN_IF_ERROR(internal::CheckPtr(k, "workspace", workspace));
+  TY_RETURN_IF_ERROR(CountLabels(k, out, labels, workspace, slots, stream));
   double* ws = static_cast<double*>(workspace);
-  const bool wide = label_dtype == DType::kInt64;
-  CountLabelsKernel<<<1, kFinalThreads, 0, stream>>>(
-      out.rows, out.cols, labels, wide, ignore_index, ws, slots);
-  CUDA_RETURN_IF_LAUNCH_ERROR("CountLabelsKernel");
+  const bool wide = labels.dtype == DType::kInt64;
+  const int64_t ignore_index = labels.ignore_index;
   if (out.dtype == DType::kFloat32) {
     DistillationRowKernel<float><<<RowBlocks(out.rows), kThreads, 0, stream>>>(
         out.rows, out.cols, static_cast<const float*>(out.data), teacher,
-        labels, wide, ignore_index, temperature, alpha,
+        labels.data, wide, ignore_index, temperature, alpha,
         static_cast<float*>(out.grad), ws);
   } else {
     DistillationRowKernel<bf16><<<RowBlocks(out.rows), kThreads, 0, stream>>>(
-        out.rows, out.cols, static_cast<const bf16*>(out.data), teacher, labels,
-        wide, ignore_index, temperature, alpha, static_cast<bf16*>(out.grad),
-        ws);
+        out.rows, out.cols, static_cast<const bf16*>(out.data), teacher,
+        labels.data, wide, ignore_index, temperature, alpha,
+        static_cast<bf16*>(out.grad), ws);
   }
   CUDA_RETURN_IF_LAUNCH_ERROR("DistillationRowKernel");
   ClassifierFinalKernel<<<1, kFinalThreads, 0, stream>>>(

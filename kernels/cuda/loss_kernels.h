@@ -1,11 +1,11 @@
 // The shipped task plugins' losses on a GPU: the device half (task ABI v2)
 // of task_plugins/mse.cc, cross_entropy.cc and logit_distillation.cc, with
-// the semantics and the slot layout of their CPU twins in kernels/losses.h
-// (which the plugins use on the host and on the simulated device):
-//   slots [0] w, [1] w * loss, [2] 0 or 1 + the first bad row, [3] its
-//   label, [4...] each loss's partials (losses.h lists them).
-// The gradient written is the weighted one (w times dLoss/dOutput, rounded
-// as losses.h's Output::weighted), in the output's dtype.
+// the arguments and the slot layout of kernels/cuda/loss_args.h and the
+// semantics of their CPU twins in kernels/losses.h (which the plugins use
+// on the host and on the simulated device). The gradient written is the
+// weighted one (w times dLoss/dOutput, rounded as losses.h's
+// Output::weighted), in the output's dtype: Output::weighted must be set
+// when Output::grad is.
 //
 // Outputs are float32 or bfloat16; sums are double over fixed grids and
 // fixed reduction trees (no atomics on floats): the same bits on every run
@@ -20,41 +20,31 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "core/tensor.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/loss_args.h"
 
 namespace trainyard {
 namespace gpu {
-
-// One microbatch's output and its gradient, on the device.
-struct LossOutput {
-  DType dtype = DType::kFloat32;  // float32 or bfloat16
-  int64_t rows = 0;
-  int64_t cols = 0;
-  const void* data = nullptr;  // [rows, cols]
-  void* grad = nullptr;        // [rows, cols] of dtype; null for eval
-};
 
 // Device workspace for MseLoss and for the two classifier losses.
 size_t MseWorkspaceBytes(int64_t rows, int64_t cols);
 size_t ClassifierWorkspaceBytes(int64_t rows, int64_t cols);
 
 // MSE against float32 targets [rows, cols] (losses::Mse).
-absl::Status MseLoss(const LossOutput& out, const float* target,
+absl::Status MseLoss(const losses::Output& out, const float* target,
                      void* workspace, double* slots, Stream stream);
 
-// Softmax cross-entropy against int32/int64 labels [rows]
+// Softmax cross-entropy against class-index labels [rows]
 // (losses::CrossEntropy).
-absl::Status CrossEntropyLoss(const LossOutput& out, DType label_dtype,
-                              const void* labels, int64_t ignore_index,
+absl::Status CrossEntropyLoss(const losses::Output& out,
+                              const losses::Labels& labels,
                               double label_smoothing, void* workspace,
                               double* slots, Stream stream);
 
 // Logit distillation against a float32 teacher [rows, cols] and hard
 // labels (losses::Distillation).
-absl::Status DistillationLoss(const LossOutput& out, const float* teacher,
-                              DType label_dtype, const void* labels,
-                              int64_t ignore_index, double temperature,
+absl::Status DistillationLoss(const losses::Output& out, const float* teacher,
+                              const losses::Labels& labels, double temperature,
                               double alpha, void* workspace, double* slots,
                               Stream stream);
 

@@ -7,17 +7,18 @@ namespace gpu {
 size_t MseWorkspaceBytes(int64_t, int64_t) { return 0; }
 size_t ClassifierWorkspaceBytes(int64_t, int64_t) { return 0; }
 
-absl::Status MseLoss(const LossOutput&, const float*, void*, double*, Stream) {
+absl::Status MseLoss(const losses::Output&, const float*, void*, double*,
+                     Stream) {
   return NoCuda("MseLoss");
 }
 
-absl::Status CrossEntropyLoss(const LossOutput&, DType, const void*, int64_t,
+absl::Status CrossEntropyLoss(const losses::Output&, const losses::Labels&,
                               double, void*, double*, Stream) {
   return NoCuda("CrossEntropyLoss");
 }
 
-absl::Status DistillationLoss(const LossOutput&, const float*, DType,
-                              const void*, int64_t, double, double, void*,
+absl::Status DistillationLoss(const losses::Output&, const float*,
+                              const losses::Labels&, double, double, void*,
                               double*, Stream) {
   return NoCuda("DistillationLoss");
 }

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cuda/cuda_status.h"
 #include "core/step_totals.h"
 #include "kernels/cuda/cuda_math.cuh"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/optimizer_kernels.h"
 
 namespace trainyard {
@@ -244,6 +244,23 @@ int64_t BuildTable(const std::vector<ParamSegment>& segs, size_t first,
   return blocks;
 }
 
+// Calls launch(table, blocks) for each run of up to kMaxSegments segments
+// that has elements: its table, with per-segment `scalar(segment)`, and its
+// total blocks. Stops at the first error.
+template <typename F, typename L>
+absl::Status ForEachTable(const std::vector<ParamSegment>& segs, F scalar,
+                          L launch) {
+  for (size_t first = 0; first < segs.size(); first += kMaxSegments) {
+    const int count =
+        static_cast<int>(std::min<size_t>(kMaxSegments, segs.size() - first));
+    SegmentTable t;
+    const int64_t blocks = BuildTable(segs, first, count, scalar, &t);
+    if (blocks == 0) continue;
+    TY_RETURN_IF_ERROR(launch(t, static_cast<unsigned>(blocks)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSegments(const char* what,
                            const std::vector<ParamSegment>& segs) {
   for (size_t i = 0; i < segs.size(); ++i) {
@@ -286,27 +303,23 @@ absl::Status FusedAdamW(const std::vector<ParamSegment>& segments,
   const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
   const float neg_step_size = static_cast<float>(-(hp.lr / bc1));
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  for (size_t first = 0; first < segments.size(); first += kMaxSegments) {
-    const int count = static_cast<int>(
-        std::min<size_t>(kMaxSegments, segments.size() - first));
-    SegmentTable t;
-    const int64_t blocks = BuildTable(
-        segments, first, count,
-        [&](const ParamSegment& s) {
-          const double wd = s.decay ? hp.weight_decay : 0.0;
-          return static_cast<float>(1.0 - hp.lr * wd);
-        },
-        &t);
-    if (blocks == 0) continue;
-    AdamWKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        t, params, grads, exp_avg, exp_avg_sq, static_cast<bf16*>(params_bf16),
-        static_cast<float>(hp.grad_scale), device_totals,
-        static_cast<float>(hp.beta1), static_cast<float>(1.0 - hp.beta1),
-        static_cast<float>(hp.beta2), static_cast<float>(1.0 - hp.beta2),
-        bc2_sqrt, static_cast<float>(hp.eps), neg_step_size);
-    CUDA_RETURN_IF_LAUNCH_ERROR("AdamWKernel");
-  }
-  return absl::OkStatus();
+  return ForEachTable(
+      segments,
+      [&](const ParamSegment& s) {
+        const double wd = s.decay ? hp.weight_decay : 0.0;
+        return static_cast<float>(1.0 - hp.lr * wd);
+      },
+      [&](const SegmentTable& t, unsigned blocks) -> absl::Status {
+        AdamWKernel<<<blocks, kThreads, 0, stream>>>(
+            t, params, grads, exp_avg, exp_avg_sq,
+            static_cast<bf16*>(params_bf16), static_cast<float>(hp.grad_scale),
+            device_totals, static_cast<float>(hp.beta1),
+            static_cast<float>(1.0 - hp.beta1), static_cast<float>(hp.beta2),
+            static_cast<float>(1.0 - hp.beta2), bc2_sqrt,
+            static_cast<float>(hp.eps), neg_step_size);
+        CUDA_RETURN_IF_LAUNCH_ERROR("AdamWKernel");
+        return absl::OkStatus();
+      });
 }
 
 absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
@@ -324,25 +337,21 @@ absl::Status FusedSgd(const std::vector<ParamSegment>& segments,
         "FusedSgd: momentum != 0 needs a momentum buffer");
   }
   float* buf = hp.momentum != 0.0 ? momentum_buffer : nullptr;
-  for (size_t first = 0; first < segments.size(); first += kMaxSegments) {
-    const int count = static_cast<int>(
-        std::min<size_t>(kMaxSegments, segments.size() - first));
-    SegmentTable t;
-    const int64_t blocks = BuildTable(
-        segments, first, count,
-        [&](const ParamSegment& s) {
-          return static_cast<float>(s.decay ? hp.weight_decay : 0.0);
-        },
-        &t);
-    if (blocks == 0) continue;
-    SgdKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        t, params, grads, buf, static_cast<bf16*>(params_bf16),
-        static_cast<float>(hp.grad_scale), device_totals,
-        static_cast<float>(hp.momentum), static_cast<float>(1.0 - hp.dampening),
-        hp.first_step, hp.nesterov, static_cast<float>(-hp.lr));
-    CUDA_RETURN_IF_LAUNCH_ERROR("SgdKernel");
-  }
-  return absl::OkStatus();
+  return ForEachTable(
+      segments,
+      [&](const ParamSegment& s) {
+        return static_cast<float>(s.decay ? hp.weight_decay : 0.0);
+      },
+      [&](const SegmentTable& t, unsigned blocks) -> absl::Status {
+        SgdKernel<<<blocks, kThreads, 0, stream>>>(
+            t, params, grads, buf, static_cast<bf16*>(params_bf16),
+            static_cast<float>(hp.grad_scale), device_totals,
+            static_cast<float>(hp.momentum),
+            static_cast<float>(1.0 - hp.dampening), hp.first_step, hp.nesterov,
+            static_cast<float>(-hp.lr));
+        CUDA_RETURN_IF_LAUNCH_ERROR("SgdKernel");
+        return absl::OkStatus();
+      });
 }
 
 size_t GradSumsOfSquaresWorkspaceBytes(

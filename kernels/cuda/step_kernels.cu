@@ -1,14 +1,16 @@
 // Kernels first, then the launchers of step_kernels.h.
 #include <cstring>
 
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/step_kernels.h"
 
 namespace trainyard {
 namespace gpu {
 namespace {
 
+using internal::GridStrideBegin;
+using internal::GridStrideStep;
 using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
 
@@ -17,8 +19,7 @@ __global__ void GatherKernel(int64_t n, int64_t cols, const T* __restrict__ src,
                              const int64_t* __restrict__ rows,
                              T* __restrict__ dst) {
   const int64_t total = n * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < total; i += GridStrideStep()) {
     const int64_t r = i / cols;
     dst[i] = src[rows[r] * cols + (i - r * cols)];
   }
@@ -29,8 +30,7 @@ __global__ void GatherToBf16Kernel(int64_t n, int64_t cols,
                                    const int64_t* __restrict__ rows,
                                    bf16* __restrict__ dst) {
   const int64_t total = n * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < total; i += GridStrideStep()) {
     const int64_t r = i / cols;
     dst[i] = __float2bfloat16_rn(src[rows[r] * cols + (i - r * cols)]);
   }
@@ -39,8 +39,7 @@ __global__ void GatherToBf16Kernel(int64_t n, int64_t cols,
 template <typename T>
 __global__ void NonFiniteKernel(int64_t n, const T* __restrict__ data,
                                 unsigned long long* slot) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
     if (!isfinite(internal::Load(data, i))) {
       // The largest of UINT64_MAX - i is the smallest index: exact.
       atomicMax(slot, ~0ull - static_cast<unsigned long long>(i));
