@@ -1,10 +1,12 @@
 #include "transport/frame.h"
 
 #include <array>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 static_assert(
     __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -381,6 +383,86 @@ absl::StatusOr<AbortReason> DecodeAbortFrame(
   r.message.assign(static_cast<const char*>(tensors[1].raw_data()),
                    tensors[1].nbytes());
   return r;
+}
+
+namespace {
+
+// "\"x\" float32 [2, 3], ..." or "no tensors".
+std::string DescribeTensors(const std::vector<TensorDesc>& d) {
+  if (d.empty()) return std::string("no tensors");
+  std::vector<std::string> parts;
+  for (const TensorDesc& t : d) {
+    parts.push_back(absl::StrCat("\"", t.name, "\" ", DTypeName(t.dtype), " ",
+                                 ShapeToString(t.shape)));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+// Exactly one 1-d tensor `name` of `dtype`, at most `max_len` long; `what`
+// starts the error ("malformed all-reduce-result frame").
+absl::Status ExpectOneVector(const std::string& what,
+                             const std::vector<TensorDesc>& d,
+                             size_t num_tensors, const char* name, DType dtype,
+                             int64_t max_len) {
+  if (d.size() != 1 || num_tensors != 1 || d[0].name != name ||
+      d[0].dtype != dtype || d[0].shape.size() != 1) {
+    return absl::DataLossError(absl::StrCat(what, ": expected one tensor \"",
+                                            name, "\" ", DTypeName(dtype),
+                                            " [n], got ", DescribeTensors(d)));
+  }
+  if (d[0].shape[0] > max_len) {
+    return absl::DataLossError(absl::StrCat(what, ": \"", name, "\" has ",
+                                            d[0].shape[0], " elements, limit ",
+                                            max_len));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckFrameContent(const FrameHeader& header,
+                               const std::vector<Tensor>& tensors, int to_rank,
+                               int from_rank) {
+  const FrameKind kind = header.prefix.kind;
+  const std::vector<TensorDesc>& d = header.tensors;
+  const std::string what =
+      absl::StrCat("malformed ", FrameKindName(kind), " frame");
+  switch (kind) {
+    case FrameKind::kActivation:
+    case FrameKind::kGradient:
+    case FrameKind::kEvalActivation:
+    case FrameKind::kSnapshot:
+      return absl::OkStatus();  // the message's own tensors
+    case FrameKind::kAllReduceContribution:
+      if (to_rank != 0) {
+        return absl::DataLossError(
+            absl::StrCat(what, " sent to rank ", to_rank,
+                         ": only rank 0 gathers contributions"));
+      }
+      return ExpectOneVector(what, d, tensors.size(), "values", DType::kFloat64,
+                             INT64_MAX);
+    case FrameKind::kAllReduceResult:
+    case FrameKind::kAllReduceError:
+      if (from_rank != 0) {
+        return absl::DataLossError(absl::StrCat(what, " from rank ", from_rank,
+                                                ": only rank 0 sends one"));
+      }
+      return kind == FrameKind::kAllReduceResult
+                 ? ExpectOneVector(what, d, tensors.size(), "values",
+                                   DType::kFloat64, INT64_MAX)
+                 : ExpectOneVector(what, d, tensors.size(), "message",
+                                   DType::kUInt8, kMaxAbortMessageLength);
+    case FrameKind::kGoodbye:
+      if (!d.empty()) {
+        return absl::DataLossError(absl::StrCat(
+            what, ": expected no tensors, got ", DescribeTensors(d)));
+      }
+      return absl::OkStatus();
+    case FrameKind::kAbort:
+      return absl::OkStatus();  // DecodeAbortFrame checks it
+  }
+  return absl::DataLossError(
+      absl::StrCat("unknown frame kind ", static_cast<int>(kind)));
 }
 
 std::string EncodeHandshake(const Handshake& handshake) {

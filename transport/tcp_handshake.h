@@ -5,7 +5,7 @@
 // one connection is worthless on any other connection, rank pair or
 // direction. The wire messages that carry the nonces and proofs are
 // transport/frame.h's; the listener and dialer that exchange them are
-// core/tcp_transport.cc.
+// transport/peer_listener.cc and transport/peer_dialer.cc.
 //
 // Thread-safe: pure functions (NewHandshakeNonce reads OpenSSL's CSPRNG).
 #ifndef TRAINYARD_TRANSPORT_TCP_HANDSHAKE_H_
