@@ -26,7 +26,7 @@
 #include "absl/time/clock.h"
 #include "core/device.h"
 #include "plan/job_plan.h"
-#include "observability/metrics.h"
+#include "observability/prometheus_endpoint.h"
 #include "transport/nccl_transport.h"
 #include "transport/rendezvous.h"
 #include "core/status_macros.h"
