@@ -137,6 +137,65 @@ absl::StatusOr<uint64_t> AppendTensorDescs(
   return payload;
 }
 
+namespace {
+
+// Reads descriptor `i` from `r`: its dtype, shape and name, each within
+// `limits`. *elements gets its element count, saturated at `too_big`.
+absl::StatusOr<TensorDesc> ReadTensorDesc(absl::string_view what, uint32_t i,
+                                          const TensorDescLimits& limits,
+                                          uint64_t too_big, Reader* r,
+                                          uint64_t* elements) {
+  uint16_t name_len;
+  uint8_t dtype, ndim;
+  if (!r->Read(&name_len) || !r->Read(&dtype) || !r->Read(&ndim)) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": tensor ", i, " descriptor truncated"));
+  }
+  if (!IsValidDType(dtype)) {
+    return absl::DataLossError(absl::StrCat(
+        what, ": tensor ", i, " has unknown dtype ", static_cast<int>(dtype)));
+  }
+  if (ndim > limits.max_ndim) {
+    return absl::DataLossError(absl::StrCat(what, ": tensor ", i, " has ",
+                                            static_cast<int>(ndim),
+                                            " dims, limit ", limits.max_ndim));
+  }
+  if (name_len > limits.max_name_length) {
+    return absl::DataLossError(absl::StrCat(what, ": tensor ", i, " name is ",
+                                            name_len, " bytes, limit ",
+                                            limits.max_name_length));
+  }
+  TensorDesc d;
+  d.dtype = static_cast<DType>(dtype);
+  *elements = 1;
+  for (int k = 0; k < ndim; ++k) {
+    int64_t dim;
+    if (!r->Read(&dim)) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": tensor ", i, " shape truncated"));
+    }
+    if (dim < 0 || static_cast<uint64_t>(dim) > limits.max_payload_bytes) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": tensor ", i, " has dimension ", k, " = ", dim));
+    }
+    d.shape.push_back(dim);
+    // The product may not fit in 64 bits: saturate at too_big (a later
+    // zero dimension still gives zero elements).
+    if (__builtin_mul_overflow(*elements, static_cast<uint64_t>(dim),
+                               elements) ||
+        *elements > too_big) {
+      *elements = too_big;
+    }
+  }
+  if (!r->ReadBytes(name_len, &d.name)) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": tensor ", i, " name truncated"));
+  }
+  return d;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<TensorDesc>> ReadTensorDescs(
     absl::string_view what, uint32_t count, uint64_t payload_size,
     const TensorDescLimits& limits, absl::string_view* data) {
@@ -158,60 +217,17 @@ absl::StatusOr<std::vector<TensorDesc>> ReadTensorDescs(
   Reader r(*data);
   uint64_t total = 0;
   for (uint32_t i = 0; i < count; ++i) {
-    uint16_t name_len;
-    uint8_t dtype, ndim;
-    if (!r.Read(&name_len) || !r.Read(&dtype) || !r.Read(&ndim)) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": tensor ", i, " descriptor truncated"));
-    }
-    if (!IsValidDType(dtype)) {
-      return absl::DataLossError(absl::StrCat(what, ": tensor ", i,
-                                              " has unknown dtype ",
-                                              static_cast<int>(dtype)));
-    }
-    if (ndim > limits.max_ndim) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": tensor ", i, " has ", static_cast<int>(ndim),
-                       " dims, limit ", limits.max_ndim));
-    }
-    if (name_len > limits.max_name_length) {
-      return absl::DataLossError(absl::StrCat(what, ": tensor ", i, " name is ",
-                                              name_len, " bytes, limit ",
-                                              limits.max_name_length));
-    }
-    TensorDesc d;
-    d.dtype = static_cast<DType>(dtype);
-    uint64_t elements = 1;
-    for (int k = 0; k < ndim; ++k) {
-      int64_t dim;
-      if (!r.Read(&dim)) {
-        return absl::DataLossError(
-            absl::StrCat(what, ": tensor ", i, " shape truncated"));
-      }
-      if (dim < 0 || static_cast<uint64_t>(dim) > limits.max_payload_bytes) {
-        return absl::DataLossError(absl::StrCat(
-            what, ": tensor ", i, " has dimension ", k, " = ", dim));
-      }
-      d.shape.push_back(dim);
-      // The product may not fit in 64 bits: saturate at too_big (a later
-      // zero dimension still gives zero elements).
-      if (__builtin_mul_overflow(elements, static_cast<uint64_t>(dim),
-                                 &elements) ||
-          elements > too_big) {
-        elements = too_big;
-      }
-    }
-    if (!r.ReadBytes(name_len, &d.name)) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": tensor ", i, " name truncated"));
-    }
-    total += elements * DTypeSize(d.dtype);
+    uint64_t elements = 0;
+    absl::StatusOr<TensorDesc> d =
+        ReadTensorDesc(what, i, limits, too_big, &r, &elements);
+    if (!d.ok()) return d.status();
+    total += elements * DTypeSize(d->dtype);
     if (total > payload_size) {
       return absl::DataLossError(absl::StrCat(
-          what, ": tensor \"", d.name, "\" ", ShapeToString(d.shape),
+          what, ": tensor \"", d->name, "\" ", ShapeToString(d->shape),
           " overruns the payload of ", payload_size, " bytes"));
     }
-    descs.push_back(std::move(d));
+    descs.push_back(*std::move(d));
   }
   if (total != payload_size) {
     return absl::DataLossError(absl::StrCat(what, ": tensors hold ", total,
