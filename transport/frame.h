@@ -1,5 +1,5 @@
-// Transport frame codec: the byte layout of the messages TcpTransport sends
-// between pipeline stages, and of the connection handshake. The layout is
+// Transport frame codec: the byte layout of the messages the TCP transport
+// sends between pipeline stages, and of the connection handshake. The layout is
 // specified in docs/TRANSPORT_FRAME.md; this file is its only encoder and
 // decoder.
 //

@@ -40,9 +40,9 @@ struct PeerListenerOptions {
 };
 
 // Accepts peer connections on one port and hands each, after its handshake,
-// to the TcpTransport being set up for that job and rank. Connections that
-// fail the handshake (a bad hello, an unknown job, a wrong proof of the job
-// secret, a timeout) are answered with the reason, logged and closed; the
+// to the ConnectTcpTransport call setting up that job and rank. Connections
+// that fail the handshake (a bad hello, an unknown job, a wrong proof of the
+// job secret, a timeout) are answered with the reason, logged and closed; the
 // listener keeps serving, and the registration of the job they named stays
 // open for the real peer. All pending handshakes share one thread: a slow or
 // silent connection does not hold up another's. It must outlive every

@@ -1,5 +1,5 @@
 // The proofs of the data-plane handshake (docs/TRANSPORT_FRAME.md,
-// "Authentication"): each end of a TcpTransport connection proves it holds
+// "Authentication"): each end of a TCP transport connection proves it holds
 // the job's secret with an HMAC-SHA256 over the job id, both ranks, both
 // ends' fresh nonces and a label for the direction, so that a proof seen on
 // one connection is worthless on any other connection, rank pair or
