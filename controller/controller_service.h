@@ -24,7 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_manager.h"
-#include "observability/metrics.h"
+#include "observability/prometheus_endpoint.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/histogram.h"
 #include "proto/trainyard.grpc.pb.h"

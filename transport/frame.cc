@@ -1,10 +1,12 @@
 #include "transport/frame.h"
 
 #include <array>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 static_assert(
     __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -135,6 +137,65 @@ absl::StatusOr<uint64_t> AppendTensorDescs(
   return payload;
 }
 
+namespace {
+
+// Reads descriptor `i` from `r`: its dtype, shape and name, each within
+// `limits`. *elements gets its element count, saturated at `too_big`.
+absl::StatusOr<TensorDesc> ReadTensorDesc(absl::string_view what, uint32_t i,
+                                          const TensorDescLimits& limits,
+                                          uint64_t too_big, Reader* r,
+                                          uint64_t* elements) {
+  uint16_t name_len;
+  uint8_t dtype, ndim;
+  if (!r->Read(&name_len) || !r->Read(&dtype) || !r->Read(&ndim)) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": tensor ", i, " descriptor truncated"));
+  }
+  if (!IsValidDType(dtype)) {
+    return absl::DataLossError(absl::StrCat(
+        what, ": tensor ", i, " has unknown dtype ", static_cast<int>(dtype)));
+  }
+  if (ndim > limits.max_ndim) {
+    return absl::DataLossError(absl::StrCat(what, ": tensor ", i, " has ",
+                                            static_cast<int>(ndim),
+                                            " dims, limit ", limits.max_ndim));
+  }
+  if (name_len > limits.max_name_length) {
+    return absl::DataLossError(absl::StrCat(what, ": tensor ", i, " name is ",
+                                            name_len, " bytes, limit ",
+                                            limits.max_name_length));
+  }
+  TensorDesc d;
+  d.dtype = static_cast<DType>(dtype);
+  *elements = 1;
+  for (int k = 0; k < ndim; ++k) {
+    int64_t dim;
+    if (!r->Read(&dim)) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": tensor ", i, " shape truncated"));
+    }
+    if (dim < 0 || static_cast<uint64_t>(dim) > limits.max_payload_bytes) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": tensor ", i, " has dimension ", k, " = ", dim));
+    }
+    d.shape.push_back(dim);
+    // The product may not fit in 64 bits: saturate at too_big (a later
+    // zero dimension still gives zero elements).
+    if (__builtin_mul_overflow(*elements, static_cast<uint64_t>(dim),
+                               elements) ||
+        *elements > too_big) {
+      *elements = too_big;
+    }
+  }
+  if (!r->ReadBytes(name_len, &d.name)) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": tensor ", i, " name truncated"));
+  }
+  return d;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<TensorDesc>> ReadTensorDescs(
     absl::string_view what, uint32_t count, uint64_t payload_size,
     const TensorDescLimits& limits, absl::string_view* data) {
@@ -156,60 +217,17 @@ absl::StatusOr<std::vector<TensorDesc>> ReadTensorDescs(
   Reader r(*data);
   uint64_t total = 0;
   for (uint32_t i = 0; i < count; ++i) {
-    uint16_t name_len;
-    uint8_t dtype, ndim;
-    if (!r.Read(&name_len) || !r.Read(&dtype) || !r.Read(&ndim)) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": tensor ", i, " descriptor truncated"));
-    }
-    if (!IsValidDType(dtype)) {
-      return absl::DataLossError(absl::StrCat(what, ": tensor ", i,
-                                              " has unknown dtype ",
-                                              static_cast<int>(dtype)));
-    }
-    if (ndim > limits.max_ndim) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": tensor ", i, " has ", static_cast<int>(ndim),
-                       " dims, limit ", limits.max_ndim));
-    }
-    if (name_len > limits.max_name_length) {
-      return absl::DataLossError(absl::StrCat(what, ": tensor ", i, " name is ",
-                                              name_len, " bytes, limit ",
-                                              limits.max_name_length));
-    }
-    TensorDesc d;
-    d.dtype = static_cast<DType>(dtype);
-    uint64_t elements = 1;
-    for (int k = 0; k < ndim; ++k) {
-      int64_t dim;
-      if (!r.Read(&dim)) {
-        return absl::DataLossError(
-            absl::StrCat(what, ": tensor ", i, " shape truncated"));
-      }
-      if (dim < 0 || static_cast<uint64_t>(dim) > limits.max_payload_bytes) {
-        return absl::DataLossError(absl::StrCat(
-            what, ": tensor ", i, " has dimension ", k, " = ", dim));
-      }
-      d.shape.push_back(dim);
-      // The product may not fit in 64 bits: saturate at too_big (a later
-      // zero dimension still gives zero elements).
-      if (__builtin_mul_overflow(elements, static_cast<uint64_t>(dim),
-                                 &elements) ||
-          elements > too_big) {
-        elements = too_big;
-      }
-    }
-    if (!r.ReadBytes(name_len, &d.name)) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": tensor ", i, " name truncated"));
-    }
-    total += elements * DTypeSize(d.dtype);
+    uint64_t elements = 0;
+    absl::StatusOr<TensorDesc> d =
+        ReadTensorDesc(what, i, limits, too_big, &r, &elements);
+    if (!d.ok()) return d.status();
+    total += elements * DTypeSize(d->dtype);
     if (total > payload_size) {
       return absl::DataLossError(absl::StrCat(
-          what, ": tensor \"", d.name, "\" ", ShapeToString(d.shape),
+          what, ": tensor \"", d->name, "\" ", ShapeToString(d->shape),
           " overruns the payload of ", payload_size, " bytes"));
     }
-    descs.push_back(std::move(d));
+    descs.push_back(*std::move(d));
   }
   if (total != payload_size) {
     return absl::DataLossError(absl::StrCat(what, ": tensors hold ", total,
@@ -381,6 +399,86 @@ absl::StatusOr<AbortReason> DecodeAbortFrame(
   r.message.assign(static_cast<const char*>(tensors[1].raw_data()),
                    tensors[1].nbytes());
   return r;
+}
+
+namespace {
+
+// "\"x\" float32 [2, 3], ..." or "no tensors".
+std::string DescribeTensors(const std::vector<TensorDesc>& d) {
+  if (d.empty()) return std::string("no tensors");
+  std::vector<std::string> parts;
+  for (const TensorDesc& t : d) {
+    parts.push_back(absl::StrCat("\"", t.name, "\" ", DTypeName(t.dtype), " ",
+                                 ShapeToString(t.shape)));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+// Exactly one 1-d tensor `name` of `dtype`, at most `max_len` long; `what`
+// starts the error ("malformed all-reduce-result frame").
+absl::Status ExpectOneVector(const std::string& what,
+                             const std::vector<TensorDesc>& d,
+                             size_t num_tensors, const char* name, DType dtype,
+                             int64_t max_len) {
+  if (d.size() != 1 || num_tensors != 1 || d[0].name != name ||
+      d[0].dtype != dtype || d[0].shape.size() != 1) {
+    return absl::DataLossError(absl::StrCat(what, ": expected one tensor \"",
+                                            name, "\" ", DTypeName(dtype),
+                                            " [n], got ", DescribeTensors(d)));
+  }
+  if (d[0].shape[0] > max_len) {
+    return absl::DataLossError(absl::StrCat(what, ": \"", name, "\" has ",
+                                            d[0].shape[0], " elements, limit ",
+                                            max_len));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckFrameContent(const FrameHeader& header,
+                               const std::vector<Tensor>& tensors, int to_rank,
+                               int from_rank) {
+  const FrameKind kind = header.prefix.kind;
+  const std::vector<TensorDesc>& d = header.tensors;
+  const std::string what =
+      absl::StrCat("malformed ", FrameKindName(kind), " frame");
+  switch (kind) {
+    case FrameKind::kActivation:
+    case FrameKind::kGradient:
+    case FrameKind::kEvalActivation:
+    case FrameKind::kSnapshot:
+      return absl::OkStatus();  // the message's own tensors
+    case FrameKind::kAllReduceContribution:
+      if (to_rank != 0) {
+        return absl::DataLossError(
+            absl::StrCat(what, " sent to rank ", to_rank,
+                         ": only rank 0 gathers contributions"));
+      }
+      return ExpectOneVector(what, d, tensors.size(), "values", DType::kFloat64,
+                             INT64_MAX);
+    case FrameKind::kAllReduceResult:
+    case FrameKind::kAllReduceError:
+      if (from_rank != 0) {
+        return absl::DataLossError(absl::StrCat(what, " from rank ", from_rank,
+                                                ": only rank 0 sends one"));
+      }
+      return kind == FrameKind::kAllReduceResult
+                 ? ExpectOneVector(what, d, tensors.size(), "values",
+                                   DType::kFloat64, INT64_MAX)
+                 : ExpectOneVector(what, d, tensors.size(), "message",
+                                   DType::kUInt8, kMaxAbortMessageLength);
+    case FrameKind::kGoodbye:
+      if (!d.empty()) {
+        return absl::DataLossError(absl::StrCat(
+            what, ": expected no tensors, got ", DescribeTensors(d)));
+      }
+      return absl::OkStatus();
+    case FrameKind::kAbort:
+      return absl::OkStatus();  // DecodeAbortFrame checks it
+  }
+  return absl::DataLossError(
+      absl::StrCat("unknown frame kind ", static_cast<int>(kind)));
 }
 
 std::string EncodeHandshake(const Handshake& handshake) {

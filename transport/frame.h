@@ -1,5 +1,5 @@
-// Transport frame codec: the byte layout of the messages TcpTransport sends
-// between pipeline stages, and of the connection handshake. The layout is
+// Transport frame codec: the byte layout of the messages the TCP transport
+// sends between pipeline stages, and of the connection handshake. The layout is
 // specified in docs/TRANSPORT_FRAME.md; this file is its only encoder and
 // decoder.
 //
@@ -32,12 +32,12 @@ inline constexpr uint32_t kFrameMagic = 0x52465954;
 inline constexpr uint32_t kHandshakeMagic = 0x53485954;
 inline constexpr uint32_t kHandshakeReplyMagic = 0x41485954;
 inline constexpr uint32_t kHandshakeProofMagic = 0x50485954;
-// 2: all-reduce values are float64 tensors (were int64 holding the bits).
-// 3: the u16 at offset 30 (reserved, 0) is the message's model chunk.
+// The frame layout's version: all-reduce values are float64 tensors and the
+// u16 at offset 30 is the message's model chunk (docs/TRANSPORT_FRAME.md,
+// "Compatibility", says how other versions differ).
 inline constexpr uint16_t kFrameVersion = 3;
-// The hello's version. 3: both ends prove they hold the job secret
-// (challenge-response) before any frame. Versions 1 and 2 were the frame
-// version, and had no authentication.
+// The hello's version: both ends prove they hold the job secret
+// (challenge-response) before any frame.
 inline constexpr uint16_t kHandshakeVersion = 3;
 
 inline constexpr size_t kFramePrefixSize = 40;
@@ -73,8 +73,9 @@ inline constexpr size_t kMaxFrameHeaderSize =
     kFramePrefixSize + kMaxJobIdLength +
     kMaxFrameTensors * (4 + 8 * kMaxTensorNdim + kMaxTensorNameLength);
 
-// The kind field. 0..2 are MessageKind; the rest are internal to the
-// transport.
+// The kind field. 0..3 are MessageKind (transport/transport.h); 16 and up
+// are internal to the transport: the all-reduce's messages
+// (transport/collectives.h), the goodbye and the abort.
 enum class FrameKind : uint16_t {
   kActivation = 0,
   kGradient = 1,
@@ -182,11 +183,22 @@ std::vector<std::pair<std::string, Tensor>> AbortFrameTensors(
 absl::StatusOr<AbortReason> DecodeAbortFrame(
     const FrameHeader& header, const std::vector<Tensor>& tensors);
 
+// Checks that a frame `from_rank` sent to `to_rank` carries the tensors its
+// kind promises (`header.tensors[i]` describes `tensors[i]`;
+// docs/TRANSPORT_FRAME.md), so that nothing downstream has to: the decoder
+// has checked sizes and dtypes, not what each kind means. All-reduce
+// contributions go only to rank 0, results and errors come only from it.
+// DataLoss "malformed <kind> frame: ..." saying what is wrong; the caller
+// names the peer.
+absl::Status CheckFrameContent(const FrameHeader& header,
+                               const std::vector<Tensor>& tensors, int to_rank,
+                               int from_rank);
+
 // Connection handshake, version kHandshakeVersion (docs/TRANSPORT_FRAME.md
 // "Connection setup"): the dialer's hello, the listener's challenge, the
 // dialer's proof, the listener's accept carrying its own proof; the listener
 // may answer a rejection with a reason instead at any step. The proofs
-// themselves (HMAC inputs) are core/tcp_handshake.h.
+// themselves (HMAC inputs) are transport/tcp_handshake.h.
 
 // The dialer's hello: the first bytes on a connection.
 struct Handshake {

@@ -1,10 +1,12 @@
 #include "transport/in_process_transport.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace trainyard {
 
-class InProcessHub::Rank : public Transport {
+class InProcessHub::Rank : public Transport, private ReducePeers {
  public:
   Rank(InProcessHub* hub, int rank) : hub_(hub), rank_(rank) {}
   int rank() const override { return rank_; }
@@ -18,17 +20,32 @@ class InProcessHub::Rank : public Transport {
   }
   absl::Status AllReduceSum(std::vector<double>* values,
                             absl::Duration timeout) override {
-    return hub_->AllReduceSum(rank_, values, timeout);
+    return RankOrderedAllReduceSum(rank_, world_size(), this, values, timeout);
   }
   void Abort(const absl::Status& reason) override { hub_->Abort(reason); }
 
  private:
+  absl::StatusOr<int64_t> StartReduceRound() override {
+    return hub_->StartReduceRound(rank_);
+  }
+  absl::Status SendReduce(int peer, ReduceMessage message) override {
+    return hub_->SendReduce(rank_, peer, std::move(message));
+  }
+  absl::StatusOr<ReduceMessage> RecvReduce(int peer, int64_t round,
+                                           absl::Time deadline,
+                                           absl::Duration timeout) override {
+    return hub_->RecvReduce(rank_, peer, round, deadline, timeout);
+  }
+  absl::Status FailReduceRound(int64_t round,
+                               const std::string& reason) override {
+    return hub_->FailReduceRound(reason);
+  }
+
   InProcessHub* hub_;
   int rank_;
 };
 
-InProcessHub::InProcessHub(int world_size)
-    : contributions_(world_size), contributed_(world_size, false) {
+InProcessHub::InProcessHub(int world_size) : rounds_started_(world_size, 0) {
   for (int r = 0; r < world_size; ++r) {
     ranks_.push_back(std::make_unique<Rank>(this, r));
   }
@@ -72,60 +89,57 @@ absl::StatusOr<Message> InProcessHub::Recv(int to, int from,
   return m;
 }
 
-absl::Status InProcessHub::AllReduceSum(int rank, std::vector<double>* values,
-                                        absl::Duration timeout) {
-  const int n = world_size();
-  absl::MutexLock lock(&mu_);
-  if (!aborted_.ok()) return absl::AbortedError(aborted_.message());
-  // Wait until the previous round has been fully collected.
-  auto slot_free = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return !contributed_[rank] || !aborted_.ok();
-  };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&slot_free), timeout)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("rank ", rank, ": all-reduce did not start in time"));
-  }
-  if (!aborted_.ok()) return absl::AbortedError(aborted_.message());
-  const int64_t my_round = round_;
-  contributions_[rank] = *values;
-  contributed_[rank] = true;
-  if (++arrived_ == n) {
-    for (int r = 0; r < n; ++r) {
-      if (contributions_[r].size() != contributions_[0].size()) {
-        aborted_ = absl::InternalError(absl::StrCat(
-            "all-reduce: rank ", r, " sent ", contributions_[r].size(),
-            " values, rank 0 sent ", contributions_[0].size()));
-        return absl::AbortedError(aborted_.message());
-      }
-    }
-    result_.assign(contributions_[0].size(), 0.0);
-    for (int r = 0; r < n; ++r) {
-      for (size_t i = 0; i < result_.size(); ++i) {
-        result_[i] += contributions_[r][i];
-      }
-    }
-    arrived_ = 0;
-    ++round_;
-  }
-  auto finished = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return round_ != my_round || !aborted_.ok();
-  };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&finished), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "rank ", rank, ": all-reduce: ", n - arrived_,
-        " rank(s) did not arrive within ", absl::FormatDuration(timeout)));
-  }
-  if (!aborted_.ok()) return absl::AbortedError(aborted_.message());
-  *values = result_;
-  contributed_[rank] = false;
-  return absl::OkStatus();
-}
-
 void InProcessHub::Abort(const absl::Status& reason) {
   absl::MutexLock lock(&mu_);
   if (aborted_.ok()) {
     aborted_ = reason.ok() ? absl::AbortedError("aborted") : reason;
   }
+}
+
+absl::StatusOr<int64_t> InProcessHub::StartReduceRound(int rank) {
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.ok()) return absl::AbortedError(aborted_.message());
+  return rounds_started_[rank]++;
+}
+
+absl::Status InProcessHub::SendReduce(int from, int to, ReduceMessage message) {
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.ok()) return absl::AbortedError(aborted_.message());
+  reduce_channels_[{from, to}].push_back(std::move(message));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ReduceMessage> InProcessHub::RecvReduce(int to, int from,
+                                                       int64_t round,
+                                                       absl::Time deadline,
+                                                       absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto& channel = reduce_channels_[{from, to}];
+  auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !channel.empty() || !aborted_.ok();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    const auto missing =
+        std::count_if(rounds_started_.begin(), rounds_started_.end(),
+                      [round](int64_t started) { return started <= round; });
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rank ", to, ": all-reduce: ", missing,
+        " rank(s) did not arrive within ", absl::FormatDuration(timeout)));
+  }
+  if (!aborted_.ok()) return absl::AbortedError(aborted_.message());
+  ReduceMessage m = std::move(channel.front());
+  channel.pop_front();
+  return m;
+}
+
+// Every rank shares the hub's state, so the round ends for all of them by
+// aborting the hub: the other ranks' waits return at once.
+absl::Status InProcessHub::FailReduceRound(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_.ok()) {
+    aborted_ = absl::InternalError(absl::StrCat("all-reduce: ", reason));
+  }
+  return absl::AbortedError(aborted_.message());
 }
 
 }  // namespace trainyard

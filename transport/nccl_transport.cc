@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "transport/frame.h"
+#include "transport/nccl_header.h"
 
 #ifdef TRAINYARD_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -16,115 +17,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "kernels/cuda/cuda_status.h"
 #include "core/status_macros.h"
+#include "kernels/cuda/cuda_status.h"
 #endif
 
 namespace trainyard {
-namespace {
-
-constexpr uint32_t kNcclHeaderMagic = 0x434E5954;  // "TYNC" little-endian
-// 3: the u16 at offset 22 (reserved, 0) is the message's model chunk.
-constexpr uint16_t kNcclHeaderVersion = 3;
-constexpr size_t kNcclHeaderPrefix = 32;
-
-TensorDescLimits NcclDescLimits() {
-  TensorDescLimits l;
-  l.max_tensors = kNcclMaxTensors;
-  l.max_name_length = kNcclMaxNameLength;
-  l.max_ndim = kNcclMaxNdim;
-  l.max_payload_bytes = kNcclMaxPayloadBytes;
-  l.cpu_only = false;  // device tensors are sent in place
-  return l;
-}
-
-// The limits keep the descriptors (frame layout: 4 bytes, 8 per dim, the
-// name) inside the fixed header.
-static_assert(kNcclHeaderPrefix + kNcclMaxTensors * (4 + 8 * kNcclMaxNdim +
-                                                     kNcclMaxNameLength) <=
-                  kNcclHeaderBytes,
-              "header limits exceed kNcclHeaderBytes");
-
-template <typename T>
-void PutLe(std::string* out, T v) {
-  char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));  // every supported host is little-endian
-  out->append(b, sizeof(T));
-}
-
-template <typename T>
-T GetLe(const char* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-constexpr absl::string_view kWhat = "nccl message header";
-
-absl::Status HeaderError(absl::string_view what) {
-  return absl::DataLossError(absl::StrCat(kWhat, ": ", what));
-}
-
-}  // namespace
-
-absl::StatusOr<std::string> EncodeNcclHeader(const Message& message) {
-  if (message.chunk < 0 || message.chunk > kMaxFrameChunk) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kWhat, ": chunk must be in [0, ", kMaxFrameChunk,
-                     "], got ", message.chunk));
-  }
-  std::string descs;
-  absl::StatusOr<uint64_t> payload =
-      AppendTensorDescs(kWhat, message.tensors, NcclDescLimits(), &descs);
-  if (!payload.ok()) return payload.status();
-  std::string out;
-  out.reserve(kNcclHeaderBytes);
-  PutLe<uint32_t>(&out, kNcclHeaderMagic);
-  PutLe<uint16_t>(&out, kNcclHeaderVersion);
-  PutLe<uint16_t>(&out, static_cast<uint16_t>(message.kind));
-  PutLe<int64_t>(&out, message.step);
-  PutLe<int32_t>(&out, message.microbatch);
-  PutLe<uint16_t>(&out, static_cast<uint16_t>(message.tensors.size()));
-  PutLe<uint16_t>(&out, static_cast<uint16_t>(message.chunk));
-  PutLe<uint64_t>(&out, *payload);
-  out.append(descs);
-  out.resize(kNcclHeaderBytes, '\0');
-  return out;
-}
-
-absl::StatusOr<NcclHeader> DecodeNcclHeader(absl::string_view bytes) {
-  if (bytes.size() != kNcclHeaderBytes) {
-    return HeaderError(absl::StrCat("is ", bytes.size(), " bytes, expected ",
-                                    kNcclHeaderBytes));
-  }
-  const char* p = bytes.data();
-  const uint32_t magic = GetLe<uint32_t>(p);
-  if (magic != kNcclHeaderMagic) {
-    return HeaderError(absl::StrCat("bad magic 0x", absl::Hex(magic)));
-  }
-  const uint16_t version = GetLe<uint16_t>(p + 4);
-  if (version != kNcclHeaderVersion) {
-    return HeaderError(absl::StrCat("unsupported version ", version,
-                                    " (expected ", kNcclHeaderVersion, ")"));
-  }
-  const uint16_t kind = GetLe<uint16_t>(p + 6);
-  if (kind > static_cast<uint16_t>(MessageKind::kSnapshot)) {
-    return HeaderError(absl::StrCat("unknown message kind ", kind));
-  }
-  NcclHeader h;
-  h.kind = static_cast<MessageKind>(kind);
-  h.step = GetLe<int64_t>(p + 8);
-  h.microbatch = GetLe<int32_t>(p + 16);
-  const uint16_t count = GetLe<uint16_t>(p + 20);
-  h.chunk = GetLe<uint16_t>(p + 22);
-  h.payload_bytes = GetLe<uint64_t>(p + 24);
-  absl::string_view rest = bytes.substr(kNcclHeaderPrefix);
-  absl::StatusOr<std::vector<TensorDesc>> tensors =
-      ReadTensorDescs(kWhat, count, h.payload_bytes, NcclDescLimits(), &rest);
-  if (!tensors.ok()) return tensors.status();
-  h.tensors = std::move(*tensors);
-  return h;
-}
 
 absl::Status ValidateNcclTransportOptions(const NcclTransportOptions& o) {
   auto bad = [&](absl::string_view field, absl::string_view why) {
@@ -186,9 +83,9 @@ absl::Status FromNccl(ncclResult_t r, absl::string_view call, const char* file,
 }  // namespace
 
 // NCCL's macro, shaped like CUDA_RETURN_IF_ERROR(expr, context) of
-// kernels/cuda/cuda_status.h (which this file uses for CUDA calls): run `expr`, turn
-// a failure into a Status naming `context`, the call and its file:line, and
-// return it. ncclInProgress is not a failure: with non-blocking
+// kernels/cuda/cuda_status.h (which this file uses for CUDA calls): run `expr`,
+// turn a failure into a Status naming `context`, the call and its file:line,
+// and return it. ncclInProgress is not a failure: with non-blocking
 // communicators the caller then polls (WaitComm). Only this file calls NCCL.
 #define NCCL_RETURN_IF_ERROR(expr, context)                            \
   do {                                                                 \
@@ -273,6 +170,24 @@ class NcclTransportImpl final : public NcclTransport {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_);
   absl::Status WarmUp(absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_);
+  // Send's parts: where each CPU tensor goes in the device staging buffer
+  // after the header (InvalidArgument for a tensor on another device), and
+  // keeping the message alive until the stream is done with it.
+  absl::StatusOr<std::vector<size_t>> StagingOffsets(const Message& message,
+                                                     const std::string& what,
+                                                     size_t* staged);
+  absl::Status TrackSend(Message message, std::string header,
+                         cudaStream_t stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_);
+  // Recv's parts: the header from `peer`, then its tensors into *message.
+  absl::StatusOr<NcclHeader> RecvHeader(int peer, int dir, absl::Time deadline,
+                                        absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_);
+  absl::Status RecvPayload(int peer, int dir, const NcclHeader& header,
+                           absl::Time deadline, Message* message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_);
+  // ncclAllReduce of `values` on the reduce communicator (see
+  // transport/nccl_transport.h for why not transport/collectives.h).
   absl::Status AllReduceLocked(std::vector<double>* values, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(call_mu_);
 
@@ -551,17 +466,9 @@ absl::Status NcclTransportImpl::Send(int peer, Message message) {
   const absl::Time enqueue_deadline = absl::Now() + options_.payload_timeout;
 
   // Staging: the header and every CPU tensor, in one device buffer.
-  std::vector<size_t> offsets;
   size_t staged = kNcclHeaderBytes;
-  for (const auto& [name, t] : message.tensors) {
-    if (!t.device().is_cpu() && t.device() != Device::Cuda(options_.device)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where_, ": ", what, ": tensor \"", name, "\" is on ",
-                       t.device().ToString(), ", not on this rank's device"));
-    }
-    offsets.push_back(staged);
-    if (t.device().is_cpu()) staged += (t.nbytes() + 255) / 256 * 256;
-  }
+  ASSIGN_OR_RETURN(const std::vector<size_t> offsets,
+                   StagingOffsets(message, what, &staged));
 
   // Communication waits for the kernels already queued on the compute
   // stream, without blocking the host.
@@ -598,7 +505,26 @@ absl::Status NcclTransportImpl::Send(int peer, Message message) {
   NCCL_RETURN_IF_ERROR(ncclGroupEnd(), where_);
   RETURN_IF_ERROR(WaitComm(dir, enqueue_deadline, what));
   CUDA_RETURN_IF_ERROR(cudaFreeAsync(buf, stream), where_);
+  return TrackSend(std::move(message), std::move(header), stream);
+}
 
+absl::StatusOr<std::vector<size_t>> NcclTransportImpl::StagingOffsets(
+    const Message& message, const std::string& what, size_t* staged) {
+  std::vector<size_t> offsets;
+  for (const auto& [name, t] : message.tensors) {
+    if (!t.device().is_cpu() && t.device() != Device::Cuda(options_.device)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where_, ": ", what, ": tensor \"", name, "\" is on ",
+                       t.device().ToString(), ", not on this rank's device"));
+    }
+    offsets.push_back(*staged);
+    if (t.device().is_cpu()) *staged += (t.nbytes() + 255) / 256 * 256;
+  }
+  return offsets;
+}
+
+absl::Status NcclTransportImpl::TrackSend(Message message, std::string header,
+                                          cudaStream_t stream) {
   PendingSend pending;
   CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&pending.done, cudaEventDisableTiming), where_);
@@ -620,12 +546,34 @@ absl::StatusOr<Message> NcclTransportImpl::Recv(int peer,
   RETURN_IF_ERROR(CheckUsable(peer, "receive from"));
   const absl::Time deadline = absl::Now() + timeout;
   const int dir = peer < options_.rank ? kUp : kDown;
-  cudaStream_t stream = streams_[dir];
-  ncclComm_t comm = comms_[dir];
-  const std::string from = absl::StrCat("message from rank ", peer);
+  ASSIGN_OR_RETURN(const NcclHeader header,
+                   RecvHeader(peer, dir, deadline, timeout));
+  Message message;
+  message.kind = header.kind;
+  message.step = header.step;
+  message.microbatch = header.microbatch;
+  message.chunk = header.chunk;
+  if (header.payload_bytes > 0) {
+    const absl::Time payload_deadline =
+        std::max(deadline, absl::Now() + options_.payload_timeout);
+    RETURN_IF_ERROR(RecvPayload(peer, dir, header, payload_deadline, &message));
+  } else {
+    for (const TensorDesc& d : header.tensors) {
+      message.tensors.emplace_back(d.name, Tensor::Empty(d.dtype, d.shape));
+    }
+  }
+  // Later kernels on the compute stream see the received data.
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, recv_ready_[dir], 0),
+                       where_);
+  return message;
+}
 
+absl::StatusOr<NcclHeader> NcclTransportImpl::RecvHeader(
+    int peer, int dir, absl::Time deadline, absl::Duration timeout) {
+  cudaStream_t stream = streams_[dir];
+  const std::string from = absl::StrCat("message from rank ", peer);
   NCCL_RETURN_IF_ERROR(ncclRecv(header_dev_[dir], kNcclHeaderBytes, ncclUint8,
-                                peer, comm, stream),
+                                peer, comms_[dir], stream),
                        where_);
   RETURN_IF_ERROR(WaitComm(dir, deadline, absl::StrCat("header of ", from)));
   CUDA_RETURN_IF_ERROR(
@@ -650,63 +598,52 @@ absl::StatusOr<Message> NcclTransportImpl::Recv(int peer,
     return Fail(absl::DataLossError(
         absl::StrCat(where_, ": ", from, ": ", header.status().message())));
   }
+  return header;
+}
 
-  Message message;
-  message.kind = header->kind;
-  message.step = header->step;
-  message.microbatch = header->microbatch;
-  message.chunk = header->chunk;
-  const size_t payload = header->payload_bytes;
-  if (payload > 0) {
-    const absl::Time payload_deadline =
-        std::max(deadline, absl::Now() + options_.payload_timeout);
-    std::vector<size_t> offsets;
-    size_t total = 0;
-    for (const TensorDesc& d : header->tensors) {
-      offsets.push_back(total);
-      total += (d.nbytes() + 255) / 256 * 256;
-    }
-    RETURN_IF_ERROR(EnsurePinned(dir, total));
-    char* buf = nullptr;
-    CUDA_RETURN_IF_ERROR(
-        cudaMallocAsync(reinterpret_cast<void**>(&buf), total, stream), where_);
-    NCCL_RETURN_IF_ERROR(ncclGroupStart(), where_);
-    for (size_t i = 0; i < header->tensors.size(); ++i) {
-      const TensorDesc& d = header->tensors[i];
-      const size_t n = d.nbytes();
-      if (n == 0) continue;
-      NCCL_RETURN_IF_ERROR(
-          ncclRecv(buf + offsets[i], n, ncclUint8, peer, comm, stream), where_);
-    }
-    NCCL_RETURN_IF_ERROR(ncclGroupEnd(), where_);
-    RETURN_IF_ERROR(
-        WaitComm(dir, payload_deadline, absl::StrCat("payload of ", from)));
-    // Until Tensor has device storage, results come back to host memory.
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned_[dir], buf, total,
-                                         cudaMemcpyDeviceToHost, stream),
-                         where_);
-    CUDA_RETURN_IF_ERROR(cudaFreeAsync(buf, stream), where_);
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(recv_ready_[dir], stream), where_);
-    RETURN_IF_ERROR(WaitEvent(recv_ready_[dir], payload_deadline,
-                              absl::StrCat("payload of ", from)));
-    for (size_t i = 0; i < header->tensors.size(); ++i) {
-      const TensorDesc& d = header->tensors[i];
-      Tensor t = Tensor::Empty(d.dtype, d.shape);
-      if (t.nbytes() > 0) {
-        std::memcpy(t.raw_data(), static_cast<char*>(pinned_[dir]) + offsets[i],
-                    t.nbytes());
-      }
-      message.tensors.emplace_back(d.name, std::move(t));
-    }
-  } else {
-    for (const TensorDesc& d : header->tensors) {
-      message.tensors.emplace_back(d.name, Tensor::Empty(d.dtype, d.shape));
-    }
+absl::Status NcclTransportImpl::RecvPayload(int peer, int dir,
+                                            const NcclHeader& header,
+                                            absl::Time deadline,
+                                            Message* message) {
+  cudaStream_t stream = streams_[dir];
+  const std::string what = absl::StrCat("payload of message from rank ", peer);
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const TensorDesc& d : header.tensors) {
+    offsets.push_back(total);
+    total += (d.nbytes() + 255) / 256 * 256;
   }
-  // Later kernels on the compute stream see the received data.
-  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, recv_ready_[dir], 0),
-                       where_);
-  return message;
+  RETURN_IF_ERROR(EnsurePinned(dir, total));
+  char* buf = nullptr;
+  CUDA_RETURN_IF_ERROR(
+      cudaMallocAsync(reinterpret_cast<void**>(&buf), total, stream), where_);
+  NCCL_RETURN_IF_ERROR(ncclGroupStart(), where_);
+  for (size_t i = 0; i < header.tensors.size(); ++i) {
+    const size_t n = header.tensors[i].nbytes();
+    if (n == 0) continue;
+    NCCL_RETURN_IF_ERROR(
+        ncclRecv(buf + offsets[i], n, ncclUint8, peer, comms_[dir], stream),
+        where_);
+  }
+  NCCL_RETURN_IF_ERROR(ncclGroupEnd(), where_);
+  RETURN_IF_ERROR(WaitComm(dir, deadline, what));
+  // Until Tensor has device storage, results come back to host memory.
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(pinned_[dir], buf, total, cudaMemcpyDeviceToHost, stream),
+      where_);
+  CUDA_RETURN_IF_ERROR(cudaFreeAsync(buf, stream), where_);
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(recv_ready_[dir], stream), where_);
+  RETURN_IF_ERROR(WaitEvent(recv_ready_[dir], deadline, what));
+  for (size_t i = 0; i < header.tensors.size(); ++i) {
+    const TensorDesc& d = header.tensors[i];
+    Tensor t = Tensor::Empty(d.dtype, d.shape);
+    if (t.nbytes() > 0) {
+      std::memcpy(t.raw_data(), static_cast<char*>(pinned_[dir]) + offsets[i],
+                  t.nbytes());
+    }
+    message->tensors.emplace_back(d.name, std::move(t));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status NcclTransportImpl::AllReduceSum(std::vector<double>* values,

@@ -1,7 +1,8 @@
 // NCCL Transport: pipeline stages on distinct GPUs (one rank per GPU, on
 // one or several hosts) exchanging messages with NCCL point-to-point calls
 // and running the small all-reduce with ncclAllReduce. Same contract as
-// transport/transport.h; transport/transport_select.h decides when a job uses it.
+// transport/transport.h; transport/transport_select.h decides when a job uses
+// it.
 //
 // Setup (CreateNcclTransport): rank 0 creates the NCCL unique ids and puts
 // them under "<job_id>/nccl_id" in the job's Rendezvous; the other ranks Get
@@ -20,10 +21,10 @@
 // per direction every dependency points the same way along the pipeline.
 //
 // Wire format of a Message on the communicator of its direction: first one
-// header of exactly kNcclHeaderBytes (EncodeNcclHeader below: kind, step,
+// header of exactly kNcclHeaderBytes (transport/nccl_header.h: kind, step,
 // microbatch, chunk, then the tensors' names, dtypes and shapes in the TCP
-// frame's descriptor layout, written and read by transport/frame.h's codec), then
-// each tensor's bytes (ncclUint8), in order. Headers are built in pinned
+// frame's descriptor layout, written and read by transport/frame.h's codec),
+// then each tensor's bytes (ncclUint8), in order. Headers are built in pinned
 // host memory and copied to a device buffer, since NCCL only sends
 // device-accessible memory. There is no checksum (NVLink / InfiniBand are
 // link-level checked; TCP frames carry a CRC32C because they leave the
@@ -60,6 +61,18 @@
 // double). A future caller with several non-zero contributors per slot
 // would lose bitwise reproducibility across topologies.
 //
+// Why ncclAllReduce and not the rank-ordered algorithm of
+// transport/collectives.h that the in-process and TCP transports share:
+// that algorithm's messages are taken without knowing their size in advance
+// (an error of any length, a round number to check), and a round that rank
+// 0 fails leaves the transport usable. Over NCCL point-to-point every
+// receive must be posted with its exact size, and a wait that times out
+// aborts the communicators, since NCCL cannot cancel a posted operation: each
+// message would need the header exchange Send and Recv use, rank 0 would
+// serialize 2 (n - 1) of them where one collective call does, and a failed
+// round would still end the transport. For the slots above the sum is exact
+// in any order, so ncclAllReduce gives them the same bits.
+//
 // Failures: NCCL, CUDA and the rendezvous report as Status (one macro per
 // library, NCCL's text from ncclGetErrorString); nothing exits. Every wait
 // polls ncclCommGetAsyncError, so a communicator error (e.g. a lost peer on
@@ -79,17 +92,13 @@
 #define TRAINYARD_TRANSPORT_NCCL_TRANSPORT_H_
 
 #include <atomic>
-#include <cstddef>
-#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "transport/frame.h"
 #include "transport/rendezvous.h"
 #include "transport/transport.h"
 
@@ -102,38 +111,6 @@ namespace trainyard {
 // True when this binary was built with CUDA and NCCL (@cuda available);
 // false in the stub build, where CreateNcclTransport returns Unimplemented.
 bool NcclTransportBuilt();
-
-// The fixed size of the header sent before every message's payloads, and
-// its limits; EncodeNcclHeader rejects a message beyond them.
-inline constexpr size_t kNcclHeaderBytes = 8192;
-inline constexpr int kNcclMaxTensors = 32;
-inline constexpr int kNcclMaxNameLength = 128;
-inline constexpr int kNcclMaxNdim = 8;
-// Far beyond any one GPU's memory; bounds the sizes a header may claim.
-inline constexpr uint64_t kNcclMaxPayloadBytes = uint64_t{1} << 40;
-
-struct NcclHeader {
-  MessageKind kind = MessageKind::kActivation;
-  int64_t step = 0;
-  int32_t microbatch = 0;
-  uint16_t chunk = 0;               // the receiving stage's model chunk
-  std::vector<TensorDesc> tensors;  // transport/frame.h's descriptor
-  uint64_t payload_bytes = 0;       // sum of the tensors' sizes
-};
-
-// Exactly kNcclHeaderBytes bytes (little-endian, zero-padded): u32 magic
-// "TYNC", u16 version 3, u16 kind, i64 step, i32 microbatch, u16 tensor
-// count, u16 chunk, u64 payload bytes (32 bytes); then the tensor
-// descriptors of transport/frame.h (AppendTensorDescs: per tensor u16 name
-// length, u8 dtype, u8 ndim, i64 dims[ndim], the name). Version 2 had a
-// reserved 0 where the chunk is; version 1 had its own descriptor order
-// (name before dtype). InvalidArgument naming the tensor when a limit above
-// is exceeded, or naming the value when Message::chunk is outside [0,
-// kMaxFrameChunk]; tensors may be on any device.
-absl::StatusOr<std::string> EncodeNcclHeader(const Message& message);
-// Decodes and checks a header (DataLoss naming the bad field otherwise:
-// magic, version, kind, or a descriptor, as transport/frame.h's ReadTensorDescs).
-absl::StatusOr<NcclHeader> DecodeNcclHeader(absl::string_view bytes);
 
 struct NcclTransportOptions {
   std::string job_id;  // rendezvous key prefix; must not be empty

@@ -12,10 +12,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "transport/frame.h"
-#include "transport/rendezvous.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/frame.h"
+#include "transport/nccl_header.h"
+#include "transport/rendezvous.h"
 
 #ifdef TRAINYARD_HAVE_NCCL
 #include <cuda_runtime.h>

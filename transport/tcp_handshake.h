@@ -1,11 +1,11 @@
 // The proofs of the data-plane handshake (docs/TRANSPORT_FRAME.md,
-// "Authentication"): each end of a TcpTransport connection proves it holds
+// "Authentication"): each end of a TCP transport connection proves it holds
 // the job's secret with an HMAC-SHA256 over the job id, both ranks, both
 // ends' fresh nonces and a label for the direction, so that a proof seen on
 // one connection is worthless on any other connection, rank pair or
 // direction. The wire messages that carry the nonces and proofs are
 // transport/frame.h's; the listener and dialer that exchange them are
-// core/tcp_transport.cc.
+// transport/peer_listener.cc and transport/peer_dialer.cc.
 //
 // Thread-safe: pure functions (NewHandshakeNonce reads OpenSSL's CSPRNG).
 #ifndef TRAINYARD_TRANSPORT_TCP_HANDSHAKE_H_

@@ -2,13 +2,15 @@
 // exchanging framed tensor messages over TCP. The frame format is
 // docs/TRANSPORT_FRAME.md.
 //
-// A worker owns one PeerListener for its lifetime (bound before it
-// registers, so it can report its address). Each job stage creates a
-// TcpTransport with the addresses of every stage (from the controller's
-// rendezvous); the transport dials the peers it needs and accepts the
-// connections the others dial, through the listener, matched by job id and
-// rank in a handshake in which both ends prove they hold the job's secret
-// (TcpTransportOptions::secret) before any frame is exchanged.
+// A worker owns one PeerListener (transport/peer_listener.h) for its
+// lifetime (bound before it registers, so it can report its address). Each
+// job stage calls ConnectTcpTransport with the addresses of every stage
+// (from the controller's rendezvous); it dials the peers it needs
+// (transport/peer_dialer.h) and accepts the connections the others dial,
+// through the listener, matched by job id and rank in a handshake in which
+// both ends prove they hold the job's secret (TcpTransportOptions::secret)
+// before any frame is exchanged. The transport it returns is
+// transport/socket_transport.h's.
 //
 // Guarantees (on top of transport.h): every read and write has a timeout;
 // a partial read, a peer that disconnects, a frame with a bad magic,
@@ -28,48 +30,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "transport/peer_listener.h"
 #include "transport/transport.h"
 
 namespace trainyard {
-
-struct PeerListenerOptions {
-  // Longest an accepted connection may take to send its hello, and again
-  // its proof once challenged.
-  absl::Duration handshake_timeout = absl::Seconds(5);
-  // How long a handshake for a job/rank that has not registered yet waits
-  // for it (the dialer may be faster than the local stage); after that the
-  // connection is closed and the reason logged and sent back.
-  absl::Duration unknown_job_timeout = absl::Seconds(10);
-  // At most this many connections in their handshake at once (each holds a
-  // descriptor, no thread, until its handshake ends); one more is closed at
-  // once, unread. Listen lowers it to half the process's descriptor limit
-  // (RLIMIT_NOFILE). Dialers of a real job retry until their connect
-  // timeout; an idle connection holds its place for at most
-  // handshake_timeout (unknown_job_timeout once its hello names a job), so
-  // a flood that stops delays them by at most that.
-  int max_pending_handshakes = 1024;
-};
-
-// Accepts peer connections on one port and hands each, after its handshake,
-// to the TcpTransport being set up for that job and rank. Connections that
-// fail the handshake (a bad hello, an unknown job, a wrong proof of the job
-// secret, a timeout) are answered with the reason, logged and closed; the
-// listener keeps serving, and the registration of the job they named stays
-// open for the real peer. All pending handshakes share one thread: a slow or
-// silent connection does not hold up another's. It must outlive every
-// ConnectTcpTransport call that uses it (not the transports it returned).
-class PeerListener {
- public:
-  // Listens on `address` ("127.0.0.1:0" picks a free port; "0.0.0.0:7000"
-  // for pods). Errors name the address.
-  static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(
-      const std::string& address);
-  static absl::StatusOr<std::unique_ptr<PeerListener>> Listen(
-      const std::string& address, const PeerListenerOptions& options);
-  virtual ~PeerListener() = default;
-  // The bound address, host:port, with the real port.
-  virtual std::string address() const = 0;
-};
 
 struct TcpTransportOptions {
   std::string job_id;
@@ -123,8 +87,9 @@ struct TcpTransportOptions {
 // connect in time, or Cancelled when `options.cancel` was set first.
 //
 // Topology: a full mesh, one connection per pair of ranks, dialed by the
-// higher rank. AllReduceSum gathers every rank's vector at rank 0, which
-// sums in rank order and sends the result back.
+// higher rank. AllReduceSum is transport/collectives.h's: every rank's
+// vector goes to rank 0, which sums in rank order and sends the result
+// back.
 //
 // Destroying a healthy transport flushes queued sends and tells each peer
 // (a "goodbye" frame), whose later Recv from this rank then fails with

@@ -4,8 +4,11 @@
 // gradients backward to its neighbours and takes part in a small all-reduce
 // (gradient-norm partial sums, loss weights); gradients themselves never go
 // through the all-reduce. Implementations: in-process (stages as threads,
-// in_process_transport.h); TCP and NCCL arrive with the service and GPU
-// path behind this same interface.
+// transport/in_process_transport.h), TCP (stages in different processes or
+// machines, transport/tcp_transport.h) and NCCL (one stage per GPU,
+// transport/nccl_transport.h); transport/transport_select.h says which a
+// job uses. The in-process and TCP transports share one all-reduce
+// algorithm (transport/collectives.h).
 //
 // Contract:
 // - Send is buffered: it may return before the peer receives, and it never

@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "core/device.h"
 #include "engine/stage.h"
-#include "observability/metrics.h"
+#include "observability/prometheus_endpoint.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"

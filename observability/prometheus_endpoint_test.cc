@@ -1,4 +1,4 @@
-#include "observability/metrics.h"
+#include "observability/prometheus_endpoint.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

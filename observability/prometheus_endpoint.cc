@@ -1,21 +1,19 @@
-#include "observability/metrics.h"
+#include "observability/prometheus_endpoint.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
+#include <cstdint>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "net/address.h"
 #include "core/status_macros.h"
-#include "glog/logging.h"
+#include "net/address.h"
+#include "net/socket_io.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/text_serializer.h"
 
@@ -46,22 +44,18 @@ prometheus::MetricFamily Family(const std::string& name,
   return f;
 }
 
-void WriteAll(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    const ssize_t n =
-        ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // the client went away; nothing to do
-    off += static_cast<size_t>(n);
-  }
-}
-
 std::string Response(const std::string& status, const std::string& type,
                      const std::string& body) {
   return absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
                       "\r\nContent-Length: ", body.size(),
                       "\r\nConnection: close\r\n\r\n", body);
+}
+
+// Writes the whole response, however long the client takes to read it; a
+// client that goes away just loses it.
+void Reply(int fd, const std::string& response) {
+  WriteString(fd, response, absl::InfiniteFuture(), /*stop_fd=*/-1)
+      .IgnoreError();
 }
 
 }  // namespace
@@ -71,34 +65,22 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   absl::StatusOr<sockaddr_in> resolved = ResolveIpv4(listen);
   if (!resolved.ok()) return Prefixed(resolved.status(), "metrics: ");
   sockaddr_in sa = *resolved;
-  std::unique_ptr<MetricsEndpoint> e(new MetricsEndpoint());
-  e->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  ::setsockopt(e->listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (e->listen_fd_ < 0 ||
-      ::bind(e->listen_fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) !=
-          0 ||
-      ::listen(e->listen_fd_, 16) != 0 || ::pipe2(e->wake_, O_CLOEXEC) != 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "metrics: cannot listen on ", listen, ": ", std::strerror(errno)));
+  SocketCallError failure;
+  absl::StatusOr<Fd> fd = ListenTcp(&sa, /*backlog=*/16, &failure);
+  if (!fd.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", listen, ": ",
+                     ErrnoText(failure.error_number)));
   }
-  socklen_t len = sizeof(sa);
-  ::getsockname(e->listen_fd_, reinterpret_cast<sockaddr*>(&sa), &len);
+  std::unique_ptr<MetricsEndpoint> e(new MetricsEndpoint());
   e->port_ = ntohs(sa.sin_port);
-  e->thread_ = std::thread([raw = e.get()] { raw->Serve(); });
+  PollServer::Handler* handler = e.get();
+  e->server_ = std::make_unique<PollServer>(
+      *std::move(fd), absl::StrCat("metrics ", SockaddrToString(sa)), handler);
   return e;
 }
 
-MetricsEndpoint::~MetricsEndpoint() {
-  if (wake_[1] >= 0) {
-    const char b = 0;
-    (void)!::write(wake_[1], &b, 1);
-  }
-  if (thread_.joinable()) thread_.join();
-  for (int fd : {listen_fd_, wake_[0], wake_[1]}) {
-    if (fd >= 0) ::close(fd);
-  }
-}
+MetricsEndpoint::~MetricsEndpoint() { server_.reset(); }
 
 void MetricsEndpoint::AddCollector(
     std::function<std::vector<prometheus::MetricFamily>()> collect) {
@@ -117,20 +99,8 @@ std::string MetricsEndpoint::Text() {
   return prometheus::TextSerializer().Serialize(families);
 }
 
-void MetricsEndpoint::Serve() {
-  while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    const int n = ::poll(fds, 2, -1);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 || (fds[1].revents & POLLIN)) return;
-    const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    Answer(c);
-    ::close(c);
-  }
-}
-
-void MetricsEndpoint::Answer(int fd) {
+void MetricsEndpoint::OnAccept(Fd connection, const sockaddr_in& peer) {
+  const int fd = connection.get();
   // The request line and headers, within kReadTimeout and kMaxRequestBytes.
   std::string req;
   const absl::Time deadline = absl::Now() + kReadTimeout;
@@ -139,25 +109,26 @@ void MetricsEndpoint::Answer(int fd) {
          !absl::StrContains(req, "\n\n")) {
     const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
     if (left <= 0 || req.size() >= kMaxRequestBytes) {
-      WriteAll(fd, Response("400 Bad Request", "text/plain",
-                            "request too slow or too large\n"));
+      Reply(fd, Response("400 Bad Request", "text/plain",
+                         "request too slow or too large\n"));
       return;
     }
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(left)) <= 0) continue;
     const ssize_t got = ::recv(fd, buf, sizeof(buf), 0);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (got <= 0) return;
     req.append(buf, static_cast<size_t>(got));
   }
   if (absl::StartsWith(req, "GET /metrics ") ||
       absl::StartsWith(req, "GET /metrics?")) {
-    WriteAll(fd, Response("200 OK", "text/plain; version=0.0.4", Text()));
+    Reply(fd, Response("200 OK", "text/plain; version=0.0.4", Text()));
   } else if (absl::StartsWith(req, "GET ")) {
-    WriteAll(fd, Response("404 Not Found", "text/plain",
-                          "only /metrics is served here\n"));
+    Reply(fd, Response("404 Not Found", "text/plain",
+                       "only /metrics is served here\n"));
   } else {
-    WriteAll(fd, Response("400 Bad Request", "text/plain",
-                          "expected GET /metrics\n"));
+    Reply(fd,
+          Response("400 Bad Request", "text/plain", "expected GET /metrics\n"));
   }
 }
 
