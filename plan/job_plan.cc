@@ -23,209 +23,15 @@
 #include "core/host_info.h"
 #include "core/npy.h"
 #include "glog/logging.h"
-#include "google/protobuf/util/json_util.h"
+#include "plan/problems.h"
+#include "plan/spec_limits.h"
+#include "plan/spec_paths.h"
 
 namespace trainyard {
 namespace {
 
 using trainyard::v1::DataSource;
 using trainyard::v1::JobSpec;
-
-// Widths above this are surely typos; the cap also keeps shape products
-// (out * in, rows * cols) far from int64 overflow.
-constexpr int64_t kMaxWidth = int64_t{1} << 24;
-
-// Collects validation problems, one line each: "<field path>: <reason>".
-// At most this many problems are listed; the rest are counted.
-constexpr size_t kMaxListedProblems = 50;
-
-class Problems {
- public:
-  void Add(const std::string& path, const std::string& reason) {
-    ++count_;
-    if (lines_.size() < kMaxListedProblems) {
-      lines_.push_back(absl::StrCat(path, ": ", reason));
-    }
-  }
-  bool empty() const { return count_ == 0; }
-  size_t size() const { return count_; }
-  std::string Text() const {
-    std::string out = absl::StrJoin(lines_, "\n");
-    if (count_ > lines_.size()) {
-      absl::StrAppend(&out, "\n... and ", count_ - lines_.size(), " more");
-    }
-    return out;
-  }
-
- private:
-  std::vector<std::string> lines_;
-  size_t count_ = 0;
-};
-
-int StructDepth(const google::protobuf::Value& v);
-
-// Nesting depth of a Struct (1 for a flat one).
-int StructDepth(const google::protobuf::Struct& s) {
-  int depth = 0;
-  for (const auto& [k, v] : s.fields()) depth = std::max(depth, StructDepth(v));
-  return depth + 1;
-}
-
-int StructDepth(const google::protobuf::Value& v) {
-  if (v.has_struct_value()) return StructDepth(v.struct_value());
-  if (v.has_list_value()) {
-    int depth = 0;
-    for (const auto& e : v.list_value().values()) {
-      depth = std::max(depth, StructDepth(e));
-    }
-    return depth + 1;
-  }
-  return 0;
-}
-
-// The size limits (job_plan.h), each problem with its field path.
-void CheckSizes(const JobSpec& s, Problems* p) {
-  const size_t bytes = s.ByteSizeLong();
-  if (bytes > kMaxSpecBytes) {
-    p->Add("(spec)",
-           absl::StrCat(bytes, " bytes serialized, limit ", kMaxSpecBytes));
-  }
-  auto string_limit = [&](const std::string& path, const std::string& v,
-                          size_t limit) {
-    if (v.size() > limit) {
-      p->Add(path, absl::StrCat(v.size(), " bytes, limit ", limit));
-    }
-  };
-  string_limit("name", s.name(), kMaxNameBytes);
-  string_limit("task.plugin", s.task().plugin(), kMaxNameBytes);
-  string_limit("device", s.device(), kMaxNameBytes);
-  string_limit("precision", s.precision(), kMaxNameBytes);
-  string_limit("parallelism.schedule", s.parallelism().schedule(),
-               kMaxNameBytes);
-  string_limit("optimizer.type", s.optimizer().type(), kMaxNameBytes);
-  string_limit("optimizer.decay_mask", s.optimizer().decay_mask(),
-               kMaxNameBytes);
-  string_limit("optimizer.schedule.type", s.optimizer().schedule().type(),
-               kMaxNameBytes);
-  string_limit("checkpoint.dir", s.checkpoint().dir(), kMaxPathBytes);
-  string_limit("checkpoint.resume", s.checkpoint().resume(), kMaxNameBytes);
-  string_limit("model.init.safetensors", s.model().init().safetensors(),
-               kMaxPathBytes);
-  auto source = [&](const std::string& path,
-                    const trainyard::v1::DataSource& d) {
-    string_limit(path + ".npy.features", d.npy().features(), kMaxPathBytes);
-    string_limit(path + ".npy.targets", d.npy().targets(), kMaxPathBytes);
-    string_limit(path + ".synthetic.kind", d.synthetic().kind(), kMaxNameBytes);
-  };
-  source("data.train", s.data().train());
-  source("data.eval", s.data().eval());
-  if (s.model().blocks_size() > kMaxBlocks) {
-    p->Add("model.blocks", absl::StrCat(s.model().blocks_size(),
-                                        " blocks, limit ", kMaxBlocks));
-  }
-  for (int i = 0; i < std::min(s.model().blocks_size(), kMaxBlocks); ++i) {
-    const auto& b = s.model().blocks(i);
-    string_limit(absl::StrCat("model.blocks[", i, "].activation"),
-                 b.activation(), kMaxNameBytes);
-    string_limit(absl::StrCat("model.blocks[", i, "].norm"), b.norm(),
-                 kMaxNameBytes);
-  }
-  if (s.parallelism().split_size() > kMaxListEntries) {
-    p->Add("parallelism.split",
-           absl::StrCat(s.parallelism().split_size(), " entries, limit ",
-                        kMaxListEntries));
-  }
-  if (s.optimizer().no_decay_size() > kMaxListEntries) {
-    p->Add("optimizer.no_decay",
-           absl::StrCat(s.optimizer().no_decay_size(), " entries, limit ",
-                        kMaxListEntries));
-  }
-  for (int i = 0; i < std::min(s.optimizer().no_decay_size(), kMaxListEntries);
-       ++i) {
-    string_limit(absl::StrCat("optimizer.no_decay[", i, "]"),
-                 s.optimizer().no_decay(i), kMaxNameBytes);
-  }
-  const size_t config_bytes = s.task().config().ByteSizeLong();
-  if (config_bytes > kMaxTaskConfigBytes) {
-    p->Add("task.config",
-           absl::StrCat(config_bytes, " bytes serialized, limit ",
-                        kMaxTaskConfigBytes));
-  } else if (StructDepth(s.task().config()) > kMaxTaskConfigDepth) {
-    p->Add("task.config",
-           absl::StrCat("nested ", StructDepth(s.task().config()),
-                        " levels deep, limit ", kMaxTaskConfigDepth));
-  }
-}
-
-std::string QuotedList(const std::vector<std::string>& names) {
-  std::vector<std::string> quoted;
-  for (const auto& n : names) quoted.push_back(Quote(n));
-  return absl::StrJoin(quoted, ", ");
-}
-
-// Checks `value` is one of `allowed` (empty counts as allowed when
-// `empty_ok`); on failure adds `path: must be one of ..., got "x"`.
-bool CheckOneOf(Problems* p, const std::string& path, const std::string& value,
-                const std::vector<std::string>& allowed) {
-  if (std::find(allowed.begin(), allowed.end(), value) != allowed.end()) {
-    return true;
-  }
-  p->Add(path, absl::StrCat("must be one of ", QuotedList(allowed), ", got ",
-                            Quote(value)));
-  return false;
-}
-
-std::string FormatDouble(double v) { return absl::StrFormat("%g", v); }
-
-// Adds a problem for `field` when `abs` (as written: `written`) is not
-// inside `root` once symlinks are resolved.
-void CheckConfined(Problems* p, const std::string& field,
-                   const std::string& written, const std::string& abs,
-                   const PlanOptions& options) {
-  if (options.confine_to.empty()) return;
-  absl::StatusOr<std::string> root =
-      ResolveSymlinks(CleanAbsolutePath(options.confine_to));
-  if (!root.ok()) {
-    p->Add(field,
-           absl::StrCat("the data folder ", options.confine_to, " (",
-                        options.confine_flag, "): ", root.status().message()));
-    return;
-  }
-  absl::StatusOr<std::string> real = ResolveSymlinks(abs);
-  if (!real.ok()) {
-    p->Add(field, absl::StrCat(Quote(written),
-                               " cannot be shown to stay inside the data "
-                               "folder ",
-                               *root, ": ", real.status().message()));
-    return;
-  }
-  if (PathIsInside(*real, *root)) return;
-  p->Add(field,
-         absl::StrCat(Quote(written), " resolves to ", Quote(*real),
-                      ", outside the data folder ", *root, " (",
-                      options.confine_flag, "): paths must stay inside it"));
-}
-
-// `path` made absolute against `base` (itself made absolute against the
-// current directory).
-std::string ResolvePath(const std::string& base, const std::string& path) {
-  if (!path.empty() && path[0] == '/') return CleanAbsolutePath(path);
-  return CleanAbsolutePath(CleanAbsolutePath(base) + "/" + path);
-}
-
-// Empty when `abs` is a readable regular file; otherwise the reason, naming
-// the path as the user wrote it (and where it was looked for).
-std::string FileProblem(const std::string& as_written, const std::string& abs) {
-  struct stat st;
-  std::string where = as_written;
-  if (as_written != abs) where = absl::StrCat(as_written, " (", abs, ")");
-  if (stat(abs.c_str(), &st) != 0) {
-    if (errno == ENOENT) return absl::StrCat(where, ": no such file");
-    return absl::StrCat(where, ": ", std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) return absl::StrCat(where, ": not a regular file");
-  return "";
-}
 
 // What validation learned about one data source.
 struct SourceInfo {
@@ -534,27 +340,6 @@ MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
 
 }  // namespace
 
-absl::StatusOr<JobSpec> ParseJobSpecJson(const std::string& json_text,
-                                         const std::string& source_name) {
-  JobSpec spec;
-  google::protobuf::util::JsonParseOptions opts;
-  opts.ignore_unknown_fields = false;
-  google::protobuf::util::Status s =
-      google::protobuf::util::JsonStringToMessage(json_text, &spec, opts);
-  if (!s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ": invalid job spec JSON: ",
-                     std::string(s.message().data(), s.message().size())));
-  }
-  return spec;
-}
-
-absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFileToString(path);
-  if (!text.ok()) return text.status();
-  return ParseJobSpecJson(*text, path);
-}
-
 bool GlobMatch(const std::string& pattern, const std::string& name) {
   // Iterative wildcard match with backtracking to the last '*'.
   size_t p = 0, n = 0, star = std::string::npos, mark = 0;
@@ -638,7 +423,7 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
                                 const PlanOptions& options) {
   {
     Problems sizes;
-    CheckSizes(spec, &sizes);
+    CheckSizeLimits(spec, &sizes);
     if (!sizes.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "job spec over the size limits (", sizes.size(),
@@ -1257,22 +1042,6 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
         FormatBytes(limit)));
   }
   return plan;
-}
-
-std::string Quote(const std::string& s) {
-  if (s.size() <= kMaxQuotedBytes) return absl::StrCat("\"", s, "\"");
-  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxQuotedBytes)),
-                      "...\" (", s.size(), " bytes)");
-}
-
-absl::StatusOr<std::string> TaskConfigJson(const JobSpec& spec) {
-  if (!spec.task().has_config()) return std::string("{}");
-  std::string json;
-  if (!google::protobuf::util::MessageToJsonString(spec.task().config(), &json)
-           .ok()) {
-    return absl::InvalidArgumentError("task.config: not valid JSON");
-  }
-  return json;
 }
 
 }  // namespace trainyard

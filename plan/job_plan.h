@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "schedule/schedule.h"
-#include "core/tensor.h"
 #include "core/block_config.h"
+#include "core/tensor.h"
 #include "proto/job_spec.pb.h"
+#include "schedule/schedule.h"
 
 namespace trainyard {
 
@@ -48,6 +48,10 @@ inline constexpr int kMaxListEntries = 256;  // no_decay, split
 inline constexpr size_t kMaxTaskConfigBytes = size_t{64} << 10;
 inline constexpr int kMaxTaskConfigDepth = 16;
 inline constexpr int kMaxReplicas = 64;
+// Block widths and synthetic feature / output counts: wider is surely a
+// typo, and the cap keeps shape products (out * in, rows * cols) far from
+// int64 overflow.
+inline constexpr int64_t kMaxWidth = int64_t{1} << 24;
 // stages x chunks x microbatches per replica: every worker builds the whole
 // schedule (about 7 actions per chunk pass).
 inline constexpr int64_t kMaxScheduledPasses = int64_t{1} << 20;
