@@ -6,6 +6,10 @@
 // split and the per-parameter weight-decay mask, and estimates the job's
 // memory. docs/SPEC.md is the user-facing reference for all of it.
 //
+// PlanJob (job_plan.cc) runs one step per part of the spec, each in a file
+// of its own: spec_limits, data_check, model_check, parallelism_check,
+// training_check, placement and memory_estimate.
+//
 // All functions are pure apart from reading files (the spec file, and .npy
 // headers / safetensors existence when PlanOptions::check_files) and asking
 // the OS for physical memory; they are thread-safe. A JobPlan is a plain
