@@ -74,6 +74,11 @@ class StageChecker {
   absl::Status Fail(const std::string& why) const {
     return StageError(sched_, s_, why);
   }
+  // Whether chunk `c` of this stage is the first (last) virtual stage.
+  bool IsFirst(int c) const { return sched_.VirtualStage(s_, c) == 0; }
+  bool IsLast(int c) const {
+    return sched_.VirtualStage(s_, c) == sched_.num_virtual_stages() - 1;
+  }
 
   absl::Status CheckAction(const Action& a) {
     const std::string what = ActionToString(a);
@@ -104,9 +109,8 @@ class StageChecker {
   absl::Status CheckActivationSide(const Action& a, const std::string& what) {
     const int mb = a.microbatch;
     const int c = a.chunk;
-    const int vs = sched_.VirtualStage(s_, c);
-    const bool first = vs == 0;
-    const bool last = vs == sched_.num_virtual_stages() - 1;
+    const bool first = IsFirst(c);
+    const bool last = IsLast(c);
     switch (a.kind) {
       case ActionKind::kRecvActivation:
         if (first) {
@@ -141,9 +145,8 @@ class StageChecker {
   absl::Status CheckGradientSide(const Action& a, const std::string& what) {
     const int mb = a.microbatch;
     const int c = a.chunk;
-    const int vs = sched_.VirtualStage(s_, c);
-    const bool first = vs == 0;
-    const bool last = vs == sched_.num_virtual_stages() - 1;
+    const bool first = IsFirst(c);
+    const bool last = IsLast(c);
     switch (a.kind) {
       case ActionKind::kRecvGradient:
         if (!sched_.training) return Fail(what + " in forward-only");
