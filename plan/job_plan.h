@@ -8,7 +8,10 @@
 //
 // PlanJob (job_plan.cc) runs one step per part of the spec, each in a file
 // of its own: spec_limits, data_check, model_check, parallelism_check,
-// training_check, placement and memory_estimate.
+// training_check, placement (with BalancedSplit and GlobMatch) and
+// memory_estimate. The steps collect problems in a Problems list
+// (problems.h, with Quote) and resolve paths with spec_paths.h; the JSON
+// functions are in spec_json.cc.
 //
 // All functions are pure apart from reading files (the spec file, and .npy
 // headers / safetensors existence when PlanOptions::check_files) and asking

@@ -24,8 +24,9 @@ TEST(PlanJobTest, SpecsOverTheSizeLimitsAreRefusedNamingFieldAndLimit) {
   JobSpec spec = ValidNpySpec(dir);
   spec.set_name(std::string(300, 'n'));
   spec.mutable_checkpoint()->set_dir(std::string(5000, 'd'));
-  for (int i = 0; i < 2000; ++i)
+  for (int i = 0; i < 2000; ++i) {
     *spec.mutable_model()->add_blocks() = spec.model().blocks(0);
+  }
   spec.mutable_optimizer()->add_no_decay(std::string(1000, 'x'));
   google::protobuf::Struct* config = spec.mutable_task()->mutable_config();
   for (int i = 0; i < 20; ++i) {
