@@ -6,6 +6,13 @@
 // split and the per-parameter weight-decay mask, and estimates the job's
 // memory. docs/SPEC.md is the user-facing reference for all of it.
 //
+// PlanJob (job_plan.cc) runs one step per part of the spec, each in a file
+// of its own: spec_limits, data_check, model_check, parallelism_check,
+// training_check, placement (with BalancedSplit and GlobMatch) and
+// memory_estimate. The steps collect problems in a Problems list
+// (problems.h, with Quote) and resolve paths with spec_paths.h; the JSON
+// functions are in spec_json.cc.
+//
 // All functions are pure apart from reading files (the spec file, and .npy
 // headers / safetensors existence when PlanOptions::check_files) and asking
 // the OS for physical memory; they are thread-safe. A JobPlan is a plain
@@ -20,10 +27,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "schedule/schedule.h"
-#include "core/tensor.h"
 #include "core/block_config.h"
+#include "core/tensor.h"
 #include "proto/job_spec.pb.h"
+#include "schedule/schedule.h"
 
 namespace trainyard {
 
@@ -48,6 +55,10 @@ inline constexpr int kMaxListEntries = 256;  // no_decay, split
 inline constexpr size_t kMaxTaskConfigBytes = size_t{64} << 10;
 inline constexpr int kMaxTaskConfigDepth = 16;
 inline constexpr int kMaxReplicas = 64;
+// Block widths and synthetic feature / output counts: wider is surely a
+// typo, and the cap keeps shape products (out * in, rows * cols) far from
+// int64 overflow.
+inline constexpr int64_t kMaxWidth = int64_t{1} << 24;
 // stages x chunks x microbatches per replica: every worker builds the whole
 // schedule (about 7 actions per chunk pass).
 inline constexpr int64_t kMaxScheduledPasses = int64_t{1} << 20;

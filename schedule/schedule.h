@@ -58,6 +58,10 @@ enum class ActionKind {
 
 const char* ActionKindName(ActionKind kind);
 
+// Forward, backward-input and backward-weight: the passes that compute (the
+// other actions move messages or step the optimizer).
+bool IsComputePass(ActionKind kind);
+
 struct Action {
   ActionKind kind;
   int microbatch = -1;  // -1 for kOptimizerStep
@@ -69,7 +73,7 @@ struct Action {
 
 // "F3", "B3", "W3", ">A3", "<A3", ">G3", "<G3", "OPT" for chunk 0, and the
 // chunk after a dot otherwise: "F3.1" is the forward of microbatch 3 on
-// chunk 1 ("F3" is "F3.0"; single-chunk schedules read as before).
+// chunk 1 ("F3" is "F3.0", so single-chunk schedules carry no suffix).
 std::string ActionToString(const Action& action);
 
 enum class ChunkLayout {
@@ -148,13 +152,13 @@ absl::StatusOr<Schedule> MakeInterleavedSchedule(int num_stages,
 // stage, backward split into input- and weight-gradient passes. The order is
 // the one a list scheduler finds for `costs` (unit costs by default, as in
 // the paper; a chunk pass costs half a whole stage's): a free stage runs a
-// ready input-gradient pass first,
-// else a ready forward while the stage holds fewer than 2S chunk activations
-// (S whole microbatches: 1F1B's peak) and, for a chunk-0 forward, fewer than
-// a warm-up cap of about S + s, else its oldest pending weight pass. Of the
-// caps S + s + k, |k| <= min(S, 8), the generator keeps the one with the
-// shortest step (k = 0 when M is a multiple of S). Weight passes run in ascending
-// microbatch order on each chunk. InvalidArgument unless S, M >= 1.
+// ready input-gradient pass first, else a ready forward while the stage holds
+// fewer than 2S chunk activations (S whole microbatches: 1F1B's peak) and,
+// for a chunk-0 forward, fewer than a warm-up cap of about S + s, else its
+// oldest pending weight pass. Of the caps S + s + k, |k| <= min(S, 8), the
+// generator keeps the one with the shortest step (k = 0 when M is a multiple
+// of S). Weight passes run in ascending microbatch order on each chunk.
+// InvalidArgument unless S, M >= 1.
 absl::StatusOr<Schedule> MakeZeroBubbleVSchedule(
     int num_stages, int num_microbatches, const PassCosts& costs = PassCosts());
 // Forward only (eval / inference), for a model cut into num_stages *
@@ -185,7 +189,8 @@ int DefaultChunks(const std::string& schedule_name);
 //   gpipe M; 1f1b min(M, S - s); zbh1 min(M, 2S - s - 1);
 //   interleaved min(v M, 2(S - s - 1) + (v - 1) S + 1); zbv min(2M, 2S).
 // A bound the generators keep under any costs, reached with unit costs
-// (schedule_test checks both). The memory estimate counts it (job_plan).
+// (schedule_test checks both). The planner's memory estimate counts it
+// (plan/memory_estimate.cc).
 int PeakChunkActivations(const std::string& schedule_name, int num_stages,
                          int num_microbatches, int num_chunks, int stage);
 

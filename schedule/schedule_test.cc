@@ -39,7 +39,9 @@ TEST(ScheduleTest, SimulatedBubbleMatchesTheTextbookFormula) {
         auto split = SimulatedBubble(sched);
         ASSERT_TRUE(split.ok());
         EXPECT_LE(*split, expected + 1e-12) << sched.name;
-        if (S > 1) EXPECT_LT(*split, expected) << sched.name;
+        if (S > 1) {
+          EXPECT_LT(*split, expected) << sched.name;
+        }
       }
       // zbh1 moves weight passes into idle time: at equal costs never
       // more bubble than 1F1B, and the zero-bubble paper's ZB-H1 step of

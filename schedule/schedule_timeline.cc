@@ -10,12 +10,6 @@
 namespace trainyard {
 namespace {
 
-bool IsPass(const Action& a) {
-  return a.kind == ActionKind::kForward ||
-         a.kind == ActionKind::kBackwardInput ||
-         a.kind == ActionKind::kBackwardWeight;
-}
-
 // x is a whole multiple of q (up to rounding in the simulation's sums).
 bool IsMultiple(double x, double q) {
   const double n = x / q;
@@ -56,6 +50,55 @@ std::string Header(const Schedule& sched) {
   }
   return absl::StrCat(sched.name, ": ", sched.num_stages, " stages, ",
                       sched.num_microbatches, " microbatches", chunks);
+}
+
+// Where the SVG timeline draws: the plot's left edge and top, each stage's
+// row and box heights, the plot's width, and pixels per time unit.
+constexpr double kSvgPlotWidth = 960;
+struct SvgLayout {
+  double px;
+  double left = 70, top = 36, row_h = 28, box_h = 22, plot_w = kSvgPlotWidth;
+};
+
+// The fill of a pass's box: its kind's colour, lighter on odd chunks.
+const char* SvgFill(const Action& a) {
+  const bool odd = a.chunk % 2 == 1;
+  if (odd) {
+    return a.kind == ActionKind::kForward         ? "#a0cbe8"
+           : a.kind == ActionKind::kBackwardInput ? "#ffbe7d"
+                                                  : "#8cd17d";
+  }
+  if (a.kind == ActionKind::kBackwardInput) return "#f28e2b";
+  if (a.kind == ActionKind::kBackwardWeight) return "#59a14f";
+  return "#4e79a7";  // forward
+}
+
+// One pass of stage `s`: its box with hover text, and its label when one
+// fits.
+void AppendSvgPass(const SvgLayout& g, int s, const TimedAction& p,
+                   std::string* out) {
+  const double y = g.top + s * g.row_h;
+  const double x = g.left + p.start * g.px;
+  const double w = (p.end - p.start) * g.px;
+  const std::string name = ActionToString(p.action);
+  absl::StrAppendFormat(
+      out,
+      "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" "
+      "fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\">"
+      "<title>stage %d %s (%s): %g to %g</title></rect>\n",
+      x, y, w, g.box_h, SvgFill(p.action), s, XmlEscape(name),
+      ActionKindName(p.action.kind), p.start, p.end);
+  // About 7 px per character at font-size 11.
+  const std::string label =
+      TimelineLabel(p.action, static_cast<int>((w - 2) / 7));
+  if (!label.empty()) {
+    const bool odd = p.action.chunk % 2 == 1;
+    absl::StrAppendFormat(out,
+                          "<text x=\"%.2f\" y=\"%.1f\" "
+                          "text-anchor=\"middle\" fill=\"%s\">%s</text>\n",
+                          x + w / 2, y + g.box_h - 7, odd ? "black" : "white",
+                          XmlEscape(label));
+  }
 }
 
 }  // namespace
@@ -104,7 +147,7 @@ std::string RenderTextTimeline(const Schedule& sched,
   for (size_t s = 0; s < sim.timeline.size(); ++s) {
     std::string row(columns, '.');
     for (const TimedAction& p : sim.timeline[s]) {
-      if (!IsPass(p.action) || p.end <= p.start) continue;
+      if (!IsComputePass(p.action.kind) || p.end <= p.start) continue;
       // The columns whose middle the pass covers.
       const int c0 = static_cast<int>(std::round(p.start / column));
       const int c1 =
@@ -125,10 +168,9 @@ std::string RenderSvgTimeline(const Schedule& sched,
                               const ScheduleSimulation& sim) {
   const int S = static_cast<int>(sim.timeline.size());
   const double T = sim.makespan > 0 ? sim.makespan : 1;
-  const double left = 70, top = 36, row_h = 28, box_h = 22, plot_w = 960;
-  const double px = plot_w / T;  // pixels per time unit
-  const double width = left + plot_w + 20;
-  const double height = top + S * row_h + 56;
+  const SvgLayout g{/*px=*/kSvgPlotWidth / T};
+  const double width = g.left + g.plot_w + 20;
+  const double height = g.top + S * g.row_h + 56;
   std::string out = absl::StrFormat(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
@@ -138,48 +180,19 @@ std::string RenderSvgTimeline(const Schedule& sched,
       "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n"
       "<text x=\"%.0f\" y=\"20\" font-size=\"13\">%s</text>\n",
       width, height, width, height, XmlEscape(Header(sched)), width, height,
-      left, XmlEscape(Header(sched)));
+      g.left, XmlEscape(Header(sched)));
   for (int s = 0; s < S; ++s) {
-    const double y = top + s * row_h;
+    const double y = g.top + s * g.row_h;
     absl::StrAppendFormat(&out,
                           "<text x=\"8\" y=\"%.1f\">stage %d</text>\n"
                           "<rect x=\"%.0f\" y=\"%.1f\" width=\"%.0f\" "
                           "height=\"%.0f\" fill=\"#eeeeee\"/>\n",
-                          y + box_h - 6, s, left, y, plot_w, box_h);
+                          y + g.box_h - 6, s, g.left, y, g.plot_w, g.box_h);
     for (const TimedAction& p : sim.timeline[s]) {
-      if (!IsPass(p.action)) continue;
-      const bool odd = p.action.chunk % 2 == 1;
-      const char* fill = "#4e79a7";  // forward
-      if (p.action.kind == ActionKind::kBackwardInput) fill = "#f28e2b";
-      if (p.action.kind == ActionKind::kBackwardWeight) fill = "#59a14f";
-      if (odd) {
-        fill = p.action.kind == ActionKind::kForward         ? "#a0cbe8"
-               : p.action.kind == ActionKind::kBackwardInput ? "#ffbe7d"
-                                                             : "#8cd17d";
-      }
-      const double x = left + p.start * px;
-      const double w = (p.end - p.start) * px;
-      const std::string name = ActionToString(p.action);
-      absl::StrAppendFormat(
-          &out,
-          "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.0f\" "
-          "fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\">"
-          "<title>stage %d %s (%s): %g to %g</title></rect>\n",
-          x, y, w, box_h, fill, s, XmlEscape(name),
-          ActionKindName(p.action.kind), p.start, p.end);
-      // About 7 px per character at font-size 11.
-      const std::string label =
-          TimelineLabel(p.action, static_cast<int>((w - 2) / 7));
-      if (!label.empty()) {
-        absl::StrAppendFormat(&out,
-                              "<text x=\"%.2f\" y=\"%.1f\" "
-                              "text-anchor=\"middle\" fill=\"%s\">%s</text>\n",
-                              x + w / 2, y + box_h - 7, odd ? "black" : "white",
-                              XmlEscape(label));
-      }
+      if (IsComputePass(p.action.kind)) AppendSvgPass(g, s, p, &out);
     }
   }
-  const double y = top + S * row_h + 18;
+  const double y = g.top + S * g.row_h + 18;
   absl::StrAppendFormat(
       &out,
       "<text x=\"%.0f\" y=\"%.1f\">step %g time units; bubble %.4f of the "
@@ -188,7 +201,8 @@ std::string RenderSvgTimeline(const Schedule& sched,
       "gradient orange, weight gradient green; lighter: odd chunks; grey: "
       "idle</text>\n"
       "</svg>\n",
-      left, y, sim.makespan, sim.bubble, sim.bubble_of_compute, left, y + 18);
+      g.left, y, sim.makespan, sim.bubble, sim.bubble_of_compute, g.left,
+      y + 18);
   return out;
 }
 

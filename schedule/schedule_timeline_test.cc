@@ -61,35 +61,7 @@ class XmlChecker {
       const std::string name = Name();
       if (name.empty()) return Where("element without a name");
       if (open.empty() && roots++ > 0) return Where("second root element");
-      while (true) {
-        SkipSpace();
-        if (i_ >= d_.size()) return "unterminated tag <" + name;
-        if (d_.compare(i_, 2, "/>") == 0) {
-          i_ += 2;
-          break;
-        }
-        if (d_[i_] == '>') {
-          ++i_;
-          open.push_back(name);
-          break;
-        }
-        const std::string attr = Name();
-        if (attr.empty()) return Where("bad attribute in <" + name);
-        SkipSpace();
-        if (i_ >= d_.size() || d_[i_] != '=') return Where("expected '='");
-        ++i_;
-        SkipSpace();
-        if (i_ >= d_.size() || (d_[i_] != '"' && d_[i_] != '\'')) {
-          return Where("unquoted attribute " + attr);
-        }
-        const char quote = d_[i_++];
-        while (i_ < d_.size() && d_[i_] != quote) {
-          if (d_[i_] == '<') return Where("'<' in attribute " + attr);
-          if (std::string e = Char(); !e.empty()) return e;
-        }
-        if (i_ >= d_.size()) return "unterminated attribute " + attr;
-        ++i_;
-      }
+      if (std::string e = TagRest(name, &open); !e.empty()) return e;
     }
     if (!open.empty()) return "unclosed <" + open.back() + ">";
     if (roots != 1) return "no root element";
@@ -97,6 +69,41 @@ class XmlChecker {
   }
 
  private:
+  // The attributes and end of a start tag whose name was read: "/>" closes
+  // the element at once, ">" leaves it open. "" or the first problem.
+  std::string TagRest(const std::string& name, std::vector<std::string>* open) {
+    while (true) {
+      SkipSpace();
+      if (i_ >= d_.size()) return "unterminated tag <" + name;
+      if (d_.compare(i_, 2, "/>") == 0) {
+        i_ += 2;
+        break;
+      }
+      if (d_[i_] == '>') {
+        ++i_;
+        open->push_back(name);
+        break;
+      }
+      const std::string attr = Name();
+      if (attr.empty()) return Where("bad attribute in <" + name);
+      SkipSpace();
+      if (i_ >= d_.size() || d_[i_] != '=') return Where("expected '='");
+      ++i_;
+      SkipSpace();
+      if (i_ >= d_.size() || (d_[i_] != '"' && d_[i_] != '\'')) {
+        return Where("unquoted attribute " + attr);
+      }
+      const char quote = d_[i_++];
+      while (i_ < d_.size() && d_[i_] != quote) {
+        if (d_[i_] == '<') return Where("'<' in attribute " + attr);
+        if (std::string e = Char(); !e.empty()) return e;
+      }
+      if (i_ >= d_.size()) return "unterminated attribute " + attr;
+      ++i_;
+    }
+    return "";
+  }
+
   std::string Where(const std::string& what) {
     return what + " at offset " + std::to_string(i_);
   }

@@ -1,0 +1,161 @@
+#include "plan/memory_estimate.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/block_config.h"
+#include "core/host_info.h"
+#include "core/tensor.h"
+#include "schedule/schedule.h"
+
+namespace trainyard {
+namespace {
+
+using trainyard::v1::JobSpec;
+
+std::string FormatBytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 6) {
+    v /= 1024.0;
+    ++u;
+  }
+  if (u == 0) return absl::StrCat(bytes, " B");
+  return absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+uint64_t SaturatingBytes(double bytes) {
+  if (!(bytes < 1.8e19)) return std::numeric_limits<uint64_t>::max();
+  return static_cast<uint64_t>(bytes);
+}
+
+// Params, grads, optimizer state and the copies of the state kept outside
+// the step, for `n_params` parameters.
+void EstimateState(const JobSpec& spec, double n_params, MemoryEstimate* m) {
+  const bool bf16 = spec.precision() == "bf16";
+  // fp32 master weights, plus a bf16 working copy in mixed precision.
+  m->params = SaturatingBytes(n_params * (bf16 ? 6 : 4));
+  // With accumulation "tree", each stage also holds floor(log2 (M / R)) + 1
+  // gradient-sized partial sums (engine/gradient_tree.h).
+  int tree_buffers = 0;
+  if (spec.parallelism().accumulation() == "tree") {
+    const int per_replica = spec.parallelism().microbatches() /
+                            std::max(1, spec.parallelism().replicas());
+    for (int n = std::max(1, per_replica); n > 0; n /= 2) ++tree_buffers;
+  }
+  m->grads = SaturatingBytes(n_params * 4 * (1 + tree_buffers));
+  double state_per_param = 0;
+  if (spec.optimizer().type() == "adamw") {
+    state_per_param = 2;
+  } else if (spec.optimizer().momentum() > 0) {
+    state_per_param = 1;
+  }
+  m->optimizer_state = SaturatingBytes(n_params * state_per_param * 4);
+  const double copies = (spec.checkpoint().dir().empty() ? 0 : 1) +
+                        (spec.recovery().snapshot_every() > 0 ? 4 : 0);
+  m->state_copies =
+      SaturatingBytes(copies * n_params * (4 + state_per_param * 4));
+}
+
+// Activation elements per sample of stage `stage`: what its largest chunk
+// saves for the backward, and the largest transient backward buffers of
+// one block.
+struct StageActivations {
+  double fwd_max = 0;
+  double bwd_max = 0;
+};
+
+StageActivations ActivationsOfStage(const JobPlan& plan, int stage) {
+  StageActivations a;
+  for (int c = 0; c < plan.num_chunks; ++c) {
+    double fwd = 0;
+    const auto [first, end] = plan.ChunkBlocks(stage, c);
+    for (int k = first; k < end; ++k) {
+      const MlpBlockConfig& cfg = plan.blocks[k];
+      const bool norm = cfg.norm != NormType::kNone;
+      fwd += static_cast<double>(cfg.in_features + cfg.fc1_out() +
+                                 cfg.ffn_hidden_size + cfg.out_features +
+                                 (norm ? cfg.in_features + 2 : 0));
+      a.bwd_max = std::max(
+          a.bwd_max, static_cast<double>(cfg.out_features + cfg.fc1_out() +
+                                         cfg.ffn_hidden_size + cfg.in_features +
+                                         (norm ? cfg.in_features : 0)));
+    }
+    a.fwd_max = std::max(a.fwd_max, fwd);
+  }
+  return a;
+}
+
+// Activation bytes over all stages, at the largest microbatch.
+double ActivationBytes(const JobPlan& plan) {
+  const JobSpec& spec = plan.spec;
+  const int S = plan.num_stages();
+  const int M = spec.parallelism().microbatches();
+  // Each replica runs its own M / R microbatches through the schedule.
+  const int per_replica = M / std::max(1, spec.parallelism().replicas());
+  const int64_t B = spec.data().batch_size();
+  const double b = static_cast<double>((B + M - 1) / M);  // largest microbatch
+  const double act_elem = spec.precision() == "bf16" ? 2 : 4;
+  double act = 0;
+  for (int s = 0; s < S; ++s) {
+    // (Microbatch, chunk) pairs whose saved tensors a stage holds at once
+    // (forward to weight pass; schedule/schedule.h, PeakChunkActivations),
+    // each counted at the stage's largest chunk.
+    const int in_flight = PeakChunkActivations(spec.parallelism().schedule(), S,
+                                               per_replica, plan.num_chunks, s);
+    const StageActivations a = ActivationsOfStage(plan, s);
+    act += b * (in_flight * a.fwd_max + a.bwd_max) * act_elem;
+  }
+  return act;
+}
+
+std::string Describe(const MemoryEstimate& m) {
+  return absl::StrCat(FormatBytes(m.total), " (params ", FormatBytes(m.params),
+                      ", grads ", FormatBytes(m.grads), ", optimizer state ",
+                      FormatBytes(m.optimizer_state),
+                      m.state_copies > 0
+                          ? absl::StrCat(", checkpoint/snapshot copies ",
+                                         FormatBytes(m.state_copies))
+                          : "",
+                      ", activations ", FormatBytes(m.activations), ", data ",
+                      FormatBytes(m.data), ")");
+}
+
+}  // namespace
+
+MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
+  double n_params = 0;
+  for (const JobPlan::ParamSpec& ps : plan.params) {
+    n_params += static_cast<double>(NumElements(ps.shape));
+  }
+  MemoryEstimate m;
+  EstimateState(plan.spec, n_params, &m);
+  m.activations = SaturatingBytes(ActivationBytes(plan));
+  m.data = data_bytes;
+  const double total = static_cast<double>(m.params) + m.grads +
+                       m.optimizer_state + m.state_copies + m.activations +
+                       m.data;
+  m.total = SaturatingBytes(total);
+  m.description = Describe(m);
+  return m;
+}
+
+absl::Status CheckMemoryLimit(const MemoryEstimate& estimate,
+                              const PlanOptions& options) {
+  const bool from_machine = options.memory_limit_bytes == 0;
+  const uint64_t limit =
+      from_machine ? PhysicalMemoryBytes() : options.memory_limit_bytes;
+  if (limit > 0 && estimate.total > limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job needs an estimated ", estimate.description, " but ",
+        from_machine ? "this machine has " : "the memory limit is ",
+        FormatBytes(limit)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard

@@ -1,0 +1,89 @@
+// The memory estimate and the memory limit.
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plan/job_plan.h"
+#include "plan/plan_test_util.h"
+
+namespace trainyard {
+namespace plan_test {
+namespace {
+
+using ::testing::HasSubstr;
+using trainyard::v1::JobSpec;
+
+TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
+  const std::string dir = TestDir();
+  JobSpec spec = ValidNpySpec(dir);
+  spec.mutable_parallelism()->set_microbatches(2);  // b = 2
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, Options(dir));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const MemoryEstimate& m = plan->memory;
+  const uint64_t n = 816 + 1104 + 163;
+  EXPECT_EQ(m.params, 4 * n);
+  EXPECT_EQ(m.grads, 4 * n);
+  EXPECT_EQ(m.optimizer_state, 8 * n);  // AdamW: m and v
+  // 1F1B, S = 2, M = 2: stage 0 holds min(2, 2) = 2 microbatches, stage 1
+  // holds 1. Per sample and block, saved: in + fc1 + ffn + out (+ in + 2 with
+  // a norm); backward scratch: out + fc1 + ffn + in (+ in with a norm).
+  // block 0: 8+32+32+16 = 88;  bwd 16+32+32+8 = 88
+  // block 1: 16+32+32+16+18 = 114; bwd 16+32+32+16+16 = 112
+  // block 2: 16+8+8+3 = 35;  bwd 3+8+8+16 = 35
+  // stage 0: 2 * (2 * 88 + 88); stage 1: 2 * (1 * (114 + 35) + 112)
+  EXPECT_EQ(m.activations, 4u * (2 * (2 * 88 + 88) + 2 * (149 + 112)));
+  EXPECT_EQ(m.data, 10u * 8 * 4 + 10u * 3 * 4);
+  EXPECT_EQ(m.total, m.params + m.grads + m.optimizer_state + m.state_copies +
+                         m.activations + m.data);
+  EXPECT_THAT(m.description, HasSubstr("(params 8.1 KiB, grads 8.1 KiB"));
+  EXPECT_EQ(m.state_copies, 0u);  // no checkpoints, no snapshots
+
+  // A checkpoint being written holds one copy of params and optimizer
+  // state; snapshots four more.
+  {
+    JobSpec copies = spec;
+    copies.mutable_checkpoint()->set_dir(dir + "/ckpt");
+    absl::StatusOr<JobPlan> p = PlanJob(copies, Options(dir));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->memory.state_copies, 12 * n);
+    copies.mutable_recovery()->set_snapshot_every(5);
+    p = PlanJob(copies, Options(dir));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->memory.state_copies, 5 * 12 * n);
+    EXPECT_THAT(p->memory.description,
+                HasSubstr("checkpoint/snapshot copies 122.1 KiB"));
+  }
+
+  // GPipe keeps all M microbatches on every stage.
+  spec.mutable_parallelism()->set_schedule("gpipe");
+  plan = PlanJob(spec, Options(dir));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->memory.activations,
+            4u * (2 * (2 * 88 + 88) + 2 * (2 * 149 + 112)));
+}
+
+TEST(PlanJobTest, SpecOverTheMemoryLimitIsRejectedWithTheEstimate) {
+  const std::string dir = TestDir();
+  JobSpec spec = ValidNpySpec(dir);
+  PlanOptions options = Options(dir);
+  options.memory_limit_bytes = 20000;
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, options);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(plan.status().message()),
+              ::testing::MatchesRegex(
+                  "job needs an estimated 39.8 KiB \\(params 8.1 KiB, "
+                  "grads 8.1 KiB, optimizer state 16.3 KiB, activations "
+                  "6.8 KiB, data 440 B\\) but the memory limit is 19.5 "
+                  "KiB"));
+  // The machine's own memory (limit 0) holds this small job.
+  options.memory_limit_bytes = 0;
+  EXPECT_TRUE(PlanJob(spec, options).ok());
+}
+
+}  // namespace
+}  // namespace plan_test
+}  // namespace trainyard
