@@ -4,12 +4,12 @@
 #include <deque>
 #include <utility>
 
-#include "net/address.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "net/address.h"
 
 namespace trainyard {
 namespace {
@@ -379,6 +379,58 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+JobManagerOptions ManagerOptions(const ControllerOptions& options) {
+  JobManagerOptions manager;
+  manager.data_dir = options.data_dir;
+  manager.heartbeat_interval = options.heartbeat_interval;
+  manager.heartbeat_timeout = options.heartbeat_timeout;
+  manager.adopt_timeout = options.adopt_timeout;
+  manager.drain_timeout = options.drain_timeout;
+  manager.job_data_dir = options.job_data_dir;
+  manager.plugin_dir = options.plugin_dir;
+  return manager;
+}
+
+prometheus::Histogram& SubmitSecondsHistogram(prometheus::Registry& registry) {
+  return prometheus::BuildHistogram()
+      .Name("trainyard_submit_seconds")
+      .Help("SubmitJob latency at the controller, seconds.")
+      .Register(registry)
+      .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002,
+                                                       0.005, 0.01, 0.02, 0.05,
+                                                       0.1, 0.2, 0.5, 1, 2, 5});
+}
+
+// The controller's gauges and counters, read at each scrape.
+std::vector<prometheus::MetricFamily> ControllerMetrics(
+    JobManager* manager, const JobServiceImpl* jobs) {
+  const ControllerStats s = manager->GetStats();
+  LabeledValues by_state, workers;
+  for (const auto& [state, n] : s.jobs) {
+    by_state.push_back(
+        {{{"state", v1::JobState_Name(state)}}, static_cast<double>(n)});
+  }
+  for (const auto& [key, n] : s.workers) {
+    workers.push_back({{{"device", key.first}, {"state", key.second}},
+                       static_cast<double>(n)});
+  }
+  std::vector<prometheus::MetricFamily> out;
+  out.push_back(GaugeFamily("trainyard_jobs", "Jobs by state.", by_state));
+  out.push_back(
+      GaugeFamily("trainyard_jobs_queued",
+                  "Jobs waiting to be scheduled (queued, or restarting).",
+                  {{{}, static_cast<double>(s.queued)}}));
+  out.push_back(GaugeFamily(
+      "trainyard_workers", "Registered workers by device and state.", workers));
+  out.push_back(GaugeFamily("trainyard_watchers", "Open WatchJob streams.",
+                            {{{}, static_cast<double>(jobs->watchers())}}));
+  out.push_back(CounterFamily(
+      "trainyard_job_restarts_total",
+      "Automatic restarts (recoveries) of jobs, all jobs together.",
+      {{{}, static_cast<double>(s.restarts)}}));
+  return out;
+}
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -441,13 +493,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(
   if (!caller.ok()) {
     return Reply<v1::ListWorkersResponse>(context, caller.status(), response);
   }
-  for (const JobManager::WorkerInfo& w : manager_->ListWorkers()) {
+  for (const WorkerInfo& w : manager_->ListWorkers()) {
     v1::WorkerStatus* out = response->add_workers();
     out->set_worker_id(w.id);
     out->set_name(w.name);
     *out->mutable_capabilities() = w.caps;
     out->set_job_id(w.job_id);
-    out->set_stage(w.job_id.empty() ? -1 : w.stage);
+    out->set_stage(w.job_id.empty() ? -1 : w.rank);
     out->set_last_heartbeat_ms_ago(
         absl::ToInt64Milliseconds(w.since_heartbeat));
   }
@@ -521,91 +573,56 @@ WorkerServiceImpl::Connect(grpc::CallbackServerContext* context) {
 
 absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     const ControllerOptions& options) {
-  JobManagerOptions mopts;
-  mopts.data_dir = options.data_dir;
-  mopts.heartbeat_interval = options.heartbeat_interval;
-  mopts.heartbeat_timeout = options.heartbeat_timeout;
-  mopts.adopt_timeout = options.adopt_timeout;
-  mopts.drain_timeout = options.drain_timeout;
-  mopts.job_data_dir = options.job_data_dir;
-  mopts.plugin_dir = options.plugin_dir;
   absl::StatusOr<std::unique_ptr<JobManager>> manager =
-      JobManager::Create(mopts);
+      JobManager::Create(ManagerOptions(options));
   if (!manager.ok()) return manager.status();
 
   std::unique_ptr<ControllerServer> server(new ControllerServer());
   server->manager_ = *std::move(manager);
+  absl::Status started = server->Serve(options);
+  if (!started.ok()) {
+    server->manager_->Shutdown();
+    return started;
+  }
+  return server;
+}
+
+absl::Status ControllerServer::Serve(const ControllerOptions& options) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(options.tls);
-  if (!credentials.ok()) {
-    server->manager_->Shutdown();
-    return credentials.status();
-  }
+  if (!credentials.ok()) return credentials.status();
   if (!options.tokens_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenTable>> tokens =
         TokenTable::Load(options.tokens_file);
-    if (!tokens.ok()) {
-      server->manager_->Shutdown();
-      return tokens.status();
-    }
-    server->tokens_ = *std::move(tokens);
+    if (!tokens.ok()) return tokens.status();
+    tokens_ = *std::move(tokens);
   }
   prometheus::Histogram* submit_seconds = nullptr;
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
         MetricsEndpoint::Start(options.metrics_listen);
-    if (!metrics.ok()) {
-      server->manager_->Shutdown();
-      return metrics.status();
-    }
-    server->metrics_ = *std::move(metrics);
-    submit_seconds = &prometheus::BuildHistogram()
-                          .Name("trainyard_submit_seconds")
-                          .Help("SubmitJob latency at the controller, seconds.")
-                          .Register(server->metrics_->registry())
-                          .Add({}, prometheus::Histogram::BucketBoundaries{
-                                       0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
-                                       0.05, 0.1, 0.2, 0.5, 1, 2, 5});
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = *std::move(metrics);
+    submit_seconds = &SubmitSecondsHistogram(metrics_->registry());
   }
-  server->job_service_ = std::make_unique<JobServiceImpl>(
-      server->manager_.get(), submit_seconds, server->tokens_.get());
-  if (server->metrics_ != nullptr) {
-    JobManager* manager_ptr = server->manager_.get();
-    JobServiceImpl* jobs = server->job_service_.get();
-    server->metrics_->AddCollector([manager_ptr, jobs] {
-      const JobManager::Stats s = manager_ptr->GetStats();
-      LabeledValues by_state, workers;
-      for (const auto& [state, n] : s.jobs) {
-        by_state.push_back(
-            {{{"state", v1::JobState_Name(state)}}, static_cast<double>(n)});
-      }
-      for (const auto& [key, n] : s.workers) {
-        workers.push_back({{{"device", key.first}, {"state", key.second}},
-                           static_cast<double>(n)});
-      }
-      std::vector<prometheus::MetricFamily> out;
-      out.push_back(GaugeFamily("trainyard_jobs", "Jobs by state.", by_state));
-      out.push_back(
-          GaugeFamily("trainyard_jobs_queued",
-                      "Jobs waiting to be scheduled (queued, or restarting).",
-                      {{{}, static_cast<double>(s.queued)}}));
-      out.push_back(GaugeFamily("trainyard_workers",
-                                "Registered workers by device and state.",
-                                workers));
-      out.push_back(GaugeFamily("trainyard_watchers", "Open WatchJob streams.",
-                                {{{}, static_cast<double>(jobs->watchers())}}));
-      out.push_back(CounterFamily(
-          "trainyard_job_restarts_total",
-          "Automatic restarts (recoveries) of jobs, all jobs together.",
-          {{{}, static_cast<double>(s.restarts)}}));
-      return out;
-    });
+  job_service_ = std::make_unique<JobServiceImpl>(
+      manager_.get(), submit_seconds, tokens_.get());
+  if (metrics_ != nullptr) {
+    JobManager* manager = manager_.get();
+    JobServiceImpl* jobs = job_service_.get();
+    metrics_->AddCollector(
+        [manager, jobs] { return ControllerMetrics(manager, jobs); });
   }
-  server->worker_service_ = std::make_unique<WorkerServiceImpl>(
-      server->manager_.get(),
+  worker_service_ = std::make_unique<WorkerServiceImpl>(
+      manager_.get(),
       /*require_certificate=*/!options.tls.insecure &&
           !options.tls.ca_file.empty());
+  return Listen(options, *credentials);
+}
 
+absl::Status ControllerServer::Listen(
+    const ControllerOptions& options,
+    const std::shared_ptr<grpc::ServerCredentials>& credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -616,26 +633,25 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   builder.AddChannelArgument(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   int port = 0;
-  builder.AddListeningPort(options.listen, *credentials, &port);
-  builder.RegisterService(server->job_service_.get());
-  builder.RegisterService(server->worker_service_.get());
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || port == 0) {
-    server->manager_->Shutdown();
+  builder.AddListeningPort(options.listen, credentials, &port);
+  builder.RegisterService(job_service_.get());
+  builder.RegisterService(worker_service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", options.listen, " (address in use or invalid?)"));
   }
-  server->port_ = port;
+  port_ = port;
   std::string host = HostOfAddress(options.listen);
   if (host.empty() || host == "0.0.0.0" || host == "::") host = "127.0.0.1";
-  server->address_ = absl::StrCat(host, ":", port);
-  LOG(INFO) << "trainyard-controller serving on " << server->address_
+  address_ = absl::StrCat(host, ":", port);
+  LOG(INFO) << "trainyard-controller serving on " << address_
             << (options.tls.insecure ? " (plaintext)" : " (TLS)")
             << ", data in " << options.data_dir
-            << (server->tokens_ != nullptr
+            << (tokens_ != nullptr
                     ? absl::StrCat(", tokens from ", options.tokens_file)
                     : std::string(", no authentication"));
-  return server;
+  return absl::OkStatus();
 }
 
 void ControllerServer::Shutdown() {

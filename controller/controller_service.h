@@ -24,8 +24,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_manager.h"
-#include "observability/prometheus_endpoint.h"
 #include "grpcpp/grpcpp.h"
+#include "observability/prometheus_endpoint.h"
 #include "prometheus/histogram.h"
 #include "proto/trainyard.grpc.pb.h"
 #include "security/tls.h"
@@ -160,6 +160,14 @@ class ControllerServer {
 
  private:
   ControllerServer() = default;
+  // Everything after the manager: authentication, /metrics, the services
+  // and the listening port. On error the caller shuts the manager down.
+  absl::Status Serve(const ControllerOptions& options);
+  // Builds and starts the gRPC server on options.listen; sets port_ and
+  // address_.
+  absl::Status Listen(
+      const ControllerOptions& options,
+      const std::shared_ptr<grpc::ServerCredentials>& credentials);
 
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<TokenTable> tokens_;

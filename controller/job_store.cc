@@ -231,6 +231,10 @@ absl::StatusOr<JobStore::Created> JobStore::CreateJob(const Job& job) {
     }
     if (rc != SQLITE_DONE) return Error("look up request_id");
   }
+  return InsertJob(job);
+}
+
+absl::StatusOr<JobStore::Created> JobStore::InsertJob(const Job& job) {
   RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
   auto fail = [&](const std::string& what) {
     absl::Status st = Error(what);

@@ -103,6 +103,10 @@ class JobStore {
   absl::Status Init() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Error(const std::string& what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CreateJob's insert of a new job and its first event, in one
+  // transaction.
+  absl::StatusOr<Created> InsertJob(const v1::Job& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   sqlite3* const db_ ABSL_PT_GUARDED_BY(mu_);

@@ -7,8 +7,8 @@
 
 namespace trainyard {
 
-TraceBuffer::TraceBuffer(int num_stages, TraceLimits limits)
-    : num_stages_(num_stages), limits_(limits) {}
+TraceBuffer::TraceBuffer(int num_ranks, TraceLimits limits)
+    : num_ranks_(num_ranks), limits_(limits) {}
 
 void TraceBuffer::Sanitize(v1::StageTrace* trace) const {
   auto* spans = trace->mutable_spans();
@@ -27,7 +27,7 @@ void TraceBuffer::Sanitize(v1::StageTrace* trace) const {
 }
 
 void TraceBuffer::AddStep(int64_t step, int attempt, v1::StageTrace trace) {
-  if (step <= 0 || trace.stage() < 0 || trace.stage() >= num_stages_) return;
+  if (step <= 0 || trace.stage() < 0 || trace.stage() >= num_ranks_) return;
   StepEntry& e = steps_[step];
   if (attempt < e.attempt) return;
   if (attempt > e.attempt) {
@@ -95,7 +95,7 @@ absl::StatusOr<v1::GetTraceResponse> TraceBuffer::Get(const std::string& job_id,
   auto found = steps_.end();
   if (step == 0) {
     for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) {
-      if (static_cast<int>(it->second.stages.size()) == num_stages_) {
+      if (static_cast<int>(it->second.stages.size()) == num_ranks_) {
         found = std::prev(it.base());
         break;
       }
@@ -113,7 +113,7 @@ absl::StatusOr<v1::GetTraceResponse> TraceBuffer::Get(const std::string& job_id,
   v1::GetTraceResponse out;
   out.set_job_id(job_id);
   out.set_step(found->first);
-  out.set_num_stages(num_stages_);
+  out.set_num_stages(num_ranks_);
   out.set_oldest_step(oldest);
   out.set_newest_step(newest);
   for (const auto& [stage, trace] : found->second.stages) {

@@ -11,6 +11,9 @@
 // every older attempt's traces of that step, so one step never mixes
 // gangs.
 //
+// With replicas, each rank of the gang (stages x replicas) reports its own
+// trace: StageTrace.stage carries the rank, and "stage" below means it.
+//
 // Thread safety: none; the JobManager guards it with its lock.
 #ifndef TRAINYARD_CONTROLLER_TRACE_BUFFER_H_
 #define TRAINYARD_CONTROLLER_TRACE_BUFFER_H_
@@ -33,9 +36,9 @@ struct TraceLimits {
 
 class TraceBuffer {
  public:
-  TraceBuffer(int num_stages, TraceLimits limits = {});
+  TraceBuffer(int num_ranks, TraceLimits limits = {});
 
-  // Records `trace` (its stage in [0, num_stages)) as that stage's trace of
+  // Records `trace` (its stage in [0, num_ranks)) as that stage's trace of
   // `step`, measured by the job's gang `attempt`. Traces of a stage out of
   // range, of a step <= 0, or from an older attempt than the step's are
   // dropped; spans with start_us < 0 or end_us < start_us are dropped.
@@ -64,7 +67,7 @@ class TraceBuffer {
   // Cuts `trace` to the span limit and drops malformed spans.
   void Sanitize(v1::StageTrace* trace) const;
 
-  const int num_stages_;
+  const int num_ranks_;
   const TraceLimits limits_;
   std::map<int64_t, StepEntry> steps_;
   size_t bytes_ = 0;
