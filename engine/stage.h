@@ -62,15 +62,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "plan/job_plan.h"
-#include "proto/trainyard.pb.h"
 #include "core/safetensors.h"
-#include "schedule/schedule.h"
-#include "transport/transport.h"
-#include "kernels/block_kernel.h"
-#include "kernels/exec_context.h"
-#include "kernels/stream_timer.h"
-#include "engine/task_loader.h"
 #include "engine/dataset.h"
 #include "engine/gradient_tree.h"
 #include "engine/loss_head.h"
@@ -78,8 +70,17 @@
 #include "engine/param_store.h"
 #include "engine/replica_group.h"
 #include "engine/shared_device_replicas.h"
+#include "engine/stage_report.h"
 #include "engine/step_reducer.h"
 #include "engine/step_scalars.h"
+#include "engine/task_loader.h"
+#include "kernels/block_kernel.h"
+#include "kernels/exec_context.h"
+#include "kernels/stream_timer.h"
+#include "plan/job_plan.h"
+#include "proto/trainyard.pb.h"
+#include "schedule/schedule.h"
+#include "transport/transport.h"
 
 namespace trainyard {
 
@@ -127,70 +128,6 @@ struct StageData {
   std::shared_ptr<const Dataset> train;  // first stage only
   std::shared_ptr<const Dataset> eval;   // first stage only; may be null
   int64_t eval_rows = 0;                 // every stage
-};
-
-// Seconds spent in each phase of one step, per stage.
-struct StageTimes {
-  double forward = 0;
-  double backward = 0;   // backward-input + backward-weight
-  double comm = 0;       // sends, all-reduce
-  double idle = 0;       // waiting to receive (the pipeline bubble)
-  double optimizer = 0;  // norm, clip and update
-  double loss = 0;       // the last stage's loss head (task plugin, copies)
-};
-
-// What a stage was doing during one span of a step: the wire's
-// v1::SpanKind. Each kind is timed where StageTimes' phases are:
-// PREPARE_BATCH in none; FORWARD in forward; LOSS in loss; BACKWARD_INPUT
-// and BACKWARD_WEIGHT in backward; SEND_* and ALL_REDUCE in comm; RECV_*
-// in idle (waiting for a neighbour); OPTIMIZER in optimizer; EVAL in none.
-using SpanKind = v1::SpanKind;
-
-struct Span {
-  SpanKind kind = v1::SPAN_FORWARD;
-  int microbatch = -1;  // -1: not about one microbatch
-  // Microseconds from the start of the step (RunStep's start) on this
-  // stage's monotonic clock.
-  int64_t start_us = 0;
-  int64_t end_us = 0;
-};
-
-// The spans of one step on one stage, in the order they happened: every
-// action of the stage's schedule (its receives as the wait for the
-// message), then the optimizer's parts. Spans never overlap (one thread
-// does them) and lie within [0, step_us].
-struct StepTrace {
-  std::vector<Span> spans;
-  int64_t step_us = 0;     // RunStep's duration
-  bool truncated = false;  // more than kMaxSpansPerStep; the rest are lost
-};
-inline constexpr size_t kMaxSpansPerStep = 4096;
-
-struct StepReport {
-  int64_t step = 0;      // 1-based number of the step just completed
-  double loss = 0;       // sum(w L) / sum(w); known on every stage
-  double lr = 0;         // learning rate used for this step
-  double grad_norm = 0;  // global L2 norm before clipping
-  int64_t samples = 0;   // rows in the batch
-  // The task plugin's metrics (last stage only).
-  std::vector<std::pair<std::string, double>> metrics;
-  StageTimes times;
-  // Stages that reported their file of the pending checkpoint written
-  // (set_checkpoint_file_written), summed by the step's all-reduce.
-  int checkpoint_files_written = 0;
-  StepTrace trace;
-  // The stage's host<->device copies and synchronisations during the step
-  // (zero on the CPU; see ExecContext::traffic).
-  DeviceTraffic traffic;
-};
-
-struct EvalReport {
-  double loss = 0;
-  int64_t samples = 0;
-  std::vector<std::pair<std::string, double>> metrics;  // last stage only
-  // The whole pass as a kEval span, timed from the start of the step it
-  // follows; empty when no step ran before it on this stage.
-  std::optional<Span> span;
 };
 
 class Stage {
