@@ -96,6 +96,23 @@ absl::Status CheckHasDeviceLoss(const TaskPlugin& plugin, const char* call) {
       "the plugin has no device loss (no ", TRAINYARD_TASK_SYMBOL_V2, ")"));
 }
 
+// compute_loss_device's arguments but its tensors: where the loss runs,
+// its slots and its `need` bytes of `workspace`.
+TrainyardDeviceLossArgs DeviceLossArgs(Device device, void* stream,
+                                       double* slots, const Tensor& workspace,
+                                       size_t need) {
+  TrainyardDeviceLossArgs args;
+  std::memset(&args, 0, sizeof(args));
+  args.device_kind =
+      device.is_cuda() ? TRAINYARD_DEVICE_CUDA : TRAINYARD_DEVICE_SIM;
+  args.device_index = device.index;
+  args.stream = stream;
+  args.slots = slots;
+  args.workspace = need > 0 ? const_cast<void*>(workspace.ptr()) : nullptr;
+  args.workspace_bytes = need;
+  return args;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Task>> Task::Create(
@@ -272,15 +289,8 @@ absl::Status Task::ComputeLossDevice(Device device, void* stream,
   }
   RETURN_IF_ERROR(
       tensors.AddGradOutput(prefix, is_eval ? nullptr : grad_output, output));
-  TrainyardDeviceLossArgs args;
-  std::memset(&args, 0, sizeof(args));
-  args.device_kind =
-      device.is_cuda() ? TRAINYARD_DEVICE_CUDA : TRAINYARD_DEVICE_SIM;
-  args.device_index = device.index;
-  args.stream = stream;
-  args.slots = slots;
-  args.workspace = need > 0 ? const_cast<void*>(workspace.ptr()) : nullptr;
-  args.workspace_bytes = need;
+  TrainyardDeviceLossArgs args =
+      DeviceLossArgs(device, stream, slots, workspace, need);
   tensors.Fill(step, microbatch, num_microbatches, is_eval, &args);
   return CallPlugin(plugin_->name(), kCall, nullptr, [&](TrainyardError* err) {
     return plugin_->device_table().compute_loss_device(handle_, &args, err);
