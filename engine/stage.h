@@ -10,9 +10,17 @@
 //   LossHead (engine/loss_head.h)      the loss, on the last stage;
 //   ReduceStep (engine/step_reducer.h) loss, global norm and clip scale
 //                                      from one small all-reduce;
-//   StageOptimizer (engine/optimizer.h) the stage-local update.
+//   StageOptimizer (engine/optimizer.h) the stage-local update;
+//   StepTracer (engine/step_tracer.h)  the steps' phases and traces.
 // The first stage also owns the batch sampler and turns raw rows into model
-// inputs through the task plugin.
+// inputs through the task plugin. What a step or an eval reports is in
+// engine/stage_report.h. Stage's own methods are defined by concern:
+//   stage.cc             construction, parameters, task events;
+//   stage_step.cc        a step and an eval from start to end, the
+//                        optimizer step;
+//   stage_passes.cc      batches into microbatches, forward and backward;
+//   stage_schedule.cc    the schedule's actions, sends and receives;
+//   stage_checkpoint.cc  checkpoint contents and restore.
 //
 // Loss combination: microbatch i returns loss L_i with weight w_i; the step
 // loss is sum(w_i L_i) / sum(w_i). Backward is seeded with w_i * dL_i/dOut
@@ -48,7 +56,6 @@
 #ifndef TRAINYARD_ENGINE_STAGE_H_
 #define TRAINYARD_ENGINE_STAGE_H_
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -62,15 +69,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "plan/job_plan.h"
-#include "proto/trainyard.pb.h"
 #include "core/safetensors.h"
-#include "schedule/schedule.h"
-#include "transport/transport.h"
-#include "kernels/block_kernel.h"
-#include "kernels/exec_context.h"
-#include "kernels/stream_timer.h"
-#include "engine/task_loader.h"
 #include "engine/dataset.h"
 #include "engine/gradient_tree.h"
 #include "engine/loss_head.h"
@@ -78,8 +77,16 @@
 #include "engine/param_store.h"
 #include "engine/replica_group.h"
 #include "engine/shared_device_replicas.h"
+#include "engine/stage_report.h"
 #include "engine/step_reducer.h"
 #include "engine/step_scalars.h"
+#include "engine/step_tracer.h"
+#include "engine/task_loader.h"
+#include "kernels/block_kernel.h"
+#include "kernels/exec_context.h"
+#include "plan/job_plan.h"
+#include "schedule/schedule.h"
+#include "transport/transport.h"
 
 namespace trainyard {
 
@@ -127,70 +134,6 @@ struct StageData {
   std::shared_ptr<const Dataset> train;  // first stage only
   std::shared_ptr<const Dataset> eval;   // first stage only; may be null
   int64_t eval_rows = 0;                 // every stage
-};
-
-// Seconds spent in each phase of one step, per stage.
-struct StageTimes {
-  double forward = 0;
-  double backward = 0;   // backward-input + backward-weight
-  double comm = 0;       // sends, all-reduce
-  double idle = 0;       // waiting to receive (the pipeline bubble)
-  double optimizer = 0;  // norm, clip and update
-  double loss = 0;       // the last stage's loss head (task plugin, copies)
-};
-
-// What a stage was doing during one span of a step: the wire's
-// v1::SpanKind. Each kind is timed where StageTimes' phases are:
-// PREPARE_BATCH in none; FORWARD in forward; LOSS in loss; BACKWARD_INPUT
-// and BACKWARD_WEIGHT in backward; SEND_* and ALL_REDUCE in comm; RECV_*
-// in idle (waiting for a neighbour); OPTIMIZER in optimizer; EVAL in none.
-using SpanKind = v1::SpanKind;
-
-struct Span {
-  SpanKind kind = v1::SPAN_FORWARD;
-  int microbatch = -1;  // -1: not about one microbatch
-  // Microseconds from the start of the step (RunStep's start) on this
-  // stage's monotonic clock.
-  int64_t start_us = 0;
-  int64_t end_us = 0;
-};
-
-// The spans of one step on one stage, in the order they happened: every
-// action of the stage's schedule (its receives as the wait for the
-// message), then the optimizer's parts. Spans never overlap (one thread
-// does them) and lie within [0, step_us].
-struct StepTrace {
-  std::vector<Span> spans;
-  int64_t step_us = 0;     // RunStep's duration
-  bool truncated = false;  // more than kMaxSpansPerStep; the rest are lost
-};
-inline constexpr size_t kMaxSpansPerStep = 4096;
-
-struct StepReport {
-  int64_t step = 0;      // 1-based number of the step just completed
-  double loss = 0;       // sum(w L) / sum(w); known on every stage
-  double lr = 0;         // learning rate used for this step
-  double grad_norm = 0;  // global L2 norm before clipping
-  int64_t samples = 0;   // rows in the batch
-  // The task plugin's metrics (last stage only).
-  std::vector<std::pair<std::string, double>> metrics;
-  StageTimes times;
-  // Stages that reported their file of the pending checkpoint written
-  // (set_checkpoint_file_written), summed by the step's all-reduce.
-  int checkpoint_files_written = 0;
-  StepTrace trace;
-  // The stage's host<->device copies and synchronisations during the step
-  // (zero on the CPU; see ExecContext::traffic).
-  DeviceTraffic traffic;
-};
-
-struct EvalReport {
-  double loss = 0;
-  int64_t samples = 0;
-  std::vector<std::pair<std::string, double>> metrics;  // last stage only
-  // The whole pass as a kEval span, timed from the start of the step it
-  // follows; empty when no step ran before it on this stage.
-  std::optional<Span> span;
 };
 
 class Stage {
@@ -270,13 +213,19 @@ class Stage {
   const ExecContext& exec() const { return *ctx_; }
 
  private:
-  // Loads parameters, optimizer state, data position and task state from
-  // `files` (tensors found by name in any of them) as the state after
-  // `step`; `where` names the source in errors.
-  absl::Status RestoreState(std::vector<SafetensorsFile> files, int64_t step,
-                            const std::string& where);
-  Stage() = default;
-  struct Microbatch;
+  // One microbatch in flight on this stage.
+  struct Microbatch {
+    int chunk = 0;
+    int index = 0;
+    Tensor input;  // [b, in] this stage's input
+    // Task state, travels with the microbatch: on the host, or on the
+    // device for a device loss.
+    NamedTensors state;
+    Tensor output;       // [b, out] this stage's output
+    Tensor grad_output;  // [b, out] dLoss/dOutput (scaled)
+    Tensor grad_input;   // [b, in]  to send back
+    std::vector<std::unique_ptr<BlockSaved>> saved;  // per block of the chunk
+  };
   // One of the stage's model chunks: a virtual stage.
   struct Chunk {
     int virtual_stage = 0;
@@ -289,36 +238,100 @@ class Stage {
     int64_t grad_size = 0;
     std::optional<GradientTree> tree;
   };
-  using Clock = std::chrono::steady_clock;
+  // The first stage's data on the device (UploadData), and the pinned
+  // host buffer and device buffer of a batch's row indices.
+  struct DeviceData {
+    Tensor train_features, train_targets, eval_features, eval_targets;
+    Tensor rows_host, rows;
+  };
   // Which message a receive waits for: kind, chunk, microbatch.
   using MessageKey = std::tuple<MessageKind, int, int>;
 
-  // Steps time each action (SpanTimer); evals do not.
-  absl::Status RunSchedule(const Schedule& schedule, int64_t step, bool is_eval,
-                           int num_microbatches);
-  absl::Status Forward(Microbatch* mb, bool save_for_backward);
-  absl::Status BackwardInput(Microbatch* mb);
-  absl::Status BackwardWeight(Microbatch* mb);
-  absl::Status OptimizerStep(int64_t step, StepReport* report);
-  // A device step's one read of its scalars (recording the read's mark).
-  absl::Status ReadScalars();
-  // OptimizerStep of a device stage (scalars_).
-  absl::Status DeviceOptimizerStep(int64_t step, StepReport* report);
-  // Given this stage's sums of squares in `mine`: the step's all-reduce
-  // (ReduceStep) and the update with the scale it gives.
-  absl::Status ReduceAndUpdate(int64_t step, StepContributions mine,
-                               StepReport* report);
+  Stage() = default;
+  std::string Where() const;  // "stage 2"
+
+  // Construction (stage.cc), in the order Create runs them.
+  // The stage's ExecContext (StageOptions::exec, or a CPU one of its own),
+  // activated, and the step tracer on it.
+  absl::Status SetUpDevice();
+  // Each chunk's blocks, on the stage's device.
+  absl::Status CreateBlocks();
+  // The parameter store, each chunk's part of the gradient buffer and, with
+  // accumulation "tree", each chunk's tree.
+  absl::Status CreateParamStore();
+  // Data parallelism: the replica and its group, checked.
+  absl::Status SetUpReplicas();
+  // The training schedule (StageOptions::schedule when it fits this job,
+  // else the spec's), validated.
+  absl::Status SetUpSchedule();
+  // The task (first and last stage), the step's scalars (device stages)
+  // and the loss head (last stage).
+  absl::Status SetUpTask();
+  // The first stage's batch sampler, and its data set on the device when
+  // it goes there.
+  absl::Status SetUpData();
+  // Whether the task's loss runs on the device of a device stage: the
+  // plugin has a device loss and StageOptions::host_loss is off.
+  bool PluginLossOnDevice() const;
   // The first stage of a device job: the data set to the device when the
   // plugin passes its inputs through and it fits in `limit` bytes (-1:
   // automatic, see StageOptions::device_data_bytes).
   absl::Status UploadData(int64_t limit);
+
+  // The step (stage_step.cc).
+  // Checks that every block got a weight gradient and folds each chunk's
+  // tree into the gradient buffer.
+  absl::Status FinishGradients();
+  // Replicas: sums the gradients across the replica group (tree order).
+  absl::Status SumReplicaGradients();
+  absl::Status OptimizerStep(int64_t step, StepReport* report);
+  // OptimizerStep of a device stage (scalars_).
+  absl::Status DeviceOptimizerStep(int64_t step, StepReport* report);
+  // DeviceOptimizerStep of a stage whose totals are computed on the device
+  // (device_totals_).
+  absl::Status DeviceTotalsStep(int64_t step, StepReport* report);
+  // Given this stage's sums of squares in `mine`: the step's all-reduce
+  // (ReduceStep) and the update with the scale it gives.
+  absl::Status ReduceAndUpdate(int64_t step, StepContributions mine,
+                               StepReport* report);
+  // A device step's one read of its scalars (recording the read's mark).
+  absl::Status ReadScalars();
+
+  // The passes (stage_passes.cc).
   // Splits `rows` into `num_microbatches` and loads microbatches
   // [first, first + count) into microbatches_[0, count).
   absl::Status PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
                             int64_t step, bool is_eval, int num_microbatches,
                             int first, int count);
-  // Replicas: sums the gradients across the replica group (tree order).
-  absl::Status SumReplicaGradients();
+  // The model inputs and task state of `rows`, gathered on the device from
+  // device_data_.
+  absl::StatusOr<ForwardInputs> GatherOnDevice(const std::vector<int64_t>& rows,
+                                               bool is_eval);
+  // The same gathered on the host from `data` and built by the task
+  // plugin, then copied to the device.
+  absl::StatusOr<ForwardInputs> BuildOnHost(const Dataset& data,
+                                            const std::vector<int64_t>& rows,
+                                            int64_t step, bool is_eval);
+  absl::Status Forward(Microbatch* mb, bool save_for_backward);
+  absl::Status BackwardInput(Microbatch* mb);
+  absl::Status BackwardWeight(Microbatch* mb);
+
+  // The schedule interpreter (stage_schedule.cc).
+  // Steps time each action (SpanTimer); evals do not.
+  absl::Status RunSchedule(const Schedule& schedule, int64_t step, bool is_eval,
+                           int num_microbatches);
+  // One action of the schedule, but the optimizer step (RunStep's).
+  absl::Status RunAction(const Action& action, int64_t step, bool is_eval,
+                         int num_microbatches);
+  // kForward: the chunk's forward pass, and on the last virtual stage the
+  // loss, which leaves the microbatch's w * dLoss/dOutput.
+  absl::Status ForwardAndLoss(Microbatch* mb, bool is_eval,
+                              int num_microbatches);
+  absl::Status SendActivation(Microbatch* mb, MessageKind kind, int64_t step);
+  absl::Status SendGradient(Microbatch* mb, int64_t step);
+  // Sets up microbatches_: `count` per chunk.
+  void ResetMicrobatches(int count);
+  Microbatch& MicrobatchAt(int chunk, int index);
   // Sends `msg` to virtual stage `virtual_stage`, setting its chunk; a
   // chunk of this stage gets it directly (held_).
   absl::Status Send(int virtual_stage, Message msg);
@@ -327,32 +340,18 @@ class Stage {
   // Messages for other microbatches or chunks that arrive first are held.
   absl::StatusOr<Message> Receive(int virtual_stage, MessageKind kind,
                                   int64_t step, const Microbatch& mb);
-  // Sets up microbatches_: `count` per chunk.
-  void ResetMicrobatches(int count);
-  Microbatch& MicrobatchAt(int chunk, int index);
-  std::string Where() const;  // "stage 2"
+  // Receive's wait: sets *msg to the message `want` from stage `peer` (or
+  // to the first one no later receive can take, or to the error), holding
+  // the others and handing snapshots to the sink. Returns the sink's error.
+  absl::Status AwaitMessage(int peer, const MessageKey& want, int64_t step,
+                            absl::StatusOr<Message>* msg);
 
-  // Timing (kernels/stream_timer.h). A span is two marks on the step's
-  // StreamTimer, resolved into the report's phases and trace once the
-  // device has passed them: at the end of the step on the CPU; after the
-  // step's read on a device. What a device stage queues after its read
-  // (the all-reduce and the update of a multi-stage job) is resolved at the
-  // next step's read and counted in that step's phases, not its trace.
-  class SpanTimer;
-  struct PendingSpan {
-    int timer = 0;  // timers_ index
-    SpanKind kind = v1::SPAN_FORWARD;
-    int microbatch = -1;
-    int start = -1, end = -1;             // marks
-    double StageTimes::*phase = nullptr;  // may be null
-    bool traced = true;
-  };
-  // A mark on the current step's timer (-1 after an error, kept for
-  // ResolveSpans to return).
-  int TimingMark();
-  // Resolves the carried spans and the pending ones whose marks are <=
-  // `upto` (all for -1) into report; the rest are carried.
-  absl::Status ResolveSpans(int upto, StepReport* report);
+  // Checkpoint state (stage_checkpoint.cc).
+  // Loads parameters, optimizer state, data position and task state from
+  // `files` (tensors found by name in any of them) as the state after
+  // `step`; `where` names the source in errors.
+  absl::Status RestoreState(std::vector<SafetensorsFile> files, int64_t step,
+                            const std::string& where);
 
   JobPlan plan_;
   int index_ = 0;
@@ -384,14 +383,8 @@ class Stage {
   std::optional<StepScalars> scalars_;
   std::optional<LossHead> loss_;  // last stage (may point into scalars_)
   // One stage, one replica, its loss on the device: the totals and the
-  // clip scale are computed on the device (DeviceOptimizerStep).
+  // clip scale are computed on the device (DeviceTotalsStep).
   bool device_totals_ = false;
-  // The first stage's data on the device (UploadData), and the pinned
-  // host buffer and device buffer of a batch's row indices.
-  struct DeviceData {
-    Tensor train_features, train_targets, eval_features, eval_targets;
-    Tensor rows_host, rows;
-  };
   std::optional<DeviceData> device_data_;
   Schedule train_schedule_;
 
@@ -401,18 +394,8 @@ class Stage {
   // Messages that arrived before their receive (Receive).
   std::map<MessageKey, Message> held_;
   int64_t completed_steps_ = 0;
-  // Where the current (or last) step began on the host clock: the eval
-  // span is timed from here.
-  std::optional<Clock::time_point> step_origin_;
-  // Two timers, used by alternate steps, so that a step's carried marks
-  // survive the next step's Start.
-  std::unique_ptr<StreamTimer> timers_[2];
-  int timer_ = 0;        // the current step's
-  bool timing_ = false;  // inside RunStep
-  int read_mark_ = -1;   // this step's read, on a device
-  std::vector<PendingSpan> pending_;
-  std::vector<PendingSpan> carried_;
-  absl::Status timing_error_;
+  // The steps' phases and traces, and the origin of an eval's span.
+  std::unique_ptr<StepTracer> tracer_;
   bool finalized_ = false;
   bool checkpoint_file_written_ = false;
   std::function<absl::Status(int peer, Message message)> snapshot_sink_;

@@ -12,6 +12,11 @@
 // writes through wild pointers, infinite loops, and a plugin writing past the
 // end of a buffer the host gave it.
 //
+// Implementation: task_loader.cc loads and validates a library (its ELF
+// export check in engine/plugin_elf.h); task.cc makes Task's calls, with
+// the tensors marshalled by engine/plugin_tensors.h, each call run by
+// engine/plugin_call.h and its result checked by engine/plugin_checks.h.
+//
 // Ownership: a TaskPlugin owns its dlopen handle (dlclose on destruction;
 // the library is opened with RTLD_NODELETE, so its code stays mapped for
 // threads or TLS destructors the plugin may have left behind).

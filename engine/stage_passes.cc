@@ -1,0 +1,188 @@
+// Stage: a batch's rows into microbatches of model inputs, and the passes
+// of one microbatch through a chunk's blocks (forward, backward-input,
+// backward-weight).
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "engine/stage.h"
+#include "kernels/device_ops.h"
+
+namespace trainyard {
+namespace {
+
+// Splits `rows` rows into `parts` contiguous microbatches whose sizes differ
+// by at most one (the first rows % parts get one more).
+std::vector<std::pair<int64_t, int64_t>> SplitRows(int64_t rows, int parts) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const int64_t base = rows / parts, extra = rows % parts;
+  int64_t begin = 0;
+  for (int i = 0; i < parts; ++i) {
+    const int64_t n = base + (i < extra ? 1 : 0);
+    out.push_back({begin, begin + n});
+    begin += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
+                                 int64_t step, bool is_eval,
+                                 int num_microbatches, int first, int count) {
+  // The whole batch's split into microbatches; this replica takes `count`
+  // of them from `first`, so every microbatch holds the same rows whatever
+  // the number of replicas.
+  const auto ranges =
+      SplitRows(static_cast<int64_t>(rows.size()), num_microbatches);
+  const int64_t begin = ranges[first].first;
+  const int64_t end = ranges[first + count - 1].second;
+  rows = std::vector<int64_t>(rows.begin() + begin, rows.begin() + end);
+  ASSIGN_OR_RETURN(ForwardInputs in,
+                   device_data_.has_value()
+                       ? GatherOnDevice(rows, is_eval)
+                       : BuildOnHost(data, rows, step, is_eval));
+  for (int m = 0; m < count; ++m) {
+    Microbatch& mb = MicrobatchAt(0, m);
+    const int64_t lo = ranges[first + m].first - begin;
+    const int64_t hi = ranges[first + m].second - begin;
+    mb.input = in.inputs.Rows(lo, hi);
+    mb.state.clear();
+    for (auto& [name, t] : in.state) {
+      mb.state.push_back({name, t.Rows(lo, hi)});
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ForwardInputs> Stage::GatherOnDevice(
+    const std::vector<int64_t>& rows, bool is_eval) {
+  // The rows are gathered on the device from the resident data set; only
+  // their indices cross (asynchronously, from pinned memory, which the
+  // step's synchronisation frees for the next batch).
+  const Tensor& features =
+      is_eval ? device_data_->eval_features : device_data_->train_features;
+  const Tensor& targets =
+      is_eval ? device_data_->eval_targets : device_data_->train_targets;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  Tensor host_rows = device_data_->rows_host.Rows(0, n);
+  Tensor dev_rows = device_data_->rows.Rows(0, n);
+  if (n > 0) {
+    std::memcpy(host_rows.raw_data(), rows.data(), n * sizeof(int64_t));
+  }
+  RETURN_IF_ERROR(ctx_->CopyToDeviceAsync(host_rows, &dev_rows));
+  ForwardInputs in;
+  ASSIGN_OR_RETURN(in.inputs,
+                   ctx_->Empty(ctx_->activation_dtype(), {n, features.dim(1)}));
+  RETURN_IF_ERROR(GatherRows(*ctx_, features, dev_rows, &in.inputs));
+  Shape target_shape = targets.shape();
+  target_shape[0] = n;
+  ASSIGN_OR_RETURN(Tensor gathered, ctx_->Empty(targets.dtype(), target_shape));
+  RETURN_IF_ERROR(GatherRows(*ctx_, targets, dev_rows, &gathered));
+  in.state.push_back({"targets", gathered});
+  return in;
+}
+
+absl::StatusOr<ForwardInputs> Stage::BuildOnHost(
+    const Dataset& data, const std::vector<int64_t>& rows, int64_t step,
+    bool is_eval) {
+  Dataset batch = Gather(data, rows);
+  NamedTensors raw = {{"features", batch.features}, {"targets", batch.targets}};
+  ASSIGN_OR_RETURN(ForwardInputs in,
+                   task_->BuildForwardInputs(raw, step, is_eval));
+  if (in.inputs.ndim() != 2 || in.inputs.dim(1) != plan_.feature_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task plugin \"", plan_.spec.task().plugin(),
+                     "\": build_forward_inputs returned inputs ",
+                     ShapeToString(in.inputs.shape()), ", block 0 takes [B, ",
+                     plan_.feature_dim, "]"));
+  }
+  // One copy of the whole batch to the device; microbatches are views.
+  ASSIGN_OR_RETURN(in.inputs, ctx_->ToDevice(in.inputs));
+  ASSIGN_OR_RETURN(in.inputs, ctx_->Cast(in.inputs, ctx_->activation_dtype()));
+  // A device loss takes its state on the device: one copy each.
+  if (scalars_.has_value() && PluginLossOnDevice()) {
+    for (auto& [name, t] : in.state) {
+      ASSIGN_OR_RETURN(t, ctx_->ToDevice(t));
+    }
+  }
+  return in;
+}
+
+absl::Status Stage::Forward(Microbatch* mb, bool save_for_backward) {
+  const Chunk& chunk = chunks_[mb->chunk];
+  mb->saved.clear();
+  mb->saved.resize(chunk.local_end - chunk.local_begin);
+  Tensor x = mb->input;
+  for (int b = chunk.local_begin; b < chunk.local_end; ++b) {
+    const int i = b - chunk.local_begin;
+    Tensor y;
+    absl::Status st =
+        blocks_[b]->Forward(store_->block_params(b), x, &y,
+                            save_for_backward ? &mb->saved[i] : nullptr);
+    if (!st.ok()) {
+      return Prefixed(st, absl::StrCat(Where(), " block ",
+                                       chunk.first_block + i, " forward: "));
+    }
+    x = y;
+  }
+  mb->output = x;
+  if (!save_for_backward) mb->saved.clear();
+  return absl::OkStatus();
+}
+
+absl::Status Stage::BackwardInput(Microbatch* mb) {
+  const Chunk& chunk = chunks_[mb->chunk];
+  Tensor d = mb->grad_output;
+  for (int b = chunk.local_end - 1; b >= chunk.local_begin; --b) {
+    const int i = b - chunk.local_begin;
+    Tensor dx;
+    // The model's input needs no gradient.
+    const bool need_dx = !(i == 0 && chunk.virtual_stage == 0);
+    absl::Status st =
+        blocks_[b]->BackwardInput(store_->block_params(b), d,
+                                  mb->saved[i].get(), need_dx ? &dx : nullptr);
+    if (!st.ok()) {
+      return Prefixed(st, absl::StrCat(Where(), " block ",
+                                       chunk.first_block + i, " backward: "));
+    }
+    d = dx;
+  }
+  mb->grad_input = d;
+  mb->grad_output = Tensor();
+  return absl::OkStatus();
+}
+
+absl::Status Stage::BackwardWeight(Microbatch* mb) {
+  // With the tree, each microbatch's gradient is written alone into the
+  // stage's gradient buffer and then added to the tree; without it, the
+  // GEMMs accumulate into the buffer directly.
+  Chunk& chunk = chunks_[mb->chunk];
+  const bool tree = chunk.tree.has_value();
+  for (int b = chunk.local_begin; b < chunk.local_end; ++b) {
+    const int i = b - chunk.local_begin;
+    absl::Status st = blocks_[b]->BackwardWeight(mb->saved[i].get(),
+                                                 !tree && grads_written_[b],
+                                                 &store_->block_grads(b));
+    if (!st.ok()) {
+      return Prefixed(st,
+                      absl::StrCat(Where(), " block ", chunk.first_block + i,
+                                   " weight gradient: "));
+    }
+    grads_written_[b] = true;
+  }
+  if (tree) {
+    absl::Status st = chunk.tree->Add(store_->grads().Rows(
+        chunk.grad_offset, chunk.grad_offset + chunk.grad_size));
+    if (!st.ok()) {
+      return Prefixed(st, absl::StrCat(Where(), " microbatch ", mb->index,
+                                       " gradient sum: "));
+    }
+  }
+  mb->saved.clear();
+  mb->input = Tensor();
+  return absl::OkStatus();
+}
+
+}  // namespace trainyard
