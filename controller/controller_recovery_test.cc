@@ -101,8 +101,8 @@ TEST_F(ControllerTest, LostWorkerRestartsTheJobOnASpare) {
   auto b0 = w0->Next();
   auto b1 = spare->Next();
   ASSERT_TRUE(b0 && b0->has_assign() && b1 && b1->has_assign());
-  EXPECT_EQ(b0->assign().stage(), 0);
-  EXPECT_EQ(b1->assign().stage(), 1);
+  EXPECT_EQ(b0->assign().rank(), 0);
+  EXPECT_EQ(b1->assign().rank(), 1);
   EXPECT_EQ(b0->assign().attempt(), 1);
   EXPECT_EQ(b1->assign().peer_addresses(1), spare->peer());
   // From the newest checkpoint that verifies, but none after step 5: the
@@ -184,9 +184,9 @@ TEST_F(ControllerTest, RestartResumesFromTheNewestSnapshotsTheGangHolds) {
   auto a2 = w2->Next();
   ASSERT_TRUE(a0 && a0->has_assign() && a1 && a1->has_assign() && a2 &&
               a2->has_assign());
-  EXPECT_EQ(a0->assign().stage(), 0);
-  EXPECT_EQ(a1->assign().stage(), 1);
-  EXPECT_EQ(a2->assign().stage(), 2);
+  EXPECT_EQ(a0->assign().rank(), 0);
+  EXPECT_EQ(a1->assign().rank(), 1);
+  EXPECT_EQ(a2->assign().rank(), 2);
   const v1::SnapshotResume& snap = a1->assign().snapshot();
   EXPECT_EQ(snap.step(), 8);
   EXPECT_EQ(

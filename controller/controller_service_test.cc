@@ -150,7 +150,7 @@ TEST_F(ControllerTest, GangWaitsForAllStagesThenAssignsWithPeers) {
     auto m = workers[k]->Next();
     ASSERT_TRUE(m && m->has_assign()) << workers[k]->name();
     EXPECT_EQ(m->assign().job_id(), job.job_id());
-    EXPECT_EQ(m->assign().stage(), k);
+    EXPECT_EQ(m->assign().rank(), k);
     EXPECT_EQ(m->assign().spec().parallelism().stages(), 3);
     EXPECT_EQ(m->assign().spec().device(), "cpu");  // normalized
     ASSERT_EQ(m->assign().peer_addresses_size(), 3);

@@ -192,7 +192,7 @@ void GangStarter::StartJobLocked(JobEntry& e,
   for (size_t k = 0; k < worker_ids.size(); ++k) {
     v1::ControllerMessage msg;
     *msg.mutable_assign() = assign;
-    msg.mutable_assign()->set_stage(static_cast<int>(k));
+    msg.mutable_assign()->set_rank(static_cast<int>(k));
     s_.outbox.SendLocked(s_.workers.at(worker_ids[k]).link, std::move(msg));
   }
   LOG(INFO) << "job " << job_id << " started on " << worker_ids.size()

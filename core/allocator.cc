@@ -24,7 +24,8 @@ namespace {
 class CachingHostAllocator final : public Allocator {
  public:
   CachingHostAllocator() {
-    cap_ = std::max<size_t>(size_t{256} << 20, static_cast<size_t>(UsableMemoryBytes() / 8));
+    cap_ = std::max<size_t>(size_t{256} << 20,
+                            static_cast<size_t>(UsableMemoryBytes() / 8));
   }
 
   Device device() const override { return Device::Cpu(); }

@@ -27,12 +27,12 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "plan/job_plan.h"
-#include "schedule/schedule.h"
+#include "engine/local_job.h"
+#include "engine/task_loader.h"
 #include "glog/logging.h"
 #include "kernels/blas.h"
-#include "engine/task_loader.h"
-#include "engine/local_job.h"
+#include "plan/job_plan.h"
+#include "schedule/schedule.h"
 
 namespace trainyard {
 namespace {

@@ -1,13 +1,12 @@
 // Fused device AdamW/SGD against engine/optimizer.cc's StageOptimizer (bit
 // for bit: same operation order, IEEE-rounded, no FMA), and the device sums
 // of squares against a float64 reference.
-#include "kernels/cuda/optimizer_kernels.h"
-
 #include <cstring>
 
-#include "gtest/gtest.h"
-#include "kernels/cuda/test_util.h"
 #include "engine/optimizer.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/optimizer_kernels.h"
+#include "kernels/cuda/test_util.h"
 
 namespace trainyard {
 namespace gpu {

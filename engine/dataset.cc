@@ -221,7 +221,7 @@ absl::StatusOr<std::pair<Dataset, Dataset>> SplitTail(const Dataset& data,
     return absl::InvalidArgumentError(
         absl::StrCat("eval_fraction must be in (0, 1), got ", fraction));
   }
-  // floor, as docs/SPEC.md and the spec validation (plan/job_plan.cc) say.
+  // floor, as docs/SPEC.md and the spec validation (plan/data_check.cc) say.
   const int64_t n_eval =
       static_cast<int64_t>(std::floor(static_cast<double>(n) * fraction));
   if (n_eval < 1 || n_eval >= n) {

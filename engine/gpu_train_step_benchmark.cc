@@ -32,11 +32,11 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "core/device.h"
-#include "plan/job_plan.h"
 #include "core/npy.h"
 #include "core/random.h"
-#include "engine/task_loader.h"
 #include "engine/local_job.h"
+#include "engine/task_loader.h"
+#include "plan/job_plan.h"
 
 ABSL_FLAG(int64_t, hidden, 8192, "h: block width.");
 ABSL_FLAG(int64_t, ffn, 32768, "ffn hidden size.");

@@ -3,8 +3,8 @@
 #include <functional>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "engine/test_gradients.h"
+#include "gtest/gtest.h"
 
 namespace trainyard {
 namespace {

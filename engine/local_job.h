@@ -14,8 +14,10 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "core/device.h"
+#include "core/tensor.h"
+#include "engine/stage_report.h"
 #include "plan/job_plan.h"
-#include "engine/stage.h"
 
 namespace trainyard {
 

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
-#include "kernels/cuda/test_util.h"
 #include "engine/test_jobs.h"
 #include "engine/test_paths.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/test_util.h"
 
 namespace trainyard {
 namespace {

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "engine/test_jobs.h"
 #include "engine/test_paths.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 
 namespace trainyard {
 namespace {

@@ -13,12 +13,12 @@
 #include <map>
 
 #include "absl/synchronization/mutex.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "engine/checkpoint_store.h"
 #include "engine/test_jobs.h"
 #include "engine/test_paths.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace trainyard {
 namespace {

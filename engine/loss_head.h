@@ -31,9 +31,9 @@
 
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
-#include "kernels/exec_context.h"
-#include "engine/task_loader.h"
 #include "engine/step_scalars.h"
+#include "engine/task_loader.h"
+#include "kernels/exec_context.h"
 
 namespace trainyard {
 

@@ -16,11 +16,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "plan/job_plan.h"
 #include "core/tensor.h"
+#include "engine/optimizer.h"
 #include "kernels/exec_context.h"
 #include "kernels/mlp_block.h"
-#include "engine/optimizer.h"
+#include "plan/job_plan.h"
 
 namespace trainyard {
 

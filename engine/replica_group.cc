@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/exec_context.h"
 #include "engine/gradient_tree.h"
+#include "kernels/exec_context.h"
 
 namespace trainyard {
 namespace {

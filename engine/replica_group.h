@@ -31,9 +31,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "transport/rendezvous.h"
 #include "core/tensor.h"
 #include "engine/gradient_tree.h"
+#include "transport/rendezvous.h"
 
 namespace gloo {
 class Context;

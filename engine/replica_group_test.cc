@@ -15,10 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/file_util.h"
-#include "gtest/gtest.h"
-#include "kernels/exec_context.h"
 #include "engine/gradient_tree.h"
 #include "engine/test_gradients.h"
+#include "gtest/gtest.h"
+#include "kernels/exec_context.h"
 
 namespace trainyard {
 namespace {

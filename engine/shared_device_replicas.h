@@ -27,8 +27,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/tensor.h"
-#include "kernels/exec_context.h"
 #include "engine/gradient_tree.h"
+#include "kernels/exec_context.h"
 
 namespace trainyard {
 

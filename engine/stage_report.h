@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/exec_context.h"
+#include "kernels/device_traffic.h"
 #include "proto/trainyard.pb.h"
 
 namespace trainyard {

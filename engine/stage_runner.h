@@ -18,9 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "engine/stage.h"
 #include "plan/job_plan.h"
 #include "transport/transport.h"
-#include "engine/stage.h"
 
 namespace trainyard {
 

@@ -12,13 +12,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "transport/in_process_transport.h"
-#include "plan/job_plan.h"
-#include "schedule/schedule.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "engine/test_jobs.h"
 #include "engine/test_paths.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plan/job_plan.h"
+#include "schedule/schedule.h"
+#include "transport/in_process_transport.h"
 
 namespace trainyard {
 namespace {
@@ -173,8 +173,8 @@ TEST_P(StageTraceTest, SpansCoverEveryActionInOrderWithinTheStep) {
       EXPECT_NEAR(
           SpanMicros(t, {v1::SPAN_RECV_ACTIVATION, v1::SPAN_RECV_GRADIENT}),
           r.times.idle * 1e6, n + 1);
-      EXPECT_NEAR(SpanMicros(t, {v1::SPAN_OPTIMIZER}),
-                  r.times.optimizer * 1e6, n + 1);
+      EXPECT_NEAR(SpanMicros(t, {v1::SPAN_OPTIMIZER}), r.times.optimizer * 1e6,
+                  n + 1);
     }
     // The eval after steps 2 and 4, as one span after that step's end.
     ASSERT_EQ(runs[s].evals.size(), 2u);

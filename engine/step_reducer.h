@@ -26,8 +26,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "plan/job_plan.h"
 #include "core/step_totals.h"
+#include "plan/job_plan.h"
 #include "transport/transport.h"
 
 namespace trainyard {

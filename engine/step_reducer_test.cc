@@ -4,9 +4,9 @@
 #include <string>
 #include <thread>
 
-#include "transport/in_process_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/in_process_transport.h"
 
 namespace trainyard {
 namespace {

@@ -1,8 +1,8 @@
 #include "engine/test_jobs.h"
 
 #include "absl/synchronization/mutex.h"
-#include "plan/job_plan.h"
 #include "engine/local_job.h"
+#include "plan/job_plan.h"
 
 namespace trainyard {
 namespace testing {

@@ -10,10 +10,10 @@
 
 #include "absl/status/status.h"
 #include "core/device.h"
-#include "kernels/exec_context.h"
-#include "proto/job_spec.pb.h"
 #include "engine/stage.h"
 #include "engine/test_paths.h"
+#include "kernels/exec_context.h"
+#include "proto/job_spec.pb.h"
 
 namespace trainyard {
 namespace testing {

@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "plan/job_plan.h"
 #include "core/random.h"
+#include "engine/stage.h"
 #include "glog/logging.h"
 #include "kernels/blas.h"
-#include "engine/stage.h"
+#include "plan/job_plan.h"
 
 namespace trainyard {
 namespace {

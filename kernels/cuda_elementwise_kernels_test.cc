@@ -1,11 +1,10 @@
 // Device element-wise kernels against the CPU kernels (kernels/activation.h,
 // kernels/linear.h) on random odd sizes, outputs poisoned with NaN first.
-#include "kernels/cuda/elementwise_kernels.h"
-
 #include <cstring>
 
 #include "gtest/gtest.h"
 #include "kernels/activation.h"
+#include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/test_util.h"
 
 namespace trainyard {

@@ -1,7 +1,6 @@
 // Device LayerNorm/RMSNorm against the CPU kernels (kernels/norm.h).
-#include "kernels/cuda/norm_kernels.h"
-
 #include "gtest/gtest.h"
+#include "kernels/cuda/norm_kernels.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/norm.h"
 

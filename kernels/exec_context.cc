@@ -10,9 +10,9 @@
 #include "core/bfloat16.h"
 #include "core/sim_device.h"
 #include "core/status_macros.h"
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/elementwise_kernels.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/parallel.h"
 
 namespace trainyard {
@@ -222,9 +222,9 @@ absl::Status ExecContext::CopyAsync(bool to_device, const Tensor& src,
   if (host.dtype() != device.dtype() || host.numel() != device.numel() ||
       !host.device().is_cpu() || device.device() != device_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "asynchronous copy to the ", to_device ? "device" : "host",
-        " between ", DTypeName(host.dtype()), ShapeToString(host.shape()),
-        " on ", host.device().ToString(), " and ", DTypeName(device.dtype()),
+        "asynchronous copy to the ", to_device ? "device" : "host", " between ",
+        DTypeName(host.dtype()), ShapeToString(host.shape()), " on ",
+        host.device().ToString(), " and ", DTypeName(device.dtype()),
         ShapeToString(device.shape()), " on ", device.device().ToString(),
         " in a context on ", device_.ToString()));
   }

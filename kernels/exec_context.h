@@ -44,6 +44,7 @@
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/tensor.h"
+#include "kernels/device_traffic.h"
 
 struct CUstream_st;  // cudaStream_t without CUDA headers
 
@@ -54,22 +55,6 @@ enum class Precision { kFp32, kTf32, kBf16 };
 // "fp32", "tf32", "bf16".
 const char* PrecisionName(Precision precision);
 absl::StatusOr<Precision> PrecisionFromName(absl::string_view name);
-
-// Host<->device copies and synchronisations of a device context since it
-// was created (all zero on the CPU). Subtract two readings for a span.
-struct DeviceTraffic {
-  int64_t h2d_copies = 0;
-  int64_t h2d_bytes = 0;
-  int64_t d2h_copies = 0;
-  int64_t d2h_bytes = 0;
-  int64_t syncs = 0;  // waits of the host for the device
-
-  DeviceTraffic operator-(const DeviceTraffic& o) const {
-    return {h2d_copies - o.h2d_copies, h2d_bytes - o.h2d_bytes,
-            d2h_copies - o.d2h_copies, d2h_bytes - o.d2h_bytes,
-            syncs - o.syncs};
-  }
-};
 
 class ExecContext {
  public:

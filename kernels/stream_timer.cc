@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 

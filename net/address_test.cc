@@ -30,8 +30,8 @@ TEST(AddressTest, ResolvesNumericAndNamedHosts) {
 }
 
 TEST(AddressTest, BadAddressesNameThemselves) {
-  for (const char* bad : {"127.0.0.1", "127.0.0.1:70000", "127.0.0.1:-1",
-                          "127.0.0.1:x"}) {
+  for (const char* bad :
+       {"127.0.0.1", "127.0.0.1:70000", "127.0.0.1:-1", "127.0.0.1:x"}) {
     absl::StatusOr<sockaddr_in> a = ResolveIpv4(bad);
     ASSERT_FALSE(a.ok()) << bad;
     EXPECT_THAT(a.status().message(), HasSubstr(bad));

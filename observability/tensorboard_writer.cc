@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "core/file_util.h"
 #include "core/crc32c.h"
+#include "core/file_util.h"
 #include "core/host_info.h"
 #include "core/status_macros.h"
 
@@ -40,10 +40,9 @@ uint32_t MaskedCrc32c(const void* data, size_t n) {
 absl::StatusOr<std::unique_ptr<TensorboardWriter>> TensorboardWriter::Open(
     const std::string& dir) {
   RETURN_IF_ERROR(CreateDirectories(dir));
-  const std::string path =
-      absl::StrCat(dir, "/events.out.tfevents.",
-                   absl::ToUnixSeconds(absl::Now()), ".", Hostname(), ".",
-                   getpid());
+  const std::string path = absl::StrCat(dir, "/events.out.tfevents.",
+                                        absl::ToUnixSeconds(absl::Now()), ".",
+                                        Hostname(), ".", getpid());
   FILE* f = std::fopen(path.c_str(), "ab");
   if (f == nullptr) {
     return absl::InternalError(

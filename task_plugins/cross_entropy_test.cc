@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/tensor.h"
+#include "engine/task_loader.h"
 #include "gtest/gtest.h"
 #include "task_plugins/plugin_test_util.h"
-#include "engine/task_loader.h"
 
 namespace trainyard {
 namespace {

@@ -16,15 +16,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/crc32c.h"
-#include "transport/frame.h"
-#include "transport/in_process_transport.h"
 #include "core/random.h"
 #include "core/sha256.h"
-#include "transport/tcp_handshake.h"
-#include "transport/test_socket.h"
 #include "glog/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "transport/frame.h"
+#include "transport/in_process_transport.h"
+#include "transport/tcp_handshake.h"
+#include "transport/test_socket.h"
 
 namespace trainyard {
 namespace {

@@ -7,9 +7,9 @@
 
 #include <cerrno>
 
-#include "net/address.h"
 #include "absl/strings/numbers.h"
 #include "glog/logging.h"
+#include "net/address.h"
 
 namespace trainyard {
 

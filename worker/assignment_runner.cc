@@ -31,7 +31,7 @@ absl::StatusOr<StageAssignment> ReplicaPipeline(
         " replicas needs ", gang.size(), " peer addresses and placements"));
   }
   StageAssignment pipeline = assignment;
-  pipeline.set_stage(gang.StageOf(assignment.stage()));
+  pipeline.set_stage(gang.StageOf(assignment.rank()));
   pipeline.clear_peer_addresses();
   pipeline.clear_placements();
   for (int k = gang.RankOf(replica, 0); k < gang.RankOf(replica + 1, 0); ++k) {
@@ -50,10 +50,10 @@ absl::StatusOr<GangPlace> PlaceInGang(const JobPlan& plan,
   GangPlace place;
   place.gang = plan.gang();
   const Gang& gang = place.gang;
-  place.rank = assignment.stage();
+  place.rank = assignment.rank();
   if (place.rank < 0 || place.rank >= gang.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("StageAssignment.stage: must be in [0, ", gang.size(),
+        absl::StrCat("StageAssignment.rank: must be in [0, ", gang.size(),
                      ") for this job, got ", place.rank));
   }
   place.stage = gang.StageOf(place.rank);

@@ -37,7 +37,7 @@ namespace trainyard {
 // Where an assignment's stage sits in its job's gang.
 struct GangPlace {
   Gang gang;
-  int rank = 0;     // StageAssignment.stage: r S + s
+  int rank = 0;     // StageAssignment.rank: r S + s
   int stage = 0;    // s
   int replica = 0;  // r
   // The assignment as this replica's pipeline sees it: stage s of S, with

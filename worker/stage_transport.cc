@@ -96,7 +96,7 @@ absl::StatusOr<std::unique_ptr<Transport>> StageTransports::Connect(
     const v1::StageAssignment& assignment, int num_stages, int report_rank,
     const std::string& transport_id, ActiveJob* job) {
   const std::string& job_id = assignment.job_id();
-  const int s = assignment.stage();
+  const int s = assignment.rank();
   if (assignment.peer_addresses_size() != num_stages) {
     return absl::InvalidArgumentError(absl::StrCat(
         "StageAssignment.peer_addresses: the job has ", num_stages,

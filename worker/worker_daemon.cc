@@ -308,7 +308,7 @@ void Worker::Impl::OnAssign(Session* session,
   // The finished job has reported already; its thread is exiting.
   if (finished.joinable()) finished.join();
   if (busy_with.empty()) return;
-  ScopedJobLog scope(job_log_.get(), assignment.job_id(), assignment.stage());
+  ScopedJobLog scope(job_log_.get(), assignment.job_id(), assignment.rank());
   const absl::Status busy = absl::UnavailableError(
       draining_.load()
           ? absl::StrCat("worker ", options_.name, " is shutting down")
@@ -316,7 +316,7 @@ void Worker::Impl::OnAssign(Session* session,
                          busy_with));
   LOG(WARNING) << "trainyard-worker " << options_.name << ": refusing job "
                << assignment.job_id() << ": " << busy.message();
-  session->Write(DoneMessage(assignment.job_id(), assignment.stage(), busy,
+  session->Write(DoneMessage(assignment.job_id(), assignment.rank(), busy,
                              std::string(busy.message()), false));
 }
 
@@ -339,8 +339,8 @@ std::string Worker::Impl::StartJob(const StageAssignment& assignment,
   if (draining_.load()) return "(shutting down)";
   if (job_ != nullptr && !job_finished_) return job_->job_id();
   *finished = std::move(job_thread_);
-  auto job = std::make_shared<ActiveJob>(
-      assignment.job_id(), assignment.stage(), assignment.attempt());
+  auto job = std::make_shared<ActiveJob>(assignment.job_id(), assignment.rank(),
+                                         assignment.attempt());
   job_ = job;
   job_finished_ = false;
   job_reported_ = false;

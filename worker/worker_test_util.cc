@@ -48,7 +48,7 @@ ControllerMessage Assign(const std::string& job_id, const JobSpec& spec,
   ControllerMessage m;
   auto* a = m.mutable_assign();
   a->set_job_id(job_id);
-  a->set_stage(stage);
+  a->set_rank(stage);
   *a->mutable_spec() = spec;
   for (const auto& p : peers) a->add_peer_addresses(p);
   return m;

@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

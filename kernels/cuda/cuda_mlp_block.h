@@ -46,9 +46,9 @@
 #include "absl/status/statusor.h"
 #include "core/block_config.h"
 #include "core/tensor.h"
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

@@ -25,7 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

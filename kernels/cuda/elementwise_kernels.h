@@ -18,9 +18,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "core/tensor.h"
-#include "kernels/cuda/device.h"
 #include "core/block_config.h"
+#include "core/tensor.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

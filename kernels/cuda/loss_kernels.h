@@ -20,8 +20,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/loss_args.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

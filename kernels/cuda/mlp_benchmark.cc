@@ -12,10 +12,10 @@
 #include "absl/time/clock.h"
 #include "core/random.h"
 #include "kernels/cuda/cuda_mlp_block.h"
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/gemm_lt.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

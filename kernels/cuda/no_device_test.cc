@@ -1,15 +1,15 @@
 // Runs on every machine (not tagged gpu): without a usable device, or
 // without CUDA at all, every entry point fails with a clean Status.
+#include "core/block_config.h"
 #include "core/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_mlp_block.h"
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/elementwise_kernels.h"
 #include "kernels/cuda/gemm_lt.h"
 #include "kernels/cuda/norm_kernels.h"
-#include "core/block_config.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

@@ -1,6 +1,6 @@
 // Kernels first, then the launchers of norm_kernels.h.
-#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/cuda_math.cuh"
+#include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/norm_kernels.h"
 
 namespace trainyard {

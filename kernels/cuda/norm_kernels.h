@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "core/tensor.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

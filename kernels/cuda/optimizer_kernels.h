@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "core/param_segment.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

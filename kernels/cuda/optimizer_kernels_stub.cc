@@ -1,6 +1,6 @@
 // optimizer_kernels.h without a CUDA toolkit: every launcher fails cleanly.
-#include "kernels/cuda/optimizer_kernels.h"
 #include "kernels/cuda/no_cuda.h"
+#include "kernels/cuda/optimizer_kernels.h"
 
 namespace trainyard {
 namespace gpu {

@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "core/step_totals.h"
 #include "core/tensor.h"
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

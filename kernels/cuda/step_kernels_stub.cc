@@ -1,6 +1,6 @@
 // step_kernels.h without a CUDA toolkit: every launcher fails cleanly.
-#include "kernels/cuda/step_kernels.h"
 #include "kernels/cuda/no_cuda.h"
+#include "kernels/cuda/step_kernels.h"
 
 namespace trainyard {
 namespace gpu {

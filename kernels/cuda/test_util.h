@@ -11,8 +11,8 @@
 #include "core/bfloat16.h"
 #include "core/random.h"
 #include "gtest/gtest.h"
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
+#include "kernels/cuda/runtime.h"
 
 // First statement of every GPU test: skips (visibly) when there is no usable
 // device, naming the CUDA error (or "built without CUDA"). With

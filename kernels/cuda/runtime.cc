@@ -1,4 +1,4 @@
-#include "kernels/cuda/device.h"
+#include "kernels/cuda/runtime.h"
 
 #include "kernels/cuda/cuda_status.h"
 

@@ -1,6 +1,6 @@
 // device.h without a CUDA toolkit: every call fails cleanly.
-#include "kernels/cuda/device.h"
 #include "kernels/cuda/no_cuda.h"
+#include "kernels/cuda/runtime.h"
 
 namespace trainyard {
 namespace gpu {

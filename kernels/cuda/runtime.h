@@ -5,8 +5,8 @@
 // then every function returns UnimplementedError("... built without CUDA").
 //
 // Thread safety: all functions may be called from any thread.
-#ifndef TRAINYARD_KERNELS_CUDA_DEVICE_H_
-#define TRAINYARD_KERNELS_CUDA_DEVICE_H_
+#ifndef TRAINYARD_KERNELS_CUDA_RUNTIME_H_
+#define TRAINYARD_KERNELS_CUDA_RUNTIME_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -104,4 +104,4 @@ absl::StatusOr<MemoryInfo> GetMemoryInfo(int device);
 }  // namespace gpu
 }  // namespace trainyard
 
-#endif  // TRAINYARD_KERNELS_CUDA_DEVICE_H_
+#endif  // TRAINYARD_KERNELS_CUDA_RUNTIME_H_
