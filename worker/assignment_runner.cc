@@ -31,7 +31,8 @@ absl::StatusOr<StageAssignment> ReplicaPipeline(
         " replicas needs ", gang.size(), " peer addresses and placements"));
   }
   StageAssignment pipeline = assignment;
-  pipeline.set_stage(gang.StageOf(assignment.rank()));
+  // Within one replica's pipeline a rank is its stage.
+  pipeline.set_rank(gang.StageOf(assignment.rank()));
   pipeline.clear_peer_addresses();
   pipeline.clear_placements();
   for (int k = gang.RankOf(replica, 0); k < gang.RankOf(replica + 1, 0); ++k) {
