@@ -187,11 +187,13 @@ uint32_t ReadLE(const unsigned char* p, int n) {
   return v;
 }
 
-// Parses the header from the first bytes of the file; `file_size` is the
-// whole file's size.
-absl::StatusOr<NpyHeader> ParseHeader(const std::string& path,
-                                      absl::string_view bytes,
-                                      uint64_t file_size) {
+// Checks the magic and the version and returns the header dict's text;
+// `data_offset` gets where the data begins. `file_size` is the whole file's
+// size.
+absl::StatusOr<absl::string_view> FindHeaderText(const std::string& path,
+                                                 absl::string_view bytes,
+                                                 uint64_t file_size,
+                                                 size_t* data_offset) {
   if (bytes.size() < kMagicLen + 2 ||
       std::memcmp(bytes.data(), kMagic, kMagicLen) != 0) {
     return Bad(path, "not a .npy file (missing \\x93NUMPY magic)");
@@ -218,19 +220,14 @@ absl::StatusOr<NpyHeader> ParseHeader(const std::string& path,
                                   " header bytes, file has ", file_size,
                                   " bytes in all"));
   }
-  absl::string_view text = bytes.substr(prefix, header_len);
-  HeaderDictParser parser(text);
-  auto dict = parser.Parse();
-  if (!dict.ok()) return Bad(path, dict.status().message());
-  if (dict->fortran_order) {
-    return Bad(path,
-               "fortran_order is True; only C-order arrays are supported "
-               "(save with np.ascontiguousarray)");
-  }
-  NpyHeader header;
-  ASSIGN_OR_RETURN(header.dtype, DTypeFromDescr(path, dict->descr));
-  header.shape = dict->shape;
-  header.data_offset = prefix + header_len;
+  *data_offset = prefix + header_len;
+  return bytes.substr(prefix, header_len);
+}
+
+// Checks that the data `header` describes (of numpy dtype `descr`) exactly
+// fills the rest of a file of `file_size` bytes.
+absl::Status CheckDataSize(const std::string& path, const NpyHeader& header,
+                           const std::string& descr, uint64_t file_size) {
   // Element count and byte size without overflow.
   const uint64_t elem = DTypeSize(header.dtype);
   uint64_t count = 1;
@@ -247,14 +244,38 @@ absl::StatusOr<NpyHeader> ParseHeader(const std::string& path,
   if (have < data_bytes) {
     return Bad(path, absl::StrCat("truncated: header promises ", data_bytes,
                                   " bytes of data (shape ",
-                                  ShapeToString(header.shape), ", ",
-                                  dict->descr, "), file has ", have));
+                                  ShapeToString(header.shape), ", ", descr,
+                                  "), file has ", have));
   }
   if (have > data_bytes) {
     return Bad(path, absl::StrCat("file has ", have - data_bytes,
                                   " unexpected bytes after the ", data_bytes,
                                   " bytes of data the header describes"));
   }
+  return absl::OkStatus();
+}
+
+// Parses the header from the first bytes of the file; `file_size` is the
+// whole file's size.
+absl::StatusOr<NpyHeader> ParseHeader(const std::string& path,
+                                      absl::string_view bytes,
+                                      uint64_t file_size) {
+  size_t data_offset = 0;
+  ASSIGN_OR_RETURN(absl::string_view text,
+                   FindHeaderText(path, bytes, file_size, &data_offset));
+  HeaderDictParser parser(text);
+  auto dict = parser.Parse();
+  if (!dict.ok()) return Bad(path, dict.status().message());
+  if (dict->fortran_order) {
+    return Bad(path,
+               "fortran_order is True; only C-order arrays are supported "
+               "(save with np.ascontiguousarray)");
+  }
+  NpyHeader header;
+  ASSIGN_OR_RETURN(header.dtype, DTypeFromDescr(path, dict->descr));
+  header.shape = dict->shape;
+  header.data_offset = data_offset;
+  RETURN_IF_ERROR(CheckDataSize(path, header, dict->descr, file_size));
   return header;
 }
 

@@ -66,6 +66,31 @@ struct Entry {
   uint64_t begin, end;
 };
 
+// Reads `v` as a shape array into `shape`; returns the element count, which
+// is small enough that its byte size cannot overflow.
+absl::StatusOr<uint64_t> ParseShape(const std::string& source,
+                                    const std::string& name, const json& v,
+                                    Shape* shape) {
+  uint64_t count = 1;
+  for (const json& d : v) {
+    if (!d.is_number_unsigned()) {
+      return BadTensor(source, name,
+                       absl::StrCat("shape entries must be non-negative "
+                                    "integers, got ",
+                                    d.dump()));
+    }
+    uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        (dim != 0 && count > std::numeric_limits<uint64_t>::max() / 8 / dim)) {
+      return BadTensor(source, name,
+                       absl::StrCat("shape ", v.dump(), " is too large"));
+    }
+    count *= dim;
+    shape->push_back(static_cast<int64_t>(dim));
+  }
+  return count;
+}
+
 absl::StatusOr<Entry> ParseEntry(const std::string& source,
                                  const std::string& name, const json& v) {
   Entry e;
@@ -86,23 +111,8 @@ absl::StatusOr<Entry> ParseEntry(const std::string& source,
   if (sh == v.end() || !sh->is_array()) {
     return BadTensor(source, name, "missing array field \"shape\"");
   }
-  uint64_t count = 1;
-  for (const json& d : *sh) {
-    if (!d.is_number_unsigned()) {
-      return BadTensor(source, name,
-                       absl::StrCat("shape entries must be non-negative "
-                                    "integers, got ",
-                                    d.dump()));
-    }
-    uint64_t dim = d.get<uint64_t>();
-    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-        (dim != 0 && count > std::numeric_limits<uint64_t>::max() / 8 / dim)) {
-      return BadTensor(source, name,
-                       absl::StrCat("shape ", sh->dump(), " is too large"));
-    }
-    count *= dim;
-    e.shape.push_back(static_cast<int64_t>(dim));
-  }
+  ASSIGN_OR_RETURN(const uint64_t count,
+                   ParseShape(source, name, *sh, &e.shape));
   auto off = v.find("data_offsets");
   if (off == v.end() || !off->is_array() || off->size() != 2 ||
       !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned()) {
@@ -128,17 +138,10 @@ absl::StatusOr<Entry> ParseEntry(const std::string& source,
   return e;
 }
 
-}  // namespace
-
-absl::StatusOr<Tensor> SafetensorsFile::Get(const std::string& name) const {
-  for (const auto& [n, t] : tensors) {
-    if (n == name) return t;
-  }
-  return absl::NotFoundError(absl::StrCat("no tensor named \"", name, "\""));
-}
-
-absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
-                                                 const std::string& source) {
+// Reads the little-endian header length from the first 8 bytes and checks
+// that a header of that length fits in `bytes`.
+absl::StatusOr<uint64_t> ReadHeaderLength(absl::string_view bytes,
+                                          const std::string& source) {
   if (bytes.size() < 8) {
     return Bad(source, absl::StrCat("truncated: ", bytes.size(),
                                     " bytes, too short for the 8-byte header "
@@ -160,7 +163,12 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
                                     "than the ",
                                     bytes.size() - 8, " bytes that follow"));
   }
-  const std::string header_text(bytes.substr(8, header_len));
+  return header_len;
+}
+
+// Parses the header JSON, which must be an object without duplicate keys.
+absl::StatusOr<json> ParseHeaderJson(const std::string& header_text,
+                                     const std::string& source) {
   // Track top-level keys to reject duplicates (the JSON library would keep
   // the last one silently).
   std::set<std::string> keys;
@@ -181,29 +189,33 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
   if (!duplicate.empty()) {
     return Bad(source, absl::StrCat("header names \"", duplicate, "\" twice"));
   }
-  SafetensorsFile file;
-  std::vector<Entry> entries;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == kMetadataKey) {
-      if (!it->is_object()) return Bad(source, "__metadata__ is not an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) {
-          return Bad(source, absl::StrCat("__metadata__ value \"", m.key(),
-                                          "\" is not a string"));
-        }
-        file.metadata[m.key()] = m->get<std::string>();
-      }
-      continue;
+  return header;
+}
+
+// Copies the "__metadata__" object `v`, whose values must be strings.
+absl::Status ParseMetadata(const std::string& source, const json& v,
+                           std::map<std::string, std::string>* metadata) {
+  if (!v.is_object()) return Bad(source, "__metadata__ is not an object");
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    if (!m->is_string()) {
+      return Bad(source, absl::StrCat("__metadata__ value \"", m.key(),
+                                      "\" is not a string"));
     }
-    ASSIGN_OR_RETURN(Entry e, ParseEntry(source, it.key(), it.value()));
-    entries.push_back(std::move(e));
+    (*metadata)[m.key()] = m->get<std::string>();
   }
+  return absl::OkStatus();
+}
+
+// Copies each entry's bytes out of the data section into `tensors`, checking
+// that the entries, sorted by offset, tile the whole section.
+absl::Status CopyTensors(const std::string& source, std::vector<Entry> entries,
+                         absl::string_view data,
+                         std::vector<std::pair<std::string, Tensor>>* tensors) {
   std::stable_sort(
       entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
         return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
       });
-  const uint64_t data_size = bytes.size() - 8 - header_len;
-  const char* data = bytes.data() + 8 + header_len;
+  const uint64_t data_size = data.size();
   uint64_t expect = 0;
   for (const Entry& e : entries) {
     if (e.begin != expect) {
@@ -222,9 +234,9 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
     absl::StatusOr<Tensor> t = Tensor::Create(e.dtype, e.shape);
     if (!t.ok()) return BadTensor(source, e.name, t.status().message());
     if (t->nbytes() > 0) {
-      std::memcpy(t->raw_data(), data + e.begin, t->nbytes());
+      std::memcpy(t->raw_data(), data.data() + e.begin, t->nbytes());
     }
-    file.tensors.emplace_back(e.name, *std::move(t));
+    tensors->emplace_back(e.name, *std::move(t));
     expect = e.end;
   }
   if (expect != data_size) {
@@ -232,6 +244,35 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
                                     " bytes but the tensors cover ", expect,
                                     " (trailing bytes)"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> SafetensorsFile::Get(const std::string& name) const {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return t;
+  }
+  return absl::NotFoundError(absl::StrCat("no tensor named \"", name, "\""));
+}
+
+absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
+                                                 const std::string& source) {
+  ASSIGN_OR_RETURN(const uint64_t header_len, ReadHeaderLength(bytes, source));
+  const std::string header_text(bytes.substr(8, header_len));
+  ASSIGN_OR_RETURN(const json header, ParseHeaderJson(header_text, source));
+  SafetensorsFile file;
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == kMetadataKey) {
+      RETURN_IF_ERROR(ParseMetadata(source, it.value(), &file.metadata));
+      continue;
+    }
+    ASSIGN_OR_RETURN(Entry e, ParseEntry(source, it.key(), it.value()));
+    entries.push_back(std::move(e));
+  }
+  RETURN_IF_ERROR(CopyTensors(source, std::move(entries),
+                              bytes.substr(8 + header_len), &file.tensors));
   return file;
 }
 

@@ -205,6 +205,67 @@ std::optional<std::pair<int64_t, std::string>> RecordedDigest(
   return std::make_pair(size, parts[0]);
 }
 
+// Removes the stage files (and their digests) numbered `num_stages` or more
+// from `step_dir`, whose entries are `names`. Such a file in a folder that
+// is being committed is a leftover of an earlier, uncommitted attempt at
+// this step with more stages (a crash before its manifest, then a resume
+// with fewer stages): only the manifest makes a checkpoint, so it is
+// removed rather than refused.
+absl::Status RemoveLeftoverStageFiles(const std::string& step_dir,
+                                      const std::vector<std::string>& names,
+                                      int num_stages) {
+  for (const std::string& name : names) {
+    int k;
+    const std::string stage_name =
+        absl::EndsWith(name, kDigestSuffix)
+            ? name.substr(0, name.size() - std::strlen(kDigestSuffix))
+            : name;
+    if (ParseStageFileName(stage_name, &k) && k >= num_stages) {
+      const std::string path = JoinPath(step_dir, name);
+      if (std::remove(path.c_str()) != 0) {
+        return absl::InternalError(absl::StrCat(
+            path, ": leftover stage file (the checkpoint has ", num_stages,
+            " stages) could not be removed: ", std::strerror(errno)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One entry of the manifest's "stages"; `size` keeps the JSON number type
+// it was made with.
+json StageManifestEntry(int stage, json size, const std::string& sha256) {
+  json entry = json::object();
+  entry["stage"] = stage;
+  entry["file"] = StageFileName(stage);
+  entry["size"] = std::move(size);
+  entry["sha256"] = sha256;
+  return entry;
+}
+
+// The manifest entry of stage `stage` of checkpoint `step`: from the digest
+// WriteStageFile recorded, else by reading and checking the stage file.
+absl::StatusOr<json> DescribeStageFile(const std::string& dir, int64_t step,
+                                       int stage) {
+  const std::string path = CheckpointStagePath(dir, step, stage);
+  if (auto recorded = RecordedDigest(path)) {
+    // Written by WriteStageFile from a validated SafetensorsFile, which
+    // hashed the bytes as it wrote them: no need to read them back.
+    return StageManifestEntry(stage, recorded->first, recorded->second);
+  }
+  auto bytes = ReadFileToString(path);
+  if (absl::IsNotFound(bytes.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path,
+                     ": missing; every stage must write its file before the "
+                     "checkpoint is committed"));
+  }
+  RETURN_IF_ERROR(bytes.status());
+  auto parsed = ParseSafetensors(*bytes, path);
+  if (!parsed.ok()) return absl::DataLossError(parsed.status().message());
+  return StageManifestEntry(stage, bytes->size(), Sha256Hex(*bytes));
+}
+
 }  // namespace
 
 absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
@@ -223,58 +284,14 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
                      ": folder does not exist; no stage file was written"));
   }
   RETURN_IF_ERROR(names.status());
-  // A stage file beyond num_stages in a folder that is being committed is a
-  // leftover of an earlier, uncommitted attempt at this step with more
-  // stages (a crash before its manifest, then a resume with fewer stages):
-  // only the manifest makes a checkpoint, so remove it rather than refuse.
-  for (const std::string& name : *names) {
-    int k;
-    const std::string stage_name =
-        absl::EndsWith(name, kDigestSuffix)
-            ? name.substr(0, name.size() - std::strlen(kDigestSuffix))
-            : name;
-    if (ParseStageFileName(stage_name, &k) && k >= num_stages) {
-      const std::string path = JoinPath(step_dir, name);
-      if (std::remove(path.c_str()) != 0) {
-        return absl::InternalError(absl::StrCat(
-            path, ": leftover stage file (the checkpoint has ", num_stages,
-            " stages) could not be removed: ", std::strerror(errno)));
-      }
-    }
-  }
+  RETURN_IF_ERROR(RemoveLeftoverStageFiles(step_dir, *names, num_stages));
   json manifest = json::object();
   manifest["format"] = kFormat;
   manifest["step"] = step;
   manifest["num_stages"] = num_stages;
   json stages = json::array();
   for (int k = 0; k < num_stages; ++k) {
-    const std::string path = CheckpointStagePath(dir, step, k);
-    if (auto recorded = RecordedDigest(path)) {
-      // Written by WriteStageFile from a validated SafetensorsFile, which
-      // hashed the bytes as it wrote them: no need to read them back.
-      json entry = json::object();
-      entry["stage"] = k;
-      entry["file"] = StageFileName(k);
-      entry["size"] = recorded->first;
-      entry["sha256"] = recorded->second;
-      stages.push_back(std::move(entry));
-      continue;
-    }
-    auto bytes = ReadFileToString(path);
-    if (absl::IsNotFound(bytes.status())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(path,
-                       ": missing; every stage must write its file before the "
-                       "checkpoint is committed"));
-    }
-    RETURN_IF_ERROR(bytes.status());
-    auto parsed = ParseSafetensors(*bytes, path);
-    if (!parsed.ok()) return absl::DataLossError(parsed.status().message());
-    json entry = json::object();
-    entry["stage"] = k;
-    entry["file"] = StageFileName(k);
-    entry["size"] = bytes->size();
-    entry["sha256"] = Sha256Hex(*bytes);
+    ASSIGN_OR_RETURN(json entry, DescribeStageFile(dir, step, k));
     stages.push_back(std::move(entry));
   }
   manifest["stages"] = std::move(stages);
@@ -283,6 +300,49 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
       manifest.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   return WriteFileAtomically(JoinPath(step_dir, kManifest), text);
 }
+
+namespace {
+
+// The field `key` of `obj` if it is there and of `type` (number_unsigned
+// meaning any non-negative integer), else null.
+const json* FindField(const json& obj, const char* key, json::value_t type) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return nullptr;
+  if (type == json::value_t::number_unsigned ? !it->is_number_unsigned()
+                                             : it->type() != type) {
+    return nullptr;
+  }
+  return &*it;
+}
+
+// Reads the manifest's "stages" array `stages_j`, one entry per stage,
+// into `stages`.
+absl::Status ReadManifestStages(
+    const std::string& path, const json& stages_j, int num_stages,
+    std::vector<CheckpointManifest::StageEntry>* stages) {
+  for (int k = 0; k < num_stages; ++k) {
+    const json& e = stages_j[k];
+    const json* file =
+        e.is_object() ? FindField(e, "file", json::value_t::string) : nullptr;
+    const json* size =
+        e.is_object() ? FindField(e, "size", json::value_t::number_unsigned)
+                      : nullptr;
+    const json* sha =
+        e.is_object() ? FindField(e, "sha256", json::value_t::string) : nullptr;
+    if (!file || !size || !sha ||
+        file->get<std::string>() != StageFileName(k)) {
+      return DataLoss(
+          path,
+          absl::StrCat("stages[", k, "] must be {\"file\": \"",
+                       StageFileName(k), "\", \"size\": N, \"sha256\": hex}"));
+    }
+    stages->push_back({file->get<std::string>(), size->get<int64_t>(),
+                       sha->get<std::string>()});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
     const std::string& dir, int64_t step) {
@@ -298,24 +358,14 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
   if (m.is_discarded() || !m.is_object()) {
     return DataLoss(path, "not a valid JSON object");
   }
-  auto get = [&](const json& obj, const char* key,
-                 json::value_t type) -> const json* {
-    auto it = obj.find(key);
-    if (it == obj.end()) return nullptr;
-    if (type == json::value_t::number_unsigned ? !it->is_number_unsigned()
-                                               : it->type() != type) {
-      return nullptr;
-    }
-    return &*it;
-  };
-  const json* format = get(m, "format", json::value_t::string);
+  const json* format = FindField(m, "format", json::value_t::string);
   if (format == nullptr || format->get<std::string>() != kFormat) {
     return DataLoss(path, absl::StrCat("\"format\" must be \"", kFormat, "\""));
   }
-  const json* step_j = get(m, "step", json::value_t::number_unsigned);
-  const json* n_j = get(m, "num_stages", json::value_t::number_unsigned);
-  const json* stages_j = get(m, "stages", json::value_t::array);
-  const json* meta_j = get(m, "job_metadata", json::value_t::string);
+  const json* step_j = FindField(m, "step", json::value_t::number_unsigned);
+  const json* n_j = FindField(m, "num_stages", json::value_t::number_unsigned);
+  const json* stages_j = FindField(m, "stages", json::value_t::array);
+  const json* meta_j = FindField(m, "job_metadata", json::value_t::string);
   if (!step_j || !n_j || !stages_j || !meta_j) {
     return DataLoss(path,
                     "needs \"step\", \"num_stages\" (non-negative integers), "
@@ -336,25 +386,8 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(
                                        " but \"stages\" has ", stages_j->size(),
                                        " entries"));
   }
-  for (int k = 0; k < out.num_stages; ++k) {
-    const json& e = (*stages_j)[k];
-    const json* file =
-        e.is_object() ? get(e, "file", json::value_t::string) : nullptr;
-    const json* size = e.is_object()
-                           ? get(e, "size", json::value_t::number_unsigned)
-                           : nullptr;
-    const json* sha =
-        e.is_object() ? get(e, "sha256", json::value_t::string) : nullptr;
-    if (!file || !size || !sha ||
-        file->get<std::string>() != StageFileName(k)) {
-      return DataLoss(
-          path,
-          absl::StrCat("stages[", k, "] must be {\"file\": \"",
-                       StageFileName(k), "\", \"size\": N, \"sha256\": hex}"));
-    }
-    out.stages.push_back({file->get<std::string>(), size->get<int64_t>(),
-                          sha->get<std::string>()});
-  }
+  RETURN_IF_ERROR(
+      ReadManifestStages(path, *stages_j, out.num_stages, &out.stages));
   return out;
 }
 

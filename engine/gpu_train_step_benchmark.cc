@@ -84,28 +84,20 @@ struct Config {
   int blocks, stages, microbatches;
 };
 
-int Run(const Config& c, const std::string& dir) {
-  const int64_t h = absl::GetFlag(FLAGS_hidden);
-  const int64_t ffn = absl::GetFlag(FLAGS_ffn);
-  const int64_t tokens = absl::GetFlag(FLAGS_tokens);
-  const int warmup = absl::GetFlag(FLAGS_warmup);
-  const int steps = absl::GetFlag(FLAGS_steps);
+// The job: `c`'s model and pipeline on `device`, training on the data in
+// `dir` for --warmup + --steps steps.
+trainyard::v1::JobSpec MakeSpec(const Config& c, const std::string& dir,
+                                const Device& device) {
   trainyard::v1::JobSpec spec;
   spec.set_name(c.name);
-  spec.set_steps(warmup + steps);
+  spec.set_steps(absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps));
   spec.set_seed(1);
-  absl::StatusOr<Device> device = ParseDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) {
-    std::fprintf(stderr, "--device: %s\n",
-                 std::string(device.status().message()).c_str());
-    return 1;
-  }
-  spec.set_device(device->KindName());
+  spec.set_device(device.KindName());
   spec.set_precision(absl::GetFlag(FLAGS_precision));
   for (int b = 0; b < c.blocks; ++b) {
     auto* blk = spec.mutable_model()->add_blocks();
-    blk->set_out_features(h);
-    blk->set_ffn_hidden_size(ffn);
+    blk->set_out_features(absl::GetFlag(FLAGS_hidden));
+    blk->set_ffn_hidden_size(absl::GetFlag(FLAGS_ffn));
     blk->set_activation("gelu_tanh");
     blk->set_norm("layernorm");
     blk->set_residual(true);
@@ -120,44 +112,53 @@ int Run(const Config& c, const std::string& dir) {
   auto* npy = spec.mutable_data()->mutable_train()->mutable_npy();
   npy->set_features(dir + "/x.npy");
   npy->set_targets(dir + "/y.npy");
-  spec.mutable_data()->set_batch_size(tokens);
-  absl::StatusOr<JobPlan> plan = PlanJob(spec, PlanOptions());
-  if (!plan.ok()) {
-    std::fprintf(stderr, "%s: %s\n", c.name,
-                 std::string(plan.status().message()).c_str());
-    return 1;
-  }
-  std::vector<double> seconds;
-  StageTimes times;
-  DeviceTraffic traffic;
+  spec.mutable_data()->set_batch_size(absl::GetFlag(FLAGS_tokens));
+  return spec;
+}
+
+// What the timed steps (those after --warmup) reported.
+struct Measurements {
+  std::vector<double> seconds;  // host wall time per step
+  StageTimes times;             // summed over the steps
+  DeviceTraffic traffic;        // summed over the steps
+};
+
+absl::Status Measure(const JobPlan& plan, const Device& device,
+                     Measurements* m) {
+  const int warmup = absl::GetFlag(FLAGS_warmup);
   LocalJobOptions options;
-  options.device = *device;
+  options.device = device;
   options.plugin_dir = PluginDir();
   options.timeout = absl::Minutes(5);
   options.on_step = [&](const StepReport& r, double s) {
     if (r.step > warmup) {
-      seconds.push_back(s);
-      times.forward += r.times.forward;
-      times.backward += r.times.backward;
-      times.optimizer += r.times.optimizer;
-      times.idle += r.times.idle;
-      times.comm += r.times.comm;
-      times.loss += r.times.loss;
-      traffic.syncs += r.traffic.syncs;
-      traffic.h2d_bytes += r.traffic.h2d_bytes;
-      traffic.d2h_bytes += r.traffic.d2h_bytes;
+      m->seconds.push_back(s);
+      m->times.forward += r.times.forward;
+      m->times.backward += r.times.backward;
+      m->times.optimizer += r.times.optimizer;
+      m->times.idle += r.times.idle;
+      m->times.comm += r.times.comm;
+      m->times.loss += r.times.loss;
+      m->traffic.syncs += r.traffic.syncs;
+      m->traffic.h2d_bytes += r.traffic.h2d_bytes;
+      m->traffic.d2h_bytes += r.traffic.d2h_bytes;
     }
   };
-  absl::Status st = RunLocalJob(*plan, options);
-  if (!st.ok() || seconds.empty()) {
-    std::fprintf(stderr, "%s: %s\n", c.name, std::string(st.message()).c_str());
-    return 1;
-  }
-  std::vector<double> sorted = seconds;
+  return RunLocalJob(plan, options);
+}
+
+// Prints `c`'s JSON line from `m`, which holds at least one step.
+void Report(const Config& c, const Measurements& m) {
+  const int64_t h = absl::GetFlag(FLAGS_hidden);
+  const int64_t ffn = absl::GetFlag(FLAGS_ffn);
+  const int64_t tokens = absl::GetFlag(FLAGS_tokens);
+  const StageTimes& times = m.times;
+  const DeviceTraffic& traffic = m.traffic;
+  std::vector<double> sorted = m.seconds;
   std::sort(sorted.begin(), sorted.end());
   const double t = sorted[sorted.size() / 2];
   const double flops = 6.0 * 2.0 * tokens * h * ffn * c.blocks;
-  const double n = static_cast<double>(seconds.size());
+  const double n = static_cast<double>(m.seconds.size());
   std::printf(
       "{\"bench\":\"%s\",\"mode\":\"%s\",\"blocks\":%d,\"stages\":%d,"
       "\"microbatches\":%d,\"hidden\":%lld,\"ffn\":%lld,"
@@ -176,6 +177,29 @@ int Run(const Config& c, const std::string& dir) {
       flops / (t - times.loss / n) / (absl::GetFlag(FLAGS_peak_tflops) * 1e12),
       traffic.syncs / n, (traffic.h2d_bytes + traffic.d2h_bytes) / n);
   std::fflush(stdout);
+}
+
+int Run(const Config& c, const std::string& dir) {
+  absl::StatusOr<Device> device = ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "--device: %s\n",
+                 std::string(device.status().message()).c_str());
+    return 1;
+  }
+  absl::StatusOr<JobPlan> plan =
+      PlanJob(MakeSpec(c, dir, *device), PlanOptions());
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s: %s\n", c.name,
+                 std::string(plan.status().message()).c_str());
+    return 1;
+  }
+  Measurements m;
+  absl::Status st = Measure(*plan, *device, &m);
+  if (!st.ok() || m.seconds.empty()) {
+    std::fprintf(stderr, "%s: %s\n", c.name, std::string(st.message()).c_str());
+    return 1;
+  }
+  Report(c, m);
   return 0;
 }
 

@@ -161,6 +161,21 @@ absl::Status ReplicaGroup::SumInTreeOrder(Tensor* gradient) {
     folded_ = Tensor::Empty(DType::kFloat32, {mine});
     tree_ = std::make_unique<GradientTree>(host->get(), mine);
   }
+  absl::Status st = ExchangeSlices(gradient, length, mine);
+  if (!st.ok()) return st;
+  // The replicas' block sums of this slice, folded in replica order by the
+  // same counter a single replica uses for its microbatches.
+  if (mine > 0) {
+    st = FoldSlices(mine);
+    if (!st.ok()) return st;
+  }
+  return GatherSums(gradient, length, mine);
+}
+
+absl::Status ReplicaGroup::ExchangeSlices(Tensor* gradient,
+                                          const std::vector<int64_t>& length,
+                                          int64_t mine) {
+  const int R = options_.size;
   try {
     // Reduce-scatter's exchange: slice r of this replica's gradient to
     // replica r; row r of copies_ from replica r.
@@ -175,16 +190,20 @@ absl::Status ReplicaGroup::SumInTreeOrder(Tensor* gradient) {
         Name(),
         ": gradient exchange failed: ", std::string(e.what()).substr(0, 512)));
   }
-  // The replicas' block sums of this slice, folded in replica order by the
-  // same counter a single replica uses for its microbatches.
-  if (mine > 0) {
-    for (int r = 0; r < R; ++r) {
-      absl::Status st = tree_->Add(copies_.Rows(r, r + 1).View({mine}));
-      if (!st.ok()) return st;
-    }
-    absl::Status st = tree_->Finish(&folded_);
+  return absl::OkStatus();
+}
+
+absl::Status ReplicaGroup::FoldSlices(int64_t mine) {
+  for (int r = 0; r < options_.size; ++r) {
+    absl::Status st = tree_->Add(copies_.Rows(r, r + 1).View({mine}));
     if (!st.ok()) return st;
   }
+  return tree_->Finish(&folded_);
+}
+
+absl::Status ReplicaGroup::GatherSums(Tensor* gradient,
+                                      const std::vector<int64_t>& length,
+                                      int64_t mine) {
   try {
     gloo::AllgathervOptions opts(context_);
     opts.setInput(folded_.data<float>(), static_cast<size_t>(mine));

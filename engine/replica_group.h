@@ -82,6 +82,16 @@ class ReplicaGroup {
   std::string Name() const;
   // `bytes` from every replica into out[r * bytes, (r + 1) * bytes).
   absl::Status AllGatherBytes(const void* in, size_t bytes, char* out);
+  // SumInTreeOrder's steps; slice r holds length[r] elements, this
+  // replica's `mine`. ExchangeSlices sends slice r of `gradient` to replica
+  // r and receives every replica's copy of this replica's slice into
+  // copies_; FoldSlices sums copies_' rows into folded_ in replica order;
+  // GatherSums brings every replica's folded_ back into `gradient`.
+  absl::Status ExchangeSlices(Tensor* gradient,
+                              const std::vector<int64_t>& length, int64_t mine);
+  absl::Status FoldSlices(int64_t mine);
+  absl::Status GatherSums(Tensor* gradient, const std::vector<int64_t>& length,
+                          int64_t mine);
 
   const ReplicaGroupOptions options_;
   std::shared_ptr<gloo::Context> context_;  // null when size == 1

@@ -13,9 +13,10 @@
 
 namespace trainyard {
 
-absl::StatusOr<ClusterCredentials> WriteClusterCredentials(
-    const std::string& dir, const std::vector<std::string>& hosts,
-    bool overwrite) {
+namespace {
+
+// Where each file goes in `dir`.
+ClusterCredentials CredentialPaths(const std::string& dir) {
   ClusterCredentials out;
   out.ca_cert = JoinPath(dir, "ca.pem");
   out.ca_key = JoinPath(dir, "ca.key");
@@ -25,10 +26,17 @@ absl::StatusOr<ClusterCredentials> WriteClusterCredentials(
   out.worker_key = JoinPath(dir, "worker.key");
   out.tokens = JoinPath(dir, "tokens");
   out.admin_token = JoinPath(dir, "admin.token");
+  return out;
+}
+
+// Creates `dir` readable by its owner only; unless `overwrite`, refuses when
+// `ca_cert` already exists.
+absl::Status PreparePrivateFolder(const std::string& dir,
+                                  const std::string& ca_cert, bool overwrite) {
   struct stat st;
-  if (!overwrite && ::stat(out.ca_cert.c_str(), &st) == 0) {
+  if (!overwrite && ::stat(ca_cert.c_str(), &st) == 0) {
     return absl::AlreadyExistsError(
-        absl::StrCat(out.ca_cert,
+        absl::StrCat(ca_cert,
                      ": already exists; not replacing a cluster's CA (pick "
                      "another folder, or remove it first)"));
   }
@@ -37,6 +45,16 @@ absl::StatusOr<ClusterCredentials> WriteClusterCredentials(
     return absl::PermissionDeniedError(absl::StrCat(
         dir, ": cannot make it private (chmod 0700): ", std::strerror(errno)));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterCredentials> WriteClusterCredentials(
+    const std::string& dir, const std::vector<std::string>& hosts,
+    bool overwrite) {
+  ClusterCredentials out = CredentialPaths(dir);
+  RETURN_IF_ERROR(PreparePrivateFolder(dir, out.ca_cert, overwrite));
 
   ASSIGN_OR_RETURN(KeyAndCert ca,
                    NewCertificateAuthority("Trainyard cluster CA",
