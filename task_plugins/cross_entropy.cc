@@ -31,7 +31,7 @@ namespace trainyard {
 namespace plugin {
 namespace {
 
-class CrossEntropyTask : public DevicePluginTask {
+class CrossEntropyTask : public ClassifierTask {
  public:
   static constexpr uint32_t kNumSlots = losses::kCrossEntropySlots;
   static constexpr uint32_t kV2Flags = TRAINYARD_V2_PASSTHROUGH_INPUTS;
@@ -97,33 +97,16 @@ class CrossEntropyTask : public DevicePluginTask {
                                  static_cast<gpu::Stream>(a.stream));
   }
 
-  absl::Status FinishLoss(const double* slots, int32_t microbatch,
-                          int32_t num_microbatches, bool is_eval,
-                          TrainyardSink*) override {
-    RETURN_IF_ERROR(CheckLabelSlots(slots, microbatch, num_microbatches,
-                                    classes_, ignore_index_));
-    Accumulate(is_eval, slots);
-    return absl::OkStatus();
-  }
-
-  absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) override {
-    metrics_.Report(is_eval, out);
-    return absl::OkStatus();
-  }
-
  private:
   CrossEntropyTask(int64_t ignore_index, double eps)
-      : ignore_index_(ignore_index), eps_(eps) {}
+      : ClassifierTask(ignore_index, {"loss", "accuracy"}), eps_(eps) {}
 
   // Slots [0] rows, [4] sum of their losses, [5] rows classified correctly.
-  void Accumulate(bool is_eval, const double* slots) {
+  void Accumulate(bool is_eval, const double* slots) override {
     metrics_.Add(is_eval, static_cast<int64_t>(slots[0]), {slots[4], slots[5]});
   }
 
-  const int64_t ignore_index_;
   const double eps_;
-  int64_t classes_ = 0;  // of the last device microbatch, for its message
-  MetricSums metrics_{{"loss", "accuracy"}};
 };
 
 }  // namespace

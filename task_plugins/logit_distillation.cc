@@ -169,7 +169,7 @@ absl::StatusOr<Options> ParseOptions(const nlohmann::json& config) {
   return o;
 }
 
-class LogitDistillationTask : public DevicePluginTask {
+class LogitDistillationTask : public ClassifierTask {
  public:
   static constexpr uint32_t kNumSlots = losses::kDistillationSlots;
   static constexpr uint32_t kV2Flags = 0;
@@ -274,25 +274,11 @@ class LogitDistillationTask : public DevicePluginTask {
                                  static_cast<gpu::Stream>(a.stream));
   }
 
-  absl::Status FinishLoss(const double* slots, int32_t microbatch,
-                          int32_t num_microbatches, bool is_eval,
-                          TrainyardSink*) override {
-    RETURN_IF_ERROR(CheckLabelSlots(slots, microbatch, num_microbatches,
-                                    classes_, ignore_index_));
-    Accumulate(is_eval, slots);
-    return absl::OkStatus();
-  }
-
-  absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) override {
-    metrics_.Report(is_eval, out);
-    return absl::OkStatus();
-  }
-
  private:
   LogitDistillationTask(const Options& options, MlpTeacher teacher)
-      : temperature_(options.temperature),
+      : ClassifierTask(options.ignore_index, {"loss", "kl", "ce", "accuracy"}),
+        temperature_(options.temperature),
         alpha_(options.alpha),
-        ignore_index_(options.ignore_index),
         teacher_(std::move(teacher)) {}
 
   // Whether `t` is float32 [rows, cols].
@@ -309,7 +295,7 @@ class LogitDistillationTask : public DevicePluginTask {
     return alpha_ * t * t * slots[4] / n + (1 - alpha_) * slots[5] / n;
   }
   // Slots [0] rows, [1] their weighted loss, [4] KL, [5] CE, [6] correct.
-  void Accumulate(bool is_eval, const double* slots) {
+  void Accumulate(bool is_eval, const double* slots) override {
     if (slots[0] == 0) return;
     metrics_.Add(is_eval, static_cast<int64_t>(slots[0]),
                  {slots[1], slots[4], slots[5], slots[6]});
@@ -317,10 +303,7 @@ class LogitDistillationTask : public DevicePluginTask {
 
   const double temperature_;
   const double alpha_;
-  const int64_t ignore_index_;
   const MlpTeacher teacher_;
-  int64_t classes_ = 0;  // of the last device microbatch, for its message
-  MetricSums metrics_{{"loss", "kl", "ce", "accuracy"}};
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "task_plugins/plugin_sdk.h"
 
 namespace trainyard {
@@ -152,6 +153,24 @@ void MetricSums::Report(bool is_eval, TrainyardSink* out) {
   }
   p.count = 0;
   p.sums.assign(names_.size(), 0.0);
+}
+
+ClassifierTask::ClassifierTask(int64_t ignore_index,
+                               std::vector<std::string> metric_names)
+    : ignore_index_(ignore_index), metrics_(std::move(metric_names)) {}
+
+absl::Status ClassifierTask::FinishLoss(const double* slots, int32_t microbatch,
+                                        int32_t num_microbatches, bool is_eval,
+                                        TrainyardSink*) {
+  RETURN_IF_ERROR(CheckLabelSlots(slots, microbatch, num_microbatches, classes_,
+                                  ignore_index_));
+  Accumulate(is_eval, slots);
+  return absl::OkStatus();
+}
+
+absl::Status ClassifierTask::UpdateMetrics(bool is_eval, TrainyardSink* out) {
+  metrics_.Report(is_eval, out);
+  return absl::OkStatus();
 }
 
 }  // namespace plugin

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/loss_args.h"
+#include "task_plugins/plugin_sdk.h"
 #include "task_plugins/task_abi.h"
 
 namespace trainyard {
@@ -88,6 +89,27 @@ class MetricSums {
   };
   std::vector<std::string> names_;
   Phase phases_[2];  // [train, eval]
+};
+
+// What the class-index plugins (cross_entropy, logit_distillation) do alike
+// on the host once a device loss has been read: check its slots for a bad
+// label, add them to the metric sums, and report those sums.
+class ClassifierTask : public DevicePluginTask {
+ public:
+  absl::Status FinishLoss(const double* slots, int32_t microbatch,
+                          int32_t num_microbatches, bool is_eval,
+                          TrainyardSink*) override;
+  absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) override;
+
+ protected:
+  ClassifierTask(int64_t ignore_index, std::vector<std::string> metric_names);
+
+  // Adds one microbatch's slots to metrics_.
+  virtual void Accumulate(bool is_eval, const double* slots) = 0;
+
+  const int64_t ignore_index_;
+  int64_t classes_ = 0;  // of the last device microbatch, for its message
+  MetricSums metrics_;
 };
 
 }  // namespace plugin
