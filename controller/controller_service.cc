@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "controller/request_parsing.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -188,13 +189,6 @@ class WatchReactor final : public PumpedStream<JobEvent>,
   bool terminal_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// A write reactor that only reports an error.
-template <typename T>
-class FailedStream final : public grpc::ServerWriteReactor<T> {
- public:
-  explicit FailedStream(const grpc::Status& status) { this->Finish(status); }
-  void OnDone() override { delete this; }
-};
 using FailedWatch = FailedStream<JobEvent>;
 
 // WatchLogs: the job's log lines from from_seq on, then (follow) new ones
@@ -437,6 +431,38 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
+}
+
+JobServiceImpl::JobServiceImpl(JobManager* manager,
+                               prometheus::Histogram* submit_seconds,
+                               TokenTable* tokens)
+    : manager_(manager), submit_seconds_(submit_seconds), tokens_(tokens) {
+  // Each method is registered again over its parsed request, replacing the
+  // handler the generated CallbackService registered.
+  AuthenticateFn authenticate = [this](grpc::CallbackServerContext* context) {
+    return ToGrpcStatus(Authenticate(context).status());
+  };
+  int parsed = 0;
+  auto parse = [&](const char* method, auto typed) {
+    ++parsed;
+    MarkMethodCallback(
+        MethodIndex("trainyard.v1.JobService", method,
+                    *RequestOf<decltype(typed)>::Type::descriptor()),
+        ParsingHandler(method, authenticate, this, typed));
+  };
+  parse("SubmitJob", &JobServiceImpl::SubmitJob);
+  parse("GetJob", &JobServiceImpl::GetJob);
+  parse("ListJobs", &JobServiceImpl::ListJobs);
+  parse("CancelJob", &JobServiceImpl::CancelJob);
+  parse("WatchJob", &JobServiceImpl::WatchJob);
+  parse("ListWorkers", &JobServiceImpl::ListWorkers);
+  parse("GetTrace", &JobServiceImpl::GetTrace);
+  parse("WatchLogs", &JobServiceImpl::WatchLogs);
+  // A method left out would still get gRPC's UNIMPLEMENTED for bad bytes.
+  CHECK_EQ(parsed, v1::SubmitJobRequest::descriptor()
+                       ->file()
+                       ->FindServiceByName("JobService")
+                       ->method_count());
 }
 
 absl::StatusOr<Caller> JobServiceImpl::Authenticate(

@@ -45,10 +45,13 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
   // `submit_seconds` (may be null) observes each SubmitJob's latency.
   // `tokens` (may be null; not owned).
+  //
+  // A request whose bytes do not parse (malformed, or nested deeper than
+  // protobuf's recursion limit) is answered INVALID_ARGUMENT saying why
+  // (controller/request_parsing.h), after authentication.
   explicit JobServiceImpl(JobManager* manager,
                           prometheus::Histogram* submit_seconds = nullptr,
-                          TokenTable* tokens = nullptr)
-      : manager_(manager), submit_seconds_(submit_seconds), tokens_(tokens) {}
+                          TokenTable* tokens = nullptr);
   // Open WatchJob streams.
   int64_t watchers() const { return watchers_->load(); }
 
