@@ -211,6 +211,61 @@ TEST_F(RequestParsingTest, AuthenticationIsCheckedBeforeParsing) {
   EXPECT_THAT(st.error_message(), HasSubstr("recursion limit (100)"));
 }
 
+// WorkerService.Connect: a message that does not parse ends the stream with
+// INVALID_ARGUMENT (it is not taken for the worker's half-close), and a
+// registered worker is lost with that reason.
+TEST_F(RequestParsingTest, MalformedWorkerMessageEndsTheStream) {
+  grpc::internal::RpcMethod connect("/trainyard.v1.WorkerService/Connect",
+                                    grpc::internal::RpcMethod::BIDI_STREAMING);
+  const std::string malformed("\x0a\x64xy", 4);
+  {
+    grpc::ClientContext ctx;
+    std::unique_ptr<
+        grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+        stream(grpc::internal::ClientReaderWriterFactory<
+               grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel_.get(),
+                                                           connect, &ctx));
+    stream->Write(Bytes(malformed));
+    grpc::ByteBuffer reply;
+    EXPECT_FALSE(stream->Read(&reply));
+    grpc::Status st = stream->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(st.error_message(),
+                HasSubstr(": a message on its stream is not a valid "
+                          "trainyard.v1.WorkerMessage: malformed protobuf (4 "
+                          "bytes)"));
+  }
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+      stream(grpc::internal::ClientReaderWriterFactory<
+             grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel_.get(),
+                                                         connect, &ctx));
+  v1::WorkerMessage reg;
+  reg.mutable_register_()->set_name("raw");
+  reg.mutable_register_()->mutable_capabilities()->set_device("cpu");
+  reg.mutable_register_()->mutable_capabilities()->set_peer_address(
+      "raw.peer:9000");
+  ASSERT_TRUE(stream->Write(Bytes(reg.SerializeAsString())));
+  grpc::ByteBuffer reply;
+  ASSERT_TRUE(stream->Read(&reply));
+  v1::ControllerMessage registered;
+  ASSERT_TRUE(registered.ParseFromString(Flatten(reply)));
+  ASSERT_TRUE(registered.has_registered());
+  EXPECT_EQ(server_->manager()->ListWorkers().size(), 1u);
+
+  stream->Write(Bytes(malformed));
+  while (stream->Read(&reply)) {
+  }
+  grpc::Status st = stream->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("malformed protobuf (4 bytes)"));
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!server_->manager()->ListWorkers().empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(server_->manager()->ListWorkers().empty());
+}
+
 }  // namespace
 }  // namespace controller_test
 }  // namespace trainyard
