@@ -9,7 +9,9 @@
 // record whether the bytes parsed, so the handler always runs; the adapter
 // made by ParsingUnaryHandler / ParsingServerStreamHandler then refuses the
 // call or hands &parsed.message to the service's typed method unchanged.
-// Responses are serialized by gRPC exactly as before.
+// Responses are serialized by gRPC exactly as before. A bidi stream's
+// reactor may read ParsedRequest<Req> messages itself (WorkerService.Connect
+// does) and end the stream when one does not parse.
 //
 // Which error wins: authentication first. A request that does not parse is
 // refused with the authentication error when `authenticate` fails (as every
@@ -23,7 +25,6 @@
 #ifndef TRAINYARD_CONTROLLER_REQUEST_PARSING_H_
 #define TRAINYARD_CONTROLLER_REQUEST_PARSING_H_
 
-#include <cstddef>
 #include <functional>
 #include <string>
 #include <utility>
