@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "controller/request_parsing.h"
 #include "glog/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -17,6 +18,8 @@ namespace {
 using v1::ControllerMessage;
 using v1::JobEvent;
 using v1::WorkerMessage;
+using WorkerReactor =
+    grpc::ServerBidiReactor<ParsedRequest<WorkerMessage>, ControllerMessage>;
 
 // A server stream that writes what NextLocked() picks, one write in
 // flight, until there is nothing left and FinishedLocked() says the stream
@@ -188,13 +191,6 @@ class WatchReactor final : public PumpedStream<JobEvent>,
   bool terminal_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// A write reactor that only reports an error.
-template <typename T>
-class FailedStream final : public grpc::ServerWriteReactor<T> {
- public:
-  explicit FailedStream(const grpc::Status& status) { this->Finish(status); }
-  void OnDone() override { delete this; }
-};
 using FailedWatch = FailedStream<JobEvent>;
 
 // WatchLogs: the job's log lines from from_seq on, then (follow) new ones
@@ -250,8 +246,7 @@ class LogsReactor final : public PumpedStream<v1::LogLine>,
 };
 
 // A worker stream refused before its first read.
-class RefusedWorker final
-    : public grpc::ServerBidiReactor<WorkerMessage, ControllerMessage> {
+class RefusedWorker final : public WorkerReactor {
  public:
   explicit RefusedWorker(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -260,10 +255,9 @@ class RefusedWorker final
 // WorkerService.Connect: the controller's end of one worker's stream.
 // Reads drive the JobManager; writes come from the manager (WorkerLink) and
 // are queued, one in flight at a time.
-class WorkerStream final
-    : public grpc::ServerBidiReactor<WorkerMessage, ControllerMessage>,
-      public WorkerLink,
-      public std::enable_shared_from_this<WorkerStream> {
+class WorkerStream final : public WorkerReactor,
+                           public WorkerLink,
+                           public std::enable_shared_from_this<WorkerStream> {
  public:
   static WorkerStream* Create(JobManager* manager,
                               grpc::CallbackServerContext* context) {
@@ -286,27 +280,39 @@ class WorkerStream final
       Close(absl::OkStatus());
       return;
     }
+    if (!in_.status.ok()) {
+      const std::string why = absl::StrCat(
+          "a message on its stream is not a valid ",
+          WorkerMessage::descriptor()->full_name(), ": ", in_.status.message());
+      // Closed first, so that the worker sees this status rather than the
+      // one the manager closes a lost worker's stream with.
+      Close(absl::InvalidArgumentError(
+          absl::StrCat("WorkerService.Connect from ", peer_, ": ", why)));
+      if (!id_.empty()) manager_->OnWorkerStreamEnded(id_, why, this);
+      return;
+    }
+    const WorkerMessage& in = in_.message;
     if (id_.empty()) {
-      if (in_.msg_case() != WorkerMessage::kRegister) {
+      if (in.msg_case() != WorkerMessage::kRegister) {
         Close(absl::InvalidArgumentError(
             absl::StrCat("WorkerService.Connect from ", peer_,
                          ": the first message must be RegisterWorker, got ",
-                         in_.msg_case() == WorkerMessage::MSG_NOT_SET
+                         in.msg_case() == WorkerMessage::MSG_NOT_SET
                              ? std::string("an empty message")
-                             : in_.GetDescriptor()
-                                   ->FindFieldByNumber(in_.msg_case())
+                             : in.GetDescriptor()
+                                   ->FindFieldByNumber(in.msg_case())
                                    ->name())));
         return;
       }
       absl::StatusOr<std::string> id =
-          manager_->RegisterWorker(in_.register_(), hold);
+          manager_->RegisterWorker(in.register_(), hold);
       if (!id.ok()) {
         Close(id.status());
         return;
       }
       id_ = *id;  // only this (serialized) read path touches id_
     } else {
-      manager_->OnWorkerMessage(id_, in_, this);
+      manager_->OnWorkerMessage(id_, in, this);
     }
     absl::MutexLock lock(&mu_);
     if (!finish_called_) StartRead(&in_);
@@ -359,8 +365,8 @@ class WorkerStream final
   JobManager* const manager_;
   const std::string peer_;
   std::shared_ptr<WorkerStream> self_;
-  WorkerMessage in_;  // used only by the read path
-  std::string id_;    // set once registered; read path only
+  ParsedRequest<WorkerMessage> in_;  // used only by the read path
+  std::string id_;                   // set once registered; read path only
 
   absl::Mutex mu_;
   std::deque<ControllerMessage> out_ ABSL_GUARDED_BY(mu_);  // front in flight
@@ -437,6 +443,38 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
+}
+
+JobServiceImpl::JobServiceImpl(JobManager* manager,
+                               prometheus::Histogram* submit_seconds,
+                               TokenTable* tokens)
+    : manager_(manager), submit_seconds_(submit_seconds), tokens_(tokens) {
+  // Each method is registered again over its parsed request, replacing the
+  // handler the generated CallbackService registered.
+  AuthenticateFn authenticate = [this](grpc::CallbackServerContext* context) {
+    return ToGrpcStatus(Authenticate(context).status());
+  };
+  int parsed = 0;
+  auto parse = [&](const char* method, auto typed) {
+    ++parsed;
+    MarkMethodCallback(
+        MethodIndex("trainyard.v1.JobService", method,
+                    *RequestOf<decltype(typed)>::Type::descriptor()),
+        ParsingHandler(method, authenticate, this, typed));
+  };
+  parse("SubmitJob", &JobServiceImpl::SubmitJob);
+  parse("GetJob", &JobServiceImpl::GetJob);
+  parse("ListJobs", &JobServiceImpl::ListJobs);
+  parse("CancelJob", &JobServiceImpl::CancelJob);
+  parse("WatchJob", &JobServiceImpl::WatchJob);
+  parse("ListWorkers", &JobServiceImpl::ListWorkers);
+  parse("GetTrace", &JobServiceImpl::GetTrace);
+  parse("WatchLogs", &JobServiceImpl::WatchLogs);
+  // A method left out would still get gRPC's UNIMPLEMENTED for bad bytes.
+  CHECK_EQ(parsed, v1::SubmitJobRequest::descriptor()
+                       ->file()
+                       ->FindServiceByName("JobService")
+                       ->method_count());
 }
 
 absl::StatusOr<Caller> JobServiceImpl::Authenticate(
@@ -557,8 +595,25 @@ grpc::ServerWriteReactor<v1::LogLine>* JobServiceImpl::WatchLogs(
                              request->follow());
 }
 
-grpc::ServerBidiReactor<WorkerMessage, ControllerMessage>*
-WorkerServiceImpl::Connect(grpc::CallbackServerContext* context) {
+WorkerServiceImpl::WorkerServiceImpl(JobManager* manager,
+                                     bool require_certificate)
+    : manager_(manager), require_certificate_(require_certificate) {
+  // Connect reads ParsedRequest<WorkerMessage>, so that a message that does
+  // not parse ends the stream with INVALID_ARGUMENT instead of looking like
+  // the worker's half-close.
+  MarkMethodCallback(
+      MethodIndex("trainyard.v1.WorkerService", "Connect",
+                  *WorkerMessage::descriptor()),
+      new grpc::internal::CallbackBidiHandler<ParsedRequest<WorkerMessage>,
+                                              ControllerMessage>(
+          [this](grpc::CallbackServerContext* context) {
+            return ConnectParsed(context);
+          }));
+}
+
+grpc::ServerBidiReactor<ParsedRequest<v1::WorkerMessage>,
+                        v1::ControllerMessage>*
+WorkerServiceImpl::ConnectParsed(grpc::CallbackServerContext* context) {
   if (require_certificate_ && !PeerHasVerifiedCertificate(*context)) {
     LOG(WARNING) << "WorkerService.Connect from " << context->peer()
                  << " refused: no client certificate";

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_manager.h"
+#include "controller/request_parsing.h"
 #include "grpcpp/grpcpp.h"
 #include "observability/prometheus_endpoint.h"
 #include "prometheus/histogram.h"
@@ -45,10 +46,13 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
   // `submit_seconds` (may be null) observes each SubmitJob's latency.
   // `tokens` (may be null; not owned).
+  //
+  // A request whose bytes do not parse (malformed, or nested deeper than
+  // protobuf's recursion limit) is answered INVALID_ARGUMENT saying why
+  // (controller/request_parsing.h), after authentication.
   explicit JobServiceImpl(JobManager* manager,
                           prometheus::Histogram* submit_seconds = nullptr,
-                          TokenTable* tokens = nullptr)
-      : manager_(manager), submit_seconds_(submit_seconds), tokens_(tokens) {}
+                          TokenTable* tokens = nullptr);
   // Open WatchJob streams.
   int64_t watchers() const { return watchers_->load(); }
 
@@ -96,15 +100,21 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 // With `require_certificate`, a stream whose peer did not present a client
 // certificate signed by the cluster CA is refused (UNAUTHENTICATED) before
 // any message is read: it can neither register nor receive assignments.
+//
+// A message on the stream that does not parse ends it with INVALID_ARGUMENT
+// ("WorkerService.Connect from <peer>: a message on its stream is not a
+// valid trainyard.v1.WorkerMessage: <why>"); a registered worker is then
+// lost with that reason.
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  WorkerServiceImpl(JobManager* manager, bool require_certificate)
-      : manager_(manager), require_certificate_(require_certificate) {}
-
-  grpc::ServerBidiReactor<v1::WorkerMessage, v1::ControllerMessage>* Connect(
-      grpc::CallbackServerContext* context) override;
+  WorkerServiceImpl(JobManager* manager, bool require_certificate);
 
  private:
+  // Connect, registered over parsed messages (controller/request_parsing.h).
+  grpc::ServerBidiReactor<ParsedRequest<v1::WorkerMessage>,
+                          v1::ControllerMessage>*
+  ConnectParsed(grpc::CallbackServerContext* context);
+
   JobManager* const manager_;  // not owned
   const bool require_certificate_;
 };

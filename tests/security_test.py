@@ -186,6 +186,53 @@ refused(lambda: as_alice.SubmitJob(pb.SubmitJobRequest(
     grpc.StatusCode.INVALID_ARGUMENT, "task.plugin")
 print("ok: a bad task.config or plugin -> INVALID_ARGUMENT at submit")
 
+
+# 5c. Request bytes that do not parse: a task.config nested past protobuf's
+# recursion limit (wire bytes written by hand), and a truncated message.
+# Authentication first (UNAUTHENTICATED without a token), then
+# INVALID_ARGUMENT saying why; nothing is stored.
+def varint(n):
+    out = b""
+    while n >= 0x80:
+        out += bytes([n & 0x7F | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def field(number, payload):  # a length-delimited field
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def nested_struct(depth):  # {"a": {"a": ... {"a": 1.0}}}
+    value = (field(5, nested_struct(depth - 1)) if depth > 1
+             else b"\x11" + struct.pack("<d", 1.0))  # Value.number_value
+    return field(1, field(1, b"a") + field(2, value))  # Struct.fields entry
+
+
+deep = (field(1, b"deep") +  # SubmitJobRequest.request_id
+        field(2, field(5, field(2, nested_struct(150)))))  # spec.task.config
+
+
+def raw(channel, method, payload):
+    return channel.unary_unary(f"/trainyard.v1.JobService/{method}")(
+        payload, timeout=10)
+
+
+n = len(all_jobs())
+refused(lambda: raw(cluster.make_channel(None), "SubmitJob", deep),
+        grpc.StatusCode.UNAUTHENTICATED)
+refused(lambda: raw(cluster.make_channel(alice), "SubmitJob", deep),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "SubmitJob: the request is not a valid trainyard.v1.SubmitJobRequest:"
+        " nested deeper than protobuf's recursion limit (100)")
+refused(lambda: raw(cluster.make_channel(alice), "GetJob", b"\x0a\x64xy"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "GetJob: the request is not a valid trainyard.v1.GetJobRequest:"
+        " malformed protobuf (4 bytes)")
+assert len(all_jobs()) == n
+print("ok: unparseable request bytes -> INVALID_ARGUMENT saying why, after "
+      "authentication")
+
 # The job under attack was changed by none of the above; alice ends it.
 as_alice.CancelJob(pb.CancelJobRequest(job_id=job.job_id, reason="done"), timeout=10)
 final = cluster.wait_state(job.job_id, TERMINAL)
