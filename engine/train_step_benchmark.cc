@@ -130,9 +130,9 @@ BENCHMARK_CAPTURE(BM_TrainStep, adamw_4_microbatches, "adamw", 4)
 // tree (parallelism.accumulation "tree") against one after another inside
 // the GEMMs (the default), side by side (docs/BENCHMARKS.md, "Gradient
 // accumulation order"):
-//   bazel run //engine:train_step_benchmark -- --benchmark_filter=accumulation
-//   \
-//       --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
+//   bazel run //engine:train_step_benchmark --
+//       --benchmark_filter=accumulation --benchmark_repetitions=3
+//       --benchmark_enable_random_interleaving=true
 BENCHMARK_CAPTURE(BM_TrainStep, accumulation_sequential_m4, "adamw", 4, false)
     ->Arg(2)
     ->Unit(benchmark::kMillisecond)
