@@ -3,19 +3,14 @@
 #include <array>
 #include <cstring>
 
+#include "core/unaligned.h"
+
 #if defined(__x86_64__)
 #include <nmmintrin.h>
 #endif
 
 namespace trainyard {
 namespace {
-
-template <typename T>
-T Get(const char* p) {
-  T value;
-  std::memcpy(&value, p, sizeof(T));
-  return value;
-}
 
 // CRC32C tables for slicing-by-8, reflected polynomial 0x82F63B78.
 struct Crc32cTables {
@@ -95,9 +90,9 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cHardware(uint32_t crc,
       const char* a = reinterpret_cast<const char*>(p);
       uint64_t c1 = 0, c2 = 0;
       for (size_t i = 0; i < kStride; i += 8) {
-        c = _mm_crc32_u64(c, Get<uint64_t>(a + i));
-        c1 = _mm_crc32_u64(c1, Get<uint64_t>(a + kStride + i));
-        c2 = _mm_crc32_u64(c2, Get<uint64_t>(a + 2 * kStride + i));
+        c = _mm_crc32_u64(c, LoadUnaligned<uint64_t>(a + i));
+        c1 = _mm_crc32_u64(c1, LoadUnaligned<uint64_t>(a + kStride + i));
+        c2 = _mm_crc32_u64(c2, LoadUnaligned<uint64_t>(a + 2 * kStride + i));
       }
       c = shifts.Shift(static_cast<uint32_t>(c)) ^ c1;
       c = shifts.Shift(static_cast<uint32_t>(c)) ^ c2;
@@ -106,7 +101,8 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cHardware(uint32_t crc,
     }
   }
   while (n >= 8) {
-    c = _mm_crc32_u64(c, Get<uint64_t>(reinterpret_cast<const char*>(p)));
+    c = _mm_crc32_u64(
+        c, LoadUnaligned<uint64_t>(reinterpret_cast<const char*>(p)));
     p += 8;
     n -= 8;
   }
@@ -130,8 +126,10 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
   uint32_t c = ~crc;
   while (n >= 8) {
-    const uint32_t lo = Get<uint32_t>(reinterpret_cast<const char*>(p)) ^ c;
-    const uint32_t hi = Get<uint32_t>(reinterpret_cast<const char*>(p) + 4);
+    const uint32_t lo =
+        LoadUnaligned<uint32_t>(reinterpret_cast<const char*>(p)) ^ c;
+    const uint32_t hi =
+        LoadUnaligned<uint32_t>(reinterpret_cast<const char*>(p) + 4);
     c = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^
         t[4][lo >> 24] ^ t[3][hi & 0xff] ^ t[2][(hi >> 8) & 0xff] ^
         t[1][(hi >> 16) & 0xff] ^ t[0][hi >> 24];

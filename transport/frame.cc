@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/unaligned.h"
 
 static_assert(
     __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -15,13 +16,6 @@ static_assert(
 namespace trainyard {
 namespace {
 
-template <typename T>
-T Get(const char* p) {
-  T value;
-  std::memcpy(&value, p, sizeof(T));
-  return value;
-}
-
 // Reads fixed-size fields from a byte range, failing on overrun.
 class Reader {
  public:
@@ -29,7 +23,7 @@ class Reader {
   template <typename T>
   bool Read(T* value) {
     if (data_.size() < sizeof(T)) return false;
-    *value = Get<T>(data_.data());
+    *value = LoadUnaligned<T>(data_.data());
     data_.remove_prefix(sizeof(T));
     return true;
   }
@@ -274,12 +268,12 @@ absl::StatusOr<std::string> EncodeFrameHeader(
 }
 
 absl::StatusOr<FramePrefix> DecodeFramePrefix(const char* data) {
-  const uint32_t magic = Get<uint32_t>(data);
+  const uint32_t magic = LoadUnaligned<uint32_t>(data);
   if (magic != kFrameMagic) {
     return absl::DataLossError(absl::StrFormat(
         "bad frame magic 0x%08x (expected 0x%08x)", magic, kFrameMagic));
   }
-  const uint16_t version = Get<uint16_t>(data + 4);
+  const uint16_t version = LoadUnaligned<uint16_t>(data + 4);
   if (version != kFrameVersion) {
     // The handshake has its own version, so a peer of another release can
     // get this far.
@@ -290,18 +284,18 @@ absl::StatusOr<FramePrefix> DecodeFramePrefix(const char* data) {
             : "; the sender runs a newer Trainyard release)"));
   }
   FramePrefix p;
-  const uint16_t kind = Get<uint16_t>(data + 6);
+  const uint16_t kind = LoadUnaligned<uint16_t>(data + 6);
   if (!IsKnownFrameKind(kind)) {
     return absl::DataLossError(absl::StrCat("unknown frame kind ", kind));
   }
   p.kind = static_cast<FrameKind>(kind);
-  p.header_size = Get<uint32_t>(data + 8);
-  p.num_tensors = Get<uint32_t>(data + 12);
-  p.step = Get<int64_t>(data + 16);
-  p.microbatch = Get<int32_t>(data + 24);
-  p.job_id_length = Get<uint16_t>(data + 28);
-  p.chunk = Get<uint16_t>(data + 30);
-  p.payload_size = Get<uint64_t>(data + 32);
+  p.header_size = LoadUnaligned<uint32_t>(data + 8);
+  p.num_tensors = LoadUnaligned<uint32_t>(data + 12);
+  p.step = LoadUnaligned<int64_t>(data + 16);
+  p.microbatch = LoadUnaligned<int32_t>(data + 24);
+  p.job_id_length = LoadUnaligned<uint16_t>(data + 28);
+  p.chunk = LoadUnaligned<uint16_t>(data + 30);
+  p.payload_size = LoadUnaligned<uint64_t>(data + 32);
   if (p.num_tensors > static_cast<uint32_t>(kMaxFrameTensors)) {
     return absl::DataLossError(absl::StrCat(
         "frame claims ", p.num_tensors, " tensors, limit ", kMaxFrameTensors));
@@ -393,7 +387,7 @@ absl::StatusOr<AbortReason> DecodeAbortFrame(
   }
   AbortReason r;
   const int32_t code =
-      Get<int32_t>(static_cast<const char*>(tensors[0].raw_data()));
+      LoadUnaligned<int32_t>(static_cast<const char*>(tensors[0].raw_data()));
   r.code = code >= 1 && code <= 16 ? static_cast<absl::StatusCode>(code)
                                    : absl::StatusCode::kUnknown;
   r.message.assign(static_cast<const char*>(tensors[1].raw_data()),
@@ -498,13 +492,13 @@ std::string EncodeHandshake(const Handshake& handshake) {
 
 absl::StatusOr<Handshake> DecodeHandshakePrefix(const char* data,
                                                 uint16_t* job_id_length) {
-  const uint32_t magic = Get<uint32_t>(data);
+  const uint32_t magic = LoadUnaligned<uint32_t>(data);
   if (magic != kHandshakeMagic) {
     return absl::DataLossError(
         absl::StrFormat("bad handshake magic 0x%08x (expected 0x%08x)", magic,
                         kHandshakeMagic));
   }
-  const uint16_t version = Get<uint16_t>(data + 4);
+  const uint16_t version = LoadUnaligned<uint16_t>(data + 4);
   if (version != kHandshakeVersion) {
     return absl::DataLossError(absl::StrCat(
         "unsupported handshake version ", version, " (expected ",
@@ -512,15 +506,15 @@ absl::StatusOr<Handshake> DecodeHandshakePrefix(const char* data,
         version < kHandshakeVersion ? "releases, the dialer the older one)"
                                     : "releases, the dialer the newer one)"));
   }
-  *job_id_length = Get<uint16_t>(data + 6);
+  *job_id_length = LoadUnaligned<uint16_t>(data + 6);
   if (*job_id_length == 0 || *job_id_length > kMaxJobIdLength) {
     return absl::DataLossError(absl::StrCat("handshake job id length ",
                                             *job_id_length, " not in [1, ",
                                             kMaxJobIdLength, "]"));
   }
   Handshake h;
-  h.from_rank = Get<int32_t>(data + 8);
-  h.to_rank = Get<int32_t>(data + 12);
+  h.from_rank = LoadUnaligned<int32_t>(data + 8);
+  h.to_rank = LoadUnaligned<int32_t>(data + 12);
   return h;
 }
 
@@ -554,14 +548,14 @@ std::string EncodeHandshakeReply(HandshakeReplyCode code,
 absl::Status DecodeHandshakeReplyPrefix(const char* data,
                                         HandshakeReplyCode* code,
                                         uint16_t* body_length) {
-  const uint32_t magic = Get<uint32_t>(data);
+  const uint32_t magic = LoadUnaligned<uint32_t>(data);
   if (magic != kHandshakeReplyMagic) {
     return absl::DataLossError(
         absl::StrFormat("bad handshake reply magic 0x%08x (expected 0x%08x)",
                         magic, kHandshakeReplyMagic));
   }
-  const uint32_t raw_code = Get<uint32_t>(data + 4);
-  *body_length = Get<uint16_t>(data + 8);
+  const uint32_t raw_code = LoadUnaligned<uint32_t>(data + 4);
+  *body_length = LoadUnaligned<uint16_t>(data + 8);
   switch (raw_code) {
     case static_cast<uint32_t>(HandshakeReplyCode::kRejected):
       if (*body_length > kMaxHandshakeReasonLength) {
@@ -602,7 +596,7 @@ std::string EncodeHandshakeProof(absl::string_view mac) {
 }
 
 absl::StatusOr<std::string> DecodeHandshakeProof(const char* data) {
-  const uint32_t magic = Get<uint32_t>(data);
+  const uint32_t magic = LoadUnaligned<uint32_t>(data);
   if (magic != kHandshakeProofMagic) {
     return absl::DataLossError(
         absl::StrFormat("bad handshake proof magic 0x%08x (expected 0x%08x)",
