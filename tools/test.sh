@@ -26,7 +26,11 @@ fi
 # Test cases that skipped themselves (GPU tests without a device), with the
 # first reason given, so a run without a GPU says so plainly.
 if [ -d bazel-testlogs ]; then
-  logs=$(find -L bazel-testlogs/ -name test.log 2>/dev/null)
+  # Only the logs of today's test targets: bazel-testlogs keeps those of
+  # targets that have since moved or gone.
+  logs=$(bazel query 'tests(//...)' 2>/dev/null |
+    sed -E 's#^//##; s#:#/#; s#^#bazel-testlogs/#; s#$#/test.log#' |
+    while read -r f; do [ -f "$f" ] && echo "$f"; done)
   # shellcheck disable=SC2086
   skipped=$(cat $logs /dev/null 2>/dev/null | grep -c '^\[  SKIPPED \]' || true)
   if [ "${skipped:-0}" -gt 0 ]; then
