@@ -105,6 +105,17 @@ absl::Status DialHandshake(int fd, Handshake hello, const std::string& secret,
   return absl::OkStatus();
 }
 
+// What a dial reports after an attempt failed with `s`, `last` being what
+// it reported before: a deadline that cuts an attempt short says less than
+// why an earlier attempt failed (refused, or the listener's proof did not
+// match), so that reason is kept.
+absl::Status AfterFailedAttempt(absl::Status last, absl::Status s) {
+  if (absl::IsDeadlineExceeded(s) && !absl::IsDeadlineExceeded(last)) {
+    return last;
+  }
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<Fd> DialPeer(const std::string& address, const Handshake& hello,
@@ -126,7 +137,8 @@ absl::StatusOr<Fd> DialPeer(const std::string& address, const Handshake& hello,
       absl::Status s = WaitFd(fd.get(), POLLOUT, deadline, stop_fd);
       if (absl::IsCancelled(s)) return cancelled;
       if (!s.ok()) {
-        last = absl::DeadlineExceededError("connect timed out");
+        last = AfterFailedAttempt(
+            last, absl::DeadlineExceededError("connect timed out"));
         break;
       }
       int err = 0;
@@ -147,7 +159,7 @@ absl::StatusOr<Fd> DialPeer(const std::string& address, const Handshake& hello,
         DialHandshake(fd.get(), hello, secret, deadline, stop_fd);
     if (absl::IsCancelled(s)) return cancelled;
     if (s.ok()) return fd;
-    last = s;
+    last = AfterFailedAttempt(last, s);
     if (SleepUnlessSignalled(absl::Milliseconds(50), stop_fd)) return cancelled;
   }
   return last;

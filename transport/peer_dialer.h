@@ -21,9 +21,11 @@ namespace trainyard {
 // Dials `address` and performs the handshake for `hello` (its nonce is
 // made here) with `secret`, retrying refused connections (every 20 ms) and
 // failed handshakes (every 50 ms) until `deadline`. Returns the connected,
-// non-blocking socket. Errors say why the last attempt failed (a rejection
-// carries the listener's reason: Unavailable "handshake rejected: ...";
-// a listener without the secret is Unauthenticated); Cancelled
+// non-blocking socket. Errors say why the last attempt failed, or, when
+// the deadline cut the last attempt short, why the one before it did (a
+// rejection carries the listener's reason: Unavailable "handshake
+// rejected: ..."; a listener without the secret is Unauthenticated);
+// Cancelled
 // "connection setup cancelled" as soon as `stop_fd` fires
 // (net/socket_io.h).
 absl::StatusOr<Fd> DialPeer(const std::string& address, const Handshake& hello,
