@@ -24,7 +24,7 @@
 #include "transport/frame.h"
 #include "transport/in_process_transport.h"
 #include "transport/tcp_handshake.h"
-#include "transport/test_socket.h"
+#include "transport/tcp_test_util.h"
 
 namespace trainyard {
 namespace {
@@ -32,63 +32,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::unique_ptr<PeerListener> MustListen(
-    const PeerListenerOptions& options = PeerListenerOptions()) {
-  auto l = PeerListener::Listen("127.0.0.1:0", options);
-  CHECK(l.ok()) << l.status();
-  return *std::move(l);
-}
-
-// N ranks as threads of this process, each with its own listener.
-struct Cluster {
-  std::vector<std::unique_ptr<PeerListener>> listeners;
-  std::vector<std::unique_ptr<Transport>> ranks;
-  std::vector<std::string> addresses;
-};
-
-Cluster Connect(int n, const std::string& job, const std::string& secret = "") {
-  Cluster c;
-  for (int r = 0; r < n; ++r) {
-    c.listeners.push_back(MustListen());
-    c.addresses.push_back(c.listeners.back()->address());
-  }
-  std::vector<absl::StatusOr<std::unique_ptr<Transport>>> results(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      TcpTransportOptions o;
-      o.job_id = job;
-      o.rank = r;
-      o.peer_addresses = c.addresses;
-      o.secret = secret;
-      o.connect_timeout = absl::Seconds(5);
-      o.io_timeout = absl::Seconds(5);
-      results[r] = ConnectTcpTransport(c.listeners[r].get(), o);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < n; ++r) {
-    CHECK(results[r].ok()) << results[r].status();
-    c.ranks.push_back(*std::move(results[r]));
-  }
-  return c;
-}
-
-Tensor RandomFloats(Shape shape, uint64_t seed) {
-  Tensor t = Tensor::Empty(DType::kFloat32, shape);
-  Rng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    t.data<float>()[i] = static_cast<float>(rng.Normal());
-  }
-  return t;
-}
-
-bool BitwiseEqual(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.nbytes() == 0 ||
-          std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
-}
 
 TEST(TcpTransportTest, RoundTripsOddShapesBitwiseBothWays) {
   Cluster c = Connect(2, "roundtrip");
@@ -572,136 +515,6 @@ TEST(TcpTransportTest, UnsetCancelFlagLetsTheConnectionsComeUp) {
   EXPECT_TRUE((*t[0])->Recv(1, absl::Seconds(5)).ok());
 }
 
-// A raw socket to the listener, for fault injection.
-class RawPeer {
- public:
-  explicit RawPeer(const std::string& address)
-      : fd_(ConnectTestSocket(address, 5)) {}
-  ~RawPeer() { Close(); }
-  void Close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  void Write(const std::string& s) {
-    ASSERT_EQ(::send(fd_, s.data(), s.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(s.size()));
-  }
-  // Everything until EOF (or the 5 s receive timeout).
-  std::string ReadAll() {
-    std::string out;
-    char buf[4096];
-    while (true) {
-      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-      if (n <= 0) return out;
-      out.append(buf, n);
-    }
-  }
-  // Reads one listener message into *body; "<no reply>" when the connection
-  // closes (or 5 s pass) first.
-  absl::StatusOr<HandshakeReplyCode> ReadMessage(std::string* body) {
-    HandshakeReplyCode code;
-    absl::Status s = ReadListenerMessage(fd_, &code, body);
-    if (absl::IsDeadlineExceeded(s))
-      return absl::UnavailableError("<no reply>");
-    if (!s.ok()) return s;
-    return code;
-  }
-  // Reads the listener's reason for closing: its rejection, or what else
-  // came instead.
-  std::string ReadReply() {
-    std::string body;
-    absl::StatusOr<HandshakeReplyCode> code = ReadMessage(&body);
-    if (!code.ok()) return std::string(code.status().message());
-    if (*code != HandshakeReplyCode::kRejected) {
-      return absl::StrCat("<reply code ", static_cast<int>(*code), ">");
-    }
-    return body;
-  }
-  // Sends `hello` (with a fresh nonce) and reads the challenge: the
-  // listener's nonce, or "" after writing the reason to *error.
-  std::string Hello(Handshake* hello, std::string* error) {
-    hello->nonce = NewHandshakeNonce();
-    Write(EncodeHandshake(*hello));
-    std::string body;
-    absl::StatusOr<HandshakeReplyCode> code = ReadMessage(&body);
-    if (!code.ok()) {
-      *error = std::string(code.status().message());
-    } else if (*code != HandshakeReplyCode::kChallenge) {
-      *error = *code == HandshakeReplyCode::kRejected
-                   ? body
-                   : absl::StrCat("<reply code ", static_cast<int>(*code), ">");
-    } else {
-      return body;
-    }
-    return "";
-  }
-  // The whole dialer side with `secret`: "" when the listener accepted and
-  // proved the secret, else the reason.
-  std::string Authenticate(const std::string& job, int from, int to,
-                           const std::string& secret) {
-    Handshake hello{job, from, to};
-    std::string error;
-    const std::string listener_nonce = Hello(&hello, &error);
-    if (listener_nonce.empty()) return error;
-    Write(EncodeHandshakeProof(
-        HandshakeMac(secret, HandshakeRole::kDialer, hello, listener_nonce)));
-    std::string body;
-    absl::StatusOr<HandshakeReplyCode> code = ReadMessage(&body);
-    if (!code.ok()) return std::string(code.status().message());
-    if (*code == HandshakeReplyCode::kRejected) return body;
-    if (!HandshakeMacMatches(HandshakeMac(secret, HandshakeRole::kListener,
-                                          hello, listener_nonce),
-                             body)) {
-      return "<listener proof does not match>";
-    }
-    return "";
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// Rank 0 of a 2-rank job whose rank 1 is a raw socket in the test.
-struct Impersonation {
-  std::unique_ptr<Transport> rank0;
-  std::unique_ptr<RawPeer> rank1;
-};
-
-Impersonation Impersonate(PeerListener* listener, const std::string& job,
-                          absl::Duration io_timeout = absl::Seconds(5)) {
-  Impersonation imp;
-  absl::StatusOr<std::unique_ptr<Transport>> t;
-  std::thread connect([&] {
-    TcpTransportOptions o;
-    o.job_id = job;
-    o.rank = 0;
-    o.peer_addresses = {listener->address(), "127.0.0.1:1"};
-    o.connect_timeout = absl::Seconds(5);
-    o.io_timeout = io_timeout;
-    t = ConnectTcpTransport(listener, o);
-  });
-  imp.rank1 = std::make_unique<RawPeer>(listener->address());
-  const std::string reply = imp.rank1->Authenticate(job, 1, 0, /*secret=*/"");
-  connect.join();
-  CHECK_EQ(reply, "");
-  CHECK(t.ok()) << t.status();
-  imp.rank0 = *std::move(t);
-  return imp;
-}
-
-std::string FrameBytes(const std::string& job, const Tensor& t,
-                       bool corrupt_crc) {
-  std::string h =
-      *EncodeFrameHeader(FrameKind::kActivation, job, 1, 0, 0, {{"x", t}});
-  std::string payload(static_cast<const char*>(t.raw_data()), t.nbytes());
-  uint32_t crc = Crc32cExtend(Crc32cExtend(0, h.data(), h.size()),
-                              payload.data(), payload.size());
-  if (corrupt_crc) crc ^= 1;
-  std::string trailer(4, '\0');
-  std::memcpy(trailer.data(), &crc, 4);
-  return h + payload + trailer;
-}
-
 absl::Status RecvError(Transport* t) {
   const absl::Time start = absl::Now();
   absl::Status s = t->Recv(1, absl::Seconds(10)).status();
@@ -727,22 +540,6 @@ class FaultInjectionTest : public ::testing::Test {
   }
   std::unique_ptr<PeerListener> listener_;
 };
-
-// Rank `rank` of a 2-rank job on `mine`, the other rank at `other`.
-absl::StatusOr<std::unique_ptr<Transport>> ConnectRank(
-    int rank, PeerListener* mine, const std::string& other,
-    const std::string& job, const std::string& secret, absl::Duration timeout) {
-  TcpTransportOptions o;
-  o.job_id = job;
-  o.rank = rank;
-  o.peer_addresses = rank == 0
-                         ? std::vector<std::string>{mine->address(), other}
-                         : std::vector<std::string>{other, mine->address()};
-  o.secret = secret;
-  o.connect_timeout = timeout;
-  o.io_timeout = absl::Seconds(5);
-  return ConnectTcpTransport(mine, o);
-}
 
 // `from` sends a small activation to `to`, which must receive it bitwise.
 void ExpectFrameGetsThrough(Transport* from, Transport* to, uint64_t seed) {
