@@ -1,5 +1,5 @@
 // Test-only: a raw client socket to a PeerListener, for fault injection and
-// fuzzing of the handshake (transport/tcp_transport_test.cc,
+// fuzzing of the handshake (transport/tcp_test_util.cc,
 // transport/tcp_handshake_fuzz_test.cc).
 #ifndef TRAINYARD_TRANSPORT_TEST_SOCKET_H_
 #define TRAINYARD_TRANSPORT_TEST_SOCKET_H_
