@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "engine/gradient_tree.h"
 #include "kernels/exec_context.h"
 
@@ -161,14 +162,10 @@ absl::Status ReplicaGroup::SumInTreeOrder(Tensor* gradient) {
     folded_ = Tensor::Empty(DType::kFloat32, {mine});
     tree_ = std::make_unique<GradientTree>(host->get(), mine);
   }
-  absl::Status st = ExchangeSlices(gradient, length, mine);
-  if (!st.ok()) return st;
+  RETURN_IF_ERROR(ExchangeSlices(gradient, length, mine));
   // The replicas' block sums of this slice, folded in replica order by the
   // same counter a single replica uses for its microbatches.
-  if (mine > 0) {
-    st = FoldSlices(mine);
-    if (!st.ok()) return st;
-  }
+  if (mine > 0) RETURN_IF_ERROR(FoldSlices(mine));
   return GatherSums(gradient, length, mine);
 }
 
@@ -195,8 +192,7 @@ absl::Status ReplicaGroup::ExchangeSlices(Tensor* gradient,
 
 absl::Status ReplicaGroup::FoldSlices(int64_t mine) {
   for (int r = 0; r < options_.size; ++r) {
-    absl::Status st = tree_->Add(copies_.Rows(r, r + 1).View({mine}));
-    if (!st.ok()) return st;
+    RETURN_IF_ERROR(tree_->Add(copies_.Rows(r, r + 1).View({mine})));
   }
   return tree_->Finish(&folded_);
 }
