@@ -76,7 +76,8 @@ bool IsTempName(absl::string_view name) {
 // named for this host whose process is running. Entries of other hosts
 // cannot be told apart from stale ones, so they count as at work.
 bool TempMayBeInUse(absl::string_view name) {
-  absl::string_view rest = name.substr(name.find(kTempTag) + 5);
+  absl::string_view rest =
+      name.substr(name.find(kTempTag) + std::strlen(kTempTag));
   const size_t dash = rest.find('-');
   int pid = 0;
   if (dash == absl::string_view::npos ||
@@ -289,17 +290,16 @@ absl::StatusOr<absl::flat_hash_set<int64_t>> ShardsOnDisk(
   return done;
 }
 
-const char* NpyDescr(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "<f4";
-    case DType::kInt32:
-      return "<i4";
-    case DType::kInt64:
-      return "<i8";
-    default:
-      return nullptr;
-  }
+// Whether .npy files hold `dtype` (core/npy.h reads and writes these).
+bool NpyDType(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kInt32 ||
+         dtype == DType::kInt64;
+}
+
+// The numpy dtype of an NpyDType: "<f4", "<i4" or "<i8".
+std::string NpyDescr(DType dtype) {
+  return absl::StrCat("<", dtype == DType::kFloat32 ? "f" : "i",
+                      DTypeSize(dtype));
 }
 
 // An output name is a file name: [A-Za-z0-9_.-]+, not starting with '.'.
@@ -338,8 +338,7 @@ absl::StatusOr<int64_t> RowCount(const std::string& dir,
     if (!seen.insert(name).second) {
       return bad(absl::StrCat("output \"", name, "\" is given twice"));
     }
-    if (!t.device().is_cpu() || NpyDescr(t.dtype()) == nullptr ||
-        t.ndim() < 1) {
+    if (!t.device().is_cpu() || !NpyDType(t.dtype()) || t.ndim() < 1) {
       return bad(absl::StrCat("output \"", name, "\" is ", DTypeName(t.dtype()),
                               " ", ShapeToString(t.shape()), " on ",
                               t.device().ToString(),

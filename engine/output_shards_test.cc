@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -108,6 +110,20 @@ std::unique_ptr<OutputShards> OpenOrDie(const OutputJob& job) {
   return out.ok() ? *std::move(out) : nullptr;
 }
 
+// A fresh folder and an OutputShards opened on it for N rows in shards of
+// S (null after a test failure).
+struct Opened {
+  std::string dir;
+  std::unique_ptr<OutputShards> out;
+};
+Opened OpenFresh(const std::string& name, int64_t rows = 10,
+                 int64_t shard_rows = 4) {
+  Opened opened;
+  opened.dir = FreshDir(name);
+  opened.out = OpenOrDie(MakeJob(opened.dir, rows, shard_rows));
+  return opened;
+}
+
 // Writes a whole job by chunks of `chunk` rows, in order.
 void WriteAll(const OutputJob& job, int64_t chunk) {
   auto out = OpenOrDie(job);
@@ -136,8 +152,7 @@ pid_t DeadPid() {
 }
 
 TEST(OutputShardsTest, RowsInOrderWriteEachShard) {
-  const std::string dir = FreshDir("in-order");
-  auto out = OpenOrDie(MakeJob(dir, 10, 4));
+  auto [dir, out] = OpenFresh("in-order");
   ASSERT_NE(out, nullptr);
   EXPECT_EQ(out->num_shards(), 3);
   EXPECT_EQ(out->ShardRows(2), std::make_pair(int64_t{8}, int64_t{10}));
@@ -149,8 +164,7 @@ TEST(OutputShardsTest, RowsInOrderWriteEachShard) {
 }
 
 TEST(OutputShardsTest, ShardAppearsOnlyWhenAllItsRowsAreIn) {
-  const std::string dir = FreshDir("appears");
-  auto out = OpenOrDie(MakeJob(dir, 10, 4));
+  auto [dir, out] = OpenFresh("appears");
   ASSERT_NE(out, nullptr);
   ASSERT_TRUE(out->Add(0, RowsOf(0, 3)).ok());
   EXPECT_FALSE(fs::exists(JoinPath(dir, "shard-00000")));
@@ -163,8 +177,7 @@ TEST(OutputShardsTest, ShardAppearsOnlyWhenAllItsRowsAreIn) {
 TEST(OutputShardsTest, RowsOutOfOrderWriteTheSameFiles) {
   const std::string in_order = FreshDir("ref");
   WriteAll(MakeJob(in_order, 10, 4), 4);
-  const std::string dir = FreshDir("shuffled");
-  auto out = OpenOrDie(MakeJob(dir, 10, 4));
+  auto [dir, out] = OpenFresh("shuffled");
   ASSERT_NE(out, nullptr);
   std::vector<int64_t> rows = {9, 2, 5, 0, 8, 7, 1, 3, 6, 4};
   for (int64_t r : rows) ASSERT_TRUE(out->Add(r, RowsOf(r, 1)).ok()) << r;
@@ -346,8 +359,7 @@ TEST(OutputShardsTest, BadJobsAreInvalidArguments) {
 }
 
 TEST(OutputShardsTest, BadRowsAreRefused) {
-  const std::string dir = FreshDir("bad-rows");
-  auto out = OpenOrDie(MakeJob(dir, 10, 4));
+  auto [dir, out] = OpenFresh("bad-rows");
   ASSERT_NE(out, nullptr);
   const std::pair<int64_t, std::string> cases[] = {
       {-1, "rows [-1, 1) are out of range: the job has 10 rows"},
@@ -362,8 +374,7 @@ TEST(OutputShardsTest, BadRowsAreRefused) {
 }
 
 TEST(OutputShardsTest, RowsGivenTwiceAreRefused) {
-  const std::string dir = FreshDir("twice");
-  auto out = OpenOrDie(MakeJob(dir, 10, 4));
+  auto [dir, out] = OpenFresh("twice");
   ASSERT_NE(out, nullptr);
   ASSERT_TRUE(out->Add(4, RowsOf(4, 2)).ok());
   absl::Status pending = out->Add(5, RowsOf(5, 1));
@@ -382,43 +393,46 @@ TEST(OutputShardsTest, RowsGivenTwiceAreRefused) {
 }
 
 TEST(OutputShardsTest, OutputsUnlikeEarlierCallsAreRefused) {
-  const std::string dir = FreshDir("mismatch");
-  auto out = OpenOrDie(MakeJob(dir, 10, 4));
+  auto [dir, out] = OpenFresh("mismatch");
   ASSERT_NE(out, nullptr);
   ASSERT_TRUE(out->Add(0, RowsOf(0, 1)).ok());
 
-  NamedTensors wider = RowsOf(1, 1);
-  wider[0].second = Tensor::Zeros(DType::kFloat32, {1, 4});
-  absl::Status s = out->Add(1, wider);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(),
-              HasSubstr("output \"probabilities\" is float32 "
-                        "[1, 4], earlier rows had float32 [n, 3]"));
-
-  NamedTensors int32 = RowsOf(1, 1);
-  int32[1].second = Tensor::Zeros(DType::kInt32, {1});
-  s = out->Add(1, int32);
-  EXPECT_THAT(s.message(), HasSubstr("output \"predicted_class\" is int32 [1], "
-                                     "earlier rows had int64 [n]"));
-
-  NamedTensors renamed = RowsOf(1, 1);
-  renamed[1].first = "label";
-  s = out->Add(1, renamed);
-  EXPECT_THAT(s.message(),
-              HasSubstr("outputs {label, probabilities} differ from earlier "
-                        "rows' {predicted_class, probabilities}"));
-
-  NamedTensors ragged = RowsOf(1, 2);
-  ragged[1].second = Tensor::Zeros(DType::kInt64, {1});
-  s = out->Add(1, ragged);
-  EXPECT_THAT(s.message(), HasSubstr("output \"predicted_class\" has 1 rows, "
-                                     "\"probabilities\" has 2"));
-
-  EXPECT_THAT(out->Add(1, {}).message(), HasSubstr("no outputs given"));
-  NamedTensors unsafe = RowsOf(1, 1);
-  unsafe[0].first = "../x";
-  EXPECT_THAT(out->Add(1, unsafe).message(),
-              HasSubstr("output name \"../x\" is not a safe file name"));
+  struct Case {
+    int64_t rows;                               // of RowsOf(1, rows)
+    std::function<void(NamedTensors*)> change;  // made to them
+    std::string message;
+  };
+  const Case cases[] = {
+      {1,
+       [](NamedTensors* o) {
+         (*o)[0].second = Tensor::Zeros(DType::kFloat32, {1, 4});
+       },
+       "output \"probabilities\" is float32 [1, 4], earlier rows had "
+       "float32 [n, 3]"},
+      {1,
+       [](NamedTensors* o) {
+         (*o)[1].second = Tensor::Zeros(DType::kInt32, {1});
+       },
+       "output \"predicted_class\" is int32 [1], earlier rows had int64 [n]"},
+      {1, [](NamedTensors* o) { (*o)[1].first = "label"; },
+       "outputs {label, probabilities} differ from earlier rows' "
+       "{predicted_class, probabilities}"},
+      {2,
+       [](NamedTensors* o) {
+         (*o)[1].second = Tensor::Zeros(DType::kInt64, {1});
+       },
+       "output \"predicted_class\" has 1 rows, \"probabilities\" has 2"},
+      {1, [](NamedTensors* o) { o->clear(); }, "no outputs given"},
+      {1, [](NamedTensors* o) { (*o)[0].first = "../x"; },
+       "output name \"../x\" is not a safe file name"},
+  };
+  for (const Case& c : cases) {
+    NamedTensors outputs = RowsOf(1, c.rows);
+    c.change(&outputs);
+    absl::Status s = out->Add(1, outputs);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(s.message(), HasSubstr(c.message));
+  }
   // Outputs in another order are the same outputs.
   NamedTensors reordered = RowsOf(1, 3);
   std::swap(reordered[0], reordered[1]);
@@ -427,8 +441,7 @@ TEST(OutputShardsTest, OutputsUnlikeEarlierCallsAreRefused) {
 }
 
 TEST(OutputShardsTest, FinishNamesTheFirstMissingShard) {
-  const std::string dir = FreshDir("missing");
-  auto out = OpenOrDie(MakeJob(dir, 10, 4));
+  auto [dir, out] = OpenFresh("missing");
   ASSERT_NE(out, nullptr);
   ASSERT_TRUE(out->Add(0, RowsOf(0, 4)).ok());
   ASSERT_TRUE(out->Add(8, RowsOf(8, 2)).ok());
@@ -517,8 +530,7 @@ TEST(OutputShardsTest, ProcessesSharingTheFolderEachWriteTheirShards) {
 }
 
 TEST(OutputShardsTest, ZeroRowsHaveNoShards) {
-  const std::string dir = FreshDir("empty-job");
-  auto out = OpenOrDie(MakeJob(dir, 0, 4));
+  auto [dir, out] = OpenFresh("empty-job", 0, 4);
   ASSERT_NE(out, nullptr);
   EXPECT_EQ(out->num_shards(), 0);
   ASSERT_TRUE(out->Finish().ok());
