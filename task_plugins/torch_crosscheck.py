@@ -63,6 +63,13 @@ class LossArgs(C.Structure):
                 ("num_microbatches", C.c_int32), ("is_eval", C.c_int32)]
 
 
+class InferArgs(C.Structure):
+    _fields_ = [("output", C.POINTER(Tensor)), ("state", C.POINTER(Tensor)),
+                ("num_state", C.c_int32), ("row_offset", C.c_int64),
+                ("output_dir", C.c_char_p), ("microbatch", C.c_int32),
+                ("num_microbatches", C.c_int32)]
+
+
 class LossResult(C.Structure):
     _fields_ = [("loss", C.c_double), ("loss_weight", C.c_double)]
 
@@ -87,6 +94,9 @@ TaskV1Fields = [
     ("validate_config", C.CFUNCTYPE(C.c_int, C.c_char_p, C.POINTER(Error))),
     ("create_confined",
      C.CFUNCTYPE(P, C.c_char_p, C.c_char_p, C.POINTER(Error))),
+    ("infer_outputs",
+     C.CFUNCTYPE(C.c_int, P, C.POINTER(InferArgs), C.POINTER(Sink),
+                 C.POINTER(Error))),
 ]
 
 
