@@ -727,6 +727,7 @@ TEST(TaskPluginTest, CurrentLayoutCarriesTheNewEntries) {
   EXPECT_EQ(plugin->struct_size(), TRAINYARD_TASK_V1_SIZE_CURRENT);
   EXPECT_NE(plugin->table().validate_config, nullptr);
   EXPECT_NE(plugin->table().create_confined, nullptr);
+  EXPECT_TRUE(plugin->has_infer_outputs());
 }
 
 TEST(TaskPluginTest, SdkPluginWithoutCreateContextGetsNoNewEntries) {

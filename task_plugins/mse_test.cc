@@ -1,5 +1,6 @@
 // libmse.so through the loader: loss and dLoss/dOutput against a float64
-// reference and finite differences, microbatch invariance, errors.
+// reference and finite differences, microbatch invariance, errors, and the
+// inference outputs.
 #include <cmath>
 #include <memory>
 #include <string>
@@ -206,6 +207,36 @@ TEST(MseTest, ValidateConfigRefusesWhatCreateRefuses) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(r.status().message(), message);
   }
+}
+
+// --- Inference -------------------------------------------------------------
+
+TEST(MseTest, InferOutputsAreTheModelOutputAsIs) {
+  auto task = MakeTask();
+  ASSERT_NE(task, nullptr);
+  ASSERT_TRUE(task->plugin().has_infer_outputs());
+  // An inference batch may still carry targets: they travel as state.
+  Tensor features = RandomFloats({kB, 3}, 21);
+  auto fwd = task->BuildForwardInputs(
+      {{"features", features}, {"targets", RandomFloats({kB, kK}, 22)}}, 0,
+      /*is_eval=*/true);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  Tensor output = RandomFloats({kB, kK}, 23);
+  auto r = task->InferOutputs(output, fwd->state, 30, testing::TempDir(), 0, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].first, "outputs");
+  const Tensor& outputs = (*r)[0].second;
+  EXPECT_EQ(outputs.dtype(), DType::kFloat32);
+  ASSERT_EQ(outputs.shape(), output.shape());
+  for (int64_t i = 0; i < output.numel(); ++i) {
+    EXPECT_EQ(outputs.data<float>()[i], output.data<float>()[i]) << i;
+  }
+  // Another microbatch, without targets, of another size.
+  auto again = task->InferOutputs(RandomFloats({2, kK}, 24), {}, 37,
+                                  testing::TempDir(), 1, 2);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[0].second.shape(), (Shape{2, kK}));
 }
 
 }  // namespace
