@@ -113,6 +113,18 @@ TrainyardDeviceLossArgs DeviceLossArgs(Device device, void* stream,
   return args;
 }
 
+// The model output a host call gets, float32 [b, out], and its microbatch
+// index. Errors: InvalidArgument starting with `prefix`.
+absl::Status CheckHostOutput(const std::string& prefix, const Tensor& output,
+                             int32_t microbatch, int32_t num_microbatches) {
+  if (output.dtype() != DType::kFloat32 || output.ndim() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "output must be float32 [b, out], got ",
+        DTypeName(output.dtype()), " ", ShapeToString(output.shape())));
+  }
+  return CheckMicrobatch(prefix, microbatch, num_microbatches);
+}
+
 // FailedPrecondition when `plugin` has no infer_outputs, saying why.
 absl::Status CheckHasInferOutputs(const TaskPlugin& plugin) {
   if (plugin.has_infer_outputs()) return absl::OkStatus();
@@ -232,12 +244,8 @@ absl::StatusOr<LossResult> Task::ComputeLoss(
   constexpr const char* kCall = "compute_loss";
   RETURN_IF_ERROR(CheckUsable(kCall));
   const std::string prefix = PluginCallPrefix(plugin_->name(), kCall);
-  if (output.dtype() != DType::kFloat32 || output.ndim() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "output must be float32 [b, out], got ",
-        DTypeName(output.dtype()), " ", ShapeToString(output.shape())));
-  }
-  RETURN_IF_ERROR(CheckMicrobatch(prefix, microbatch, num_microbatches));
+  RETURN_IF_ERROR(
+      CheckHostOutput(prefix, output, microbatch, num_microbatches));
   LossTensors tensors;
   RETURN_IF_ERROR(tensors.AddOutputAndState(prefix, output, state, nullptr));
   const bool want_grad = !is_eval;
@@ -373,12 +381,8 @@ absl::StatusOr<NamedTensors> Task::InferOutputs(const Tensor& output,
   RETURN_IF_ERROR(CheckUsable(kCall));
   RETURN_IF_ERROR(CheckHasInferOutputs(*plugin_));
   const std::string prefix = PluginCallPrefix(plugin_->name(), kCall);
-  if (output.dtype() != DType::kFloat32 || output.ndim() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "output must be float32 [b, out], got ",
-        DTypeName(output.dtype()), " ", ShapeToString(output.shape())));
-  }
-  RETURN_IF_ERROR(CheckMicrobatch(prefix, microbatch, num_microbatches));
+  RETURN_IF_ERROR(
+      CheckHostOutput(prefix, output, microbatch, num_microbatches));
   RETURN_IF_ERROR(CheckInferArgs(prefix, row_offset, output_dir));
   LossTensors tensors;
   RETURN_IF_ERROR(tensors.AddOutputAndState(prefix, output, state, nullptr));

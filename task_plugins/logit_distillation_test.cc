@@ -625,16 +625,9 @@ TEST(LogitDistillationTest, InferOutputsAreTheStudentsOutputs) {
       0, /*is_eval=*/true);
   ASSERT_TRUE(fwd.ok()) << fwd.status();
   Tensor student = RandomFloats({kB, kC}, 42, 3.0f);
-  auto r = task->InferOutputs(student, fwd->state, 0, testing::TempDir(), 0, 1);
-  ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_EQ(r->size(), 1u);
-  EXPECT_EQ((*r)[0].first, "outputs");
-  const Tensor& outputs = (*r)[0].second;
-  EXPECT_EQ(outputs.dtype(), DType::kFloat32);
-  ASSERT_EQ(outputs.shape(), student.shape());
-  for (int64_t i = 0; i < student.numel(); ++i) {
-    EXPECT_EQ(outputs.data<float>()[i], student.data<float>()[i]) << i;
-  }
+  testing::ExpectOneOutputEqualTo(
+      task->InferOutputs(student, fwd->state, 0, testing::TempDir(), 0, 1),
+      "outputs", student);
 }
 
 }  // namespace

@@ -222,21 +222,14 @@ TEST(MseTest, InferOutputsAreTheModelOutputAsIs) {
       /*is_eval=*/true);
   ASSERT_TRUE(fwd.ok()) << fwd.status();
   Tensor output = RandomFloats({kB, kK}, 23);
-  auto r = task->InferOutputs(output, fwd->state, 30, testing::TempDir(), 0, 1);
-  ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_EQ(r->size(), 1u);
-  EXPECT_EQ((*r)[0].first, "outputs");
-  const Tensor& outputs = (*r)[0].second;
-  EXPECT_EQ(outputs.dtype(), DType::kFloat32);
-  ASSERT_EQ(outputs.shape(), output.shape());
-  for (int64_t i = 0; i < output.numel(); ++i) {
-    EXPECT_EQ(outputs.data<float>()[i], output.data<float>()[i]) << i;
-  }
+  testing::ExpectOneOutputEqualTo(
+      task->InferOutputs(output, fwd->state, 30, testing::TempDir(), 0, 1),
+      "outputs", output);
   // Another microbatch, without targets, of another size.
-  auto again = task->InferOutputs(RandomFloats({2, kK}, 24), {}, 37,
-                                  testing::TempDir(), 1, 2);
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ((*again)[0].second.shape(), (Shape{2, kK}));
+  Tensor other = RandomFloats({2, kK}, 24);
+  testing::ExpectOneOutputEqualTo(
+      task->InferOutputs(other, {}, 37, testing::TempDir(), 1, 2), "outputs",
+      other);
 }
 
 }  // namespace
