@@ -1,11 +1,76 @@
 #include "engine/plugin_checks.h"
 
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/status_macros.h"
 
 namespace trainyard {
+namespace {
+
+// An inference output's dtype and shape with dim 0 left open: "float32 [b, 3]".
+std::string LayoutString(const Tensor& t) {
+  std::vector<std::string> dims = {"b"};
+  for (int i = 1; i < t.ndim(); ++i) dims.push_back(absl::StrCat(t.dim(i)));
+  return absl::StrCat(DTypeName(t.dtype()), " [", absl::StrJoin(dims, ", "),
+                      "]");
+}
+
+// `tensors` as "\"a\" float32 [b, 3], \"b\" int64 [b]".
+std::string LayoutsString(const NamedTensors& tensors) {
+  std::vector<std::string> parts;
+  for (const auto& [name, t] : tensors) {
+    parts.push_back(absl::StrCat("\"", name, "\" ", LayoutString(t)));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+// One inference output on its own: a plain name, rank >= 1, `rows` rows.
+absl::Status CheckInferOutput(const std::string& prefix, int64_t rows,
+                              const std::string& name, const Tensor& t) {
+  if (!IsPlainName(name)) {
+    return absl::InternalError(absl::StrCat(
+        prefix, "output \"", name,
+        "\": its name must match [A-Za-z0-9_]+ (it names the output's files)"));
+  }
+  if (t.ndim() < 1 || t.dim(0) != rows) {
+    return absl::InternalError(
+        absl::StrCat(prefix, "output \"", name, "\" is ", DTypeName(t.dtype()),
+                     " ", ShapeToString(t.shape()),
+                     ": dim 0 must be the microbatch's ", rows, " rows"));
+  }
+  return absl::OkStatus();
+}
+
+// Whether `tensors` has the names, dtypes and trailing dims of `layout`.
+bool SameLayout(const NamedTensors& tensors, const NamedTensors& layout) {
+  if (tensors.size() != layout.size()) return false;
+  for (const auto& [name, t] : tensors) {
+    bool found = false;
+    for (const auto& [first_name, first] : layout) {
+      if (first_name != name) continue;
+      found = first.dtype() == t.dtype() &&
+              Shape(first.shape().begin() + 1, first.shape().end()) ==
+                  Shape(t.shape().begin() + 1, t.shape().end());
+    }
+    if (!found) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool IsPlainName(const std::string& name) {
+  if (name.empty()) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '_';
+    if (!ok) return false;
+  }
+  return true;
+}
 
 absl::Status TakeForwardOutputs(const std::string& prefix, int64_t rows,
                                 const NamedTensors& tensors, Tensor* inputs,
@@ -91,6 +156,34 @@ absl::Status CheckGradOutput(const std::string& where, const Tensor& grad,
           absl::StrCat(where, "loss_weight is 0 but grad_output[", i / cols,
                        ", ", i % cols, "] is ", g[i]));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckInferOutputs(const std::string& prefix, int64_t rows,
+                               const NamedTensors& tensors,
+                               NamedTensors* layout) {
+  if (tensors.empty()) {
+    return absl::InternalError(absl::StrCat(
+        prefix, "added no outputs; it must add at least one tensor"));
+  }
+  for (const auto& [name, t] : tensors) {
+    RETURN_IF_ERROR(CheckInferOutput(prefix, rows, name, t));
+  }
+  if (layout->empty()) {
+    for (const auto& [name, t] : tensors) {
+      Shape shape = t.shape();
+      shape[0] = 0;
+      layout->emplace_back(name, Tensor::Zeros(t.dtype(), shape));
+    }
+    return absl::OkStatus();
+  }
+  if (!SameLayout(tensors, *layout)) {
+    return absl::InternalError(absl::StrCat(
+        prefix, "added ", LayoutsString(tensors), "; its first call added ",
+        LayoutsString(*layout),
+        " (every call must add the same names with the same dtypes and "
+        "trailing dims)"));
   }
   return absl::OkStatus();
 }

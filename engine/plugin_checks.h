@@ -12,6 +12,10 @@
 
 namespace trainyard {
 
+// Whether `name` matches [A-Za-z0-9_]+: a plugin's name, or an output's
+// (used as a file name).
+bool IsPlainName(const std::string& name);
+
 // build_forward_inputs' tensors for a batch of `rows` rows: "inputs"
 // (float32 [rows, D]) into *inputs, and the others, state tensors with dim
 // 0 == rows, appended to *state in order. Errors start with `prefix`.
@@ -36,6 +40,17 @@ absl::Status CheckLoss(const std::string& where, double loss, double weight);
 // the weight is 0.
 absl::Status CheckGradOutput(const std::string& where, const Tensor& grad,
                              double weight);
+
+// infer_outputs' tensors for a microbatch of `rows` rows: at least one,
+// each named [A-Za-z0-9_]+, of rank >= 1 with dim 0 == rows (the sink
+// refuses dtypes other than float32/int32/int64 during the call). When
+// *layout is not empty (the outputs of the task's first call, with zero
+// rows) the tensors must have its names, dtypes and trailing dims; when it
+// is empty and the tensors pass, it is set from them. Internal errors
+// starting with `prefix`.
+absl::Status CheckInferOutputs(const std::string& prefix, int64_t rows,
+                               const NamedTensors& tensors,
+                               NamedTensors* layout);
 
 }  // namespace trainyard
 

@@ -87,7 +87,8 @@ absl::StatusOr<int64_t> AddBatchTensors(const std::string& prefix,
                                         AbiTensors* abi);
 
 // The tensors of one loss call as ABI tensors: compute_loss's on the host,
-// or compute_loss_device's on a device.
+// or compute_loss_device's on a device; infer_outputs' output and state
+// (host) too.
 class LossTensors {
  public:
   // Views `output` and the microbatch's `state`, whose tensors must have
@@ -101,13 +102,18 @@ class LossTensors {
   // (no gradient wanted).
   absl::Status AddGradOutput(const std::string& prefix,
                              const Tensor* grad_output, const Tensor& output);
+  // Sets the output and the state: all infer_outputs takes of them.
+  template <typename Args>
+  void FillOutputAndState(Args* args) {
+    args->output = output_.data();
+    args->state = state_.data();
+    args->num_state = state_.size();
+  }
   // Sets the fields the host and the device loss arguments share.
   template <typename LossArgs>
   void Fill(int64_t step, int32_t microbatch, int32_t num_microbatches,
             bool is_eval, LossArgs* args) {
-    args->output = output_.data();
-    args->state = state_.data();
-    args->num_state = state_.size();
+    FillOutputAndState(args);
     args->grad_output = &grad_.at(0);
     args->step = step;
     args->microbatch = microbatch;

@@ -113,6 +113,58 @@ TrainyardDeviceLossArgs DeviceLossArgs(Device device, void* stream,
   return args;
 }
 
+// The model output a host call gets, float32 [b, out], and its microbatch
+// index. Errors: InvalidArgument starting with `prefix`.
+absl::Status CheckHostOutput(const std::string& prefix, const Tensor& output,
+                             int32_t microbatch, int32_t num_microbatches) {
+  if (output.dtype() != DType::kFloat32 || output.ndim() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "output must be float32 [b, out], got ",
+        DTypeName(output.dtype()), " ", ShapeToString(output.shape())));
+  }
+  return CheckMicrobatch(prefix, microbatch, num_microbatches);
+}
+
+// FailedPrecondition when `plugin` has no infer_outputs, saying why.
+absl::Status CheckHasInferOutputs(const TaskPlugin& plugin) {
+  if (plugin.has_infer_outputs()) return absl::OkStatus();
+  const std::string why =
+      plugin.struct_size() < TRAINYARD_TASK_V1_SIZE_CURRENT
+          ? absl::StrCat("its TrainyardTaskV1 has struct_size ",
+                         plugin.struct_size(),
+                         ", a layout from before infer_outputs")
+          : std::string("TrainyardTaskV1.infer_outputs is NULL");
+  return absl::FailedPreconditionError(
+      absl::StrCat("plugin \"", plugin.name(),
+                   "\" cannot run inference jobs: it has no infer_outputs "
+                   "(task ABI v1: ",
+                   why, ")"));
+}
+
+// infer_outputs' arguments but the tensors: the data row of the first row
+// (>= 0) and the output folder (absolute, an existing folder).
+absl::Status CheckInferArgs(const std::string& prefix, int64_t row_offset,
+                            const std::string& output_dir) {
+  if (row_offset < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "row_offset must be >= 0, got ", row_offset));
+  }
+  if (output_dir.empty() || output_dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "output folder \"", output_dir, "\" is not an absolute path"));
+  }
+  struct stat st;
+  if (stat(output_dir.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        prefix, "output folder ", output_dir, ": ", std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        prefix, "output folder ", output_dir, ": not a directory"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Task>> Task::Create(
@@ -192,12 +244,8 @@ absl::StatusOr<LossResult> Task::ComputeLoss(
   constexpr const char* kCall = "compute_loss";
   RETURN_IF_ERROR(CheckUsable(kCall));
   const std::string prefix = PluginCallPrefix(plugin_->name(), kCall);
-  if (output.dtype() != DType::kFloat32 || output.ndim() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "output must be float32 [b, out], got ",
-        DTypeName(output.dtype()), " ", ShapeToString(output.shape())));
-  }
-  RETURN_IF_ERROR(CheckMicrobatch(prefix, microbatch, num_microbatches));
+  RETURN_IF_ERROR(
+      CheckHostOutput(prefix, output, microbatch, num_microbatches));
   LossTensors tensors;
   RETURN_IF_ERROR(tensors.AddOutputAndState(prefix, output, state, nullptr));
   const bool want_grad = !is_eval;
@@ -321,6 +369,41 @@ absl::StatusOr<LossResult> Task::FinishLoss(const double* slots, int64_t step,
   const double loss = w > 0 ? wl / w : wl;
   RETURN_IF_ERROR(CheckLoss(where, loss, w));
   return PluginLoss(loss, w, wl, &sink);
+}
+
+absl::StatusOr<NamedTensors> Task::InferOutputs(const Tensor& output,
+                                                const NamedTensors& state,
+                                                int64_t row_offset,
+                                                const std::string& output_dir,
+                                                int32_t microbatch,
+                                                int32_t num_microbatches) {
+  constexpr const char* kCall = "infer_outputs";
+  RETURN_IF_ERROR(CheckUsable(kCall));
+  RETURN_IF_ERROR(CheckHasInferOutputs(*plugin_));
+  const std::string prefix = PluginCallPrefix(plugin_->name(), kCall);
+  RETURN_IF_ERROR(
+      CheckHostOutput(prefix, output, microbatch, num_microbatches));
+  RETURN_IF_ERROR(CheckInferArgs(prefix, row_offset, output_dir));
+  LossTensors tensors;
+  RETURN_IF_ERROR(tensors.AddOutputAndState(prefix, output, state, nullptr));
+  TrainyardInferArgs args;
+  std::memset(&args, 0, sizeof(args));
+  tensors.FillOutputAndState(&args);
+  args.row_offset = row_offset;
+  args.output_dir = output_dir.c_str();
+  args.microbatch = microbatch;
+  args.num_microbatches = num_microbatches;
+  HostSink sink(/*tensors=*/true, /*metrics=*/false, /*bytes=*/false);
+  RETURN_IF_ERROR(
+      CallPlugin(plugin_->name(), kCall, &sink, [&](TrainyardError* err) {
+        return plugin_->table().infer_outputs(handle_, &args, sink.abi(), err);
+      }));
+  const int64_t rows = output.dim(0);
+  RETURN_IF_ERROR(CheckInferOutputs(
+      absl::StrCat(prefix, "microbatch ", microbatch, " (data rows ",
+                   row_offset, " to ", row_offset + rows - 1, "): "),
+      rows, sink.tensors(), &infer_layout_));
+  return std::move(sink.tensors());
 }
 
 absl::StatusOr<Metrics> Task::UpdateMetrics(bool is_eval) {

@@ -17,6 +17,7 @@
 #include "core/file_util.h"
 #include "core/status_macros.h"
 #include "engine/plugin_call.h"
+#include "engine/plugin_checks.h"
 #include "engine/plugin_elf.h"
 
 namespace trainyard {
@@ -44,16 +45,6 @@ struct DlCloser {
   }
 };
 using LibraryHandle = std::unique_ptr<void, DlCloser>;
-
-bool ValidName(const std::string& name) {
-  if (name.empty()) return false;
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '_';
-    if (!ok) return false;
-  }
-  return true;
-}
 
 std::string DlError() {
   const char* e = dlerror();
@@ -97,7 +88,7 @@ absl::Status CheckRequired(
 absl::StatusOr<std::string> PluginLibrary(const std::string& who,
                                           const std::string& plugin_dir,
                                           const std::string& name) {
-  if (!ValidName(name)) {
+  if (!IsPlainName(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, "invalid plugin name: must match [A-Za-z0-9_]+"));
   }
@@ -173,14 +164,18 @@ absl::StatusOr<TrainyardTaskV1> CopyTable(const std::string& who,
                      ", this host speaks ", TRAINYARD_TASK_ABI_VERSION));
   }
   if (table.struct_size != TRAINYARD_TASK_V1_SIZE_CURRENT &&
+      table.struct_size != TRAINYARD_TASK_V1_SIZE_CONFINED &&
       table.struct_size != TRAINYARD_TASK_V1_SIZE_BASE) {
     return absl::FailedPreconditionError(absl::StrCat(
         who, path, ": TrainyardTaskV1 struct_size is ", table.struct_size,
         ", expected ", TRAINYARD_TASK_V1_SIZE_CURRENT, " (or ",
-        TRAINYARD_TASK_V1_SIZE_BASE, ", the layout before validate_config)"));
+        TRAINYARD_TASK_V1_SIZE_CONFINED,
+        ", the layout before infer_outputs, or ", TRAINYARD_TASK_V1_SIZE_BASE,
+        ", the layout before validate_config)"));
   }
   // Only the bytes the plugin declares are read: an older table ends at
-  // destroy, and the fields after it stay NULL in the copy.
+  // destroy or create_confined, and the fields after it stay NULL in the
+  // copy.
   TrainyardTaskV1 copy;
   std::memset(&copy, 0, sizeof(copy));
   std::memcpy(&copy, &table, table.struct_size);

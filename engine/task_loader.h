@@ -66,7 +66,8 @@ class TaskPlugin {
   //   NotFound            no such file, or no trainyard_task_v1 symbol
   //   FailedPrecondition  dlopen failed (dlerror() text included), the entry
   //                       returned NULL, wrong abi_version, a struct_size
-  //                       other than TRAINYARD_TASK_V1_SIZE_BASE or
+  //                       other than TRAINYARD_TASK_V1_SIZE_BASE,
+  //                       TRAINYARD_TASK_V1_SIZE_CONFINED or
   //                       TRAINYARD_TASK_V1_SIZE_CURRENT, NULL name or NULL
   //                       required function; for an exported
   //                       trainyard_task_v2: a NULL table, another
@@ -88,8 +89,11 @@ class TaskPlugin {
   // struct_size bytes, with the fields it does not cover NULL.
   const TrainyardTaskV1& table() const { return table_; }
   // The plugin's struct_size (TRAINYARD_TASK_V1_SIZE_BASE for a plugin built
-  // before validate_config).
+  // before validate_config, TRAINYARD_TASK_V1_SIZE_CONFINED for one built
+  // before infer_outputs).
   uint32_t struct_size() const { return table_.struct_size; }
+  // Whether the plugin can run inference jobs: its table has infer_outputs.
+  bool has_infer_outputs() const { return table_.infer_outputs != nullptr; }
   // Whether the plugin exports a valid TrainyardTaskV2 (its loss runs on the
   // device), and that table (zeroed when not).
   bool has_device_loss() const { return has_v2_; }
@@ -159,6 +163,9 @@ using Metrics = std::vector<std::pair<std::string, double>>;
 
 // One task handle created by a plugin. Methods follow the ABI lifecycle:
 //   Create -> { BuildForwardInputs -> ComputeLoss x M -> UpdateMetrics }*
+//          -> Finalize -> (destructor calls destroy)
+// and, in an inference job,
+//   Create -> { BuildForwardInputs(is_eval) -> InferOutputs x M }*
 //          -> Finalize -> (destructor calls destroy)
 // Errors the plugin reports are InvalidArgument; contract violations the host
 // detects in what the plugin returned are Internal; misuse by the caller
@@ -236,6 +243,32 @@ class Task {
                                         int32_t microbatch,
                                         int32_t num_microbatches, bool is_eval);
 
+  // ---- Inference jobs (plugin().has_infer_outputs()).
+  //
+  // Last stage of an inference job, one microbatch: the plugin's named
+  // outputs (host tensors, dim 0 == output.dim(0)), in the order added.
+  // `output` is float32 [b, out] on the host; `state` the microbatch's state
+  // tensors (dim 0 == b); its first row is data row `row_offset` (>= 0);
+  // `output_dir` is the job's output folder (absolute, existing).
+  // Errors:
+  //   FailedPrecondition  the plugin has no infer_outputs (`plugin "x"
+  //                       cannot run inference jobs: ...`); after Finalize;
+  //                       output_dir is not an existing folder
+  //   InvalidArgument     the arguments (output, state rows, microbatch,
+  //                       row_offset, a relative output_dir); the plugin's
+  //                       refusal, prefixed `plugin "x": infer_outputs: `
+  //   Internal            what the plugin added breaks the contract: no
+  //                       tensor, a name outside [A-Za-z0-9_]+, a dtype
+  //                       other than float32/int32/int64, rank 0, dim 0 !=
+  //                       b, or names, dtypes or trailing dims that differ
+  //                       from this Task's first successful call
+  absl::StatusOr<NamedTensors> InferOutputs(const Tensor& output,
+                                            const NamedTensors& state,
+                                            int64_t row_offset,
+                                            const std::string& output_dir,
+                                            int32_t microbatch,
+                                            int32_t num_microbatches);
+
   // Metrics accumulated since the previous call with the same is_eval.
   absl::StatusOr<Metrics> UpdateMetrics(bool is_eval);
 
@@ -262,6 +295,9 @@ class Task {
   std::shared_ptr<const TaskPlugin> plugin_;
   void* handle_;  // the plugin's, until destroy()
   bool finalized_ = false;
+  // The outputs of the first successful InferOutputs call with zero rows:
+  // their names, dtypes and trailing dims, which every later call repeats.
+  NamedTensors infer_layout_;
 };
 
 }  // namespace trainyard

@@ -53,6 +53,13 @@ absl::StatusOr<LossResult> RunLoss(Task* task, const Tensor& output,
                            /*is_eval=*/false);
 }
 
+// A fresh folder under the test's scratch folder.
+std::string MakeDir(const std::string& name) {
+  const std::string dir = testing::TempDir() + "/" + name;
+  mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
 // --- Loading -------------------------------------------------------------
 
 TEST(TaskPluginTest, RejectsNamesThatAreNotPlainIdentifiers) {
@@ -139,8 +146,10 @@ TEST(TaskPluginTest, WrongStructSizeIsRefused) {
             absl::StrCat("plugin \"bad_struct_size\": ", TestdataPluginDir(),
                          "/libbad_struct_size.so: TrainyardTaskV1 struct_size "
                          "is ",
-                         sizeof(TrainyardTaskV1) - sizeof(void*), ", expected ",
-                         sizeof(TrainyardTaskV1), " (or ",
+                         TRAINYARD_TASK_V1_SIZE_CONFINED - sizeof(void*),
+                         ", expected ", sizeof(TrainyardTaskV1), " (or ",
+                         TRAINYARD_TASK_V1_SIZE_CONFINED,
+                         ", the layout before infer_outputs, or ",
                          TRAINYARD_TASK_V1_SIZE_BASE,
                          ", the layout before validate_config)"));
 }
@@ -483,7 +492,197 @@ TEST(TaskTest, MicrobatchIndexMustBeInRange) {
       "plugin \"misbehaving\": compute_loss: microbatch 2 outside [0, 2)");
 }
 
+// --- Inference: InferOutputs ----------------------------------------------
+
+// The job's output folder for InferOutputs.
+std::string OutputDir() { return testing::TempDir(); }
+
+absl::StatusOr<NamedTensors> Infer(Task* task, const Tensor& output,
+                                   int64_t row_offset = 0, int32_t mb = 0,
+                                   int32_t num_mb = 1) {
+  return task->InferOutputs(output, {}, row_offset, OutputDir(), mb, num_mb);
+}
+
+TEST(InferOutputsTest, ReturnsThePluginsOutputsInOrderPerMicrobatch) {
+  auto task = Misbehaving(R"({"mode": "ok"})");
+  ASSERT_NE(task, nullptr);
+  Tensor output = RandomFloats({kB, 3}, 11);
+  // Two microbatches of 2 rows; the second starts at data row 102.
+  for (int mb = 0; mb < 2; ++mb) {
+    Tensor out = output.Rows(2 * mb, 2 * mb + 2);
+    NamedTensors state = {{"targets", Int64Tensor({5, 6})}};
+    auto r = task->InferOutputs(out, state, 100 + 2 * mb, OutputDir(), mb, 2);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->size(), 2u);
+    EXPECT_EQ((*r)[0].first, "doubled");
+    EXPECT_EQ((*r)[1].first, "data_row");
+    const Tensor& doubled = (*r)[0].second;
+    ASSERT_EQ(doubled.shape(), (Shape{2, 3}));
+    for (int64_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(doubled.data<float>()[i], 2 * out.data<float>()[i]);
+    }
+    const Tensor& rows = (*r)[1].second;
+    ASSERT_EQ(rows.dtype(), DType::kInt64);
+    EXPECT_EQ(rows.data<int64_t>()[0], 100 + 2 * mb);
+    EXPECT_EQ(rows.data<int64_t>()[1], 101 + 2 * mb);
+  }
+}
+
+TEST(InferOutputsTest, PluginRefusalIsInvalidArgumentNamingTheDataRow) {
+  auto task = Misbehaving(R"({"mode": "infer_refuse"})");
+  ASSERT_NE(task, nullptr);
+  auto r = Infer(task.get(), RandomFloats({kB, 2}, 1), /*row_offset=*/40);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "plugin \"misbehaving\": infer_outputs: data row 43: refused on "
+            "purpose");
+}
+
+struct InferViolation {
+  std::string mode;
+  std::string message;  // after `plugin "misbehaving": infer_outputs: `
+};
+
+class InferViolationTest : public ::testing::TestWithParam<InferViolation> {};
+
+TEST_P(InferViolationTest, IsAnInternalErrorNamingTheTensor) {
+  const InferViolation& v = GetParam();
+  auto task = Misbehaving(absl::StrCat(R"({"mode": ")", v.mode, R"("})"));
+  ASSERT_NE(task, nullptr);
+  auto r = Infer(task.get(), RandomFloats({kB, 2}, 5), 8, 1, 3);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
+  EXPECT_EQ(r.status().message(),
+            "plugin \"misbehaving\": infer_outputs: " + v.message);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, InferViolationTest,
+    ::testing::Values(
+        InferViolation{"infer_nothing",
+                       "microbatch 1 (data rows 8 to 11): added no outputs; it "
+                       "must add at least one tensor"},
+        InferViolation{"infer_bad_name",
+                       "microbatch 1 (data rows 8 to 11): output "
+                       "\"doubled.npy\": its name must match [A-Za-z0-9_]+ "
+                       "(it names the output's files)"},
+        InferViolation{"infer_bfloat16",
+                       "sink misuse: add_tensor \"doubled\": unsupported "
+                       "dtype 1 (expected 0 float32, 2 int32 or 3 int64)"},
+        InferViolation{"infer_rank0",
+                       "microbatch 1 (data rows 8 to 11): output \"doubled\" "
+                       "is float32 []: dim 0 must be the microbatch's 4 rows"},
+        InferViolation{"infer_wrong_rows",
+                       "microbatch 1 (data rows 8 to 11): output \"doubled\" "
+                       "is float32 [5, 2]: dim 0 must be the microbatch's 4 "
+                       "rows"}),
+    [](const ::testing::TestParamInfo<InferViolation>& info) {
+      return info.param.mode;
+    });
+
+TEST(InferOutputsTest, LaterCallsMustAddTheFirstCallsOutputs) {
+  const std::string first =
+      "\"doubled\" float32 [b, 2], \"data_row\" int64 [b]";
+  for (const auto& [mode, later] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"infer_changes_shape",
+            "\"doubled\" float32 [b, 3], \"data_row\" int64 [b]"},
+           {"infer_changes_dtype",
+            "\"doubled\" int32 [b, 2], \"data_row\" int64 [b]"},
+           {"infer_changes_name",
+            "\"tripled\" float32 [b, 2], \"data_row\" int64 [b]"}}) {
+    auto task = Misbehaving(absl::StrCat(R"({"mode": ")", mode, R"("})"));
+    ASSERT_NE(task, nullptr);
+    auto r0 = Infer(task.get(), RandomFloats({3, 2}, 1), 0, 0, 2);
+    ASSERT_TRUE(r0.ok()) << mode << ": " << r0.status();
+    auto r1 = Infer(task.get(), RandomFloats({2, 2}, 2), 3, 1, 2);
+    EXPECT_EQ(r1.status().code(), absl::StatusCode::kInternal) << mode;
+    EXPECT_EQ(r1.status().message(),
+              absl::StrCat("plugin \"misbehaving\": infer_outputs: microbatch "
+                           "1 (data rows 3 to 4): added ",
+                           later, "; its first call added ", first,
+                           " (every call must add the same names with the "
+                           "same dtypes and trailing dims)"))
+        << mode;
+  }
+}
+
+TEST(InferOutputsTest, BadArgumentsAreRefusedBeforeThePluginRuns) {
+  auto task = Misbehaving(R"({"mode": "infer_refuse"})");
+  ASSERT_NE(task, nullptr);
+  const std::string prefix = "plugin \"misbehaving\": infer_outputs: ";
+  Tensor out = RandomFloats({kB, 2}, 1);
+  struct Case {
+    absl::StatusOr<NamedTensors> result;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::string missing = OutputDir() + "/no_such_folder";
+  const std::vector<Case> cases = {
+      {task->InferOutputs(Int64Tensor({1, 2}), {}, 0, OutputDir(), 0, 1),
+       absl::StatusCode::kInvalidArgument,
+       "output must be float32 [b, out], got int64 [2]"},
+      {task->InferOutputs(out, {{"labels", Int64Tensor({1})}}, 0, OutputDir(),
+                          0, 1),
+       absl::StatusCode::kInvalidArgument,
+       "state tensor \"labels\" has shape [1]; dim 0 must equal the "
+       "microbatch size 4"},
+      {Infer(task.get(), out, 0, 1, 1), absl::StatusCode::kInvalidArgument,
+       "microbatch 1 outside [0, 1)"},
+      {Infer(task.get(), out, -1), absl::StatusCode::kInvalidArgument,
+       "row_offset must be >= 0, got -1"},
+      {task->InferOutputs(out, {}, 0, "out", 0, 1),
+       absl::StatusCode::kInvalidArgument,
+       "output folder \"out\" is not an absolute path"},
+      {task->InferOutputs(out, {}, 0, missing, 0, 1),
+       absl::StatusCode::kFailedPrecondition,
+       "output folder " + missing + ": No such file or directory"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(c.result.status().code(), c.code) << c.result.status();
+    EXPECT_EQ(c.result.status().message(), prefix + c.message);
+  }
+}
+
+TEST(InferOutputsTest, RefusedAfterFinalize) {
+  auto task = Misbehaving(R"({"mode": "ok"})");
+  ASSERT_NE(task, nullptr);
+  ASSERT_TRUE(task->Finalize().ok());
+  auto r = Infer(task.get(), RandomFloats({kB, 2}, 1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(),
+            "plugin \"misbehaving\": infer_outputs: called after finalize");
+}
+
+TEST(InferOutputsTest, PluginWithoutInferOutputsCannotRunInference) {
+  auto plugin = LoadPlugin(TestdataPluginDir(), "sdk_without_context");
+  ASSERT_NE(plugin, nullptr);
+  EXPECT_EQ(plugin->struct_size(), TRAINYARD_TASK_V1_SIZE_CURRENT);
+  EXPECT_FALSE(plugin->has_infer_outputs());
+  auto task = Task::Create(plugin, "{}");
+  ASSERT_TRUE(task.ok()) << task.status();
+  auto r = Infer(task->get(), RandomFloats({kB, 2}, 1));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(),
+            "plugin \"sdk_without_context\" cannot run inference jobs: it has "
+            "no infer_outputs (task ABI v1: TrainyardTaskV1.infer_outputs is "
+            "NULL)");
+}
+
 // --- Table layouts ----------------------------------------------------------
+
+// A task of a plugin whose table ends before infer_outputs refuses
+// inference, naming the plugin and its struct_size.
+void ExpectOlderLayoutCannotInfer(Task* task) {
+  auto infer = Infer(task, RandomFloats({kB, 2}, 1));
+  EXPECT_EQ(infer.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(infer.status().message(),
+            absl::StrCat("plugin \"", task->plugin().name(),
+                         "\" cannot run inference jobs: it has no "
+                         "infer_outputs (task ABI v1: its TrainyardTaskV1 has "
+                         "struct_size ",
+                         task->plugin().struct_size(),
+                         ", a layout from before infer_outputs)"));
+}
 
 TEST(TaskPluginTest, FirstLayoutStillLoadsAndRuns) {
   // Its table ends at destroy and garbage follows: reading past struct_size
@@ -493,11 +692,33 @@ TEST(TaskPluginTest, FirstLayoutStillLoadsAndRuns) {
   EXPECT_EQ(plugin->struct_size(), TRAINYARD_TASK_V1_SIZE_BASE);
   EXPECT_EQ(plugin->table().validate_config, nullptr);
   EXPECT_EQ(plugin->table().create_confined, nullptr);
+  EXPECT_EQ(plugin->table().infer_outputs, nullptr);
+  EXPECT_FALSE(plugin->has_infer_outputs());
   auto task = Task::Create(plugin, R"({"any": "thing"})");
   ASSERT_TRUE(task.ok()) << task.status();
   auto fwd = (*task)->BuildForwardInputs(Batch(), 0, false);
   ASSERT_TRUE(fwd.ok()) << fwd.status();
   EXPECT_EQ(fwd->inputs.shape(), (Shape{kB, kD}));
+  ExpectOlderLayoutCannotInfer(task->get());
+}
+
+TEST(TaskPluginTest, LayoutBeforeInferOutputsStillLoadsAndRuns) {
+  // Its table ends at create_confined and garbage follows.
+  auto plugin = LoadPlugin(TestdataPluginDir(), "confined_layout");
+  ASSERT_NE(plugin, nullptr);
+  EXPECT_EQ(plugin->struct_size(), TRAINYARD_TASK_V1_SIZE_CONFINED);
+  EXPECT_EQ(plugin->table_name(), "confined_layout");
+  EXPECT_EQ(plugin->table().validate_config, nullptr);
+  EXPECT_NE(plugin->table().create_confined, nullptr);
+  EXPECT_EQ(plugin->table().infer_outputs, nullptr);
+  EXPECT_FALSE(plugin->has_infer_outputs());
+  // A config with a path goes to its create_confined.
+  auto task =
+      Task::Create(plugin, R"({"any": "thing"})", MakeDir("confined_layout"));
+  ASSERT_TRUE(task.ok()) << task.status();
+  auto fwd = (*task)->BuildForwardInputs(Batch(), 0, true);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  ExpectOlderLayoutCannotInfer(task->get());
 }
 
 TEST(TaskPluginTest, CurrentLayoutCarriesTheNewEntries) {
@@ -506,6 +727,7 @@ TEST(TaskPluginTest, CurrentLayoutCarriesTheNewEntries) {
   EXPECT_EQ(plugin->struct_size(), TRAINYARD_TASK_V1_SIZE_CURRENT);
   EXPECT_NE(plugin->table().validate_config, nullptr);
   EXPECT_NE(plugin->table().create_confined, nullptr);
+  EXPECT_TRUE(plugin->has_infer_outputs());
 }
 
 TEST(TaskPluginTest, SdkPluginWithoutCreateContextGetsNoNewEntries) {
@@ -644,13 +866,6 @@ TEST(ValidateTaskConfigTest, RepeatedCallsHoldNoFilesOrMappings) {
 }
 
 // --- Create with a data folder ----------------------------------------------
-
-// A fresh folder under the test's scratch folder.
-std::string MakeDir(const std::string& name) {
-  const std::string dir = testing::TempDir() + "/" + name;
-  mkdir(dir.c_str(), 0755);
-  return dir;
-}
 
 TEST(TaskTest, DataFolderGoesToCreateConfined) {
   // mse has no paths; its create_confined accepts any config create does.

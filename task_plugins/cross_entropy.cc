@@ -10,12 +10,16 @@
 // so the engine's weighted combination gives the full-batch loss.
 // Metrics per step (update_metrics): "loss" and "accuracy" over non-ignored
 // samples (argmax, first maximum on ties), when there were any.
+// Inference outputs: "probabilities" float32 [b, C], the softmax of the
+// logits (in double per row, max-subtracted, rounded to float), and
+// "predicted_class" int64 [b], their argmax (the lowest index on ties).
 //
 // The loss is kernels/losses.h's CrossEntropy on the host (ABI v1) and the
 // simulated device, kernels/cuda/loss_kernels.h's on a GPU (ABI v2). On
 // device stages the inputs pass through: the state is the batch's
 // "targets" (int32/int64 [B]); a label out of range fails the step in
 // finish_loss with the message compute_loss gives.
+#include <cmath>
 #include <memory>
 #include <set>
 #include <string>
@@ -30,6 +34,34 @@
 namespace trainyard {
 namespace plugin {
 namespace {
+
+// softmax(x[0, n)) into p, in double with the maximum subtracted, rounded to
+// float; returns the index of the first maximum. x is finite and n >= 1.
+int64_t SoftmaxRow(const float* x, int64_t n, float* p) {
+  int64_t best = 0;
+  for (int64_t c = 1; c < n; ++c) {
+    if (x[c] > x[best]) best = c;
+  }
+  const double max = x[best];
+  double sum = 0;
+  for (int64_t c = 0; c < n; ++c) sum += std::exp(x[c] - max);
+  for (int64_t c = 0; c < n; ++c) {
+    p[c] = static_cast<float>(std::exp(x[c] - max) / sum);
+  }
+  return best;
+}
+
+// OK when the logits x[0, n) of data row `data_row` are finite, else
+// InvalidArgument naming the data row and the class.
+absl::Status CheckFiniteLogits(const float* x, int64_t n, int64_t data_row) {
+  for (int64_t c = 0; c < n; ++c) {
+    if (!std::isfinite(x[c])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data row ", data_row, ": logit ", c, " is not finite (", x[c], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 class CrossEntropyTask : public ClassifierTask {
  public:
@@ -95,6 +127,29 @@ class CrossEntropyTask : public ClassifierTask {
     }
     return gpu::CrossEntropyLoss(out, labels, eps_, a.workspace, a.slots,
                                  static_cast<gpu::Stream>(a.stream));
+  }
+
+  // Inference: "probabilities" and "predicted_class" per row.
+  absl::Status InferOutputs(const TrainyardInferArgs& args,
+                            TrainyardSink* out) override {
+    const int64_t b = args.output->shape[0];
+    const int64_t c = args.output->shape[1];
+    if (c < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the model output ", ShapeString(*args.output), " has no classes"));
+    }
+    ASSIGN_OR_RETURN(void* probabilities, AddTensor(out, "probabilities",
+                                                    TRAINYARD_FLOAT32, {b, c}));
+    ASSIGN_OR_RETURN(void* predicted,
+                     AddTensor(out, "predicted_class", TRAINYARD_INT64, {b}));
+    const float* logits = static_cast<const float*>(args.output->data);
+    for (int64_t i = 0; i < b; ++i) {
+      RETURN_IF_ERROR(
+          CheckFiniteLogits(logits + i * c, c, args.row_offset + i));
+      static_cast<int64_t*>(predicted)[i] = SoftmaxRow(
+          logits + i * c, c, static_cast<float*>(probabilities) + i * c);
+    }
+    return absl::OkStatus();
   }
 
  private:

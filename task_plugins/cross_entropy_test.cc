@@ -1,6 +1,7 @@
 // libcross_entropy.so through the loader: loss and dLoss/dOutput against a
 // float64 reference of torch.nn.CrossEntropyLoss (ignore_index, label
-// smoothing) and finite differences, microbatch invariance, metrics, errors.
+// smoothing) and finite differences, microbatch invariance, metrics, errors;
+// the inference outputs (softmax and argmax) against a plain reference.
 #include <cmath>
 #include <memory>
 #include <string>
@@ -295,6 +296,101 @@ TEST(CrossEntropyTest, ValidateConfigRefusesWhatCreateRefuses) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(r.status().message(), message);
   }
+}
+
+// --- Inference -------------------------------------------------------------
+
+// The plain reference of the inference outputs: softmax by definition in
+// double (no max shift), and the first index of the largest logit.
+void ReferenceInference(const Tensor& logits, std::vector<double>* p,
+                        std::vector<int64_t>* argmax) {
+  const int64_t b = logits.dim(0), c = logits.dim(1);
+  const float* x = logits.data<float>();
+  p->assign(b * c, 0.0);
+  argmax->assign(b, 0);
+  for (int64_t i = 0; i < b; ++i) {
+    double z = 0;
+    for (int64_t k = 0; k < c; ++k) z += std::exp(double{x[i * c + k]});
+    for (int64_t k = 0; k < c; ++k) {
+      (*p)[i * c + k] = std::exp(double{x[i * c + k]}) / z;
+      if (x[i * c + k] > x[i * c + (*argmax)[i]]) (*argmax)[i] = k;
+    }
+  }
+}
+
+absl::StatusOr<NamedTensors> Infer(Task* task, const Tensor& logits,
+                                   int64_t row_offset = 0) {
+  return task->InferOutputs(logits, {}, row_offset, testing::TempDir(), 0, 1);
+}
+
+TEST(CrossEntropyTest, InferOutputsAreSoftmaxAndFirstArgmax) {
+  auto task = MakeTask();
+  ASSERT_NE(task, nullptr);
+  ASSERT_TRUE(task->plugin().has_infer_outputs());
+  Tensor logits = RandomFloats({kB, kC}, 31, 3.0f);
+  // Row 2 has two largest logits (classes 1 and 3): the first wins.
+  float* x = logits.data<float>();
+  x[2 * kC + 1] = x[2 * kC + 3] = 3.5f;
+  // Labels of an inference batch travel as state, as in training.
+  auto fwd = task->BuildForwardInputs(
+      {{"features", RandomFloats({kB, 2}, 32)},
+       {"targets", Int64Tensor({0, 1, 2, 3, 4, 0, 1})}},
+      0, /*is_eval=*/true);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  auto r = task->InferOutputs(logits, fwd->state, 0, testing::TempDir(), 0, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].first, "probabilities");
+  EXPECT_EQ((*r)[1].first, "predicted_class");
+  const Tensor& p = (*r)[0].second;
+  const Tensor& k = (*r)[1].second;
+  ASSERT_EQ(p.dtype(), DType::kFloat32);
+  ASSERT_EQ(p.shape(), (Shape{kB, kC}));
+  ASSERT_EQ(k.dtype(), DType::kInt64);
+  ASSERT_EQ(k.shape(), (Shape{kB}));
+  std::vector<double> ref_p;
+  std::vector<int64_t> ref_k;
+  ReferenceInference(logits, &ref_p, &ref_k);
+  for (int64_t i = 0; i < kB * kC; ++i) {
+    // float32 rounding of the same double value, up to one ulp.
+    EXPECT_NEAR(p.data<float>()[i], ref_p[i], 1.2e-7 * ref_p[i]) << i;
+  }
+  for (int64_t i = 0; i < kB; ++i) {
+    EXPECT_EQ(k.data<int64_t>()[i], ref_k[i]) << i;
+  }
+  EXPECT_EQ(k.data<int64_t>()[2], 1);
+}
+
+TEST(CrossEntropyTest, InferProbabilitiesOfLargeLogitsStayFinite) {
+  auto task = MakeTask();
+  ASSERT_NE(task, nullptr);
+  // exp(1000) overflows a double: only a max-subtracted softmax gives
+  // softmax([1, 2, 0]).
+  Tensor logits =
+      Tensor::FromVector({1000, 1001, 999, -1000, -999, -1001}, {2, 3});
+  auto r = Infer(task.get(), logits);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const float* p = (*r)[0].second.data<float>();
+  const double z = std::exp(1.0) + std::exp(2.0) + 1;
+  const double ref[] = {std::exp(1.0) / z, std::exp(2.0) / z, 1 / z,
+                        std::exp(1.0) / z, std::exp(2.0) / z, 1 / z};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_NEAR(p[i], ref[i], 1.2e-7 * ref[i]) << i;
+  }
+  EXPECT_EQ((*r)[1].second.data<int64_t>()[0], 1);
+  EXPECT_EQ((*r)[1].second.data<int64_t>()[1], 1);
+}
+
+TEST(CrossEntropyTest, InferRefusesANonFiniteLogitNamingTheDataRow) {
+  auto task = MakeTask();
+  ASSERT_NE(task, nullptr);
+  Tensor logits = RandomFloats({4, kC}, 33);
+  logits.data<float>()[2 * kC + 1] = std::nanf("");
+  auto r = Infer(task.get(), logits, /*row_offset=*/50);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "plugin \"cross_entropy\": infer_outputs: data row 52: logit 1 is "
+            "not finite (nan)");
 }
 
 }  // namespace

@@ -25,7 +25,8 @@
 // The teacher (task_plugins/mlp_teacher.h) runs in build_forward_inputs
 // (first stage), which passes "teacher_logits" float32 [B, C] and "labels"
 // int64 [B] as state, so the last stage needs no features. Metrics per step:
-// loss, kl, ce, accuracy.
+// loss, kl, ce, accuracy. Inference outputs: "outputs" float32 [b, C], the
+// student's outputs (the model's output as it is).
 //
 // The loss is kernels/losses.h's Distillation on the host (ABI v1) and the
 // simulated device, kernels/cuda/loss_kernels.h's on a GPU (ABI v2). The
@@ -272,6 +273,12 @@ class LogitDistillationTask : public ClassifierTask {
     return gpu::DistillationLoss(out, z, labels, temperature_, alpha_,
                                  a.workspace, a.slots,
                                  static_cast<gpu::Stream>(a.stream));
+  }
+
+  // Inference: the student's outputs, the model's output as it is.
+  absl::Status InferOutputs(const TrainyardInferArgs& args,
+                            TrainyardSink* out) override {
+    return AddFloat32Copy(out, "outputs", *args.output);
   }
 
  private:

@@ -1,7 +1,7 @@
 // liblogit_distillation.so through the loader: teacher forward, loss and
 // dLoss/dOutput against float64 references and finite differences,
 // microbatch invariance, metrics, teacher loading errors, validate_config
-// and the teacher path confined to a data folder.
+// and the teacher path confined to a data folder; the inference outputs.
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -610,6 +610,24 @@ TEST(LogitDistillationTest, ConfinedRefusalShowsNoFileBytes) {
             Outside("../secret.txt", f.root + "/secret.txt", f));
   EXPECT_EQ(task.status().message().find("TOP-SECRET"),
             absl::string_view::npos);
+}
+
+// --- Inference -------------------------------------------------------------
+
+TEST(LogitDistillationTest, InferOutputsAreTheStudentsOutputs) {
+  auto task = MakeTask();
+  ASSERT_NE(task, nullptr);
+  ASSERT_TRUE(task->plugin().has_infer_outputs());
+  // The first stage runs the teacher as in training; its state travels on.
+  auto fwd = task->BuildForwardInputs(
+      {{"features", RandomFloats({kB, kD}, 41)},
+       {"targets", Int64Tensor({0, 1, 2, 3, 0, 1, 2})}},
+      0, /*is_eval=*/true);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  Tensor student = RandomFloats({kB, kC}, 42, 3.0f);
+  testing::ExpectOneOutputEqualTo(
+      task->InferOutputs(student, fwd->state, 0, testing::TempDir(), 0, 1),
+      "outputs", student);
 }
 
 }  // namespace

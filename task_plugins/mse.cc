@@ -5,6 +5,7 @@
 // State passed to compute_loss: "targets" float32 [B, K].
 // loss_weight = rows in the microbatch, so the engine's weighted combination
 // of microbatch means is the full-batch mean. Metrics per step: "loss".
+// Inference outputs: "outputs" float32 [b, K], the model's output as it is.
 //
 // The loss is kernels/losses.h's Mse on the host (ABI v1) and the simulated
 // device, kernels/cuda/loss_kernels.h's on a GPU (ABI v2). On device stages
@@ -121,6 +122,12 @@ class MseTask : public DevicePluginTask {
   absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) override {
     metrics_.Report(is_eval, out);
     return absl::OkStatus();
+  }
+
+  // Inference: the model's output as it is.
+  absl::Status InferOutputs(const TrainyardInferArgs& args,
+                            TrainyardSink* out) override {
+    return AddFloat32Copy(out, "outputs", *args.output);
   }
 
  private:

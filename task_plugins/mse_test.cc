@@ -1,5 +1,6 @@
 // libmse.so through the loader: loss and dLoss/dOutput against a float64
-// reference and finite differences, microbatch invariance, errors.
+// reference and finite differences, microbatch invariance, errors, and the
+// inference outputs.
 #include <cmath>
 #include <memory>
 #include <string>
@@ -206,6 +207,29 @@ TEST(MseTest, ValidateConfigRefusesWhatCreateRefuses) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(r.status().message(), message);
   }
+}
+
+// --- Inference -------------------------------------------------------------
+
+TEST(MseTest, InferOutputsAreTheModelOutputAsIs) {
+  auto task = MakeTask();
+  ASSERT_NE(task, nullptr);
+  ASSERT_TRUE(task->plugin().has_infer_outputs());
+  // An inference batch may still carry targets: they travel as state.
+  Tensor features = RandomFloats({kB, 3}, 21);
+  auto fwd = task->BuildForwardInputs(
+      {{"features", features}, {"targets", RandomFloats({kB, kK}, 22)}}, 0,
+      /*is_eval=*/true);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  Tensor output = RandomFloats({kB, kK}, 23);
+  testing::ExpectOneOutputEqualTo(
+      task->InferOutputs(output, fwd->state, 30, testing::TempDir(), 0, 1),
+      "outputs", output);
+  // Another microbatch, without targets, of another size.
+  Tensor other = RandomFloats({2, kK}, 24);
+  testing::ExpectOneOutputEqualTo(
+      task->InferOutputs(other, {}, 37, testing::TempDir(), 1, 2), "outputs",
+      other);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 //   static absl::StatusOr<std::unique_ptr<PluginTask>> Create(
 //       const nlohmann::json& config, const CreateContext& ctx);
 // and exports its table with TRAINYARD_EXPORT_TASK_PLUGIN(Class, "name").
+// A task that can run inference jobs also overrides InferOutputs; the
+// table of one that does not has no infer_outputs.
 // The adapter parses the config (unknown keys are errors), turns
 // absl::Status into the ABI's int + TrainyardError, and catches every
 // exception so none crosses the C boundary.
@@ -47,6 +49,14 @@ class PluginTask {
                                    TrainyardLossResult* result,
                                    TrainyardSink* metrics) = 0;
   virtual absl::Status UpdateMetrics(bool is_eval, TrainyardSink* out) = 0;
+  // One microbatch of an inference job (task_abi.h, infer_outputs): adds
+  // the microbatch's named outputs to `out`. Only a class that overrides
+  // it gets infer_outputs in its table; this default is never called
+  // through the ABI.
+  virtual absl::Status InferOutputs(const TrainyardInferArgs& args,
+                                    TrainyardSink* out) {
+    return absl::UnimplementedError("this task cannot run inference jobs");
+  }
 };
 
 // A task whose loss also runs on the device (task ABI v2) derives from
@@ -161,6 +171,15 @@ struct TakesCreateContext<
                                       std::declval<const CreateContext&>()))>>
     : std::true_type {};
 
+// Whether T overrides PluginTask::InferOutputs (then &T::InferOutputs is a
+// member of T or of a class between it and PluginTask).
+template <typename T>
+constexpr bool OverridesInferOutputs() {
+  return !std::is_same<decltype(&T::InferOutputs),
+                       absl::Status (PluginTask::*)(const TrainyardInferArgs&,
+                                                    TrainyardSink*)>::value;
+}
+
 template <typename T>
 struct TableAdapter {
   // Parses the config and runs T::Create; the task it made, or an error.
@@ -227,6 +246,12 @@ struct TableAdapter {
                      TrainyardError* err) {
     return Guard(err, [&] {
       return static_cast<PluginTask*>(task)->UpdateMetrics(is_eval != 0, out);
+    });
+  }
+  static int Infer(void* task, const TrainyardInferArgs* args,
+                   TrainyardSink* out, TrainyardError* err) {
+    return Guard(err, [&] {
+      return static_cast<PluginTask*>(task)->InferOutputs(*args, out);
     });
   }
   static void Destroy(void* task) { delete static_cast<PluginTask*>(task); }
@@ -296,6 +321,7 @@ struct TableAdapter {
       t.validate_config = &Validate;
       t.create_confined = &CreateConfined;
     }
+    if constexpr (OverridesInferOutputs<T>()) t.infer_outputs = &Infer;
     return t;
   }
 };

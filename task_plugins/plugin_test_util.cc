@@ -31,6 +31,19 @@ std::shared_ptr<const TaskPlugin> LoadPlugin(const std::string& dir,
   return std::shared_ptr<const TaskPlugin>(std::move(*p));
 }
 
+void ExpectOneOutputEqualTo(const absl::StatusOr<NamedTensors>& outputs,
+                            const std::string& name, const Tensor& expected) {
+  ASSERT_TRUE(outputs.ok()) << outputs.status();
+  ASSERT_EQ(outputs->size(), 1u);
+  EXPECT_EQ((*outputs)[0].first, name);
+  const Tensor& got = (*outputs)[0].second;
+  ASSERT_EQ(got.dtype(), DType::kFloat32);
+  ASSERT_EQ(got.shape(), expected.shape());
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    EXPECT_EQ(got.data<float>()[i], expected.data<float>()[i]) << name << i;
+  }
+}
+
 absl::StatusOr<Combined> RunMicrobatches(Task* task, const Tensor& output,
                                          const NamedTensors& state,
                                          int num_microbatches, int64_t step) {

@@ -37,6 +37,11 @@ absl::StatusOr<Combined> RunMicrobatches(Task* task, const Tensor& output,
                                          const NamedTensors& state,
                                          int num_microbatches, int64_t step);
 
+// Expects what InferOutputs returned to be one float32 tensor named `name`,
+// equal to `expected` bit for bit.
+void ExpectOneOutputEqualTo(const absl::StatusOr<NamedTensors>& outputs,
+                            const std::string& name, const Tensor& expected);
+
 Tensor Int64Tensor(const std::vector<int64_t>& values);
 Tensor Int32Tensor(const std::vector<int32_t>& values);
 // Deterministic pseudo-random float32 values in [-scale, scale).

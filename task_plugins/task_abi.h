@@ -10,7 +10,13 @@
  *
  * with state_dict / load_state_dict at any point between steps. A host with
  * a data folder creates through create_confined instead of create, and
- * validate_config checks a config on its own, without a task.
+ * validate_config checks a config on its own, without a task. An inference
+ * job (a job spec with "kind": "infer") runs the model forward only:
+ *
+ *   create(config) -> { build_forward_inputs(is_eval = 1)
+ *                       -> infer_outputs x M }* -> finalize -> destroy
+ *
+ * and the host writes what infer_outputs adds as .npy shards.
  *
  * A plugin is a shared library lib<name>.so that exports one C symbol per
  * ABI version it speaks, `trainyard_task_v1`, returning a pointer to a static
@@ -117,6 +123,22 @@ typedef struct TrainyardLossArgs {
   int32_t is_eval;
 } TrainyardLossArgs;
 
+/* Input of infer_outputs: one microbatch of an inference job, on the last
+ * stage. */
+typedef struct TrainyardInferArgs {
+  const TrainyardTensor* output; /* model output, float32 [b, out] */
+  /* The microbatch's state tensors, as in TrainyardLossArgs. */
+  const TrainyardTensor* state;
+  int32_t num_state;
+  /* The data row of the microbatch's first row: its rows are row_offset ..
+   * row_offset + b - 1. */
+  int64_t row_offset;
+  /* The job's output folder: absolute, exists, never NULL. */
+  const char* output_dir;
+  int32_t microbatch;
+  int32_t num_microbatches;
+} TrainyardInferArgs;
+
 typedef struct TrainyardLossResult {
   /* The microbatch's loss, typically a mean over its samples. */
   double loss;
@@ -142,7 +164,8 @@ typedef struct TrainyardEvent {
 
 typedef struct TrainyardTaskV1 {
   /* TRAINYARD_TASK_ABI_VERSION, and TRAINYARD_TASK_V1_SIZE_CURRENT (or
-   * TRAINYARD_TASK_V1_SIZE_BASE for a table that ends at destroy). */
+   * TRAINYARD_TASK_V1_SIZE_BASE for a table that ends at destroy,
+   * TRAINYARD_TASK_V1_SIZE_CONFINED for one that ends at create_confined). */
   uint32_t abi_version;
   uint32_t struct_size;
   /* Human-readable name, e.g. "cross_entropy". */
@@ -183,8 +206,8 @@ typedef struct TrainyardTaskV1 {
   /* Optional event hook (NULL = not interested). */
   int (*on_event)(void* task, const TrainyardEvent* event, TrainyardError* err);
 
-  /* Optional inference lifecycle: called instead of compute_loss for
-   * forward-only runs; may add named outputs to `out`. */
+  /* Never called: superseded by infer_outputs (below). Leave it NULL; the
+   * field stays so that the layout does not change. */
   int (*process_outputs)(void* task, const TrainyardLossArgs* args,
                          TrainyardSink* out, TrainyardError* err);
 
@@ -196,8 +219,9 @@ typedef struct TrainyardTaskV1 {
 
   /* ---- Appended to v1. A plugin built before these fields sets
    * struct_size = TRAINYARD_TASK_V1_SIZE_BASE and its table ends at
-   * destroy; the host reads a field below only when struct_size covers it,
-   * and treats it as NULL otherwise. ---- */
+   * destroy (one built before infer_outputs: TRAINYARD_TASK_V1_SIZE_CONFINED,
+   * ending at create_confined); the host reads a field below only when
+   * struct_size covers it, and treats it as NULL otherwise. ---- */
 
   /* Optional (NULL = the plugin cannot check a config without creating a
    * task). Checks the shape of `config_json` (keys, types, ranges: what
@@ -219,13 +243,34 @@ typedef struct TrainyardTaskV1 {
    * NULL, the host refuses every config but an empty object. */
   void* (*create_confined)(const char* config_json, const char* data_dir,
                            TrainyardError* err);
+
+  /* Optional (NULL = the plugin cannot run inference jobs; the host refuses
+   * such a job naming the plugin). Last stage, once per microbatch of an
+   * inference job (a job spec with "kind": "infer"), after
+   * build_forward_inputs ran with is_eval = 1 on the first stage. Adds to
+   * `out`, with add_tensor only, the microbatch's outputs: each named
+   * (non-empty, [A-Za-z0-9_]+: the name is used as a file name), float32,
+   * int32 or int64, ndim >= 1, dim 0 == b (row i is data row
+   * args->row_offset + i). Every call must add the same names with the same
+   * dtypes and trailing dims (all but dim 0).
+   * The host writes them in row order into args->output_dir as .npy shards;
+   * the files `manifest.json` and `shard-*` there are the host's. The
+   * plugin may write files of its own into output_dir under other names,
+   * must tolerate being called again for rows it has seen (a resumed job
+   * recomputes the shard that was not finished), and must not rely on the
+   * order of microbatches across replicas. An error about a row names the
+   * data row (row_offset + i), not the row within the microbatch. */
+  int (*infer_outputs)(void* task, const TrainyardInferArgs* args,
+                       TrainyardSink* out, TrainyardError* err);
 } TrainyardTaskV1;
 
-/* The two struct_size values a v1 host accepts: the first layout (ending at
- * destroy) and the current one (ending at create_confined). Any other is
- * refused. */
+/* The struct_size values a v1 host accepts: the first layout (ending at
+ * destroy), the layout ending at create_confined, and the current one
+ * (ending at infer_outputs). Any other is refused. */
 #define TRAINYARD_TASK_V1_SIZE_BASE \
   ((uint32_t)offsetof(TrainyardTaskV1, validate_config))
+#define TRAINYARD_TASK_V1_SIZE_CONFINED \
+  ((uint32_t)offsetof(TrainyardTaskV1, infer_outputs))
 #define TRAINYARD_TASK_V1_SIZE_CURRENT ((uint32_t)sizeof(TrainyardTaskV1))
 
 /* The one symbol a v1 plugin exports. */

@@ -4,7 +4,8 @@ Loads each plugin .so with ctypes (an independent reading of task_abi.h:
 the struct layouts here are written from the header, and struct_size is
 compared), runs create / build_forward_inputs / compute_loss on random
 inputs and compares loss and dLoss/dOutput with torch.nn.functional in
-float64 and autograd.
+float64 and autograd, and cross_entropy's infer_outputs with torch.softmax
+and torch.argmax.
 
 Usage: torch_crosscheck.py <libmse.so> <libcross_entropy.so>
                            <liblogit_distillation.so>
@@ -63,6 +64,13 @@ class LossArgs(C.Structure):
                 ("num_microbatches", C.c_int32), ("is_eval", C.c_int32)]
 
 
+class InferArgs(C.Structure):
+    _fields_ = [("output", C.POINTER(Tensor)), ("state", C.POINTER(Tensor)),
+                ("num_state", C.c_int32), ("row_offset", C.c_int64),
+                ("output_dir", C.c_char_p), ("microbatch", C.c_int32),
+                ("num_microbatches", C.c_int32)]
+
+
 class LossResult(C.Structure):
     _fields_ = [("loss", C.c_double), ("loss_weight", C.c_double)]
 
@@ -87,6 +95,9 @@ TaskV1Fields = [
     ("validate_config", C.CFUNCTYPE(C.c_int, C.c_char_p, C.POINTER(Error))),
     ("create_confined",
      C.CFUNCTYPE(P, C.c_char_p, C.c_char_p, C.POINTER(Error))),
+    ("infer_outputs",
+     C.CFUNCTYPE(C.c_int, P, C.POINTER(InferArgs), C.POINTER(Sink),
+                 C.POINTER(Error))),
 ]
 
 
@@ -184,6 +195,18 @@ class Plugin:
         assert rc == 0, err.message.decode()
         return res.loss, res.loss_weight, grad
 
+    def infer(self, h, output, row_offset, output_dir):
+        """The tensors infer_outputs adds for one microbatch, by name."""
+        output = output.float().contiguous()
+        out_abi, _ = abi_tensor("output", output)
+        args = InferArgs(C.pointer(out_abi), None, 0, row_offset,
+                         output_dir.encode(), 0, 1)
+        sink, err = PySink(), Error()
+        rc = self.t.infer_outputs(h, C.byref(args), C.byref(sink.sink),
+                                  C.byref(err))
+        assert rc == 0, err.message.decode()
+        return sink.tensors
+
 
 failures = []
 
@@ -253,6 +276,21 @@ def main():
               *torch_ref(lambda x: F.cross_entropy(
                   x, labels, ignore_index=-100, label_smoothing=eps), out))
         xent.t.destroy(h)
+
+    # Inference: softmax probabilities and the argmax, with a tie.
+    h = xent.create({})
+    out = torch.randn(9, 6, generator=g) * 4
+    out[4, 1] = out[4, 3] = out[4].max() + 1
+    with tempfile.TemporaryDirectory() as d:
+        got = xent.infer(h, out, 20, d)
+    perr = (got["probabilities"].double() -
+            torch.softmax(out.double(), dim=1)).abs().max().item()
+    expect(f"cross_entropy probabilities vs torch.softmax (max abs err "
+           f"{perr:.1e})", perr < 1e-7)
+    expect("cross_entropy predicted_class vs torch.argmax (first maximum)",
+           torch.equal(got["predicted_class"], out.argmax(dim=1)) and
+           got["predicted_class"][4].item() == 1)
+    xent.t.destroy(h)
 
     # Distillation: teacher forward (gelu, relu) and the combined loss.
     distill = Plugin(distill_so)

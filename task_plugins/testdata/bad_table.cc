@@ -35,7 +35,7 @@ TrainyardTaskV1 MakeTable() {
 #if defined(BAD_TABLE_BAD_VERSION)
   t.abi_version = 2;
 #elif defined(BAD_TABLE_BAD_STRUCT_SIZE)
-  t.struct_size = sizeof(TrainyardTaskV1) - sizeof(void*);
+  t.struct_size = TRAINYARD_TASK_V1_SIZE_CONFINED - sizeof(void*);
 #elif defined(BAD_TABLE_NULL_FUNCTION)
   t.compute_loss = nullptr;
 #else

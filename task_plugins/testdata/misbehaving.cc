@@ -6,7 +6,9 @@
 // weight = b; per-microbatch metric "rows"; update_metrics reports
 // "loss_calls" (compute_loss calls since the last update) and "events"
 // (on_event calls so far) and "last_event_step"; state_dict is the 8-byte
-// total count of compute_loss calls; finalize fails if called twice.
+// total count of compute_loss calls; finalize fails if called twice;
+// infer_outputs adds "doubled" float32 [b, out] (2 * output) and "data_row"
+// int64 [b] (row_offset + i).
 //
 // Written against the raw ABI (not the SDK) so it can break every rule,
 // including throwing across the boundary.
@@ -33,6 +35,7 @@ struct Task {
   int64_t total_calls = 0;  // state
   int64_t events = 0;
   int64_t last_event_step = -1;
+  int64_t infer_calls = 0;
   bool finalized = false;
 };
 
@@ -223,6 +226,54 @@ int Finalize(void* handle, TrainyardError* err) {
 
 void Destroy(void* handle) { delete static_cast<Task*>(handle); }
 
+// "doubled" float32 [b, out] = 2 * output, with the violations of the
+// "infer_*" modes; the modes "infer_changes_*" break the rule that every call
+// adds the same outputs from the second call on.
+void AddDoubled(const Task* t, const TrainyardTensor& out, bool later,
+                TrainyardSink* sink) {
+  int64_t shape[2] = {out.shape[0], out.shape[1]};
+  int32_t dtype = TRAINYARD_FLOAT32;
+  int32_t ndim = 2;
+  const char* name = "doubled";
+  if (Is(t, "infer_bad_name")) name = "doubled.npy";
+  if (Is(t, "infer_bfloat16")) dtype = TRAINYARD_BFLOAT16;
+  if (Is(t, "infer_rank0")) ndim = 0;
+  if (Is(t, "infer_wrong_rows")) shape[0] += 1;
+  if (later && Is(t, "infer_changes_shape")) shape[1] += 1;
+  if (later && Is(t, "infer_changes_dtype")) dtype = TRAINYARD_INT32;
+  if (later && Is(t, "infer_changes_name")) name = "tripled";
+  void* p = sink->add_tensor(sink->ctx, name, dtype, ndim, shape);
+  if (p == nullptr) return;  // ignores the refusal: the host reports it
+  if (dtype == TRAINYARD_FLOAT32 && ndim == 2 && shape[0] == out.shape[0] &&
+      shape[1] == out.shape[1]) {
+    const float* o = static_cast<const float*>(out.data);
+    float* d = static_cast<float*>(p);
+    for (int64_t i = 0; i < NumElements(out); ++i) d[i] = 2 * o[i];
+  }
+}
+
+int Infer(void* handle, const TrainyardInferArgs* args, TrainyardSink* out,
+          TrainyardError* err) {
+  Task* t = static_cast<Task*>(handle);
+  const bool later = t->infer_calls++ > 0;
+  const int64_t b = args->output->shape[0];
+  if (Is(t, "infer_refuse")) {
+    SetError(err, "data row " + std::to_string(args->row_offset + b - 1) +
+                      ": refused on purpose");
+    return 1;
+  }
+  if (Is(t, "infer_nothing")) return 0;
+  AddDoubled(t, *args->output, later, out);
+  int64_t* rows = static_cast<int64_t*>(
+      out->add_tensor(out->ctx, "data_row", TRAINYARD_INT64, 1, &b));
+  if (rows == nullptr) {
+    SetError(err, "host refused data_row");
+    return 1;
+  }
+  for (int64_t i = 0; i < b; ++i) rows[i] = args->row_offset + i;
+  return 0;
+}
+
 // Its config holds no file paths, so there is nothing to confine.
 void* CreateConfined(const char* config_json, const char*,
                      TrainyardError* err) {
@@ -279,6 +330,7 @@ TrainyardTaskV1 MakeTable() {
   t.destroy = &Destroy;
   t.validate_config = &Validate;
   t.create_confined = &CreateConfined;
+  t.infer_outputs = &Infer;
   return t;
 }
 

@@ -1,8 +1,10 @@
-// A working plugin built the way plugins were before validate_config and
-// create_confined were appended to TrainyardTaskV1: its table is the first
-// v1 layout (ending at destroy, struct_size TRAINYARD_TASK_V1_SIZE_BASE).
-// The words after it in memory are non-NULL garbage, so a host that read
-// fields past struct_size would call through them and crash.
+// A working plugin built the way plugins were before fields were appended
+// to TrainyardTaskV1. By default its table is the first v1 layout (ending at
+// destroy, struct_size TRAINYARD_TASK_V1_SIZE_BASE); with OLD_LAYOUT_CONFINED
+// defined it is the layout before infer_outputs (ending at create_confined,
+// TRAINYARD_TASK_V1_SIZE_CONFINED). The words after the table in memory are
+// non-NULL garbage, so a host that read fields past struct_size would call
+// through them and crash.
 //
 // Config: anything. inputs = features; loss 0 with weight 0.
 #include <cstddef>
@@ -35,9 +37,25 @@ struct TaskV1FirstLayout {
 static_assert(sizeof(TaskV1FirstLayout) == TRAINYARD_TASK_V1_SIZE_BASE,
               "TRAINYARD_TASK_V1_SIZE_BASE must be the first layout's size");
 
+// The layout before infer_outputs, as a plugin's header had it then.
+struct TaskV1ConfinedLayout {
+  TaskV1FirstLayout first;
+  int (*validate_config)(const char*, TrainyardError*);
+  void* (*create_confined)(const char*, const char*, TrainyardError*);
+};
+static_assert(sizeof(TaskV1ConfinedLayout) == TRAINYARD_TASK_V1_SIZE_CONFINED,
+              "TRAINYARD_TASK_V1_SIZE_CONFINED must be the size of the layout "
+              "ending at create_confined");
+
+#ifdef OLD_LAYOUT_CONFINED
+using OldLayout = TaskV1ConfinedLayout;
+#else
+using OldLayout = TaskV1FirstLayout;
+#endif
+
 struct TableAndGarbage {
-  TaskV1FirstLayout table;
-  uintptr_t garbage[4];  // where validate_config / create_confined are now
+  OldLayout table;
+  uintptr_t garbage[4];  // where the fields appended since are now
 };
 
 void* Create(const char* config_json, TrainyardError* err) {
@@ -77,11 +95,36 @@ int Metrics(void*, int32_t, TrainyardSink*, TrainyardError*) { return 0; }
 
 void Destroy(void*) {}
 
-const TableAndGarbage kTable = {
-    {TRAINYARD_TASK_ABI_VERSION, sizeof(TaskV1FirstLayout), "old_layout",
-     &Create, &Build, &Loss, &Metrics, nullptr, nullptr, nullptr, nullptr,
-     nullptr, &Destroy},
-    {0x1, 0x1, 0x1, 0x1}};
+#ifdef OLD_LAYOUT_CONFINED
+constexpr char kName[] = "confined_layout";
+#else
+constexpr char kName[] = "old_layout";
+#endif
+
+constexpr TaskV1FirstLayout kFirst = {TRAINYARD_TASK_ABI_VERSION,
+                                      sizeof(OldLayout),
+                                      kName,
+                                      &Create,
+                                      &Build,
+                                      &Loss,
+                                      &Metrics,
+                                      nullptr,
+                                      nullptr,
+                                      nullptr,
+                                      nullptr,
+                                      nullptr,
+                                      &Destroy};
+
+#ifdef OLD_LAYOUT_CONFINED
+void* CreateConfined(const char* config_json, const char*,
+                     TrainyardError* err) {
+  return Create(config_json, err);
+}
+const TableAndGarbage kTable = {{kFirst, nullptr, &CreateConfined},
+                                {0x1, 0x1, 0x1, 0x1}};
+#else
+const TableAndGarbage kTable = {kFirst, {0x1, 0x1, 0x1, 0x1}};
+#endif
 
 }  // namespace
 
