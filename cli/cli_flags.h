@@ -13,6 +13,8 @@ namespace trainyard {
 struct CliFlags {
   // train
   std::string spec;
+  std::string checkpoint_dir;  // train: checkpoint.dir; infer/eval: the model's
+  std::string output_dir;      // infer: inference.output_dir
   std::string metrics_out;
   int threads = 0;
   std::string precision;

@@ -140,13 +140,12 @@ int ListCommand(const CliFlags& flags) {
   JobClient& client = *connected;
   auto resp = client.List(states, flags.page_size, flags.page_token);
   if (!resp.ok()) return ReportRpcError("list", client, resp.status());
-  std::cout << absl::StrFormat("%-24s %-10s %-24s %11s  %s\n", "JOB", "STATE",
-                               "NAME", "STEPS", "REASON");
+  std::cout << absl::StrFormat("%-24s %-10s %-24s %-18s %s\n", "JOB", "STATE",
+                               "NAME", "PROGRESS", "REASON");
   for (const auto& job : resp->jobs()) {
-    std::cout << absl::StrFormat("%-24s %-10s %-24s %5d/%-5d  %s\n",
-                                 job.job_id(), JobStateName(job.state()),
-                                 job.spec().name(), job.steps_completed(),
-                                 job.spec().steps(), job.reason());
+    std::cout << absl::StrFormat("%-24s %-10s %-24s %-18s %s\n", job.job_id(),
+                                 JobStateName(job.state()), job.spec().name(),
+                                 FormatProgress(job), job.reason());
   }
   if (!resp->next_page_token().empty()) {
     std::cout << "more: --page_token=" << resp->next_page_token() << "\n";

@@ -265,6 +265,7 @@ absl::StatusOr<JobStateChange> JobClient::Watch(
   int64_t last_step = from_step - 1;  // last step event delivered
   int64_t last_eval = from_step - 1;  // last eval event delivered
   int32_t last_recovery = 0;          // last recovery attempt delivered
+  int64_t last_rows = 0;              // rows done of the last progress
   JobState last_state = trainyard::v1::JOB_STATE_UNSPECIFIED;
   std::optional<JobStateChange> terminal;
   absl::Status st = FollowStream(
@@ -290,6 +291,9 @@ absl::StatusOr<JobStateChange> JobClient::Watch(
           } else if (event.has_recovery()) {
             if (event.recovery().attempt() <= last_recovery) continue;
             last_recovery = event.recovery().attempt();
+          } else if (event.has_progress()) {
+            if (event.progress().rows_done() <= last_rows) continue;
+            last_rows = event.progress().rows_done();
           } else if (event.has_state()) {
             if (event.state().state() == last_state) continue;
             last_state = event.state().state();
@@ -332,6 +336,10 @@ void ResolveSpecPaths(const std::string& base_dir,
   }
   if (spec->has_checkpoint()) {
     MakeAbsolute(base_dir, spec->mutable_checkpoint()->mutable_dir());
+  }
+  if (spec->has_inference()) {
+    MakeAbsolute(base_dir, spec->mutable_inference()->mutable_checkpoint_dir());
+    MakeAbsolute(base_dir, spec->mutable_inference()->mutable_output_dir());
   }
 }
 

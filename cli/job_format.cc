@@ -36,6 +36,16 @@ std::string FormatMetrics(const google::protobuf::Map<std::string, double>& m,
   return out;
 }
 
+std::string FormatProgress(const trainyard::v1::Job& job) {
+  const std::string& kind = job.spec().kind();
+  if (kind == "infer") {
+    return absl::StrCat("rows ", job.progress().rows_done(), "/",
+                        job.progress().rows_total());
+  }
+  if (kind == "eval") return job.has_last_eval() ? "eval done" : "eval";
+  return absl::StrCat(job.steps_completed(), "/", job.spec().steps());
+}
+
 std::string FormatEta(double seconds) {
   if (!(seconds >= 0) || seconds > 1e7) return "--:--";
   int64_t s = static_cast<int64_t>(seconds + 0.5);

@@ -25,6 +25,11 @@ std::string FormatMetrics(const google::protobuf::Map<std::string, double>& m,
 // over 1e7 seconds.
 std::string FormatEta(double seconds);
 
+// A job's progress for `trainyard list`: "12/300" steps for a training job,
+// "rows 640/1000" for an inference job, "eval" ("eval done" once its
+// metrics are in) for an evaluation job.
+std::string FormatProgress(const trainyard::v1::Job& job);
+
 // One log line as `trainyard logs` prints it:
 // "[stage 1 w-3 worker-1] 12:00:01.234 text", with "WARNING: " or "ERROR: "
 // before the text by severity.

@@ -6,11 +6,15 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <ostream>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cli/cli_flags.h"
 #include "core/device.h"
@@ -39,15 +43,33 @@ absl::StatusOr<Device> ChooseDevice(const std::string& device_flag,
   return Device::Cpu();
 }
 
-// --precision and --stages over the spec's (--stages splits the blocks
-// evenly by parameter count: the spec's split is dropped).
+// --precision, --stages, --checkpoint_dir and --output_dir over the spec's
+// (--stages splits the blocks evenly by parameter count: the spec's split
+// is dropped). The folders are as given: relative to the current folder.
 void ApplyOverrides(const CliFlags& flags, trainyard::v1::JobSpec* spec) {
   if (!flags.precision.empty()) spec->set_precision(flags.precision);
+  if (!flags.checkpoint_dir.empty()) {
+    const std::string dir = CleanAbsolutePath(flags.checkpoint_dir);
+    if (spec->kind().empty() || spec->kind() == "train") {
+      spec->mutable_checkpoint()->set_dir(dir);
+    } else {
+      spec->mutable_inference()->set_checkpoint_dir(dir);
+    }
+  }
+  if (!flags.output_dir.empty()) {
+    spec->mutable_inference()->set_output_dir(
+        CleanAbsolutePath(flags.output_dir));
+  }
   if (flags.stages != 0) {
     spec->mutable_parallelism()->set_stages(flags.stages);
     spec->mutable_parallelism()->clear_split();
   }
 }
+
+struct ShardProgress {
+  absl::Mutex mu;
+  int64_t rows ABSL_GUARDED_BY(mu) = 0;
+};
 
 // The run's options: plugins, BLAS threads (--threads, else one per core),
 // stop and timeout, and callbacks printing metric lines to `out` and
@@ -71,7 +93,19 @@ LocalJobOptions MakeOptions(const CliFlags& flags, const Device& device,
     *out << EvalJson(step, r) << std::endl;
   };
   options.on_log = [](const std::string& line) {
-    std::cerr << "trainyard train: " << line << "\n";
+    std::cerr << "trainyard: " << line << "\n";
+  };
+  // Shards finish on the replicas' threads: one line at a time, and the
+  // running total.
+  auto shards = std::make_shared<ShardProgress>();
+  options.on_shard = [out, shards](int64_t shard, int64_t rows,
+                                   double seconds) {
+    absl::MutexLock lock(&shards->mu);
+    shards->rows += rows;
+    *out << "{\"shard\":" << shard << ",\"rows\":" << rows
+         << ",\"rows_done\":" << shards->rows << ",\"rows_per_sec\":"
+         << absl::StrFormat("%.1f", seconds > 0 ? rows / seconds : 0.0) << "}"
+         << std::endl;
   };
   options.on_checkpoint = [](int64_t step, const std::string& dir) {
     std::cerr << "trainyard train: checkpoint step " << step << " saved in "
@@ -80,34 +114,45 @@ LocalJobOptions MakeOptions(const CliFlags& flags, const Device& device,
   return options;
 }
 
-void PrintJobSummary(const JobPlan& plan, const Device& device) {
-  std::cerr << "trainyard train: " << plan.spec.name() << ": "
+void PrintJobSummary(const std::string& command, const JobPlan& plan,
+                     const Device& device) {
+  std::cerr << "trainyard " << command << ": " << plan.spec.name() << ": "
             << plan.blocks.size() << " blocks, " << plan.num_stages()
             << " stage(s) x " << plan.spec.parallelism().replicas()
             << " replica(s), " << plan.spec.parallelism().microbatches()
-            << " microbatch(es), " << plan.spec.steps() << " steps on "
-            << device.ToString() << " in " << plan.spec.precision() << "; "
+            << " microbatch(es), "
+            << (plan.trains() ? absl::StrCat(plan.spec.steps(), " steps")
+                              : "forward only")
+            << " on " << device.ToString() << " in " << plan.spec.precision()
+            << "; "
             << "memory estimate " << plan.memory.description << "; BLAS "
             << BlasDescription() << "\n";
 }
 
 }  // namespace
 
-int TrainCommand(const CliFlags& flags) {
+int LocalJobCommand(const CliFlags& flags, const std::string& command) {
+  const std::string me = "trainyard " + command;
   const std::string spec_path = flags.spec;
   if (spec_path.empty()) {
-    std::cerr << "trainyard train: --spec is required\n";
+    std::cerr << me << ": --spec is required\n";
     return 2;
   }
   absl::StatusOr<trainyard::v1::JobSpec> spec = LoadJobSpecFile(spec_path);
   if (!spec.ok()) {
-    std::cerr << "trainyard train: " << spec.status().message() << "\n";
+    std::cerr << me << ": " << spec.status().message() << "\n";
+    return 2;
+  }
+  const std::string kind = spec->kind().empty() ? "train" : spec->kind();
+  if (kind != command) {
+    std::cerr << me << ": " << spec_path << " is a job of kind \"" << kind
+              << "\"; run it with `trainyard " << kind
+              << "` (or set \"kind\": \"" << command << "\")\n";
     return 2;
   }
   absl::StatusOr<Device> device = ChooseDevice(flags.device, &*spec);
   if (!device.ok()) {
-    std::cerr << "trainyard train: --device: " << device.status().message()
-              << "\n";
+    std::cerr << me << ": --device: " << device.status().message() << "\n";
     return 2;
   }
   ApplyOverrides(flags, &*spec);
@@ -115,7 +160,7 @@ int TrainCommand(const CliFlags& flags) {
   plan_options.base_dir = Dirname(spec_path);
   absl::StatusOr<JobPlan> plan = PlanJob(*spec, plan_options);
   if (!plan.ok()) {
-    std::cerr << "trainyard train: " << spec_path << " is not a valid job:\n"
+    std::cerr << me << ": " << spec_path << " is not a valid job:\n"
               << plan.status().message() << "\n";
     return 2;
   }
@@ -125,7 +170,7 @@ int TrainCommand(const CliFlags& flags) {
   if (!flags.metrics_out.empty()) {
     file.open(flags.metrics_out, std::ios::out | std::ios::trunc);
     if (!file) {
-      std::cerr << "trainyard train: --metrics_out " << flags.metrics_out
+      std::cerr << me << ": --metrics_out " << flags.metrics_out
                 << ": cannot open for writing\n";
       return 2;
     }
@@ -134,13 +179,21 @@ int TrainCommand(const CliFlags& flags) {
 
   const LocalJobOptions options = MakeOptions(flags, *device, out);
   SetBlasThreads(options.threads);
-  PrintJobSummary(*plan, *device);
+  PrintJobSummary(command, *plan, *device);
   absl::Status st = RunLocalJob(*plan, options);
   if (!st.ok()) {
-    std::cerr << "trainyard train: job failed: " << st.message() << "\n";
+    std::cerr << me << ": job failed: " << st.message() << "\n";
     return 1;
   }
+  if (plan->kind == JobKind::kInfer) {
+    std::cerr << me << ": outputs in " << plan->spec.inference().output_dir()
+              << " (manifest.json)\n";
+  }
   return 0;
+}
+
+int TrainCommand(const CliFlags& flags) {
+  return LocalJobCommand(flags, "train");
 }
 
 }  // namespace trainyard

@@ -22,6 +22,13 @@
 #include "cli/up_command.h"
 
 ABSL_FLAG(std::string, spec, "", "Job spec file (proto3 JSON).");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "train: checkpoint.dir (checkpoints after the last step unless the "
+          "spec says more often); infer, eval: inference.checkpoint_dir, the "
+          "model's checkpoint folder (default: the spec's).");
+ABSL_FLAG(std::string, output_dir, "",
+          "infer: inference.output_dir, where the outputs are written "
+          "(default: the spec's).");
 ABSL_FLAG(std::string, metrics_out, "",
           "Write the JSON metric lines here instead of stdout.");
 ABSL_FLAG(std::string, plugin_dir, "",
@@ -132,6 +139,12 @@ constexpr char kUsage[] =
     "commands:\n"
     "  train --spec FILE [--device cpu|cuda:N] [--precision P] [--stages N]\n"
     "                               run a job in this process\n"
+    "  infer --spec FILE [--checkpoint_dir DIR] [--output_dir DIR]\n"
+    "                               run an inference job in this process "
+    "(writes\n"
+    "                               the task's outputs as .npy shards)\n"
+    "  eval --spec FILE [--checkpoint_dir DIR]\n"
+    "                               run an evaluation job in this process\n"
     "  submit --spec FILE [--watch] submit a job to the controller\n"
     "  get JOB_ID                   show a job (JSON)\n"
     "  list [--state S,...]         list jobs\n"
@@ -174,6 +187,8 @@ CliFlags ReadFlags(bool get_stages) {
   CliFlags flags;
   flags.spec = absl::GetFlag(FLAGS_spec);
   flags.metrics_out = absl::GetFlag(FLAGS_metrics_out);
+  flags.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  flags.output_dir = absl::GetFlag(FLAGS_output_dir);
   flags.plugin_dir = absl::GetFlag(FLAGS_plugin_dir);
   flags.threads = absl::GetFlag(FLAGS_threads);
   flags.device = absl::GetFlag(FLAGS_device);
@@ -240,7 +255,9 @@ bool TakeGetStages(int* argc, char** argv) {
 
 int RunCommand(const std::string& command, const CliFlags& flags,
                const std::vector<char*>& args) {
-  if (command == "train") return TrainCommand(flags);
+  if (command == "train" || command == "infer" || command == "eval") {
+    return LocalJobCommand(flags, command);
+  }
   if (command == "submit") return SubmitCommand(flags);
   if (command == "get") return GetCommand(flags, args);
   if (command == "list") return ListCommand(flags);

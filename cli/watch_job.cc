@@ -47,6 +47,28 @@ void WatchPrinter::operator()(const trainyard::v1::JobEvent& e) {
   } else if (e.has_recovery()) {
     EndBar();
     PrintRecovery(e.recovery());
+  } else if (e.has_progress()) {
+    PrintProgress(e.progress());
+  }
+}
+
+void WatchPrinter::PrintProgress(const trainyard::v1::InferProgress& p) {
+  const std::string line = absl::StrFormat(
+      "rows %d/%d (shards %d/%d) %.0f rows/s ETA %s", p.rows_done(),
+      p.rows_total(), p.shards_done(), p.shards_total(), p.rows_per_sec(),
+      FormatEta(p.eta_seconds()));
+  if (tty_) {
+    const int width = 30;
+    const int filled =
+        p.rows_total() > 0
+            ? static_cast<int>(width * p.rows_done() / p.rows_total())
+            : 0;
+    std::cout << "\r[" << std::string(filled, '#')
+              << std::string(width - filled, '-') << "] " << line << "\x1b[K"
+              << std::flush;
+    bar_open_ = true;
+  } else {
+    std::cout << line << std::endl;
   }
 }
 

@@ -31,6 +31,8 @@ class WatchPrinter {
 
  private:
   void PrintStep(const trainyard::v1::StepMetrics& m);
+  // An inference job's rows written, their rate and the time left.
+  void PrintProgress(const trainyard::v1::InferProgress& p);
   void PrintRecovery(const trainyard::v1::JobRecovery& r);
 
   int64_t total_;

@@ -163,7 +163,7 @@ class WatchReactor final : public PumpedStream<JobEvent>,
         if (ev.note().step() < from_step_) continue;
       } else if (ev.has_recovery()) {
         if (ev.recovery().step() < from_step_) continue;
-      } else {
+      } else if (!ev.has_progress()) {
         continue;
       }
       *out = std::move(ev);

@@ -29,8 +29,16 @@ v1::JobSpec WorkerSpec(const v1::JobSpec& submitted,
   }
   RestorePath(submitted.model().init().safetensors(),
               spec.mutable_model()->mutable_init()->mutable_safetensors());
-  RestorePath(submitted.checkpoint().dir(),
-              spec.mutable_checkpoint()->mutable_dir());
+  if (spec.has_checkpoint()) {
+    RestorePath(submitted.checkpoint().dir(),
+                spec.mutable_checkpoint()->mutable_dir());
+  }
+  if (spec.has_inference()) {
+    RestorePath(submitted.inference().checkpoint_dir(),
+                spec.mutable_inference()->mutable_checkpoint_dir());
+    RestorePath(submitted.inference().output_dir(),
+                spec.mutable_inference()->mutable_output_dir());
+  }
   return spec;
 }
 

@@ -82,6 +82,12 @@ struct JobEntry {
   // StageStarted had arrived (they come on different streams).
   bool progressed_early = false;
 
+  // ---- An inference job's progress (StageShardReport): this run's
+  // first report, and the rows done then, for its rate.
+  int progress_run = -1;  // job.restarts() of the run that set them
+  absl::Time progress_since = absl::InfinitePast();
+  int64_t progress_rows_at_start = 0;
+
   // ---- State to resume from (StateHeld reports).
   // step -> per rank, the workers holding that rank's snapshot.
   std::map<int64_t, std::vector<std::set<std::string>>> snapshot_holders;

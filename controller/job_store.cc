@@ -98,15 +98,20 @@ absl::Status ReadJob(Stmt& s, Job* job, int64_t* seq) {
     }
     job->set_restarts(r.restarts());
     *job->mutable_restart_reasons() = r.restart_reasons();
+    if (r.has_progress()) *job->mutable_progress() = r.progress();
   }
   return absl::OkStatus();
 }
 
 std::string RecoveryBlob(const Job& job) {
-  if (job.restarts() == 0 && job.restart_reasons_size() == 0) return "";
+  if (job.restarts() == 0 && job.restart_reasons_size() == 0 &&
+      !job.has_progress()) {
+    return "";
+  }
   Job r;
   r.set_restarts(job.restarts());
   *r.mutable_restart_reasons() = job.restart_reasons();
+  if (job.has_progress()) *r.mutable_progress() = job.progress();
   return r.SerializeAsString();
 }
 

@@ -118,6 +118,38 @@ void StageReports::HandleEvalLocked(WorkerEntry& w,
   telemetry_.WriteTensorboardLocked(*e, event);
 }
 
+void StageReports::HandleShardLocked(WorkerEntry& w,
+                                     const v1::StageShardReport& r) {
+  JobEntry* e = RunningJobOfLocked(w, r.job_id(), r.stage());
+  if (e == nullptr || r.rows_total() < 0 || r.rows_done() < 0 ||
+      r.rows_done() > r.rows_total() || r.shards_done() > r.shards_total()) {
+    return;
+  }
+  v1::InferProgress* p = e->job.mutable_progress();
+  const absl::Time now = absl::Now();
+  if (e->progress_run != e->job.restarts()) {
+    // This run's first report: its rate counts from here.
+    e->progress_run = e->job.restarts();
+    e->progress_since = now;
+    e->progress_rows_at_start = std::max(p->rows_done(), r.rows_done());
+  }
+  p->set_rows_total(r.rows_total());
+  p->set_shards_total(r.shards_total());
+  if (r.rows_done() <= p->rows_done() && r.shards_done() <= p->shards_done()) {
+    return;
+  }
+  p->set_rows_done(std::max(p->rows_done(), r.rows_done()));
+  p->set_shards_done(std::max(p->shards_done(), r.shards_done()));
+  const double seconds = absl::ToDoubleSeconds(now - e->progress_since);
+  const int64_t rows = p->rows_done() - e->progress_rows_at_start;
+  const double rate = seconds > 0 && rows > 0 ? rows / seconds : 0;
+  p->set_rows_per_sec(rate);
+  p->set_eta_seconds(rate > 0 ? (p->rows_total() - p->rows_done()) / rate : -1);
+  v1::JobEvent event;
+  *event.mutable_progress() = *p;
+  records_.CommitLocked(*e, &event);
+}
+
 void StageReports::HandleDoneLocked(WorkerEntry& w, const v1::StageDone& d) {
   if (HandleOldStageDoneLocked(w, d)) return;
   JobEntry* e = RunningJobOfLocked(w, d.job_id(), d.stage());

@@ -1,7 +1,8 @@
 // StageReports: what the workers report about the ranks they run. Steps
 // and evals are published (the loss rank's metrics, with every rank's
 // timings, to the job's history and TensorBoard; every rank's spans to its
-// traces); a rank's end finishes the job, or breaks its gang (restart or
+// traces); an inference job's written shards are its progress; a rank's
+// end finishes the job, or breaks its gang (restart or
 // failure, controller/recovery.h); the transport each rank chose is noted
 // in the history; StageStarted and StateHeld tell a restarted gang's
 // progress and where state to resume from is held.
@@ -56,6 +57,11 @@ class StageReports {
   void HandleStartedLocked(WorkerEntry& w, const v1::StageStarted& started)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
   void HandleHeldLocked(WorkerEntry& w, const v1::StateHeld& held)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
+  // An inference job's output folder grew (or its run started): the job's
+  // progress, its rate over this run and the time left, published when the
+  // rows done grew.
+  void HandleShardLocked(WorkerEntry& w, const v1::StageShardReport& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
 
  private:

@@ -116,6 +116,9 @@ void WorkerRegistry::DispatchLocked(WorkerEntry& w,
     case v1::WorkerMessage::kHeld:
       reports_.HandleHeldLocked(w, msg.held());
       break;
+    case v1::WorkerMessage::kShard:
+      reports_.HandleShardLocked(w, msg.shard());
+      break;
     case v1::WorkerMessage::kLog:
       telemetry_.TakeLogLineLocked(w, msg.log());
       break;

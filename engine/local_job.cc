@@ -10,6 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "core/status_macros.h"
+#include "engine/forward_job.h"
+#include "engine/output_shards.h"
 #include "engine/replica_group.h"
 #include "engine/shared_device_replicas.h"
 #include "engine/stage_runner.h"
@@ -85,6 +87,9 @@ class LocalGang {
     }
   }
 
+  // An inference job's output folder, shared by its replicas' last stages.
+  void set_outputs(OutputShards* outputs) { outputs_ = outputs; }
+
   // Every stage joins the group of its copies, all at once (each join
   // waits for the others). The first error, if any.
   absl::Status JoinReplicaGroups();
@@ -99,6 +104,7 @@ class LocalGang {
  private:
   Transport* TransportOf(int r, int s) { return hubs_[r]->rank(s); }
   StageRunOptions RunOptions(int r, int s, bool last);
+  ForwardRunOptions ForwardOptions(int r, int s, bool last);
   void RunOne(int r, int s);
   // Keeps `st` as the job's error if it is the first (or the first that
   // is not an abort) and stops every replica's stage s: their group calls
@@ -114,12 +120,14 @@ class LocalGang {
   std::vector<std::unique_ptr<SharedDeviceReplicas>> device_replicas_;
   std::vector<std::unique_ptr<ExecContext>> contexts_;  // outlive the stages
   std::vector<std::unique_ptr<Stage>> stages_;          // by gang rank
+  OutputShards* outputs_ = nullptr;
   absl::Mutex mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::Status LocalGang::JoinReplicaGroups() {
-  if (gang_.replicas <= 1) return absl::OkStatus();
+  // A forward-only job's replicas never talk to each other.
+  if (gang_.replicas <= 1 || !plan_.trains()) return absl::OkStatus();
   absl::Mutex join_mu;
   absl::Status join_error;
   std::vector<std::thread> joiners;
@@ -157,6 +165,13 @@ absl::Status LocalGang::StartStages(Precision precision) {
     contexts_.push_back(std::move(exec));
     stage_options.device_replicas =
         device_replicas_.empty() ? nullptr : device_replicas_[s].get();
+    if (!plan_.trains()) {
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<Stage> stage,
+          StartForwardStage(plan_, s, TransportOf(r, s), stage_options));
+      stages_.push_back(std::move(stage));
+      continue;
+    }
     ASSIGN_OR_RETURN(StartedStage started,
                      StartStage(plan_, s, TransportOf(r, s), stage_options));
     resume_step = started.resume_step;
@@ -195,10 +210,26 @@ StageRunOptions LocalGang::RunOptions(int r, int s, bool last) {
   return run;
 }
 
+ForwardRunOptions LocalGang::ForwardOptions(int r, int s, bool last) {
+  ForwardRunOptions run;
+  run.replica = r;
+  run.transport = gang_.stages > 1 ? TransportOf(r, s) : nullptr;
+  run.timeout = options_.timeout;
+  if (last) {
+    run.outputs = outputs_;
+    run.on_shard = options_.on_shard;
+    run.on_eval = options_.on_eval;  // called by the one replica that evals
+  }
+  return run;
+}
+
 void LocalGang::RunOne(int r, int s) {
   Stage& stage = *stages_[gang_.RankOf(r, s)];
-  absl::Status st = RunStage(stage, TransportOf(r, s), plan_,
-                             RunOptions(r, s, stage.is_last()));
+  absl::Status st =
+      plan_.trains() ? RunStage(stage, TransportOf(r, s), plan_,
+                                RunOptions(r, s, stage.is_last()))
+                     : RunForwardStage(stage, plan_,
+                                       ForwardOptions(r, s, stage.is_last()));
   if (st.ok() && options_.on_final_params && r == 0) {
     absl::StatusOr<NamedTensors> params = stage.NamedParametersOnHost();
     st = params.status();
@@ -236,6 +267,26 @@ absl::Status LocalGang::Run() {
   return first_error_;
 }
 
+// An infer or eval job: the model pinned, the stages started (each loads
+// and checks its part of the model), the output folder opened (its
+// refusals before any row is read), the stages run, the folder finished.
+absl::Status RunForwardJob(JobPlan plan, const LocalJobOptions& options,
+                           Precision precision) {
+  RETURN_IF_ERROR(PinModelCheckpoint(&plan));
+  LocalGang gang(plan, options);
+  // The model is checked against the spec (StartStages loads it) before
+  // the output folder is made.
+  RETURN_IF_ERROR(gang.StartStages(precision));
+  std::unique_ptr<OutputShards> outputs;
+  if (plan.kind == JobKind::kInfer) {
+    ASSIGN_OR_RETURN(OutputJob job, OutputJobOf(plan));
+    ASSIGN_OR_RETURN(outputs, OutputShards::Open(job));
+  }
+  gang.set_outputs(outputs.get());
+  RETURN_IF_ERROR(gang.Run());
+  return outputs != nullptr ? outputs->Finish() : absl::OkStatus();
+}
+
 }  // namespace
 
 std::string StepJson(const StepReport& r, double step_seconds) {
@@ -261,6 +312,7 @@ absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options) {
   }
   ASSIGN_OR_RETURN(const Precision precision,
                    PrecisionFromName(plan.spec.precision()));
+  if (!plan.trains()) return RunForwardJob(plan, options, precision);
   LocalGang gang(plan, options);
   RETURN_IF_ERROR(gang.JoinReplicaGroups());
   RETURN_IF_ERROR(gang.StartStages(precision));

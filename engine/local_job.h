@@ -44,8 +44,13 @@ struct LocalJobOptions {
   std::function<void(int replica, int stage, const StepReport&,
                      double step_seconds)>
       on_stage_step;
-  // Called after each eval pass with the completed step count.
+  // Called after each eval pass with the completed step count (an eval
+  // job: once, with its model's step).
   std::function<void(int64_t step, const EvalReport&)> on_eval;
+  // An inference job: called after each output shard is written, with its
+  // rows and the seconds its replica took for it. Runs concurrently on the
+  // replicas' last stages: synchronise shared state.
+  std::function<void(int64_t shard, int64_t rows, double seconds)> on_shard;
   // Called when a checkpoint has been committed, from the first stage's
   // checkpoint writer thread (checkpoints commit in the background), at the
   // same time as on_step / on_eval may run: synchronise shared state.
@@ -59,8 +64,10 @@ struct LocalJobOptions {
 };
 
 // Runs `plan` to completion (or stop_after_step). Resumes from the newest
-// checkpoint when spec.checkpoint.resume is "latest". The first error of
-// any stage stops all stages and is returned, naming the stage.
+// checkpoint when spec.checkpoint.resume is "latest". An infer or eval job
+// (engine/forward_job.h) runs its rows once; an inference job resumes from
+// the complete shards of its output folder. The first error of any stage
+// stops all stages and is returned, naming the stage.
 absl::Status RunLocalJob(const JobPlan& plan, const LocalJobOptions& options);
 
 // Formats one step as the JSON line `trainyard train` prints:

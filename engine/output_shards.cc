@@ -430,6 +430,21 @@ OutputShards::OutputShards(OutputJob job, absl::flat_hash_set<int64_t> done)
       num_shards_((job_.rows + job_.shard_rows - 1) / job_.shard_rows),
       done_(std::move(done)) {}
 
+absl::StatusOr<std::vector<bool>> CompleteShards(const std::string& dir,
+                                                 int64_t num_shards) {
+  std::vector<bool> done(std::max<int64_t>(0, num_shards), false);
+  absl::StatusOr<std::vector<std::string>> names = ListFolder(dir);
+  if (absl::IsNotFound(names.status())) return done;
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    int64_t shard = 0;
+    if (ParseShardName(name, &shard) && shard >= 0 && shard < num_shards) {
+      done[shard] = true;
+    }
+  }
+  return done;
+}
+
 absl::StatusOr<std::unique_ptr<OutputShards>> OutputShards::Open(
     const OutputJob& job) {
   RETURN_IF_ERROR(ValidateJob(job));

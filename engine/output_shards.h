@@ -48,6 +48,13 @@ struct OutputJob {
   std::string spec_json;   // JSON object text: recorded as "spec"
 };
 
+// Which of shards [0, num_shards) have a (complete) shard folder in `dir`
+// now, whoever wrote them; all false when `dir` does not exist. Every stage
+// of an inference job reads this at its start to skip the same shards.
+// Errors: the folder cannot be listed (naming it).
+absl::StatusOr<std::vector<bool>> CompleteShards(const std::string& dir,
+                                                 int64_t num_shards);
+
 class OutputShards {
  public:
   // Opens job.dir for writing:

@@ -12,6 +12,13 @@ Stage::~Stage() = default;
 
 std::string Stage::Where() const { return absl::StrCat("stage ", index_); }
 
+absl::Status Stage::CheckTrains(const char* what) const {
+  if (plan_.trains()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(Where(), ": ", what, " is for training jobs; this job's ",
+                   "kind is ", Quote(plan_.spec.kind())));
+}
+
 absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     const JobPlan& plan, int index, Transport* transport,
     const StageOptions& options, StageData data) {
@@ -34,13 +41,15 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   RETURN_IF_ERROR(st->SetUpDevice());
   RETURN_IF_ERROR(st->CreateBlocks());
   RETURN_IF_ERROR(st->CreateParamStore());
-  ASSIGN_OR_RETURN(
-      StageOptimizer opt,
-      StageOptimizer::Create(plan.spec.optimizer(), st->store_->segments(),
-                             st->store_->total(), st->ctx_));
-  st->optimizer_.emplace(std::move(opt));
+  if (plan.trains()) {
+    ASSIGN_OR_RETURN(
+        StageOptimizer opt,
+        StageOptimizer::Create(plan.spec.optimizer(), st->store_->segments(),
+                               st->store_->total(), st->ctx_));
+    st->optimizer_.emplace(std::move(opt));
+  }
   RETURN_IF_ERROR(st->SetUpReplicas());
-  RETURN_IF_ERROR(st->SetUpSchedule());
+  if (plan.trains()) RETURN_IF_ERROR(st->SetUpSchedule());
   RETURN_IF_ERROR(st->SetUpTask());
   RETURN_IF_ERROR(st->SetUpData());
   return st;
@@ -100,7 +109,8 @@ absl::Status Stage::CreateParamStore() {
     chunk.grad_size += segments[i].size();
   }
   // parallelism.accumulation (docs/ACCUMULATION.md): a tree per chunk.
-  tree_accumulation_ = plan_.spec.parallelism().accumulation() == "tree";
+  tree_accumulation_ =
+      plan_.trains() && plan_.spec.parallelism().accumulation() == "tree";
   if (tree_accumulation_) {
     for (Chunk& chunk : chunks_) chunk.tree.emplace(ctx_, chunk.grad_size);
   }
@@ -111,7 +121,8 @@ absl::Status Stage::SetUpReplicas() {
   replicas_ = std::max(1, plan_.spec.parallelism().replicas());
   replica_ = options_.replica;
   replica_group_ = options_.replica_group;
-  if (replicas_ > 1 &&
+  // A forward-only job's replicas work alone, on rows of their own.
+  if (replicas_ > 1 && plan_.trains() &&
       (replica_group_ == nullptr || replica_group_->size() != replicas_ ||
        replica_group_->rank() != replica_ || !tree_accumulation_)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -180,21 +191,27 @@ absl::Status Stage::SetUpTask() {
   if (is_last()) {
     const bool on_device = scalars_.has_value() && device_loss;
     loss_.emplace(task_.get(), ctx_, on_device ? &*scalars_ : nullptr);
-    device_totals_ = on_device && num_stages_ == 1 && replicas_ == 1;
+    device_totals_ =
+        plan_.trains() && on_device && num_stages_ == 1 && replicas_ == 1;
   }
   return absl::OkStatus();
 }
 
 absl::Status Stage::SetUpData() {
   if (!is_first()) return absl::OkStatus();
-  if (data_.train == nullptr) {
+  // A forward-only job reads its rows (data_.eval) in order.
+  const Dataset* needed = plan_.trains() ? data_.train.get() : data_.eval.get();
+  if (needed == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat(Where(), ": first stage needs the train data"));
+        absl::StrCat(Where(), ": first stage needs the ",
+                     plan_.trains() ? "train data" : "job's rows"));
   }
   const auto& data = plan_.spec.data();
-  sampler_ = std::make_unique<BatchSampler>(data_.train->features.dim(0),
-                                            data.batch_size(), data.shuffle(),
-                                            data.seed());
+  if (plan_.trains()) {
+    sampler_ = std::make_unique<BatchSampler>(data_.train->features.dim(0),
+                                              data.batch_size(), data.shuffle(),
+                                              data.seed());
+  }
   if (scalars_.has_value() && PluginLossOnDevice() &&
       task_->plugin().passes_inputs_through()) {
     RETURN_IF_ERROR(UploadData(options_.device_data_bytes));
@@ -215,8 +232,10 @@ absl::Status Stage::UploadData(int64_t limit) {
   }
   if (bytes > limit) return absl::OkStatus();  // rows gathered on the host
   DeviceData d;
-  ASSIGN_OR_RETURN(d.train_features, ctx_->ToDevice(data_.train->features));
-  ASSIGN_OR_RETURN(d.train_targets, ctx_->ToDevice(data_.train->targets));
+  if (data_.train != nullptr) {
+    ASSIGN_OR_RETURN(d.train_features, ctx_->ToDevice(data_.train->features));
+    ASSIGN_OR_RETURN(d.train_targets, ctx_->ToDevice(data_.train->targets));
+  }
   if (data_.eval != nullptr) {
     ASSIGN_OR_RETURN(d.eval_features, ctx_->ToDevice(data_.eval->features));
     ASSIGN_OR_RETURN(d.eval_targets, ctx_->ToDevice(data_.eval->targets));

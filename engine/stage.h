@@ -136,6 +136,11 @@ struct StageData {
   int64_t eval_rows = 0;                 // every stage
 };
 
+// Splits `rows` rows into `parts` contiguous microbatches [first, second)
+// whose sizes differ by at most one (the first rows % parts get one more).
+std::vector<std::pair<int64_t, int64_t>> MicrobatchRanges(int64_t rows,
+                                                          int parts);
+
 class Stage {
  public:
   // Builds stage `index` of `plan`: blocks, buffers, optimizer, schedules
@@ -153,7 +158,30 @@ class Stage {
   absl::StatusOr<StepReport> RunStep();
 
   // Forward-only pass over the whole eval set (batches of data.batch_size).
+  // An eval job's whole work.
   absl::StatusOr<EvalReport> RunEval();
+
+  // Where an inference job's last stage hands each microbatch's outputs
+  // (the task's infer_outputs, host tensors), with the data row of its
+  // first row.
+  using InferSink = std::function<absl::Status(int64_t row, NamedTensors)>;
+  // An inference job's forward-only pass over rows [begin, end) of its
+  // rows (StageData::eval), in batches of data.batch_size from `begin`,
+  // each cut into microbatches as an eval batch is, so a row's microbatch
+  // does not depend on the stage or replica count. `first_tag` numbers the
+  // batches' messages (every stage of the pipeline passes the same). The
+  // last stage calls `sink` once per microbatch, in row order; a sink error
+  // or the plugin's refusal (naming the rows) fails the pass.
+  absl::Status RunInference(int64_t begin, int64_t end, int64_t first_tag,
+                            const InferSink& sink);
+
+  // An infer or eval job's model: the parameters of checkpoint `step` in
+  // `dir` (a training job's, with any stage count), found by name in any of
+  // its stage files, and nothing else of it. Refused before any row is
+  // read: a parameter missing, of another shape or dtype (naming it), or a
+  // block parameter the spec's model does not have. Afterwards
+  // completed_steps() is `step`.
+  absl::Status LoadModel(const std::string& dir, int64_t step);
 
   // This stage's file of the checkpoint for the completed step count, as
   // host copies that later steps do not change (see
@@ -249,6 +277,9 @@ class Stage {
 
   Stage() = default;
   std::string Where() const;  // "stage 2"
+  // FailedPrecondition naming `what` unless the job trains (an infer or
+  // eval job has no optimizer, sampler or checkpoints).
+  absl::Status CheckTrains(const char* what) const;
 
   // Construction (stage.cc), in the order Create runs them.
   // The stage's ExecContext (StageOptions::exec, or a CPU one of its own),
@@ -316,6 +347,15 @@ class Stage {
   absl::Status BackwardInput(Microbatch* mb);
   absl::Status BackwardWeight(Microbatch* mb);
 
+  // Forward-only batches (stage_step.cc): rows [begin, end) of the job's
+  // eval rows in batches of data.batch_size, batch k's messages tagged
+  // first_tag + k; on a device loss, each batch's loss slots read and
+  // finished.
+  absl::Status ForwardBatches(int64_t begin, int64_t end, int64_t first_tag);
+  // An inference job's last virtual stage: the microbatch's output and
+  // state to the host, through the task's infer_outputs, to infer_sink_.
+  absl::Status InferMicrobatch(Microbatch* mb);
+
   // The schedule interpreter (stage_schedule.cc).
   // Steps time each action (SpanTimer); evals do not.
   absl::Status RunSchedule(const Schedule& schedule, int64_t step, bool is_eval,
@@ -372,6 +412,10 @@ class Stage {
   int replicas_ = 1;
   int replica_ = 0;
   ReplicaGroup* replica_group_ = nullptr;
+  // During RunInference: the sink, and the data row each microbatch of the
+  // batch in flight starts at.
+  const InferSink* infer_sink_ = nullptr;
+  std::vector<int64_t> microbatch_rows_;
   // This step's first microbatch in the whole step's numbering (replica
   // r starts at r M/R); microbatches_ holds this replica's M/R.
   int first_microbatch_ = 0;

@@ -21,6 +21,7 @@ const char* TaskStateKey(bool first_only) {
 }  // namespace
 
 absl::StatusOr<SafetensorsFile> Stage::CheckpointContents(bool stable) const {
+  RETURN_IF_ERROR(CheckTrains("a checkpoint"));
   SafetensorsFile file;
   // Copies when `stable`: the step loop goes on changing the live buffers
   // while the file is written.
@@ -95,6 +96,7 @@ absl::Status Stage::RestoreSnapshot(absl::string_view bytes, int64_t step) {
 
 absl::Status Stage::RestoreState(std::vector<SafetensorsFile> files,
                                  int64_t step, const std::string& where) {
+  RETURN_IF_ERROR(CheckTrains("a restore"));
   std::map<std::string, Tensor> tensors;
   std::map<std::string, std::string> metadata;
   for (SafetensorsFile& file : files) {

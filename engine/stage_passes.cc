@@ -10,11 +10,9 @@
 #include "kernels/device_ops.h"
 
 namespace trainyard {
-namespace {
 
-// Splits `rows` rows into `parts` contiguous microbatches whose sizes differ
-// by at most one (the first rows % parts get one more).
-std::vector<std::pair<int64_t, int64_t>> SplitRows(int64_t rows, int parts) {
+std::vector<std::pair<int64_t, int64_t>> MicrobatchRanges(int64_t rows,
+                                                          int parts) {
   std::vector<std::pair<int64_t, int64_t>> out;
   const int64_t base = rows / parts, extra = rows % parts;
   int64_t begin = 0;
@@ -26,8 +24,6 @@ std::vector<std::pair<int64_t, int64_t>> SplitRows(int64_t rows, int parts) {
   return out;
 }
 
-}  // namespace
-
 absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
                                  int64_t step, bool is_eval,
                                  int num_microbatches, int first, int count) {
@@ -35,7 +31,7 @@ absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
   // of them from `first`, so every microbatch holds the same rows whatever
   // the number of replicas.
   const auto ranges =
-      SplitRows(static_cast<int64_t>(rows.size()), num_microbatches);
+      MicrobatchRanges(static_cast<int64_t>(rows.size()), num_microbatches);
   const int64_t begin = ranges[first].first;
   const int64_t end = ranges[first + count - 1].second;
   rows = std::vector<int64_t>(rows.begin() + begin, rows.begin() + end);

@@ -404,24 +404,6 @@ void SetSnapshotSink(Stage& stage, int num_stages,
   });
 }
 
-// Every stage chose its resume point on its own (ResumeStep): makes sure
-// they agree before the first step.
-absl::Status CheckResumedTogether(Stage& stage, Transport* transport,
-                                  int num_stages, absl::Duration timeout) {
-  if (num_stages <= 1) return absl::OkStatus();
-  std::vector<double> resumed = {static_cast<double>(stage.completed_steps())};
-  RETURN_IF_ERROR(transport->AllReduceSum(&resumed, timeout));
-  if (resumed[0] != static_cast<double>(num_stages) * stage.completed_steps()) {
-    // Aborted, not FailedPrecondition: a restart settles it.
-    return absl::AbortedError(absl::StrCat(
-        "stage ", stage.index(), " resumed after step ",
-        stage.completed_steps(),
-        " but the stages did not all resume from the same checkpoint (a "
-        "checkpoint was set aside while they started?)"));
-  }
-  return absl::OkStatus();
-}
-
 // After step `step`'s report went out: the snapshot, then the eval, when
 // due. The snapshot goes first so that its swap is the next message between
 // neighbours on every rank. Like the eval's, its time is not part of the
@@ -444,6 +426,22 @@ absl::Status SnapshotAndEval(Stage& stage, Transport* transport,
 }
 
 }  // namespace
+
+absl::Status CheckResumedTogether(Stage& stage, Transport* transport,
+                                  int num_stages, absl::Duration timeout) {
+  if (num_stages <= 1) return absl::OkStatus();
+  std::vector<double> resumed = {static_cast<double>(stage.completed_steps())};
+  RETURN_IF_ERROR(transport->AllReduceSum(&resumed, timeout));
+  if (resumed[0] != static_cast<double>(num_stages) * stage.completed_steps()) {
+    // Aborted, not FailedPrecondition: a restart settles it.
+    return absl::AbortedError(absl::StrCat(
+        "stage ", stage.index(), " resumed after step ",
+        stage.completed_steps(),
+        " but the stages did not all resume from the same checkpoint (a "
+        "checkpoint was set aside while they started?)"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status RunStage(Stage& stage, Transport* transport, const JobPlan& plan,
                       const StageRunOptions& options) {

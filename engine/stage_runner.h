@@ -125,6 +125,13 @@ struct StageRunOptions {
   bool write_checkpoints = true;
 };
 
+// Every stage chose its resume point (or an infer or eval job its model's
+// checkpoint) on its own: makes sure the pipeline's stages agree before
+// the first step (one small all-reduce over `transport`; nothing with one
+// stage). Aborted when they do not: a restart settles it.
+absl::Status CheckResumedTogether(Stage& stage, Transport* transport,
+                                  int num_stages, absl::Duration timeout);
+
 // Runs `stage` (already initialised or restored) through the rest of the
 // job, on the calling thread (which it binds to the stage's device). Errors are
 // returned as they are; the caller aborts the transport so the other stages

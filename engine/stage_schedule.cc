@@ -77,8 +77,10 @@ absl::Status Stage::ForwardAndLoss(Microbatch* mb, bool is_eval,
   if (chunks_[mb->chunk].virtual_stage != plan_.num_virtual_stages() - 1) {
     return absl::OkStatus();
   }
-  // The loss belongs to the last virtual stage's forward.
+  // The loss (an inference job's outputs) belongs to the last virtual
+  // stage's forward.
   SpanTimer t(tracer_.get(), &StageTimes::loss, v1::SPAN_LOSS, mb->index);
+  if (infer_sink_ != nullptr) return InferMicrobatch(mb);
   ASSIGN_OR_RETURN(mb->grad_output,
                    loss_->Compute(mb->output, mb->state, completed_steps_,
                                   first_microbatch_ + mb->index,

@@ -13,6 +13,7 @@
 namespace trainyard {
 
 absl::StatusOr<StepReport> Stage::RunStep() {
+  RETURN_IF_ERROR(CheckTrains("RunStep"));
   const DeviceTraffic traffic_before = ctx_->traffic();
   RETURN_IF_ERROR(tracer_->BeginStep());
   absl::Cleanup timing_off = [this] { tracer_->StopTiming(); };
@@ -81,30 +82,49 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
   const StepTracer::Clock::time_point start = StepTracer::Clock::now();
   EvalReport report;
   const int64_t rows = data_.eval_rows;
-  const int64_t batch = plan_.spec.data().batch_size();
-  const int M = plan_.spec.parallelism().microbatches();
   if (loss_) loss_->Reset();
   // Every replica evaluates the whole eval set (the same bits on each).
   first_microbatch_ = 0;
-  int64_t eval_index = 0;
-  for (int64_t begin = 0; begin < rows; begin += batch, ++eval_index) {
-    const int64_t n = std::min(batch, rows - begin);
+  // Eval batches are numbered in the message's step field so that a stray
+  // training message can never be mistaken for one.
+  RETURN_IF_ERROR(ForwardBatches(0, rows, 0));
+  report.samples = rows;
+  if (is_last() && rows > 0) {
+    report.loss =
+        loss_->weight_sum() > 0 ? loss_->loss_sum() / loss_->weight_sum() : 0.0;
+    ASSIGN_OR_RETURN(report.metrics, task_->UpdateMetrics(true));
+  }
+  report.span = tracer_->EvalSpan(start);
+  return report;
+}
+
+absl::Status Stage::ForwardBatches(int64_t begin, int64_t end,
+                                   int64_t first_tag) {
+  const int64_t batch = plan_.spec.data().batch_size();
+  const int M = plan_.spec.parallelism().microbatches();
+  const bool loss_slots =
+      infer_sink_ == nullptr && loss_.has_value() && loss_->on_device();
+  int64_t tag = first_tag;
+  for (int64_t b = begin; b < end; b += batch, ++tag) {
+    const int64_t n = std::min(batch, end - b);
     const int parts = static_cast<int>(std::min<int64_t>(M, n));
     ResetMicrobatches(parts);
+    microbatch_rows_.clear();
+    for (const auto& range : MicrobatchRanges(n, parts)) {
+      microbatch_rows_.push_back(b + range.first);
+    }
     if (scalars_.has_value()) RETURN_IF_ERROR(scalars_->Begin(parts));
     if (is_first()) {
       std::vector<int64_t> idx(n);
-      for (int64_t i = 0; i < n; ++i) idx[i] = begin + i;
+      for (int64_t i = 0; i < n; ++i) idx[i] = b + i;
       RETURN_IF_ERROR(PrepareBatch(*data_.eval, idx, completed_steps_, true,
                                    parts, 0, parts));
     }
-    // Eval batches are numbered in the message's step field so that a
-    // stray training message can never be mistaken for one.
     RETURN_IF_ERROR(RunSchedule(
         MakeForwardOnlySchedule(num_stages_, parts, plan_.num_chunks,
                                 plan_.chunk_layout),
-        eval_index, true, parts));
-    if (loss_.has_value() && loss_->on_device()) {
+        tag, true, parts));
+    if (loss_slots) {
       // One read per eval batch: its loss slots.
       RETURN_IF_ERROR(scalars_->Read());
       RETURN_IF_ERROR(
@@ -115,14 +135,7 @@ absl::StatusOr<EvalReport> Stage::RunEval() {
     }
   }
   microbatches_.clear();
-  report.samples = rows;
-  if (is_last() && rows > 0) {
-    report.loss =
-        loss_->weight_sum() > 0 ? loss_->loss_sum() / loss_->weight_sum() : 0.0;
-    ASSIGN_OR_RETURN(report.metrics, task_->UpdateMetrics(true));
-  }
-  report.span = tracer_->EvalSpan(start);
-  return report;
+  return absl::OkStatus();
 }
 
 absl::Status Stage::SumReplicaGradients() {

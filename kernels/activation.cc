@@ -14,7 +14,9 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1/sqrt(2 pi)
 constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2/pi)
 constexpr float kGeluTanhCubic = 0.044715f;
 
-inline float Relu(float x) { return x > 0.0f ? x : 0.0f; }
+// A NaN passes through, as in torch.relu (a NaN input must not turn into
+// finite outputs downstream, where nothing would notice it).
+inline float Relu(float x) { return x <= 0.0f ? 0.0f : x; }
 
 inline float Gelu(float x) { return x * 0.5f * (1.0f + Erf(x * kSqrtHalf)); }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,21 @@ const Elementwise kElementwise[] = {
     {"gelu", Activation::kGelu, BiasGeluForward, GeluBackward},
     {"gelu_tanh", Activation::kGeluTanh, BiasGeluTanhForward, GeluTanhBackward},
 };
+
+// As in PyTorch, a NaN input stays NaN through every activation (ReLU
+// included: torch.relu(nan) is nan), so a bad input row cannot come out as
+// finite numbers.
+TEST(ActivationTest, NanPassesThrough) {
+  for (const Elementwise& e : kElementwise) {
+    std::vector<float> pre = {std::numeric_limits<float>::quiet_NaN(), 1.0f,
+                              -1.0f};
+    std::vector<float> out(3);
+    e.forward(1, 3, nullptr, pre.data(), out.data());
+    EXPECT_TRUE(std::isnan(out[0])) << e.name;
+    EXPECT_FALSE(std::isnan(out[1])) << e.name;
+    EXPECT_FALSE(std::isnan(out[2])) << e.name;
+  }
+}
 
 TEST(ActivationTest, ForwardAndBackwardMatchFloat64) {
   Rng rng(11);

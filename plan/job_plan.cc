@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "plan/data_check.h"
+#include "plan/inference_check.h"
 #include "plan/memory_estimate.h"
 #include "plan/model_check.h"
 #include "plan/parallelism_check.h"
@@ -21,9 +22,10 @@ namespace {
 
 using trainyard::v1::JobSpec;
 
-// steps, and device and precision (filling in their defaults).
+// steps (a training job's), and device and precision (filling in their
+// defaults).
 void CheckRunSettings(Problems* p, JobSpec* s) {
-  if (s->steps() <= 0) {
+  if (s->kind() == "train" && s->steps() <= 0) {
     p->Add("steps", absl::StrCat("must be > 0, got ", s->steps()));
   }
   if (s->device().empty()) s->set_device("cpu");
@@ -56,13 +58,14 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   Problems p;
   JobPlan plan;
   plan.spec = spec;
+  CheckJobKind(options, &p, &plan);
   CheckRunSettings(&p, &plan.spec);
   const DataInfo data = CheckData(options, &p, &plan);
   const bool blocks_ok = CheckModel(data, options, &p, &plan);
   const bool layout_ok = CheckParallelism(&p, &plan.spec);
-  CheckOptimizer(&p, &plan.spec);
+  if (plan.trains()) CheckOptimizer(&p, &plan.spec);
   CheckTask(plan.spec, &p);
-  CheckCheckpoint(options, &p, &plan.spec);
+  if (plan.trains()) CheckCheckpoint(options, &p, &plan.spec);
   CheckRecovery(&p, &plan.spec);
   if (blocks_ok && layout_ok) PlaceBlocks(&p, &plan);
   if (!p.empty()) {

@@ -121,6 +121,14 @@ struct MemoryEstimate {
   std::string description;
 };
 
+// What a job does (JobSpec.kind): train, or run the model forward over a
+// data set once, writing the task's outputs (infer) or reporting its loss
+// and metrics (eval).
+enum class JobKind { kTrain, kInfer, kEval };
+
+// inference.shard_rows when unset.
+inline constexpr int64_t kDefaultShardRows = 65536;
+
 // The processes of a job: S stages x R replicas, one rank each, stage s of
 // replica r being rank r * S + s.
 struct Gang {
@@ -137,6 +145,10 @@ struct JobPlan {
   // The spec with every default filled in (see docs/SPEC.md), in_features
   // resolved, seeds resolved and paths absolute.
   trainyard::v1::JobSpec spec;
+  JobKind kind = JobKind::kTrain;  // spec.kind
+  // A training job: optimizer steps, checkpoints. The others run forward
+  // only, over their rows once (no gradients, no optimizer state).
+  bool trains() const { return kind == JobKind::kTrain; }
   // One config per block, global order.
   std::vector<MlpBlockConfig> blocks;
   // Model chunks per stage v (parallelism.chunks) and which virtual stage

@@ -41,15 +41,20 @@ void EstimateState(const JobSpec& spec, double n_params, MemoryEstimate* m) {
   m->params = SaturatingBytes(n_params * (bf16 ? 6 : 4));
   // With accumulation "tree", each stage also holds floor(log2 (M / R)) + 1
   // gradient-sized partial sums (engine/gradient_tree.h).
+  // A forward-only job (kind infer or eval) keeps the gradient buffer but
+  // no partial sums, optimizer state or copies.
+  const bool trains = spec.kind() == "train";
   int tree_buffers = 0;
-  if (spec.parallelism().accumulation() == "tree") {
+  if (trains && spec.parallelism().accumulation() == "tree") {
     const int per_replica = spec.parallelism().microbatches() /
                             std::max(1, spec.parallelism().replicas());
     for (int n = std::max(1, per_replica); n > 0; n /= 2) ++tree_buffers;
   }
   m->grads = SaturatingBytes(n_params * 4 * (1 + tree_buffers));
   double state_per_param = 0;
-  if (spec.optimizer().type() == "adamw") {
+  if (!trains) {
+    state_per_param = 0;
+  } else if (spec.optimizer().type() == "adamw") {
     state_per_param = 2;
   } else if (spec.optimizer().momentum() > 0) {
     state_per_param = 1;

@@ -96,7 +96,9 @@ void CheckReplicas(const JobSpec& s, Problems* p) {
                                                 "], got ", par.replicas()));
     return;
   }
-  if (par.replicas() == 1) return;
+  // A forward-only job's replicas take whole batches each (engine/
+  // inference.h): none of what follows applies.
+  if (par.replicas() == 1 || s.kind() != "train") return;
   const int r = par.replicas();
   const int m = par.microbatches();
   if (m < r || m % r != 0 || ((m / r) & (m / r - 1)) != 0) {
@@ -193,7 +195,8 @@ bool CheckParallelism(Problems* p, JobSpec* spec) {
   CheckOneOf(p, "parallelism.accumulation", par->accumulation(),
              {"sequential", "tree"});
   CheckReplicas(*spec, p);
-  if (stages_ok && par->microbatches() >= 1 && par->replicas() >= 1) {
+  if (spec->kind() == "train" && stages_ok && par->microbatches() >= 1 &&
+      par->replicas() >= 1) {
     CheckMicrobatchesPerReplica(*par, p);
   }
   const bool split_ok = CheckSplit(*par, num_blocks, stages_ok, p);

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "engine/forward_job.h"
+#include "engine/output_shards.h"
 #include "engine/stage.h"
 #include "engine/stage_wiring.h"
 #include "glog/logging.h"
@@ -90,12 +92,18 @@ absl::Status AssignmentRunner::Run(const StageAssignment& assignment,
                                     place.rank, place.transport_id, job));
     job->SetTransport(transport.get());
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<ReplicaGroup> replica_group,
-                   JoinReplicas(assignment, place, transport.get(), job));
   // Snapshots of another job are of no use any more.
   parts_.snapshots->UseFor(assignment.job_id());
-  const absl::Status status = StartAndRun(
-      assignment, plan, place, transport.get(), replica_group.get(), job);
+  absl::Status status;
+  if (plan.trains()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ReplicaGroup> replica_group,
+                     JoinReplicas(assignment, place, transport.get(), job));
+    status = StartAndRun(assignment, plan, place, transport.get(),
+                         replica_group.get(), job);
+  } else {
+    // A forward-only job's replicas never talk to each other.
+    status = StartAndRunForward(assignment, plan, place, transport.get(), job);
+  }
   if (!status.ok() && transport != nullptr) {
     // Stopped by this worker itself (draining, cut off): the peers hear that
     // cause, not the stage's own "cancelled".
@@ -148,6 +156,24 @@ absl::StatusOr<std::unique_ptr<ReplicaGroup>> AssignmentRunner::JoinReplicas(
   return joined;
 }
 
+absl::StatusOr<std::unique_ptr<ExecContext>> AssignmentRunner::Context(
+    const JobPlan& plan) const {
+  ASSIGN_OR_RETURN(const Precision precision,
+                   PrecisionFromName(plan.spec.precision()));
+  return ExecContext::Create(parts_.device, precision);
+}
+
+StageOptions AssignmentRunner::StageOptionsOf(
+    const GangPlace& place, const ExecContext* exec,
+    ReplicaGroup* replica_group) const {
+  const WorkerOptions& options = *parts_.options;
+  StageOptions base;
+  base.plugin_dir = options.plugin_dir;
+  base.data_dir = options.data_dir;
+  base.timeout = options.stage_timeout;
+  return GangStageOptions(base, place.gang, place.rank, exec, replica_group);
+}
+
 absl::Status AssignmentRunner::StartAndRun(const StageAssignment& assignment,
                                            const JobPlan& plan,
                                            const GangPlace& place,
@@ -155,16 +181,9 @@ absl::Status AssignmentRunner::StartAndRun(const StageAssignment& assignment,
                                            ReplicaGroup* replica_group,
                                            ActiveJob* job) {
   const WorkerOptions& options = *parts_.options;
-  ASSIGN_OR_RETURN(const Precision precision,
-                   PrecisionFromName(plan.spec.precision()));
-  ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec,
-                   ExecContext::Create(parts_.device, precision));
-  StageOptions base;
-  base.plugin_dir = options.plugin_dir;
-  base.data_dir = options.data_dir;
-  base.timeout = options.stage_timeout;
+  ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec, Context(plan));
   const StageOptions stage_options =
-      GangStageOptions(base, place.gang, place.rank, exec.get(), replica_group);
+      StageOptionsOf(place, exec.get(), replica_group);
   ASSIGN_OR_RETURN(
       std::optional<StageSnapshot> snapshot,
       ReceiveSnapshot(assignment, plan.num_stages(), place.stage, transport));
@@ -189,6 +208,54 @@ absl::Status AssignmentRunner::StartAndRun(const StageAssignment& assignment,
   return RunStage(
       *stage, transport, plan,
       RunOptions(assignment, plan, place, transport, metrics.get(), job));
+}
+
+absl::Status AssignmentRunner::StartAndRunForward(
+    const StageAssignment& assignment, JobPlan plan, const GangPlace& place,
+    Transport* transport, ActiveJob* job) {
+  const WorkerOptions& options = *parts_.options;
+  const std::string& job_id = assignment.job_id();
+  RETURN_IF_ERROR(PinModelCheckpoint(&plan));
+  ASSIGN_OR_RETURN(std::unique_ptr<ExecContext> exec, Context(plan));
+  const StageOptions stage_options = StageOptionsOf(place, exec.get(), nullptr);
+  // The last stage of each replica writes its shards of the outputs.
+  const bool writes =
+      plan.kind == JobKind::kInfer && place.stage == plan.loss_stage();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Stage> stage,
+      StartForwardStage(plan, place.stage, transport, stage_options));
+  // After the model was checked against the spec.
+  std::unique_ptr<OutputShards> outputs;
+  if (writes) {
+    ASSIGN_OR_RETURN(OutputJob output_job, OutputJobOf(plan));
+    ASSIGN_OR_RETURN(outputs, OutputShards::Open(output_job));
+  }
+  parts_.outbox->Report(StartedMessage(job_id, place.rank, 0));
+  ForwardRunOptions run;
+  run.replica = place.replica;
+  run.transport = transport;
+  run.timeout = options.stage_timeout;
+  run.cancel = job->cancel_flag();
+  run.outputs = outputs.get();
+  const int rank = place.rank;
+  auto report_progress = [this, &plan, job_id, rank](int64_t shard) {
+    absl::StatusOr<OutputProgress> p = CountOutputs(plan);
+    if (!p.ok()) {
+      LOG(WARNING) << "job " << job_id
+                   << ": counting its outputs: " << p.status();
+      return;
+    }
+    parts_.outbox->Report(ShardMessage(job_id, rank, shard, *p));
+  };
+  run.on_shard = [report_progress](int64_t shard, int64_t, double) {
+    report_progress(shard);
+  };
+  run.on_eval = [this, job_id, rank](int64_t step, const EvalReport& report) {
+    parts_.outbox->Report(EvalMessage(job_id, rank, step, report));
+  };
+  if (writes) report_progress(-1);
+  RETURN_IF_ERROR(RunForwardStage(*stage, plan, run));
+  return writes ? FinishWhenComplete(plan, outputs.get()) : absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<StageSnapshot>> AssignmentRunner::ReceiveSnapshot(

@@ -5,7 +5,8 @@
 // the group of its copies in the other replicas, restores it from in-memory
 // snapshots, a checkpoint or nothing, and runs it (engine/stage_runner.h),
 // reporting its start, steps, evals, held snapshots and committed
-// checkpoints through the outbox.
+// checkpoints through the outbox. An infer or eval job's stage runs
+// forward only (engine/forward_job.h), reporting its output shards.
 //
 // Thread safety: Run may be called from any thread, one assignment at a
 // time.
@@ -78,11 +79,23 @@ class AssignmentRunner {
   absl::StatusOr<std::unique_ptr<ReplicaGroup>> JoinReplicas(
       const v1::StageAssignment& assignment, const GangPlace& place,
       Transport* transport, ActiveJob* job);
+  // The context a stage of `plan` computes in, on the worker's device.
+  absl::StatusOr<std::unique_ptr<ExecContext>> Context(
+      const JobPlan& plan) const;
+  // The worker's stage options for its place in the gang.
+  StageOptions StageOptionsOf(const GangPlace& place, const ExecContext* exec,
+                              ReplicaGroup* replica_group) const;
   // Starts the stage and runs it through the rest of the job.
   absl::Status StartAndRun(const v1::StageAssignment& assignment,
                            const JobPlan& plan, const GangPlace& place,
                            Transport* transport, ReplicaGroup* replica_group,
                            ActiveJob* job);
+  // An infer or eval job's stage: its model pinned and loaded, its rows run
+  // forward, its output shards written and reported (the last stage of
+  // each replica of an inference job).
+  absl::Status StartAndRunForward(const v1::StageAssignment& assignment,
+                                  JobPlan plan, const GangPlace& place,
+                                  Transport* transport, ActiveJob* job);
   // The snapshot this stage restarts from (StageAssignment.snapshot), sent
   // by the worker that holds it; nullopt when it starts otherwise.
   absl::StatusOr<std::optional<StageSnapshot>> ReceiveSnapshot(

@@ -136,6 +136,20 @@ WorkerMessage HeldMessage(const std::string& job_id, int stage, int64_t step) {
   return m;
 }
 
+WorkerMessage ShardMessage(const std::string& job_id, int stage, int64_t shard,
+                           const OutputProgress& p) {
+  WorkerMessage m;
+  auto* r = m.mutable_shard();
+  r->set_job_id(job_id);
+  r->set_stage(stage);
+  r->set_shard(shard);
+  r->set_rows_done(p.rows_done);
+  r->set_shards_done(p.shards_done);
+  r->set_rows_total(p.rows_total);
+  r->set_shards_total(p.shards_total);
+  return m;
+}
+
 WorkerMessage HeartbeatMessage(bool draining) {
   WorkerMessage beat;
   beat.mutable_heartbeat()->set_time_ms(absl::ToUnixMillis(absl::Now()));

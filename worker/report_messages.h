@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "engine/forward_job.h"
 #include "engine/stage.h"
 #include "proto/trainyard.pb.h"
 #include "transport/rendezvous.h"
@@ -45,6 +46,11 @@ v1::WorkerMessage TransportMessage(const std::string& job_id, int stage,
 // (stage -1) the job's checkpoint after `step` is committed.
 v1::WorkerMessage HeldMessage(const std::string& job_id, int stage,
                               int64_t step);
+
+// StageShardReport: rank `stage` wrote output shard `shard` (-1: its run
+// starts), and what the job's output folder holds now.
+v1::WorkerMessage ShardMessage(const std::string& job_id, int stage,
+                               int64_t shard, const OutputProgress& p);
 
 // A heartbeat stamped now; `draining` says the worker takes no new stage.
 v1::WorkerMessage HeartbeatMessage(bool draining);

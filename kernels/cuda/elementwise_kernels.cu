@@ -21,7 +21,8 @@ constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
 template <Activation A>
 __device__ __forceinline__ float Act(float x) {
-  if (A == Activation::kRelu) return x > 0.0f ? x : 0.0f;
+  // NaN passes through, as in torch.relu and the CPU kernel.
+  if (A == Activation::kRelu) return x <= 0.0f ? 0.0f : x;
   if (A == Activation::kGelu) return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
   const float u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
   return 0.5f * x * (1.0f + tanhf(u));

@@ -1,5 +1,6 @@
-"""Trainyard's Python client: submit, inspect, cancel and watch training
-jobs on a Trainyard controller (gRPC JobService, proto/trainyard.proto).
+"""Trainyard's Python client: submit, inspect, cancel and watch training,
+inference and evaluation jobs on a Trainyard controller (gRPC JobService,
+proto/trainyard.proto), and read an inference job's outputs.
 
     import trainyard
     c = trainyard.Client("127.0.0.1:7070")  # TLS and token from the environment
@@ -15,15 +16,17 @@ from ._proto.trainyard_pb2 import Job
 from .client import DEFAULT_ADDRESS, Client
 from .errors import (DeadlineExceeded, Error, FailedPrecondition, InvalidArgument, JobFailed,
                      NotFound, PermissionDenied, Unauthenticated, Unavailable)
-from .events import (TERMINAL_STATES, EvalEvent, JobState, NoteEvent, RecoveryEvent,
-                     StateEvent, StepEvent)
+from .events import (TERMINAL_STATES, EvalEvent, JobState, NoteEvent, ProgressEvent,
+                     RecoveryEvent, StateEvent, StepEvent)
+from .outputs import read_outputs
 from .spec import load_spec
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client", "DEFAULT_ADDRESS", "Job", "JobSpec", "JobState", "TERMINAL_STATES", "load_spec",
-    "StepEvent", "EvalEvent", "StateEvent", "NoteEvent", "RecoveryEvent",
+    "StepEvent", "EvalEvent", "StateEvent", "NoteEvent", "RecoveryEvent", "ProgressEvent",
+    "read_outputs",
     "Error", "InvalidArgument", "NotFound", "FailedPrecondition", "Unauthenticated",
     "PermissionDenied", "Unavailable", "DeadlineExceeded", "JobFailed",
 ]

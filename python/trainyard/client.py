@@ -9,8 +9,8 @@ from . import errors
 from ._proto import trainyard_pb2 as pb
 from ._proto import trainyard_pb2_grpc as pb_grpc
 from .errors import DeadlineExceeded, InvalidArgument, JobFailed, Unavailable
-from .events import TERMINAL_STATES, JobState, EvalEvent, NoteEvent, RecoveryEvent, \
-    StateEvent, StepEvent, from_proto, job_state
+from .events import TERMINAL_STATES, JobState, EvalEvent, NoteEvent, ProgressEvent, \
+    RecoveryEvent, StateEvent, StepEvent, from_proto, job_state
 from .spec import load_spec
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
@@ -159,8 +159,9 @@ class Client:
     def watch(self, job_id, *, from_step=0, timeout=None, reconnect_for=30.0):
         """Yields the job's events: the current StateEvent, every StepEvent
         and EvalEvent from step `from_step` on (replayed, then live), and
-        NoteEvent, RecoveryEvent and StateEvent as they happen; the last one
-        is the terminal StateEvent (SUCCEEDED, FAILED or CANCELLED).
+        NoteEvent, RecoveryEvent, ProgressEvent (an inference job's rows
+        written, each count once) and StateEvent as they happen; the last
+        one is the terminal StateEvent (SUCCEEDED, FAILED or CANCELLED).
 
         A dropped stream (lost connection, restarted controller) is resumed
         from the last step seen, so every step is yielded once, in order.
@@ -172,6 +173,7 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         last_step = last_eval = from_step - 1
         last_recovery = 0
+        last_rows = 0
         last_state = None
         notes_seen = set()
         give_up = time.monotonic() + reconnect_for
@@ -222,6 +224,10 @@ class Client:
                         if event.attempt <= last_recovery:
                             continue
                         last_recovery = event.attempt
+                    elif isinstance(event, ProgressEvent):
+                        if event.rows_done <= last_rows:
+                            continue
+                        last_rows = event.rows_done
                     elif isinstance(event, StateEvent):
                         if event.state == last_state:
                             continue

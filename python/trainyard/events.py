@@ -96,6 +96,20 @@ class RecoveryEvent:
     raw: Optional[trainyard_pb2.JobEvent] = dataclasses.field(**_RAW)
 
 
+@dataclasses.dataclass(frozen=True)
+class ProgressEvent:
+    """An inference job wrote an output shard: its rows written so far (over
+    every replica), their rate in this run and the seconds left (-1 when
+    unknown)."""
+    rows_done: int
+    rows_total: int
+    shards_done: int
+    shards_total: int
+    rows_per_sec: float
+    eta_seconds: float
+    raw: Optional[trainyard_pb2.JobEvent] = dataclasses.field(**_RAW)
+
+
 def from_proto(ev):
     """The typed event for a trainyard.v1.JobEvent; None for a kind this
     version does not know."""
@@ -121,4 +135,8 @@ def from_proto(ev):
         return RecoveryEvent(r.attempt, r.cause, r.resume_step, r.detected_step,
                              tuple(r.workers), r.from_snapshot, r.reschedule_s,
                              r.restore_s, r.warmup_s, r.step, raw=ev)
+    if kind == "progress":
+        p = ev.progress
+        return ProgressEvent(p.rows_done, p.rows_total, p.shards_done, p.shards_total,
+                             p.rows_per_sec, p.eta_seconds, raw=ev)
     return None

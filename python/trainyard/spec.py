@@ -75,6 +75,9 @@ def resolve_paths(spec, base_dir):
         absolute(spec.model.init, "safetensors")
     if spec.HasField("checkpoint"):
         absolute(spec.checkpoint, "dir")
+    if spec.HasField("inference"):
+        absolute(spec.inference, "checkpoint_dir")
+        absolute(spec.inference, "output_dir")
 
 
 def fill_input_width(spec):
