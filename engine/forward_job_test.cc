@@ -4,6 +4,8 @@
 // complete shards, and their refusals.
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -31,7 +33,8 @@ std::string TempDir(const std::string& name) {
   return dir;
 }
 
-absl::Status RunSpec(const JobSpec& spec, LocalJobOptions options = {}) {
+absl::Status RunSpec(JobSpec spec, LocalJobOptions options = {}) {
+  spec.set_device(options.device.KindName());
   absl::StatusOr<JobPlan> plan = PlanJob(spec, PlanOptions());
   if (!plan.ok()) return plan.status();
   options.plugin_dir = testing::PluginDir();
@@ -179,6 +182,48 @@ TEST(ForwardJobTest, PredictionsAreBitwiseTheSameForAnyLayout) {
     if (name == "accuracy") accuracy = v;
   }
   EXPECT_EQ(static_cast<double>(correct) / rows, accuracy);
+}
+
+// The device data path (the simulated device): the data set kept and
+// gathered on the device, outputs copied back per microbatch. fp32 computes
+// the CPU's bits; bf16 stays within its rounding of them.
+TEST(ForwardJobTest, OnTheSimulatedDevice) {
+  const std::string cpu = TempDir("sim-reference");
+  ASSERT_TRUE(RunSpec(ForwardSpec("infer", 2, 1, cpu)).ok());
+  LocalJobOptions on_sim;
+  on_sim.device = Device::Sim(0);
+  const std::string fp32 = TempDir("sim-fp32");
+  absl::Status st = RunSpec(ForwardSpec("infer", 2, 1, fp32), on_sim);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(ShardFiles(fp32) == ShardFiles(cpu));
+
+  const std::string bf16 = TempDir("sim-bf16");
+  JobSpec spec = ForwardSpec("infer", 2, 1, bf16);
+  spec.set_precision("bf16");
+  st = RunSpec(spec, on_sim);
+  ASSERT_TRUE(st.ok()) << st;
+  for (int k = 0; k < 4; ++k) {
+    const std::string file =
+        absl::StrCat("shard-0000", k, "/probabilities.npy");
+    absl::StatusOr<Tensor> want = ReadNpy(JoinPath(cpu, file));
+    absl::StatusOr<Tensor> got = ReadNpy(JoinPath(bf16, file));
+    ASSERT_TRUE(want.ok() && got.ok());
+    ASSERT_EQ(want->shape(), got->shape());
+    double max_diff = 0;
+    for (int64_t i = 0; i < want->numel(); ++i) {
+      max_diff = std::max<double>(
+          max_diff, std::fabs(want->data<float>()[i] - got->data<float>()[i]));
+    }
+    EXPECT_LT(max_diff, 0.05) << file;  // probabilities, bf16 activations
+  }
+
+  // An eval job on the device: its loss slots read once per batch.
+  std::vector<EvalReport> evals;
+  on_sim.on_eval = [&](int64_t, const EvalReport& r) { evals.push_back(r); };
+  st = RunSpec(ForwardSpec("eval", 2, 1, ""), on_sim);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_EQ(evals[0].loss, TrainedModel().final_eval.loss);
 }
 
 TEST(ForwardJobTest, AResumedJobWritesOnlyTheMissingShards) {

@@ -15,8 +15,13 @@ import threading
 
 import numpy as np
 
+import sys
+
 from cluster import (CLI_BIN, PLUGIN_DIR, ROOT, TERMINAL, Cluster, pb,
                      spec_from_json, wait_for)
+
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import trainyard  # noqa: E402  the Python client, from the checkout
 
 WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -51,13 +56,16 @@ def forward_spec(kind, stages=3, replicas=1, output=None, shard_rows=100):
     return spec
 
 
-def run_cli(command, spec, tag):
-    path = os.path.join(WORK, f"{tag}.json")
-    with open(path, "w") as f:
-        json.dump(spec, f)
+def run_cli(command, spec, tag, flags=()):
+    """`trainyard <command>` on `spec` (a dict, or a spec file's path)."""
+    path = spec
+    if isinstance(spec, dict):
+        path = os.path.join(WORK, f"{tag}.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
     out = os.path.join(WORK, f"{tag}.jsonl")
     run = subprocess.run([CLI_BIN, command, "--spec", path, "--metrics_out", out,
-                          "--threads", "1", f"--plugin_dir={PLUGIN_DIR}"],
+                          "--threads", "1", f"--plugin_dir={PLUGIN_DIR}", *flags],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return [json.loads(line) for line in open(out)]
@@ -84,15 +92,18 @@ def read_outputs(folder):
     return manifest, out
 
 
-# 1. Train digits (3 stages) with a checkpoint after the last step.
-train = digits_spec()
-train["checkpoint"] = {"dir": CKPT, "every": 100}
-lines = run_cli("train", train, "train")
+# 1. The README's quickstart: train digits (3 stages) with a checkpoint
+#    after the last step, then write its predictions with digits_infer.json.
+lines = run_cli("train", os.path.join(EXAMPLES, "digits.json"), "train",
+                [f"--checkpoint_dir={CKPT}"])
 final = [l for l in lines if "eval_loss" in l][-1]
 assert final["step"] == 300, final
 labels = np.load(os.path.join(EXAMPLES, "digits", "eval_labels.npy"))
 print(f"trained: final eval loss {final['eval_loss']!r} accuracy "
       f"{final['eval_accuracy']!r}")
+quick = os.path.join(WORK, "predictions")
+run_cli("infer", os.path.join(EXAMPLES, "digits_infer.json"), "quickstart",
+        [f"--checkpoint_dir={CKPT}", f"--output_dir={quick}"])
 
 # 2. trainyard infer: bitwise the same files for every layout.
 reference = None
@@ -112,6 +123,7 @@ assert pred["probabilities"].shape == (360, 10), pred["probabilities"].shape
 assert np.array_equal(pred["predicted_class"], pred["probabilities"].argmax(1))
 accuracy = float(np.mean(pred["predicted_class"] == labels))
 assert accuracy == final["eval_accuracy"], (accuracy, final["eval_accuracy"])
+assert shard_files(quick) == reference, "the quickstart's predictions differ"
 print(f"infer: 6 layouts bitwise equal; accuracy {accuracy!r} = the final eval's")
 
 # 3. trainyard eval: the training job's final eval, bitwise.
@@ -126,14 +138,19 @@ print("eval: the final eval's loss and accuracy, bitwise (1 and 3 stages)")
 cluster = Cluster(workers=3)
 try:
     out = os.path.join(WORK, "svc")
-    job = cluster.submit(spec_from_json(forward_spec("infer", 2, 1, out)))
-    events = cluster.watch(job.job_id, timeout=180)
+    # Through the Python client: submitted, watched, its outputs read.
+    client = trainyard.Client(cluster.address, tls=False)
+    job = client.submit(forward_spec("infer", 2, 1, out))
+    progress = [e for e in client.watch(job.job_id, timeout=180)
+                if isinstance(e, trainyard.ProgressEvent)]
     done = cluster.get(job.job_id)
     assert done.state == pb.SUCCEEDED, (done.reason, cluster.log("controller"))
-    progress = [e.progress for e in events if e.WhichOneof("event") == "progress"]
     assert progress and progress[-1].rows_done == 360, progress
+    assert [p.rows_done for p in progress] == sorted({p.rows_done for p in progress})
     assert done.progress.rows_done == 360 and done.progress.shards_done == 4
     assert shard_files(out) == reference, "service outputs differ"
+    got = trainyard.read_outputs(out)
+    assert np.array_equal(got["predicted_class"], pred["predicted_class"])
     job = cluster.submit(spec_from_json(forward_spec("eval", 2)))
     events = cluster.watch(job.job_id, timeout=180)
     evals = [e.eval for e in events if e.WhichOneof("event") == "eval"]
