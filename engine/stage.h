@@ -1,5 +1,6 @@
-// Stage: one pipeline stage of a training job — the engine every worker
-// runs, on the CPU or a GPU.
+// Stage: one pipeline stage of a job — the engine every worker runs, on the
+// CPU or a GPU. A training job's stage runs optimizer steps; an infer or
+// eval job's (engine/forward_job.h) runs forward only, with no optimizer.
 //
 // A Stage interprets its list of the job's Schedule (schedule/schedule.h) for
 // each optimizer step: forward, backward-input, backward-weight, sends and
@@ -16,11 +17,13 @@
 // inputs through the task plugin. What a step or an eval reports is in
 // engine/stage_report.h. Stage's own methods are defined by concern:
 //   stage.cc             construction, parameters, task events;
-//   stage_step.cc        a step and an eval from start to end, the
-//                        optimizer step;
+//   stage_step.cc        a step and an eval from start to end (forward-only
+//                        batches), the optimizer step;
 //   stage_passes.cc      batches into microbatches, forward and backward;
 //   stage_schedule.cc    the schedule's actions, sends and receives;
-//   stage_checkpoint.cc  checkpoint contents and restore.
+//   stage_checkpoint.cc  checkpoint contents and restore;
+//   stage_inference.cc   an inference job's pass, an infer or eval job's
+//                        model.
 //
 // Loss combination: microbatch i returns loss L_i with weight w_i; the step
 // loss is sum(w_i L_i) / sum(w_i). Backward is seeded with w_i * dL_i/dOut

@@ -3,7 +3,7 @@
 running the same model under torch.inference_mode(), side by side in one
 run, alternating, on the same threads.
 
-The model is the CPU training benchmark's (engine/train_step_benchmark.cc):
+The model (CPU) is the training benchmark's (engine/train_step_benchmark.cc):
 4 blocks, h = 1024, ffn = 4096, exact GELU, bias, no norm, with random
 weights written as model.init.safetensors; the task is mse (its output: the
 model's output). The job reads N rows of float32 features from .npy, runs
@@ -20,6 +20,12 @@ Build, then run from the repository root:
     bazel build //cli:trainyard //task_plugins:plugins
     env -u OPENBLAS_CORETYPE /usr/bin/python3 tools/bench_inference.py \
         [--rows 16384] [--batch 256] [--threads 2] [--rounds 3]
+
+On a GPU (--device cuda; the GPU bundle's run.sh runs it): by default the
+2-block h = 8192, ffn = 32768 model in bf16, 8192-row batches; PyTorch's
+model is cast to bfloat16 on cuda:0 and, like the job, takes each batch from
+host memory and returns its outputs to host memory as float32.
+--ld_library_path is the trainyard binary's (the bundle's lib/).
 """
 import argparse
 import json
@@ -34,16 +40,16 @@ import numpy as np
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-H, FFN, BLOCKS = 1024, 4096, 4
 
 
-def write_model(folder):
+def write_model(args, folder):
     """Random nn.Linear-initialised weights, in Trainyard's names, as
     safetensors; and the torch model holding the same."""
     torch.manual_seed(1)
     layers, tensors = [], {}
-    for i in range(BLOCKS):
-        fc1, fc2 = torch.nn.Linear(H, FFN), torch.nn.Linear(FFN, H)
+    for i in range(args.blocks):
+        fc1 = torch.nn.Linear(args.hidden, args.ffn)
+        fc2 = torch.nn.Linear(args.ffn, args.hidden)
         layers += [fc1, torch.nn.GELU(), fc2]
         for name, lin in (("fc1", fc1), ("fc2", fc2)):
             tensors[f"blocks.{i}.{name}.weight"] = lin.weight.detach().contiguous()
@@ -71,17 +77,18 @@ def write_safetensors(path, tensors):
             f.write(blob)
 
 
-def spec(folder, model, rows, batch, output):
+def spec(args, folder, model, output):
     return {
         "name": "bench-infer", "kind": "infer",
-        "model": {"blocks": [{"outFeatures": H, "ffnHiddenSize": FFN,
-                              "activation": "gelu"}] * BLOCKS,
+        "device": args.device, "precision": args.precision,
+        "model": {"blocks": [{"outFeatures": args.hidden, "ffnHiddenSize": args.ffn,
+                              "activation": "gelu"}] * args.blocks,
                   "init": {"safetensors": model}},
         "task": {"plugin": "mse"},
         "data": {"train": {"npy": {"features": os.path.join(folder, "x.npy"),
                                    "targets": os.path.join(folder, "y.npy")}},
-                 "batchSize": batch},
-        "inference": {"outputDir": output, "shardRows": rows},
+                 "batchSize": args.batch},
+        "inference": {"outputDir": output, "shardRows": args.rows},
     }
 
 
@@ -89,12 +96,17 @@ def run_trainyard(args, folder, model, round_):
     output = os.path.join(folder, f"out-{round_}")
     path = os.path.join(folder, f"spec-{round_}.json")
     with open(path, "w") as f:
-        json.dump(spec(folder, model, args.rows, args.batch, output), f)
+        json.dump(spec(args, folder, model, output), f)
     lines = os.path.join(folder, f"lines-{round_}.jsonl")
+    env = dict(os.environ)
+    if args.ld_library_path:
+        env["LD_LIBRARY_PATH"] = args.ld_library_path
     start = time.perf_counter()
-    subprocess.run([args.trainyard, "infer", "--spec", path, "--metrics_out", lines,
-                    f"--threads={args.threads}", f"--plugin_dir={args.plugin_dir}"],
-                   check=True, capture_output=True)
+    run = subprocess.run([args.trainyard, "infer", "--spec", path, "--metrics_out", lines,
+                          f"--threads={args.threads}", f"--plugin_dir={args.plugin_dir}"],
+                         capture_output=True, text=True, env=env)
+    if run.returncode != 0:
+        raise SystemExit(f"trainyard infer failed:\n{run.stderr[-3000:]}")
     end_to_end = time.perf_counter() - start
     (shard,) = [json.loads(line) for line in open(lines)]
     out = np.load(os.path.join(output, "shard-00000", "outputs.npy"))
@@ -108,28 +120,48 @@ def run_torch(args, net, x):
     with torch.inference_mode():
         start = time.perf_counter()
         for b in range(0, args.rows, args.batch):
-            outs.append(net(x[b:b + args.batch]))
+            if args.device == "cuda":
+                batch = x[b:b + args.batch].to("cuda", non_blocking=True)
+                outs.append(net(batch.to(torch.bfloat16 if args.precision == "bf16"
+                                         else torch.float32)).float().cpu())
+            else:
+                outs.append(net(x[b:b + args.batch]))
         seconds = time.perf_counter() - start
     return args.rows / seconds, torch.cat(outs).numpy()
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--rows", type=int, default=16384)
-    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--batch", type=int, default=None, help="256 (cpu), 8192 (cuda)")
+    p.add_argument("--blocks", type=int, default=None, help="4 (cpu), 2 (cuda)")
+    p.add_argument("--hidden", type=int, default=None, help="1024 (cpu), 8192 (cuda)")
+    p.add_argument("--precision", default=None, help="fp32 (cpu), bf16 (cuda)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--trainyard", default=os.path.join(REPO, "bazel-bin/cli/trainyard"))
     p.add_argument("--plugin_dir", default=os.path.join(REPO, "bazel-bin/task_plugins"))
+    p.add_argument("--ld_library_path", default="")
     args = p.parse_args()
+    gpu = args.device == "cuda"
+    args.batch = args.batch or (8192 if gpu else 256)
+    args.blocks = args.blocks or (2 if gpu else 4)
+    args.hidden = args.hidden or (8192 if gpu else 1024)
+    args.ffn = 4 * args.hidden
+    args.precision = args.precision or ("bf16" if gpu else "fp32")
     folder = tempfile.mkdtemp(prefix="bench-infer-")
     try:
-        model, net = write_model(folder)
+        model, net = write_model(args, folder)
+        if gpu:
+            net = net.to("cuda", torch.bfloat16 if args.precision == "bf16"
+                         else torch.float32)
         rng = np.random.default_rng(1)
-        x = rng.standard_normal((args.rows, H), dtype=np.float32)
+        x = rng.standard_normal((args.rows, args.hidden), dtype=np.float32)
         np.save(os.path.join(folder, "x.npy"), x)
-        np.save(os.path.join(folder, "y.npy"), np.zeros((args.rows, H), np.float32))
-        xt = torch.from_numpy(x)
+        np.save(os.path.join(folder, "y.npy"),
+                np.zeros((args.rows, args.hidden), np.float32))
+        xt = torch.from_numpy(x).pin_memory() if gpu else torch.from_numpy(x)
         ours, ours_e2e, theirs = [], [], []
         for r in range(args.rounds):
             rate, e2e, out = run_trainyard(args, folder, model, r)
@@ -143,8 +175,9 @@ def main():
         m, t = statistics.median(ours), statistics.median(theirs)
         print(f"median: trainyard {m:.0f} rows/s ({statistics.median(ours_e2e):.0f} "
               f"end to end), torch.inference_mode {t:.0f} rows/s: ratio {m / t:.2f}")
-        print(f"torch {torch.__version__}, {args.threads} threads, {args.rows} rows, "
-              f"batch {args.batch}")
+        print(f"torch {torch.__version__}, {args.device}, {args.precision}, "
+              f"{args.blocks} blocks h={args.hidden} ffn={args.ffn}, {args.threads} threads, "
+              f"{args.rows} rows, batch {args.batch}")
     finally:
         shutil.rmtree(folder)
 

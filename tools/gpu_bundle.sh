@@ -19,7 +19,7 @@
 #                   libgcc_s and CUDA's own (the GPU machine has those), plus
 #                   the OpenBLAS that kernels/blas.cc dlopen()s
 #   examples/       digits.json and digits/*.npy
-#   tools/          bench_gpu_mlp.py, gpu_compare.py
+#   tools/          bench_gpu_mlp.py, bench_inference.py, gpu_compare.py
 #   run.sh          tools/gpu_bundle_run.sh
 #   gpu_tests.txt, gpu_benchmarks.txt, MANIFEST.txt
 set -euo pipefail
@@ -138,7 +138,7 @@ chmod -R u+w "$OUT"
 
 cp examples/digits.json "$OUT/examples/"
 cp examples/digits/*.npy "$OUT/examples/digits/"
-cp tools/bench_gpu_mlp.py tools/gpu_compare.py "$OUT/tools/"
+cp tools/bench_gpu_mlp.py tools/bench_inference.py tools/gpu_compare.py "$OUT/tools/"
 cp tools/gpu_bundle_run.sh "$OUT/run.sh"
 chmod +x "$OUT/run.sh" "$OUT/tools/"*.py
 

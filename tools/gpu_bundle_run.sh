@@ -32,6 +32,10 @@
 #   bench_torch                   tools/bench_gpu_mlp.py, when a python has
 #                                 torch with CUDA (tried: python3,
 #                                 /opt/torch/.venv/bin/python)
+#   bench_infer                   tools/bench_inference.py --device cuda: an
+#                                 inference job's rows/s (2 blocks, h=8192,
+#                                 bf16) next to torch.inference_mode, same
+#                                 python
 # RESULTS_DIR gets summary.txt (one row per step: PASS/FAIL/SKIPPED, seconds,
 # detail; the benchmarks side by side) and gpu-results.tar.gz (every log,
 # metric file and spec). Exit: 0 when every step that ran passed, 1 otherwise,
@@ -333,21 +337,38 @@ bench() { # NAME BINARY
   DETAIL="$(grep -c . "$LOGS/$1.jsonl") results (table in summary.txt)"
 }
 
-bench_torch() {
-  local p why=""
+# torch_python: the first python with torch on CUDA (its version in WHY);
+# returns 3 with WHY saying why when there is none.
+torch_python() {
+  local p
+  WHY=""
   for p in python3 /opt/torch/.venv/bin/python; do
     command -v "$p" >/dev/null 2>&1 || continue
-    if why=$(LD_LIBRARY_PATH=$ORIG_LD timeout 120 "$p" -c \
+    if WHY=$(LD_LIBRARY_PATH=$ORIG_LD timeout 120 "$p" -c \
       'import torch; assert torch.cuda.is_available(), "torch.cuda.is_available() is False"; print(torch.__version__)' 2>&1); then
-      run "$TY_BENCH_TIMEOUT" env LD_LIBRARY_PATH="$ORIG_LD" "$p" "$HERE/tools/bench_gpu_mlp.py" ||
-        return 1
-      grep '^{' "$STEP_LOG" >"$LOGS/bench_torch.jsonl"
-      DETAIL="torch $(last_line <<<"$why") ($p): $(grep -c . "$LOGS/bench_torch.jsonl") results"
+      TORCH_PY=$p
       return 0
     fi
   done
-  DETAIL="no python with torch and CUDA (python3, /opt/torch/.venv/bin/python): $(last_line <<<"$why")"
+  WHY="no python with torch and CUDA (python3, /opt/torch/.venv/bin/python): $(last_line <<<"$WHY")"
   return 3
+}
+
+bench_torch() {
+  torch_python || { DETAIL=$WHY; return 3; }
+  run "$TY_BENCH_TIMEOUT" env LD_LIBRARY_PATH="$ORIG_LD" "$TORCH_PY" "$HERE/tools/bench_gpu_mlp.py" ||
+    return 1
+  grep '^{' "$STEP_LOG" >"$LOGS/bench_torch.jsonl"
+  DETAIL="torch $(last_line <<<"$WHY") ($TORCH_PY): $(grep -c . "$LOGS/bench_torch.jsonl") results"
+}
+
+bench_infer() {
+  torch_python || { DETAIL=$WHY; return 3; }
+  run "$TY_BENCH_TIMEOUT" env LD_LIBRARY_PATH="$ORIG_LD" "$TORCH_PY" \
+    "$HERE/tools/bench_inference.py" --device cuda --rounds 2 \
+    --trainyard "$HERE/bin/trainyard" --plugin_dir "$HERE/plugins" \
+    --ld_library_path "$LD_LIBRARY_PATH" || return 1
+  DETAIL=$(grep '^median' "$STEP_LOG" | last_line)
 }
 
 finish() {
@@ -418,5 +439,6 @@ for t in "${BENCHES[@]}"; do
   step "${t#* }" bench "bench_${b##*/}" "$HERE/$b"
 done
 step bench_torch bench_torch
+step bench_infer bench_infer
 finish
 exit "$FAILED"
