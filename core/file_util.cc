@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -112,6 +114,23 @@ absl::StatusOr<int64_t> FileSize(const std::string& path) {
         absl::StrCat(path, ": not a regular file"));
   }
   return static_cast<int64_t>(st.st_size);
+}
+
+absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    names.push_back(it->path().filename().string());
+  }
+  if (ec) {
+    std::string msg = absl::StrCat(dir, ": cannot list folder: ", ec.message());
+    return ec == std::errc::no_such_file_or_directory
+               ? absl::NotFoundError(msg)
+               : absl::InternalError(msg);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 absl::Status SyncDirectory(const std::string& path) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,6 +34,10 @@ absl::Status WriteFileAtomically(const std::string& path,
 // mkdir -p: creates `path` and missing parents. OK if it already exists as a
 // folder.
 absl::Status CreateDirectories(const std::string& path);
+
+// The names in folder `dir` (no "." or ".."), sorted. NotFound when it does
+// not exist; Internal naming the folder when it cannot be listed.
+absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir);
 
 // fsyncs the folder `path`, so renames and creations inside it are durable.
 absl::Status SyncDirectory(const std::string& path);

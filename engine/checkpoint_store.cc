@@ -77,32 +77,9 @@ bool ParseStageFileName(const std::string& name, int* stage) {
          StageFileName(*stage) == name;
 }
 
-// Names of the entries of `dir` (NotFound if it does not exist).
-absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) {
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec);
-  if (ec) {
-    std::string msg = absl::StrCat(dir, ": cannot list folder: ", ec.message());
-    return ec == std::errc::no_such_file_or_directory
-               ? absl::NotFoundError(msg)
-               : absl::InternalError(msg);
-  }
-  std::vector<std::string> names;
-  for (; it != fs::directory_iterator(); it.increment(ec)) {
-    if (ec) break;
-    names.push_back(it->path().filename().string());
-  }
-  if (ec) {
-    return absl::InternalError(
-        absl::StrCat(dir, ": cannot list folder: ", ec.message()));
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 // Every step folder in `dir`, ascending.
 absl::StatusOr<std::vector<int64_t>> ListStepDirs(const std::string& dir) {
-  auto names = ListDir(dir);
+  auto names = ListFolder(dir);
   if (absl::IsNotFound(names.status())) return std::vector<int64_t>{};
   if (!names.ok()) return names.status();
   std::vector<int64_t> steps;
@@ -277,7 +254,7 @@ absl::Status CommitCheckpoint(const std::string& dir, int64_t step,
         absl::StrCat("checkpoint ", step_dir, ": step (", step,
                      ") must be >= 0 and num_stages (", num_stages, ") >= 1"));
   }
-  auto names = ListDir(step_dir);
+  auto names = ListFolder(step_dir);
   if (absl::IsNotFound(names.status())) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", step_dir,

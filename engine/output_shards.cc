@@ -94,24 +94,6 @@ bool TempMayBeInUse(absl::string_view name) {
   return ::kill(pid, 0) == 0 || errno == EPERM;
 }
 
-// Names in `dir`, sorted. NotFound if it does not exist.
-absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir) {
-  std::error_code ec;
-  std::vector<std::string> names;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    names.push_back(it->path().filename().string());
-  }
-  if (ec) {
-    std::string msg = absl::StrCat(dir, ": cannot list folder: ", ec.message());
-    return ec == std::errc::no_such_file_or_directory
-               ? absl::NotFoundError(msg)
-               : absl::InternalError(msg);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 absl::Status RemoveTree(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
