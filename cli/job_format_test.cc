@@ -49,6 +49,23 @@ TEST(FormatLogLineTest, StageWorkerSeverityAndText) {
   EXPECT_NE(FormatLogLine(l).find(".234 ERROR: hello"), std::string::npos);
 }
 
+TEST(FormatProgressTest, StepsRowsOrEvalByKind) {
+  v1::Job job;
+  job.mutable_spec()->set_steps(300);
+  job.set_steps_completed(12);
+  EXPECT_EQ(FormatProgress(job), "12/300");
+  job.mutable_spec()->set_kind("train");
+  EXPECT_EQ(FormatProgress(job), "12/300");
+  job.mutable_spec()->set_kind("infer");
+  job.mutable_progress()->set_rows_done(640);
+  job.mutable_progress()->set_rows_total(1000);
+  EXPECT_EQ(FormatProgress(job), "rows 640/1000");
+  job.mutable_spec()->set_kind("eval");
+  EXPECT_EQ(FormatProgress(job), "eval");
+  job.mutable_last_eval()->set_loss(0.5);
+  EXPECT_EQ(FormatProgress(job), "eval done");
+}
+
 TEST(ToJsonTest, IndentedWithProtoFieldNames) {
   v1::Job job;
   job.set_job_id("job-1");

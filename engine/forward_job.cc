@@ -238,7 +238,8 @@ absl::Status RunInferJob(Stage& stage, const JobPlan& plan,
     }
     if (done[k]) continue;
     const auto [begin, end] = ShardRange(plan, rows, k);
-    RETURN_IF_ERROR(stage.RunInference(begin, end, k * tags_per_shard, sink));
+    RETURN_IF_ERROR(stage.RunInference(begin, end, k * tags_per_shard, sink,
+                                       options.cancel));
     if (stage.is_last() && options.on_shard) {
       const absl::Time now = absl::Now();
       options.on_shard(k, end - begin, absl::ToDoubleSeconds(now - start));

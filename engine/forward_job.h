@@ -88,7 +88,7 @@ struct ForwardRunOptions {
   // loaded the same checkpoint before the first row.
   Transport* transport = nullptr;
   absl::Duration timeout = absl::Minutes(2);
-  // Checked before every shard; when set, the run returns Cancelled.
+  // Checked before every batch; when set, the run returns Cancelled.
   const std::atomic<bool>* cancel = nullptr;
   // The last stage of an inference job: the output folder it writes its
   // replica's shards into (opened by the caller, shared by the replicas of

@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
 #include "core/npy.h"
+#include "core/safetensors.h"
+#include "engine/checkpoint_store.h"
 #include "engine/local_job.h"
 #include "engine/test_jobs.h"
 #include "engine/test_paths.h"
@@ -37,7 +39,7 @@ absl::Status RunSpec(JobSpec spec, LocalJobOptions options = {}) {
   spec.set_device(options.device.KindName());
   absl::StatusOr<JobPlan> plan = PlanJob(spec, PlanOptions());
   if (!plan.ok()) return plan.status();
-  options.plugin_dir = testing::PluginDir();
+  if (options.plugin_dir.empty()) options.plugin_dir = testing::PluginDir();
   return RunLocalJob(*plan, options);
 }
 
@@ -226,6 +228,38 @@ TEST(ForwardJobTest, OnTheSimulatedDevice) {
   EXPECT_EQ(evals[0].loss, TrainedModel().final_eval.loss);
 }
 
+// The same model from one safetensors file in PyTorch's layout (every
+// parameter of the checkpoint's stage files, nothing else): the same bits.
+TEST(ForwardJobTest, AModelFromSafetensorsGivesTheSameOutputs) {
+  const Trained& trained = TrainedModel();
+  absl::StatusOr<CheckpointManifest> manifest =
+      ReadCheckpointManifest(trained.checkpoint_dir, trained.step);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  const int stages = static_cast<int>(manifest->stages.size());
+  SafetensorsFile model;
+  for (int k = 0; k < stages; ++k) {
+    absl::StatusOr<SafetensorsFile> file =
+        ReadStageFile(trained.checkpoint_dir, trained.step, k, stages);
+    ASSERT_TRUE(file.ok()) << file.status();
+    for (auto& [name, t] : file->tensors) {
+      if (name.rfind("blocks.", 0) == 0) model.tensors.push_back({name, t});
+    }
+  }
+  const std::string path = JoinPath(TempDir("safetensors"), "model.st");
+  ASSERT_TRUE(CreateDirectories(Dirname(path)).ok());
+  ASSERT_TRUE(WriteSafetensors(path, model).ok());
+
+  const std::string from_checkpoint = TempDir("from-checkpoint");
+  ASSERT_TRUE(RunSpec(ForwardSpec("infer", 2, 1, from_checkpoint)).ok());
+  const std::string from_file = TempDir("from-safetensors");
+  JobSpec spec = ForwardSpec("infer", 2, 1, from_file);
+  spec.mutable_inference()->clear_checkpoint_dir();
+  spec.mutable_model()->mutable_init()->set_safetensors(path);
+  absl::Status st = RunSpec(spec);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(ShardFiles(from_file) == ShardFiles(from_checkpoint));
+}
+
 TEST(ForwardJobTest, AResumedJobWritesOnlyTheMissingShards) {
   const std::string out = TempDir("resume");
   ASSERT_TRUE(RunSpec(ForwardSpec("infer", 2, 1, out)).ok());
@@ -286,6 +320,22 @@ TEST(ForwardJobTest, ACheckpointOfAnotherModelIsRefusedNamingTheTensor) {
   st = RunSpec(spec);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("blocks.3."), std::string::npos) << st;
+}
+
+TEST(ForwardJobTest, APluginWithoutInferOutputsIsRefusedBeforeAnyRow) {
+  TrainedModel();
+  const std::string out = TempDir("no-infer-outputs");
+  JobSpec spec = ForwardSpec("infer", 2, 1, out);
+  spec.mutable_task()->set_plugin("old_layout");  // a table before the hook
+  spec.mutable_task()->clear_config();
+  LocalJobOptions options;
+  options.plugin_dir = testing::PluginDir() + "/testdata";
+  absl::Status st = RunSpec(spec, options);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("plugin \"old_layout\" cannot run inference"),
+            std::string::npos)
+      << st;
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST(ForwardJobTest, AMissingCheckpointIsNamed) {

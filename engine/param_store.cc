@@ -29,7 +29,10 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
     store.global_index_.push_back(static_cast<int>(p));
   }
   ASSIGN_OR_RETURN(store.params_, ctx->Zeros(DType::kFloat32, {total}));
-  ASSIGN_OR_RETURN(store.grads_, ctx->Zeros(DType::kFloat32, {total}));
+  // A forward-only job (infer, eval) has no gradients.
+  if (plan.trains()) {
+    ASSIGN_OR_RETURN(store.grads_, ctx->Zeros(DType::kFloat32, {total}));
+  }
   const bool bf16_copy =
       ctx->device().is_cuda() && ctx->precision() == Precision::kBf16;
   if (bf16_copy) {
@@ -51,7 +54,7 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
       if (seg >= store.segments_.size()) break;
       const ParamSegment& s = store.segments_[seg];
       *p_slots[i] = s.Of(store.params_);
-      *g_slots[i] = s.Of(store.grads_);
+      if (store.grads_.defined()) *g_slots[i] = s.Of(store.grads_);
       if (bf16_copy && (p_slots[i] == &params.fc1_weight ||
                         p_slots[i] == &params.fc2_weight)) {
         Tensor low = s.Of(store.params_bf16_);

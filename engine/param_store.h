@@ -40,7 +40,7 @@ class ParamStore {
 
   Tensor& params() { return params_; }  // [total]
   const Tensor& params() const { return params_; }
-  Tensor& grads() { return grads_; }  // [total]
+  Tensor& grads() { return grads_; }  // [total]; undefined unless it trains
   // bf16 on a GPU: the parameters rounded to bfloat16 [total], which the
   // blocks read for their GEMMs and the optimizer rewrites with each update;
   // undefined otherwise.

@@ -173,6 +173,14 @@ absl::Status Stage::SetUpTask() {
         TaskPlugin::Load(options_.plugin_dir, spec.task().plugin()));
     ASSIGN_OR_RETURN(const std::string config, TaskConfigJson(spec));
     ASSIGN_OR_RETURN(task_, Task::Create(plugin, config, options_.data_dir));
+    // Refused before the job's output folder is made or a row read.
+    if (plan_.kind == JobKind::kInfer && is_last() &&
+        !plugin->has_infer_outputs()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "task.plugin: plugin \"", spec.task().plugin(),
+          "\" cannot run inference jobs: it has no infer_outputs (task ABI "
+          "v1, docs/PLUGIN_ABI.md)"));
+    }
   }
   // A device stage keeps the step's small numbers on the device; with a
   // plugin that has a device loss, the last stage's loss runs there too.

@@ -59,6 +59,7 @@
 #ifndef TRAINYARD_ENGINE_STAGE_H_
 #define TRAINYARD_ENGINE_STAGE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -175,8 +176,11 @@ class Stage {
   // batches' messages (every stage of the pipeline passes the same). The
   // last stage calls `sink` once per microbatch, in row order; a sink error
   // or the plugin's refusal (naming the rows) fails the pass.
+  // `cancel` (may be null), checked before each batch, stops the pass with
+  // Cancelled.
   absl::Status RunInference(int64_t begin, int64_t end, int64_t first_tag,
-                            const InferSink& sink);
+                            const InferSink& sink,
+                            const std::atomic<bool>* cancel = nullptr);
 
   // An infer or eval job's model: the parameters of checkpoint `step` in
   // `dir` (a training job's, with any stage count), found by name in any of
@@ -418,6 +422,7 @@ class Stage {
   // During RunInference: the sink, and the data row each microbatch of the
   // batch in flight starts at.
   const InferSink* infer_sink_ = nullptr;
+  const std::atomic<bool>* infer_cancel_ = nullptr;
   std::vector<int64_t> microbatch_rows_;
   // This step's first microbatch in the whole step's numbering (replica
   // r starts at r M/R); microbatches_ holds this replica's M/R.

@@ -13,7 +13,8 @@
 namespace trainyard {
 
 absl::Status Stage::RunInference(int64_t begin, int64_t end, int64_t first_tag,
-                                 const InferSink& sink) {
+                                 const InferSink& sink,
+                                 const std::atomic<bool>* cancel) {
   if (plan_.kind != JobKind::kInfer) {
     return absl::FailedPreconditionError(absl::StrCat(
         Where(), ": RunInference in a job of kind ", Quote(plan_.spec.kind())));
@@ -24,7 +25,11 @@ absl::Status Stage::RunInference(int64_t begin, int64_t end, int64_t first_tag,
                      ") are not inside the job's ", data_.eval_rows, " rows"));
   }
   infer_sink_ = &sink;
-  absl::Cleanup done = [this] { infer_sink_ = nullptr; };
+  infer_cancel_ = cancel;
+  absl::Cleanup done = [this] {
+    infer_sink_ = nullptr;
+    infer_cancel_ = nullptr;
+  };
   return ForwardBatches(begin, end, first_tag);
 }
 

@@ -106,6 +106,10 @@ absl::Status Stage::ForwardBatches(int64_t begin, int64_t end,
       infer_sink_ == nullptr && loss_.has_value() && loss_->on_device();
   int64_t tag = first_tag;
   for (int64_t b = begin; b < end; b += batch, ++tag) {
+    if (infer_cancel_ != nullptr && infer_cancel_->load()) {
+      return absl::CancelledError(
+          absl::StrCat(Where(), " cancelled at data row ", b));
+    }
     const int64_t n = std::min(batch, end - b);
     const int parts = static_cast<int>(std::min<int64_t>(M, n));
     ResetMicrobatches(parts);

@@ -37,6 +37,7 @@ TEST(InferenceCheckTest, AValidInferenceJobGetsItsDefaults) {
   EXPECT_EQ(plan->spec.inference().checkpoint_dir(), dir + "/ckpt");
   EXPECT_EQ(plan->spec.inference().output_dir(), dir + "/out");
   // No optimizer state in a forward-only job's estimate.
+  EXPECT_EQ(plan->memory.grads, 0u);
   EXPECT_EQ(plan->memory.optimizer_state, 0u);
   EXPECT_EQ(plan->memory.state_copies, 0u);
 }

@@ -41,8 +41,8 @@ void EstimateState(const JobSpec& spec, double n_params, MemoryEstimate* m) {
   m->params = SaturatingBytes(n_params * (bf16 ? 6 : 4));
   // With accumulation "tree", each stage also holds floor(log2 (M / R)) + 1
   // gradient-sized partial sums (engine/gradient_tree.h).
-  // A forward-only job (kind infer or eval) keeps the gradient buffer but
-  // no partial sums, optimizer state or copies.
+  // A forward-only job (kind infer or eval) keeps no gradients, partial
+  // sums, optimizer state or copies.
   const bool trains = spec.kind() == "train";
   int tree_buffers = 0;
   if (trains && spec.parallelism().accumulation() == "tree") {
@@ -50,7 +50,7 @@ void EstimateState(const JobSpec& spec, double n_params, MemoryEstimate* m) {
                             std::max(1, spec.parallelism().replicas());
     for (int n = std::max(1, per_replica); n > 0; n /= 2) ++tree_buffers;
   }
-  m->grads = SaturatingBytes(n_params * 4 * (1 + tree_buffers));
+  m->grads = trains ? SaturatingBytes(n_params * 4 * (1 + tree_buffers)) : 0;
   double state_per_param = 0;
   if (!trains) {
     state_per_param = 0;

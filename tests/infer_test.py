@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 
 import numpy as np
 
@@ -209,6 +210,28 @@ try:
     assert rows == sorted(rows) and rows[-1] == 54000, rows[-5:]
     print(f"killed {victim} after {len(before)} of 60 shards: restarted once, "
           f"those shards kept, all 54000 rows bitwise as the local run")
+
+    # Cancelled mid-job: it stops within its batch, listed as CANCELLED.
+    out = os.path.join(WORK, "big-cancelled")
+    job = cluster.submit(spec_from_json(big_spec(out)))
+    wait_for(lambda: cluster.get(job.job_id).progress.shards_done >= 2, 300,
+             "2 shards written")
+    cancelled_at = time.monotonic()
+    cluster.jobs.CancelJob(pb.CancelJobRequest(job_id=job.job_id), timeout=10)
+    ended = cluster.wait_state(job.job_id, TERMINAL, 60)
+    assert ended.state == pb.CANCELLED, (ended.state, ended.reason)
+    wait_for(lambda: all(not w.job_id for w in cluster.jobs.ListWorkers(
+        pb.ListWorkersRequest(), timeout=10).workers), 30, "workers freed")
+    stopped = time.monotonic() - cancelled_at
+    done = sum(1 for n in os.listdir(out) if n.startswith("shard-"))
+    assert done < 60, done
+    listed = subprocess.run([CLI_BIN, "list", f"--controller={cluster.address}",
+                             "--insecure"], capture_output=True, text=True, timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    line = next(l for l in listed.stdout.splitlines() if job.job_id in l)
+    assert "CANCELLED" in line and "rows " in line, line
+    print(f"cancelled after {done} of 60 shards; its workers free {stopped:.2f} s "
+          f"later; trainyard list: {line.split()[3]} {line.split()[4]}")
 finally:
     cluster.stop()
 print("PASS")
