@@ -109,13 +109,16 @@ std::map<std::string, std::string> ShardFiles(const std::string& dir) {
 
 TEST(ForwardJobTest, EvalJobEqualsTheTrainingJobsLastEvalBitwise) {
   const Trained& trained = TrainedModel();
-  for (int stages : {1, 2, 3}) {
+  // (stages, replicas): the last replica evaluates, the others idle.
+  for (auto [stages, replicas] :
+       {std::pair{1, 1}, std::pair{2, 1}, std::pair{3, 1}, std::pair{2, 2}}) {
     std::vector<std::pair<int64_t, EvalReport>> evals;
     LocalJobOptions options;
     options.on_eval = [&](int64_t step, const EvalReport& r) {
       evals.push_back({step, r});
     };
-    absl::Status st = RunSpec(ForwardSpec("eval", stages, 1, ""), options);
+    absl::Status st =
+        RunSpec(ForwardSpec("eval", stages, replicas, ""), options);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_EQ(evals.size(), 1u);
     EXPECT_EQ(evals[0].first, trained.step);
