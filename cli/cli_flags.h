@@ -59,6 +59,7 @@ struct CliFlags {
   int workers = 0;
   std::string data_dir;
   std::string run;
+  std::string job_data_dir;  // up: the folder jobs' files stay inside
   std::string controller_bin;
   std::string worker_bin;
   // certs and trace

@@ -118,6 +118,9 @@ absl::Status LocalCluster::Start() {
       options_.controller_bin, "--listen=127.0.0.1:0",
       "--data_dir=" + options_.data_dir + "/controller",
       "--port_file=" + port_file};
+  if (!options_.job_data_dir.empty()) {
+    controller_argv.push_back("--job_data_dir=" + options_.job_data_dir);
+  }
   controller_argv.insert(controller_argv.end(), controller_security.begin(),
                          controller_security.end());
   auto pid = Spawn("controller", controller_argv);
@@ -134,6 +137,9 @@ absl::Status LocalCluster::Start() {
         "--device=" + options_.device};
     if (!options_.plugin_dir.empty()) {
       argv.push_back("--plugin_dir=" + options_.plugin_dir);
+    }
+    if (!options_.job_data_dir.empty()) {
+      argv.push_back("--data_dir=" + options_.job_data_dir);
     }
     argv.insert(argv.end(), worker_security.begin(), worker_security.end());
     auto wpid = Spawn(absl::StrCat("worker-", i), argv);

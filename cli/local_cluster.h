@@ -27,6 +27,9 @@ struct LocalClusterOptions {
   std::string worker_bin;      // trainyard-worker
   std::string plugin_dir;      // for the workers; empty = their default
   std::string data_dir;        // controller state and logs go here
+  // Every job's files stay inside this folder (absolute, symlinks
+  // resolved): the workers' --data_dir and the controller's --job_data_dir.
+  std::string job_data_dir;
   int workers = 3;
   std::string device = "cpu";  // every worker's --device ("cpu", "cuda:N")
   int threads_per_worker = 1;

@@ -29,6 +29,12 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(std::string, output_dir, "",
           "infer: inference.output_dir, where the outputs are written "
           "(default: the spec's).");
+ABSL_FLAG(std::string, job_data_dir, "",
+          "up: the folder every job's files (data, weights, checkpoints, "
+          "outputs) must stay inside, as on a deployed cluster: the "
+          "workers' --data_dir and the controller's --job_data_dir "
+          "(default: the folder of the --run spec, symlinks resolved, else "
+          "the current folder).");
 ABSL_FLAG(std::string, metrics_out, "",
           "Write the JSON metric lines here instead of stdout.");
 ABSL_FLAG(std::string, plugin_dir, "",
@@ -160,7 +166,8 @@ constexpr char kUsage[] =
     "the\n"
     "                               newest 256 steps are kept\n"
     "  workers                      list the registered workers\n"
-    "  up [--workers N] [--device D] [--run FILE] [--insecure]\n"
+    "  up [--workers N] [--device D] [--run FILE] [--job_data_dir DIR] "
+    "[--insecure]\n"
     "                               start a local cluster, TLS and tokens "
     "on (Ctrl-C stops it)\n"
     "  certs --out DIR [--hosts H,...]\n"
@@ -216,6 +223,7 @@ CliFlags ReadFlags(bool get_stages) {
   flags.workers = absl::GetFlag(FLAGS_workers);
   flags.data_dir = absl::GetFlag(FLAGS_data_dir);
   flags.run = absl::GetFlag(FLAGS_run);
+  flags.job_data_dir = absl::GetFlag(FLAGS_job_data_dir);
   flags.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   flags.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   flags.token_file = absl::GetFlag(FLAGS_token_file);

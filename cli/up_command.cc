@@ -2,10 +2,12 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -85,6 +87,32 @@ int ClusterOptionsFromFlags(const CliFlags& flags, LocalClusterOptions* opts) {
   return 0;
 }
 
+// The folder jobs' files must stay inside: --job_data_dir, else the --run
+// spec's own folder, else the folder `trainyard` was started from (under
+// `bazel run`, $BUILD_WORKING_DIRECTORY), made absolute with symlinks
+// resolved. Returns 0, or prints why not and returns the exit status.
+int ChooseJobDataDir(const CliFlags& flags, LocalClusterOptions* opts) {
+  std::string dir = flags.job_data_dir;
+  if (dir.empty() && !flags.run.empty()) {
+    absl::StatusOr<std::string> spec =
+        ResolveSymlinks(CleanAbsolutePath(flags.run));
+    if (spec.ok()) dir = Dirname(*spec);
+  }
+  if (dir.empty()) {
+    const char* started_in = std::getenv("BUILD_WORKING_DIRECTORY");
+    dir = started_in != nullptr ? started_in : ".";
+  }
+  absl::StatusOr<std::string> real = ResolveSymlinks(CleanAbsolutePath(dir));
+  struct stat st;
+  if (!real.ok() || stat(real->c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    std::cerr << "trainyard up: --job_data_dir: " << dir
+              << " is not a folder\n";
+    return 2;
+  }
+  opts->job_data_dir = *real;
+  return 0;
+}
+
 // --device sets the job's device kind; without it, a cuda or sim job gets
 // workers of its kind.
 void MatchDeviceToJob(const CliFlags& flags, LocalClusterOptions* opts,
@@ -140,7 +168,10 @@ void PrintClusterInfo(const LocalCluster& cluster,
                       const LocalClusterOptions& opts) {
   std::cerr << "trainyard up: controller at " << cluster.controller_address()
             << ", " << opts.workers << " workers registered; data and logs in "
-            << opts.data_dir << "\n";
+            << opts.data_dir << "\n"
+            << "trainyard up: jobs' files (data, weights, checkpoints, "
+               "outputs) must stay inside "
+            << opts.job_data_dir << " (--job_data_dir)\n";
   if (opts.insecure) {
     std::cerr << "trainyard up: --insecure: plaintext, no tokens; anyone on "
                  "this machine can use the cluster\n";
@@ -219,6 +250,7 @@ int RunJob(JobClient& client, LocalCluster& cluster,
 int UpCommand(const CliFlags& flags) {
   LocalClusterOptions opts;
   if (int rc = ClusterOptionsFromFlags(flags, &opts); rc != 0) return rc;
+  if (int rc = ChooseJobDataDir(flags, &opts); rc != 0) return rc;
   // Parse the job first: a bad spec should not cost a cluster start.
   std::optional<trainyard::v1::JobSpec> run_spec;
   if (!flags.run.empty()) {
