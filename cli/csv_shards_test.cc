@@ -1,8 +1,7 @@
 #include "cli/csv_shards.h"
 
-#include <sys/stat.h>
-
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "core/file_util.h"
@@ -14,11 +13,6 @@ namespace {
 
 std::string Path(const std::string& name) {
   return JoinPath(::testing::TempDir(), name);
-}
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
 }
 
 TEST(ParseFloatCellTest, RoundsThroughFloat64AsNumpyDoes) {
@@ -85,7 +79,7 @@ TEST(ConvertCsvTest, BadCellNamesFileLineAndColumnAndLeavesNothing) {
   auto pairs = ConvertCsv(Options(csv, out));
   EXPECT_EQ(pairs.status().message(),
             csv + ":5: column \"age\": \"n/a\" is not a number");
-  EXPECT_FALSE(Exists(out));
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST(ConvertCsvTest, RaggedLineAndMissingColumn) {

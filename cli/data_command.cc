@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -15,6 +16,7 @@
 #include "cli/npy_split.h"
 #include "cli/shard_inspect.h"
 #include "cli/shard_writer.h"
+#include "core/status_macros.h"
 
 namespace trainyard {
 namespace {
@@ -64,6 +66,34 @@ absl::StatusOr<TargetKind> ParseTargetKind(const std::string& kind) {
       "--target_kind must be class or float, got \"%s\"", kind));
 }
 
+// The CSV conversion the flags ask for; InvalidArgument saying what is
+// wrong with them.
+absl::StatusOr<CsvConvertOptions> CsvOptions(
+    const DataFlags& flags, const std::vector<std::string>& inputs) {
+  for (const std::string& input : inputs) {
+    if (absl::EndsWith(input, ".npy")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          input, ": a .npy input needs its targets in --targets_in"));
+    }
+  }
+  CsvConvertOptions options;
+  options.inputs = inputs;
+  options.out_dir = flags.out;
+  options.shard_rows = flags.shard_rows;
+  options.target_columns = SplitList(flags.target_columns);
+  options.feature_columns = SplitList(flags.feature_columns);
+  ASSIGN_OR_RETURN(options.target_kind, ParseTargetKind(flags.target_kind));
+  if (options.target_columns.empty()) {
+    return absl::InvalidArgumentError("name the targets with --target_columns");
+  }
+  if (options.target_kind == TargetKind::kClass &&
+      options.target_columns.size() != 1) {
+    return absl::InvalidArgumentError(
+        "--target_kind class takes exactly one target column");
+  }
+  return options;
+}
+
 int Convert(const DataFlags& flags) {
   if (flags.in.empty()) return Usage(kConvert, "give the input with --in");
   if (flags.out.empty()) return Usage(kConvert, "give the folder with --out");
@@ -83,23 +113,9 @@ int Convert(const DataFlags& flags) {
     pairs = SplitNpyPairs(inputs, SplitList(flags.targets_in), flags.out,
                           flags.shard_rows, report);
   } else {
-    for (const std::string& input : inputs) {
-      if (absl::EndsWith(input, ".npy")) {
-        return Usage(kConvert, absl::StrFormat("%s: a .npy input needs its "
-                                               "targets in --targets_in",
-                                               input));
-      }
-    }
-    CsvConvertOptions options;
-    options.inputs = inputs;
-    options.out_dir = flags.out;
-    options.shard_rows = flags.shard_rows;
-    options.target_columns = SplitList(flags.target_columns);
-    options.feature_columns = SplitList(flags.feature_columns);
-    absl::StatusOr<TargetKind> kind = ParseTargetKind(flags.target_kind);
-    if (!kind.ok()) return Usage(kConvert, kind.status().message());
-    options.target_kind = *kind;
-    pairs = ConvertCsv(options, report);
+    absl::StatusOr<CsvConvertOptions> options = CsvOptions(flags, inputs);
+    if (!options.ok()) return Usage(kConvert, options.status().message());
+    pairs = ConvertCsv(*options, report);
   }
   if (!pairs.ok()) return Failed(kConvert, pairs.status());
   int64_t rows = 0;
@@ -118,11 +134,11 @@ std::string Describe(const ShardFileInfo& file) {
 
 // What every pair must share: the features' width and the targets' kind.
 std::string Kind(const ShardPairInfo& pair) {
-  Shape y = pair.targets.shape;
-  y[0] = -1;
-  return absl::StrFormat("features width %d, targets %s %s",
-                         pair.features.shape[1], DTypeName(pair.targets.dtype),
-                         ShapeToString(y));
+  const Shape& y = pair.targets.shape;
+  return absl::StrFormat(
+      "features float32 [n, %d], targets %s %s", pair.features.shape[1],
+      DTypeName(pair.targets.dtype),
+      y.size() == 1 ? "[n]" : absl::StrCat("[n, ", y[1], "]"));
 }
 
 int Inspect(const DataFlags& flags) {

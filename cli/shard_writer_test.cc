@@ -1,8 +1,7 @@
 #include "cli/shard_writer.h"
 
-#include <sys/stat.h>
-
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -16,11 +15,6 @@ namespace {
 
 std::string NewDir(const std::string& name) {
   return JoinPath(::testing::TempDir(), name);
-}
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
 }
 
 ShardLayout ClassLayout(int64_t shard_rows) {
@@ -68,7 +62,7 @@ TEST(ShardWriterTest, SplitsRowsIntoPairsNumpyCanRead) {
     EXPECT_EQ(info->features.sha256, pair.features_sha256);
   }
   EXPECT_EQ(row, 7);
-  EXPECT_TRUE(Exists(JoinPath(dir, "shards.json")));
+  EXPECT_TRUE(std::filesystem::exists(JoinPath(dir, "shards.json")));
 }
 
 TEST(ShardWriterTest, FloatTargetsAreTwoDimensional) {
@@ -106,9 +100,9 @@ TEST(ShardWriterTest, UnfinishedWriterLeavesNothing) {
     const std::vector<float> x(10, 1.0f);
     const std::vector<int64_t> y(5, 1);
     ASSERT_TRUE((*writer)->Append(x.data(), y.data(), 5).ok());
-    EXPECT_TRUE(Exists(JoinPath(dir, "x-00001.npy")));
+    EXPECT_TRUE(std::filesystem::exists(JoinPath(dir, "x-00001.npy")));
   }
-  EXPECT_FALSE(Exists(dir));
+  EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
 TEST(ShardWriterTest, NamesGrowPastFiveDigits) {

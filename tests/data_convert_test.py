@@ -132,6 +132,9 @@ def test_refusals(csv):
                "--target_columns", "label", ok=False)
     assert proc.returncode == 1 and "exists and is not empty" in proc.stderr
     assert os.listdir(taken) == ["keep.txt"]
+    proc = run("convert", "--in", csv, "--out", out, "--shard_rows", "500",
+               ok=False)
+    assert proc.returncode == 2 and "--target_columns" in proc.stderr
 
 
 def test_npy_pair_round_trip():
