@@ -17,6 +17,7 @@
 #include "cli/admin_commands.h"
 #include "cli/cli_flags.h"
 #include "cli/client_commands.h"
+#include "cli/data_command.h"
 #include "cli/schedule_command.h"
 #include "cli/train_command.h"
 #include "cli/up_command.h"
@@ -113,7 +114,24 @@ ABSL_FLAG(bool, insecure, false,
           "local cluster without TLS or tokens.");
 ABSL_FLAG(std::string, out, "",
           "certs: the folder to write into. trace: the file to write "
-          "(default: JOB-step<N>.trace.json in the current folder).");
+          "(default: JOB-step<N>.trace.json in the current folder). data "
+          "convert: the new (or empty) shard folder.");
+ABSL_FLAG(std::string, in, "",
+          "data convert: comma-separated CSV files, or .npy features files "
+          "(with --targets_in). data inspect: a shard folder or a glob of "
+          "shard files.");
+ABSL_FLAG(std::string, targets_in, "",
+          "data convert: comma-separated .npy targets files, one per --in "
+          "features file (int64 [n] class ids or float32 [n, K]).");
+ABSL_FLAG(int64_t, shard_rows, 0, "data convert: rows per shard pair.");
+ABSL_FLAG(std::string, target_columns, "",
+          "data convert: the CSV's comma-separated target columns.");
+ABSL_FLAG(std::string, feature_columns, "",
+          "data convert: the CSV's comma-separated feature columns, in "
+          "order (default: every other column).");
+ABSL_FLAG(std::string, target_kind, "",
+          "data convert: class (int64 class ids; default for one target "
+          "column) or float (float32 [n, K]; default for several).");
 ABSL_FLAG(int64_t, step, 0,
           "trace: the step to show (default 0: the newest step every stage "
           "has reported).");
@@ -243,6 +261,18 @@ CliFlags ReadFlags(bool get_stages) {
   return flags;
 }
 
+DataFlags ReadDataFlags() {
+  DataFlags flags;
+  flags.in = absl::GetFlag(FLAGS_in);
+  flags.targets_in = absl::GetFlag(FLAGS_targets_in);
+  flags.out = absl::GetFlag(FLAGS_out);
+  flags.shard_rows = absl::GetFlag(FLAGS_shard_rows);
+  flags.target_columns = absl::GetFlag(FLAGS_target_columns);
+  flags.feature_columns = absl::GetFlag(FLAGS_feature_columns);
+  flags.target_kind = absl::GetFlag(FLAGS_target_kind);
+  return flags;
+}
+
 // `get JOB --stages` is a bare switch; train's --stages takes a number. For
 // `get`, removes every "--stages" from argv (shortening *argc) and says
 // whether there was one.
@@ -279,6 +309,7 @@ int RunCommand(const std::string& command, const CliFlags& flags,
   if (command == "token") return TokenCommand(flags);
   if (command == "health") return HealthCommand(flags);
   if (command == "schedule") return ScheduleCommand(flags);
+  if (command == "data") return DataCommand(ReadDataFlags(), args);
   std::cerr << "trainyard: unknown command \"" << command << "\"\n" << kUsage;
   return 2;
 }
