@@ -82,6 +82,10 @@ NpyShards::MappedFile::Open(const std::string& path,
     std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
     if (err == ENOENT) return absl::NotFoundError(msg);
     if (err == EACCES) return absl::PermissionDeniedError(msg);
+    // Two descriptors stay open per pair: many pairs can reach the limit.
+    if (err == EMFILE || err == ENFILE) {
+      return absl::ResourceExhaustedError(msg);
+    }
     return absl::InvalidArgumentError(msg);
   }
   std::unique_ptr<MappedFile> file(new MappedFile(path, fd));

@@ -40,8 +40,10 @@ class NpyShards {
   //  a pair's row counts equal (the message names both files and counts);
   //  each file a regular file whose size matches its header (core/npy).
   // Records each file's (device, inode, size, mtime) and maps it read-only.
+  // Keeps one descriptor and one mapping per file until the last view goes.
   // Errors: InvalidArgument (bad lists or file), NotFound (missing file),
-  // PermissionDenied (unreadable file), Internal (mmap failure).
+  // PermissionDenied (unreadable file), ResourceExhausted (out of file
+  // descriptors), Internal (mmap failure).
   static absl::StatusOr<std::shared_ptr<const NpyShards>> Open(
       const std::vector<std::string>& features,
       const std::vector<std::string>& targets);

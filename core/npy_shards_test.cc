@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -27,9 +27,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// A path in the test's scratch folder ($TEST_TMPDIR under bazel test).
 std::string TmpPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return JoinPath(dir != nullptr ? dir : "/tmp", name);
+  return JoinPath(::testing::TempDir(), name);
 }
 
 std::string Write(const std::string& name, const Tensor& t) {
@@ -243,6 +243,21 @@ TEST(NpyShardsTest, SliceHoldsTheParentsRows) {
   EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(out.status().message(), HasSubstr("row 3"));
   EXPECT_THAT(out.status().message(), HasSubstr("[0, 3)"));
+}
+
+TEST(NpyShardsTest, ConcurrentGathersAreCorrect) {
+  Files f = MakeShards("threads_", {700, 300, 1000}, DType::kInt64);
+  auto source = MustOpen(f);
+  ASSERT_NE(source, nullptr);
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint32_t round = 0; round < 20; ++round) {
+        ExpectGatherMatches(*source, f, Shuffled(2000, 100 * t + round), 0);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
 }
 
 TEST(NpyShardsTest, RowOutOfRangeNamesIt) {
