@@ -158,14 +158,24 @@ class HeaderDictParser {
   size_t pos_ = 0;
 };
 
-absl::StatusOr<DType> DTypeFromDescr(const std::string& path,
-                                     const std::string& descr) {
-  if (descr == "<f4") return DType::kFloat32;
-  if (descr == "<i4") return DType::kInt32;
-  if (descr == "<i8") return DType::kInt64;
-  return Bad(path,
-             absl::StrCat("dtype '", descr,
-                          "' is not supported (expected <f4, <i4 or <i8)"));
+// Sets `header`'s dtype (and float16 flag) from the numpy descr.
+absl::Status DTypeFromDescr(const std::string& path, const std::string& descr,
+                            const NpyReadOptions& options, NpyHeader* header) {
+  if (descr == "<f4") {
+    header->dtype = DType::kFloat32;
+  } else if (descr == "<i4") {
+    header->dtype = DType::kInt32;
+  } else if (descr == "<i8") {
+    header->dtype = DType::kInt64;
+  } else if (descr == "<f2" && options.float16) {
+    header->dtype = DType::kFloat32;
+    header->float16 = true;
+  } else {
+    return Bad(path, absl::StrCat(
+                         "dtype '", descr, "' is not supported (expected <f4, ",
+                         options.float16 ? "<f2, " : "", "<i4 or <i8)"));
+  }
+  return absl::OkStatus();
 }
 
 const char* DescrOf(DType dtype) {
@@ -229,7 +239,7 @@ absl::StatusOr<absl::string_view> FindHeaderText(const std::string& path,
 absl::Status CheckDataSize(const std::string& path, const NpyHeader& header,
                            const std::string& descr, uint64_t file_size) {
   // Element count and byte size without overflow.
-  const uint64_t elem = DTypeSize(header.dtype);
+  const uint64_t elem = header.float16 ? 2 : DTypeSize(header.dtype);
   uint64_t count = 1;
   for (int64_t d : header.shape) {
     if (d != 0 && count > std::numeric_limits<uint64_t>::max() / elem /
@@ -259,7 +269,8 @@ absl::Status CheckDataSize(const std::string& path, const NpyHeader& header,
 // whole file's size.
 absl::StatusOr<NpyHeader> ParseHeader(const std::string& path,
                                       absl::string_view bytes,
-                                      uint64_t file_size) {
+                                      uint64_t file_size,
+                                      const NpyReadOptions& options) {
   size_t data_offset = 0;
   ASSIGN_OR_RETURN(absl::string_view text,
                    FindHeaderText(path, bytes, file_size, &data_offset));
@@ -272,7 +283,7 @@ absl::StatusOr<NpyHeader> ParseHeader(const std::string& path,
                "(save with np.ascontiguousarray)");
   }
   NpyHeader header;
-  ASSIGN_OR_RETURN(header.dtype, DTypeFromDescr(path, dict->descr));
+  RETURN_IF_ERROR(DTypeFromDescr(path, dict->descr, options, &header));
   header.shape = dict->shape;
   header.data_offset = data_offset;
   RETURN_IF_ERROR(CheckDataSize(path, header, dict->descr, file_size));
@@ -281,7 +292,8 @@ absl::StatusOr<NpyHeader> ParseHeader(const std::string& path,
 
 }  // namespace
 
-absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path) {
+absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path,
+                                        const NpyReadOptions& options) {
   // Version 1 headers are < 64 KiB; later ones could be larger, so read the
   // prefix first and then exactly the header.
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -311,12 +323,32 @@ absl::StatusOr<NpyHeader> ReadNpyHeader(const std::string& path) {
     bytes.resize(want);
     bytes.resize(old + std::fread(&bytes[old], 1, want - old, f));
   }
-  return ParseHeader(path, bytes, static_cast<uint64_t>(size));
+  return ParseHeader(path, bytes, static_cast<uint64_t>(size), options);
+}
+
+float Float16ToFloat(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1Fu;
+  const uint32_t mantissa = bits & 0x3FFu;
+  uint32_t out;
+  if (exponent == 0x1F) {  // inf, or NaN keeping its payload
+    out = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {  // normal: rebias 15 -> 127
+    out = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else {  // zero or subnormal: mantissa * 2^-24, exact in float
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    std::memcpy(&out, &magnitude, sizeof(out));
+    out |= sign;
+  }
+  float f;
+  std::memcpy(&f, &out, sizeof(f));
+  return f;
 }
 
 absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
-  ASSIGN_OR_RETURN(NpyHeader header, ParseHeader(path, bytes, bytes.size()));
+  ASSIGN_OR_RETURN(NpyHeader header,
+                   ParseHeader(path, bytes, bytes.size(), NpyReadOptions()));
   absl::StatusOr<Tensor> t = Tensor::Create(header.dtype, header.shape);
   if (!t.ok()) {
     return Prefixed(t.status(), absl::StrCat(path, ": "));

@@ -1,5 +1,7 @@
 #include "core/npy.h"
 
+#include <sys/wait.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -180,6 +182,12 @@ TEST(NpyTest, UnsupportedVersion) {
   EXPECT_THAT(t.status().message(), HasSubstr("version 9.0"));
 }
 
+NpyReadOptions Float16Allowed() {
+  NpyReadOptions options;
+  options.float16 = true;
+  return options;
+}
+
 TEST(NpyTest, UnsupportedDTypeNamesIt) {
   std::string path =
       WriteBytes("f8.npy", HandMade(1,
@@ -192,6 +200,9 @@ TEST(NpyTest, UnsupportedDTypeNamesIt) {
   EXPECT_THAT(
       t.status().message(),
       HasSubstr("dtype '<f8' is not supported (expected <f4, <i4 or <i8)"));
+  // With float16 allowed, the list says so.
+  EXPECT_THAT(ReadNpyHeader(path, Float16Allowed()).status().message(),
+              HasSubstr("(expected <f4, <f2, <i4 or <i8)"));
 }
 
 TEST(NpyTest, BigEndianIsUnsupported) {
@@ -269,6 +280,118 @@ TEST(NpyTest, MissingFileIsNotFound) {
   EXPECT_EQ(t.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(t.status().message(), HasSubstr(path));
   EXPECT_EQ(ReadNpyHeader(path).status().code(), absl::StatusCode::kNotFound);
+}
+
+std::string F2File(const std::string& name, const std::string& shape,
+                   const std::string& data) {
+  return WriteBytes(name, HandMade(1,
+                                   "{'descr': '<f2', 'fortran_order': False, "
+                                   "'shape': " +
+                                       shape + ", }",
+                                   data));
+}
+
+TEST(NpyTest, Float16IsRefusedWithoutTheOption) {
+  std::string path = F2File("f2_refused.npy", "(2,)", std::string(4, '\0'));
+  auto header = ReadNpyHeader(path);
+  ASSERT_FALSE(header.ok());
+  EXPECT_EQ(header.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(header.status().message(),
+            path + ": dtype '<f2' is not supported (expected <f4, <i4 or <i8)");
+  EXPECT_EQ(ReadNpy(path).status().message(), header.status().message());
+}
+
+TEST(NpyTest, Float16HeaderWithTheOption) {
+  std::string path = F2File("f2_ok.npy", "(3, 2)", std::string(12, '\0'));
+  auto header = ReadNpyHeader(path, Float16Allowed());
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->dtype, DType::kFloat32);
+  EXPECT_TRUE(header->float16);
+  EXPECT_EQ(header->shape, (Shape{3, 2}));
+  // float32 files are unchanged by the option.
+  auto f32 = ReadNpyHeader(Fixture("npy_f32_2x3.npy"), Float16Allowed());
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  EXPECT_FALSE(f32->float16);
+}
+
+TEST(NpyTest, Float16SizeCheckUsesTwoBytes) {
+  // 3 halves are 6 bytes: 12 (as if float32) is too long, 4 too short.
+  std::string long_path = F2File("f2_long.npy", "(3,)", std::string(12, '\0'));
+  EXPECT_THAT(ReadNpyHeader(long_path, Float16Allowed()).status().message(),
+              HasSubstr("6 unexpected bytes after the 6 bytes of data"));
+  std::string short_path = F2File("f2_short.npy", "(3,)", std::string(4, '\0'));
+  EXPECT_THAT(ReadNpyHeader(short_path, Float16Allowed()).status().message(),
+              HasSubstr("truncated: header promises 6 bytes of data"));
+}
+
+uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// Values from numpy 1.24.2: np.uint16(h).view(np.float16).astype(np.float32).
+TEST(NpyTest, Float16ToFloatMatchesNumpyTable) {
+  const std::vector<std::pair<uint16_t, uint32_t>> table = {
+      {0x0000, 0x00000000},  // 0.0
+      {0x8000, 0x80000000},  // -0.0
+      {0x0001, 0x33800000},  // smallest subnormal 2^-24
+      {0x8001, 0xB3800000},  // -2^-24
+      {0x03FF, 0x387FC000},  // largest subnormal
+      {0x0400, 0x38800000},  // smallest normal 2^-14
+      {0x3C00, 0x3F800000},  // 1.0
+      {0xBC00, 0xBF800000},  // -1.0
+      {0x3555, 0x3EAAA000},  // 0.333251953125
+      {0x7BFF, 0x477FE000},  // 65504.0
+      {0xFBFF, 0xC77FE000},  // -65504.0
+      {0x7C00, 0x7F800000},  // inf
+      {0xFC00, 0xFF800000},  // -inf
+      {0x7E00, 0x7FC00000},  // quiet NaN
+      {0x7C01, 0x7F802000},  // signalling NaN, payload kept
+      {0xFE00, 0xFFC00000},  // negative NaN
+      {0x7FFF, 0x7FFFE000},  // NaN, full payload
+      {0x4248, 0x40490000},  // 3.140625
+      {0x1234, 0x3A468000},  // 0.0007572174072265625
+  };
+  for (const auto& [half, want] : table) {
+    EXPECT_EQ(FloatBits(Float16ToFloat(half)), want)
+        << "half 0x" << std::hex << half;
+  }
+}
+
+// Every one of the 65536 halves against numpy's widening, from files numpy
+// writes ('<f2' and '<f4'). Skips, saying why, when Debian's python lacks
+// numpy.
+TEST(NpyTest, Float16ToFloatMatchesNumpyOnEveryValue) {
+  const std::string f2 = TmpPath("all_f2.npy"), f4 = TmpPath("all_f4.npy");
+  const std::string script = WriteBytes(
+      "all_halves.py",
+      absl::StrCat("import numpy as np\n"
+                   "h = np.arange(65536, dtype='<u2').view('<f2')\n"
+                   "np.save('",
+                   f2, "', h)\nnp.save('", f4, "', h.astype('<f4'))\n"));
+  const int rc = std::system(absl::StrCat("/usr/bin/python3 ", script).c_str());
+  if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) {
+    GTEST_SKIP() << "SKIPPED: /usr/bin/python3 with numpy could not write the "
+                    "fixtures (apt-get install python3-numpy)";
+  }
+  auto header = ReadNpyHeader(f2, Float16Allowed());
+  ASSERT_TRUE(header.ok()) << header.status();
+  ASSERT_TRUE(header->float16);
+  ASSERT_EQ(header->shape, Shape{65536});
+  auto bytes = ReadFileToString(f2);
+  auto want = ReadNpy(f4);
+  ASSERT_TRUE(bytes.ok() && want.ok());
+  int mismatches = 0;
+  for (int i = 0; i < 65536; ++i) {
+    uint16_t half;
+    std::memcpy(&half, bytes->data() + header->data_offset + 2 * i, 2);
+    ASSERT_EQ(half, i);
+    if (FloatBits(Float16ToFloat(half)) != FloatBits(want->data<float>()[i])) {
+      ADD_FAILURE() << "half 0x" << std::hex << i;
+      if (++mismatches > 10) break;
+    }
+  }
 }
 
 TEST(NpyTest, WriteRejectsUnsupportedDType) {
