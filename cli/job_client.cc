@@ -47,6 +47,16 @@ void MakeAbsolute(const std::string& base, std::string* path) {
 }
 
 void ResolveSource(const std::string& base, trainyard::v1::DataSource* src) {
+  if (src->has_npy_shards()) {
+    auto* shards = src->mutable_npy_shards();
+    for (std::string& entry : *shards->mutable_features()) {
+      MakeAbsolute(base, &entry);
+    }
+    for (std::string& entry : *shards->mutable_targets()) {
+      MakeAbsolute(base, &entry);
+    }
+    return;
+  }
   if (!src->has_npy()) return;
   MakeAbsolute(base, src->mutable_npy()->mutable_features());
   MakeAbsolute(base, src->mutable_npy()->mutable_targets());

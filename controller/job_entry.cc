@@ -10,6 +10,17 @@ void RestorePath(const std::string& submitted, std::string* normalized) {
 }
 
 void RestoreSource(const v1::DataSource& submitted, v1::DataSource* out) {
+  if (submitted.has_npy_shards() && out->has_npy_shards()) {
+    const auto& in = submitted.npy_shards();
+    auto* shards = out->mutable_npy_shards();
+    for (int i = 0; i < in.features_size() && i < shards->features_size();
+         ++i) {
+      RestorePath(in.features(i), shards->mutable_features(i));
+    }
+    for (int i = 0; i < in.targets_size() && i < shards->targets_size(); ++i) {
+      RestorePath(in.targets(i), shards->mutable_targets(i));
+    }
+  }
   if (submitted.has_npy() && out->has_npy()) {
     RestorePath(submitted.npy().features(),
                 out->mutable_npy()->mutable_features());

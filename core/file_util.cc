@@ -1,6 +1,7 @@
 #include "core/file_util.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -131,6 +132,27 @@ absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir) {
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+absl::StatusOr<std::vector<std::string>> ExpandGlob(
+    const std::string& pattern) {
+  glob_t g;
+  const int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &g);
+  std::vector<std::string> paths;
+  if (rc == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) paths.push_back(g.gl_pathv[i]);
+  }
+  globfree(&g);
+  if (rc == GLOB_NOMATCH || (rc == 0 && paths.empty())) {
+    return absl::NotFoundError(absl::StrCat("\"", pattern, "\" names no file"));
+  }
+  if (rc != 0) {
+    return absl::InternalError(absl::StrCat(
+        "\"", pattern, "\": ",
+        rc == GLOB_NOSPACE ? "out of memory" : "a folder cannot be read"));
+  }
+  std::sort(paths.begin(), paths.end());
+  return paths;
 }
 
 absl::Status SyncDirectory(const std::string& path) {

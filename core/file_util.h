@@ -39,6 +39,11 @@ absl::Status CreateDirectories(const std::string& path);
 // not exist; Internal naming the folder when it cannot be listed.
 absl::StatusOr<std::vector<std::string>> ListFolder(const std::string& dir);
 
+// The files `pattern` (an absolute path, possibly with glob characters
+// `*`, `?`, `[...]`; POSIX glob(3) rules, no `~` or braces) names, sorted by
+// name. NotFound naming the pattern when it names none.
+absl::StatusOr<std::vector<std::string>> ExpandGlob(const std::string& pattern);
+
 // fsyncs the folder `path`, so renames and creations inside it are durable.
 absl::Status SyncDirectory(const std::string& path);
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -72,6 +73,44 @@ absl::StatusOr<Dataset> LoadNpy(const trainyard::v1::NpySource& npy,
   d.description =
       absl::StrCat("npy features ", fpath, " ", Describe(d.features),
                    ", targets ", tpath, " ", Describe(d.targets));
+  return d;
+}
+
+// Every file of `entries` (paths or glob patterns, relative to base_dir),
+// each entry's sorted by name, in entry order.
+absl::StatusOr<std::vector<std::string>> ShardFiles(
+    const google::protobuf::RepeatedPtrField<std::string>& entries,
+    const std::string& base_dir, const char* what) {
+  std::vector<std::string> files;
+  for (const std::string& entry : entries) {
+    const std::string pattern =
+        !entry.empty() && entry[0] == '/' ? entry : JoinPath(base_dir, entry);
+    absl::StatusOr<std::vector<std::string>> matched = ExpandGlob(pattern);
+    if (!matched.ok()) return Prefixed(matched.status(), what);
+    files.insert(files.end(), matched->begin(), matched->end());
+  }
+  return files;
+}
+
+absl::StatusOr<Dataset> LoadNpyShards(
+    const trainyard::v1::NpyShardsSource& source, const std::string& base_dir) {
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> features,
+      ShardFiles(source.features(), base_dir, "npy_shards.features: "));
+  ASSIGN_OR_RETURN(
+      std::vector<std::string> targets,
+      ShardFiles(source.targets(), base_dir, "npy_shards.targets: "));
+  if (features.size() != targets.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("npy_shards: features name ", features.size(),
+                     " files but targets name ", targets.size(),
+                     ": the k-th of each are a pair"));
+  }
+  Dataset d;
+  ASSIGN_OR_RETURN(d.shards, NpyShards::Open(features, targets));
+  d.description = absl::StrCat(
+      "npy shards: ", features.size(), " pairs from ", features.front(), ", ",
+      d.shards->num_rows(), " rows of ", d.shards->num_features(), " features");
   return d;
 }
 
@@ -207,11 +246,13 @@ absl::StatusOr<Dataset> LoadDataSource(const trainyard::v1::DataSource& source,
       return LoadNpy(source.npy(), base_dir);
     case trainyard::v1::DataSource::kSynthetic:
       return LoadSynthetic(source.synthetic(), default_seed, split);
+    case trainyard::v1::DataSource::kNpyShards:
+      return LoadNpyShards(source.npy_shards(), base_dir);
     case trainyard::v1::DataSource::SOURCE_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError(
-      "data source is empty: set \"npy\" or \"synthetic\"");
+      "data source is empty: set \"npy\", \"npy_shards\" or \"synthetic\"");
 }
 
 absl::StatusOr<std::pair<Dataset, Dataset>> SplitTail(const Dataset& data,
@@ -230,14 +271,31 @@ absl::StatusOr<std::pair<Dataset, Dataset>> SplitTail(const Dataset& data,
         " train and ", n_eval, " eval rows; each needs at least 1"));
   }
   const int64_t cut = n - n_eval;
-  Dataset train{data.features.Rows(0, cut), data.targets.Rows(0, cut),
-                absl::StrCat(data.description, " rows [0, ", cut, ")")};
-  Dataset eval{data.features.Rows(cut, n), data.targets.Rows(cut, n),
-               absl::StrCat(data.description, " rows [", cut, ", ", n, ")")};
+  Dataset train, eval;
+  train.description = absl::StrCat(data.description, " rows [0, ", cut, ")");
+  eval.description =
+      absl::StrCat(data.description, " rows [", cut, ", ", n, ")");
+  if (!data.in_memory()) {
+    train.shards = data.shards->Slice(0, cut);
+    eval.shards = data.shards->Slice(cut, n);
+  } else {
+    train.features = data.features.Rows(0, cut);
+    train.targets = data.targets.Rows(0, cut);
+    eval.features = data.features.Rows(cut, n);
+    eval.targets = data.targets.Rows(cut, n);
+  }
   return std::make_pair(std::move(train), std::move(eval));
 }
 
-Dataset Gather(const Dataset& data, const std::vector<int64_t>& rows) {
+absl::StatusOr<Dataset> Gather(const Dataset& data,
+                               const std::vector<int64_t>& rows) {
+  if (!data.in_memory()) {
+    Dataset out;
+    out.description = data.description;
+    ASSIGN_OR_RETURN(std::tie(out.features, out.targets),
+                     data.shards->Gather(rows));
+    return out;
+  }
   const int64_t n = data.num_rows();
   const int64_t b = static_cast<int64_t>(rows.size());
   Shape fshape = data.features.shape();

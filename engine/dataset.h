@@ -13,25 +13,36 @@
 #define TRAINYARD_ENGINE_DATASET_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/npy_shards.h"
 #include "core/tensor.h"
 #include "proto/job_spec.pb.h"
 
 namespace trainyard {
 
+// A data set: its rows in memory (features and targets), or, for a sharded
+// source (npy_shards), in memory-mapped files read a batch at a time
+// (`shards`; features and targets are then undefined).
 struct Dataset {
   Tensor features;  // [N, D] float32
   // [N] int32 or int64 (class ids), or [N, K] float32 (regression targets).
   Tensor targets;
   // Human-readable origin, e.g. the npy paths with shapes, for logs.
   std::string description;
+  std::shared_ptr<const NpyShards> shards;
 
-  int64_t num_rows() const { return features.dim(0); }
-  int64_t num_features() const { return features.dim(1); }
+  bool in_memory() const { return shards == nullptr; }
+  int64_t num_rows() const {
+    return shards != nullptr ? shards->num_rows() : features.dim(0);
+  }
+  int64_t num_features() const {
+    return shards != nullptr ? shards->num_features() : features.dim(1);
+  }
 };
 
 // Rng streams (core/random.h `Rng(seed, stream)`) used below. Distinct from
@@ -84,9 +95,12 @@ absl::StatusOr<Dataset> LoadDataSource(const trainyard::v1::DataSource& source,
 absl::StatusOr<std::pair<Dataset, Dataset>> SplitTail(const Dataset& data,
                                                       double fraction);
 
-// Copies `rows` (each in [0, N); CHECK-fails otherwise, a bug) of `data`
-// into new tensors: features [B, D], targets [B] or [B, K].
-Dataset Gather(const Dataset& data, const std::vector<int64_t>& rows);
+// Copies `rows` (each in [0, N); CHECK-fails otherwise for data in memory,
+// a bug) of `data` into new tensors: features [B, D] float32, targets [B] or
+// [B, K]. A sharded source reads them from its files: errors name the file
+// (one that changed since the job opened it is DataLoss).
+absl::StatusOr<Dataset> Gather(const Dataset& data,
+                               const std::vector<int64_t>& rows);
 
 // The sequence of batches over N rows. Conceptually an endless stream of
 // row indices, consumed B at a time:

@@ -315,7 +315,7 @@ TEST(SplitTailTest, RejectsFractionsThatLeaveAnEmptySide) {
 
 TEST(GatherTest, CopiesRowsOfFeaturesAndTargets) {
   Dataset d = Counting(5);
-  Dataset b = Gather(d, {4, 0, 4});
+  Dataset b = *Gather(d, {4, 0, 4});
   EXPECT_EQ(b.features.shape(), (Shape{3, 2}));
   EXPECT_EQ(b.targets.shape(), (Shape{3}));
   EXPECT_EQ(b.features.data<float>()[0], 4.f);
@@ -333,7 +333,7 @@ TEST(GatherTest, RegressionTargets) {
   Dataset d;
   d.features = Tensor::FromVector({1, 2, 3}, {3, 1});
   d.targets = Tensor::FromVector({10, 11, 20, 21, 30, 31}, {3, 2});
-  Dataset b = Gather(d, {2, 1});
+  Dataset b = *Gather(d, {2, 1});
   EXPECT_EQ(b.targets.shape(), (Shape{2, 2}));
   EXPECT_THAT(
       std::vector<float>(b.targets.data<float>(), b.targets.data<float>() + 4),

@@ -216,7 +216,7 @@ absl::Status Stage::SetUpData() {
   }
   const auto& data = plan_.spec.data();
   if (plan_.trains()) {
-    sampler_ = std::make_unique<BatchSampler>(data_.train->features.dim(0),
+    sampler_ = std::make_unique<BatchSampler>(data_.train->num_rows(),
                                               data.batch_size(), data.shuffle(),
                                               data.seed());
   }
@@ -232,6 +232,8 @@ absl::Status Stage::UploadData(int64_t limit) {
   int64_t bytes = 0;
   for (const Dataset* d : sets) {
     if (d == nullptr) continue;
+    // A sharded source streams from its files: rows gathered on the host.
+    if (!d->in_memory()) return absl::OkStatus();
     bytes += static_cast<int64_t>(d->features.nbytes() + d->targets.nbytes());
   }
   if (limit < 0) {

@@ -83,7 +83,7 @@ absl::StatusOr<ForwardInputs> Stage::GatherOnDevice(
 absl::StatusOr<ForwardInputs> Stage::BuildOnHost(
     const Dataset& data, const std::vector<int64_t>& rows, int64_t step,
     bool is_eval) {
-  Dataset batch = Gather(data, rows);
+  ASSIGN_OR_RETURN(Dataset batch, Gather(data, rows));
   NamedTensors raw = {{"features", batch.features}, {"targets", batch.targets}};
   ASSIGN_OR_RETURN(ForwardInputs in,
                    task_->BuildForwardInputs(raw, step, is_eval));

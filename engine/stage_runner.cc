@@ -42,6 +42,13 @@ absl::StatusOr<int64_t> EvalRows(const JobPlan& plan) {
   if (data.has_eval()) {
     if (data.eval().has_synthetic())
       return data.eval().synthetic().num_samples();
+    if (data.eval().has_npy_shards()) {
+      // The shards' headers (mapping them reads nothing else).
+      ASSIGN_OR_RETURN(
+          Dataset eval,
+          LoadDataSource(data.eval(), "", data.seed(), DataSplit::kEval));
+      return eval.num_rows();
+    }
     ASSIGN_OR_RETURN(NpyHeader header,
                      ReadNpyHeader(data.eval().npy().features()));
     return header.shape.empty() ? 0 : header.shape[0];

@@ -7,7 +7,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/file_util.h"
 #include "core/npy.h"
+#include "core/npy_shards.h"
 #include "core/tensor.h"
 #include "plan/spec_paths.h"
 
@@ -137,6 +139,79 @@ void CheckNpySource(const std::string& path, NpySource* npy,
       static_cast<uint64_t>(NumElements(th->shape)) * DTypeSize(th->dtype);
 }
 
+// Each entry of `list` (data.<x>.npy_shards.features or .targets) made
+// absolute and kept inside the data folder; with options.check_files, the
+// files it names, in order (a problem when an entry names none).
+bool ResolveShardList(const std::string& field,
+                      google::protobuf::RepeatedPtrField<std::string>* list,
+                      const PlanOptions& options, Problems* p,
+                      std::vector<std::string>* files) {
+  if (list->empty()) {
+    p->Add(field, "required: at least one file or glob pattern");
+    return false;
+  }
+  bool ok = true;
+  for (int i = 0; i < list->size(); ++i) {
+    const std::string entry_field = absl::StrCat(field, "[", i, "]");
+    const std::string written = list->Get(i);
+    *list->Mutable(i) = ResolvePath(options.base_dir, written);
+    const size_t before = p->size();
+    CheckConfined(p, entry_field, written, list->Get(i), options);
+    if (p->size() != before) {
+      ok = false;
+      continue;
+    }
+    if (!options.check_files) continue;
+    absl::StatusOr<std::vector<std::string>> matched = ExpandGlob(list->Get(i));
+    if (!matched.ok()) {
+      p->Add(entry_field, absl::StrCat(Quote(written), ": ",
+                                       absl::IsNotFound(matched.status())
+                                           ? "names no file"
+                                           : matched.status().message()));
+      ok = false;
+      continue;
+    }
+    for (const std::string& file : *matched) {
+      CheckConfined(p, entry_field, file, file, options);
+      files->push_back(file);
+    }
+    ok = ok && p->size() == before;
+  }
+  return ok;
+}
+
+void CheckNpyShardsSource(const std::string& path,
+                          trainyard::v1::NpyShardsSource* shards,
+                          const PlanOptions& options, Problems* p,
+                          SourceInfo* info) {
+  std::vector<std::string> features, targets;
+  bool ok = ResolveShardList(path + ".features", shards->mutable_features(),
+                             options, p, &features);
+  ok = ResolveShardList(path + ".targets", shards->mutable_targets(), options,
+                        p, &targets) &&
+       ok;
+  if (!ok || !options.check_files) return;
+  if (features.size() != targets.size()) {
+    p->Add(path, absl::StrCat("features name ", features.size(),
+                              " files but targets name ", targets.size(),
+                              ": the k-th of each are a pair"));
+    return;
+  }
+  absl::StatusOr<std::shared_ptr<const NpyShards>> opened =
+      NpyShards::Open(features, targets);
+  if (!opened.ok()) {
+    p->Add(path, std::string(opened.status().message()));
+    return;
+  }
+  const NpyShards& source = **opened;
+  info->known = true;
+  info->rows = source.num_rows();
+  info->features = source.num_features();
+  info->class_targets = source.target_width() == 0;
+  info->target_width = source.target_width();
+  info->bytes = 0;  // streamed from the files, not held in memory
+}
+
 // The generator's kind and each size in its range.
 bool CheckSyntheticFields(const std::string& path, const SyntheticSource& syn,
                           Problems* p) {
@@ -229,16 +304,22 @@ void CheckSource(const std::string& path, DataSource* source,
       CheckSyntheticSource(path + ".synthetic", source->mutable_synthetic(),
                            data_seed, p, info);
       break;
+    case DataSource::kNpyShards:
+      CheckNpyShardsSource(path + ".npy_shards", source->mutable_npy_shards(),
+                           options, p, info);
+      break;
     default:
-      p->Add(path, "needs a source: npy or synthetic");
+      p->Add(path, "needs a source: npy, npy_shards or synthetic");
   }
 }
 
 // data.eval's features and targets must be data.train's kind and width.
 void CheckEvalMatchesTrain(const DataSpec& data, const SourceInfo& train,
                            const SourceInfo& eval, Problems* p) {
-  const std::string epath =
-      data.eval().has_npy() ? "data.eval.npy" : "data.eval.synthetic";
+  const std::string epath = data.eval().has_npy() ? "data.eval.npy"
+                            : data.eval().has_npy_shards()
+                                ? "data.eval.npy_shards"
+                                : "data.eval.synthetic";
   if (eval.features != train.features) {
     p->Add(epath,
            absl::StrCat("has ", eval.features, " features but data.train has ",
@@ -305,7 +386,7 @@ DataInfo CheckData(const PlanOptions& options, Problems* p, JobPlan* plan) {
   DataInfo info;
   const size_t problems_before_train = p->size();
   if (!data->has_train()) {
-    p->Add("data.train", "required (npy or synthetic)");
+    p->Add("data.train", "required (npy, npy_shards or synthetic)");
   } else {
     CheckSource("data.train", data->mutable_train(), data->seed(), options, p,
                 &info.train);

@@ -45,10 +45,10 @@ TEST(PlanJobErrorsTest, MissingDataSource) {
   JobSpec spec = ValidNpySpec(dir);
   spec.mutable_data()->clear_train();
   ExpectProblem(PlanJob(spec, Options(dir)),
-                "data.train: required (npy or synthetic)");
+                "data.train: required (npy, npy_shards or synthetic)");
   spec.mutable_data()->mutable_train();  // present but empty oneof
   ExpectProblem(PlanJob(spec, Options(dir)),
-                "data.train: needs a source: npy or synthetic");
+                "data.train: needs a source: npy, npy_shards or synthetic");
 }
 
 TEST(PlanJobErrorsTest, NpyFileMissing) {

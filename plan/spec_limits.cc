@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/struct.pb.h"
@@ -46,6 +47,19 @@ void CheckSourceLengths(const std::string& path, const DataSource& d,
   CheckLength(path + ".npy.features", d.npy().features(), kMaxPathBytes, p);
   CheckLength(path + ".npy.targets", d.npy().targets(), kMaxPathBytes, p);
   CheckLength(path + ".synthetic.kind", d.synthetic().kind(), kMaxNameBytes, p);
+  const auto& shards = d.npy_shards();
+  for (const auto& [name, list] : {std::pair{".features", &shards.features()},
+                                   std::pair{".targets", &shards.targets()}}) {
+    const std::string field = path + ".npy_shards" + name;
+    if (list->size() > kMaxListEntries) {
+      p->Add(field,
+             absl::StrCat(list->size(), " entries, limit ", kMaxListEntries));
+    }
+    for (int i = 0; i < std::min(list->size(), kMaxListEntries); ++i) {
+      CheckLength(absl::StrCat(field, "[", i, "]"), list->Get(i), kMaxPathBytes,
+                  p);
+    }
+  }
 }
 
 // The names and paths outside the lists.
@@ -62,6 +76,11 @@ void CheckFieldLengths(const JobSpec& s, Problems* p) {
   CheckLength("optimizer.schedule.type", s.optimizer().schedule().type(),
               kMaxNameBytes, p);
   CheckLength("checkpoint.dir", s.checkpoint().dir(), kMaxPathBytes, p);
+  CheckLength("kind", s.kind(), kMaxNameBytes, p);
+  CheckLength("inference.checkpoint_dir", s.inference().checkpoint_dir(),
+              kMaxPathBytes, p);
+  CheckLength("inference.output_dir", s.inference().output_dir(), kMaxPathBytes,
+              p);
   CheckLength("checkpoint.resume", s.checkpoint().resume(), kMaxNameBytes, p);
   CheckLength("model.init.safetensors", s.model().init().safetensors(),
               kMaxPathBytes, p);

@@ -67,10 +67,17 @@ def resolve_paths(spec, base_dir):
             setattr(msg, field, os.path.join(base_dir, path))
 
     for name in ("train", "eval"):
-        if spec.data.HasField(name) and getattr(spec.data, name).HasField("npy"):
-            npy = getattr(spec.data, name).npy
-            absolute(npy, "features")
-            absolute(npy, "targets")
+        if not spec.data.HasField(name):
+            continue
+        source = getattr(spec.data, name)
+        if source.HasField("npy"):
+            absolute(source.npy, "features")
+            absolute(source.npy, "targets")
+        if source.HasField("npy_shards"):
+            for entries in (source.npy_shards.features, source.npy_shards.targets):
+                for i, path in enumerate(entries):
+                    if path and not os.path.isabs(path):
+                        entries[i] = os.path.join(base_dir, path)
     if spec.model.HasField("init"):
         absolute(spec.model.init, "safetensors")
     if spec.HasField("checkpoint"):

@@ -1,0 +1,138 @@
+// Jobs over a sharded source (npy_shards): the same rows as one .npy pair
+// give bitwise the same training, whatever the shard sizes; and the
+// source's problems are named at plan time.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/file_util.h"
+#include "core/npy.h"
+#include "engine/dataset.h"
+#include "engine/test_jobs.h"
+#include "engine/test_paths.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plan/job_plan.h"
+
+namespace trainyard {
+namespace {
+
+using ::testing::HasSubstr;
+using trainyard::v1::JobSpec;
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = JoinPath(testing::TempDir(), name);
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(CreateDirectories(dir).ok());
+  return dir;
+}
+
+// ClassificationSpec's rows, written as one .npy pair and as shards of
+// `sizes` rows; returns the folder.
+std::string WriteData(const std::string& name, const std::vector<int>& sizes) {
+  const JobSpec spec = testing::ClassificationSpec();
+  absl::StatusOr<Dataset> data =
+      LoadDataSource(spec.data().train(), "", spec.seed());
+  EXPECT_TRUE(data.ok()) << data.status();
+  const std::string dir = FreshDir(name);
+  EXPECT_TRUE(WriteNpy(JoinPath(dir, "x.npy"), data->features).ok());
+  EXPECT_TRUE(WriteNpy(JoinPath(dir, "y.npy"), data->targets).ok());
+  int64_t row = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t end = row + sizes[k];
+    EXPECT_TRUE(WriteNpy(JoinPath(dir, absl::StrCat("x-", k, ".npy")),
+                         data->features.Rows(row, end).Clone())
+                    .ok());
+    EXPECT_TRUE(WriteNpy(JoinPath(dir, absl::StrCat("y-", k, ".npy")),
+                         data->targets.Rows(row, end).Clone())
+                    .ok());
+    row = end;
+  }
+  EXPECT_EQ(row, data->num_rows());
+  return dir;
+}
+
+JobSpec WithNpy(JobSpec spec, const std::string& dir) {
+  auto* npy = spec.mutable_data()->mutable_train()->mutable_npy();
+  npy->set_features(JoinPath(dir, "x.npy"));
+  npy->set_targets(JoinPath(dir, "y.npy"));
+  return spec;
+}
+
+JobSpec WithShards(JobSpec spec, const std::string& dir) {
+  auto* shards = spec.mutable_data()->mutable_train()->mutable_npy_shards();
+  shards->add_features(JoinPath(dir, "x-*.npy"));
+  shards->add_targets(JoinPath(dir, "y-*.npy"));
+  return spec;
+}
+
+TEST(ShardedDataTest, ShardsTrainBitwiseAsOnePair) {
+  const std::string dir = WriteData("shards", {137, 63, 200});
+  for (bool shuffle : {false, true}) {
+    JobSpec spec =
+        testing::WithPipeline(testing::ClassificationSpec(), 2, 4, "1f1b");
+    spec.set_steps(12);
+    spec.mutable_data()->set_eval_every(6);
+    spec.mutable_data()->set_shuffle(shuffle);
+    testing::RunResult one = testing::RunJob(WithNpy(spec, dir));
+    testing::RunResult sharded = testing::RunJob(WithShards(spec, dir));
+    ASSERT_TRUE(one.status.ok()) << one.status;
+    ASSERT_TRUE(sharded.status.ok()) << sharded.status;
+    ASSERT_EQ(one.losses.size(), 12u);
+    EXPECT_EQ(sharded.losses, one.losses) << "shuffle " << shuffle;
+    EXPECT_EQ(sharded.eval_loss, one.eval_loss);  // the held-out tail
+    EXPECT_EQ(sharded.params, one.params);
+  }
+}
+
+TEST(ShardedDataTest, ProblemsAreNamedWhenPlanning) {
+  const std::string dir = WriteData("bad-shards", {200, 200});
+  JobSpec spec = WithShards(testing::ClassificationSpec(), dir);
+  spec.mutable_data()->mutable_train()->mutable_npy_shards()->set_features(
+      0, JoinPath(dir, "nothing-*.npy"));
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, PlanOptions());
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("data.train.npy_shards.features[0]: \""));
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr(": names no file"));
+
+  // One features file more than targets: the pairs do not line up.
+  spec = WithShards(testing::ClassificationSpec(), dir);
+  spec.mutable_data()->mutable_train()->mutable_npy_shards()->add_features(
+      JoinPath(dir, "x.npy"));
+  plan = PlanJob(spec, PlanOptions());
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("data.train.npy_shards: features name 3 files but "
+                        "targets name 2"));
+
+  // A pair whose row counts differ: named by its files.
+  spec = WithShards(testing::ClassificationSpec(), dir);
+  auto* shards = spec.mutable_data()->mutable_train()->mutable_npy_shards();
+  shards->clear_targets();
+  shards->add_targets(JoinPath(dir, "y-1.npy"));
+  shards->add_targets(JoinPath(dir, "y.npy"));
+  plan = PlanJob(spec, PlanOptions());
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("data.train.npy_shards: "));
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("y.npy"));
+}
+
+TEST(ShardedDataTest, PathsStayInsideTheDataFolder) {
+  const std::string dir = WriteData("confined-shards", {400});
+  JobSpec spec = WithShards(testing::ClassificationSpec(), dir);
+  PlanOptions options;
+  options.confine_to = FreshDir("elsewhere");
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, options);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("data.train.npy_shards.features[0]: "));
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("outside the data folder"));
+}
+
+}  // namespace
+}  // namespace trainyard
