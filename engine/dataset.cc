@@ -343,21 +343,44 @@ void BatchSampler::Seek(int64_t position) {
   position_ = position;
 }
 
-int64_t BatchSampler::RowAt(int64_t position) {
+int64_t BatchSampler::RowAt(int64_t position) const {
   const int64_t epoch = position / num_rows_;
   const int64_t index = position % num_rows_;
   if (!shuffle_) return index;
-  if (epoch != cached_epoch_) {
-    perm_.resize(num_rows_);
-    std::iota(perm_.begin(), perm_.end(), int64_t{0});
-    Rng rng(seed_, kShuffleStreamBase + static_cast<uint64_t>(epoch));
-    for (int64_t i = num_rows_ - 1; i >= 1; --i) {
-      const int64_t j = static_cast<int64_t>(rng.Below(i + 1));
-      std::swap(perm_[i], perm_[j]);
+  return ShuffledRow(index, num_rows_, seed_, static_cast<uint64_t>(epoch));
+}
+
+namespace {
+
+uint64_t Mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+int64_t ShuffledRow(int64_t index, int64_t n, uint64_t seed, uint64_t epoch) {
+  CHECK(n >= 1 && n <= (int64_t{1} << 62) && index >= 0 && index < n)
+      << index << " of " << n;
+  int h = 1;
+  while ((uint64_t{1} << (2 * h)) < static_cast<uint64_t>(n)) ++h;
+  const uint64_t mask = (uint64_t{1} << h) - 1;
+  const uint64_t base = Mix64(seed ^ Mix64(kShuffleStreamBase + epoch));
+  uint64_t key[4];
+  for (int r = 0; r < 4; ++r) key[r] = Mix64(base + r);
+  uint64_t x = static_cast<uint64_t>(index);
+  do {
+    uint64_t left = x >> h, right = x & mask;
+    for (int r = 0; r < 4; ++r) {
+      const uint64_t next = left ^ (Mix64(right ^ key[r]) & mask);
+      left = right;
+      right = next;
     }
-    cached_epoch_ = epoch;
-  }
-  return perm_[index];
+    x = (left << h) | right;
+  } while (x >= static_cast<uint64_t>(n));
+  return static_cast<int64_t>(x);
 }
 
 }  // namespace trainyard

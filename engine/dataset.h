@@ -102,16 +102,32 @@ absl::StatusOr<std::pair<Dataset, Dataset>> SplitTail(const Dataset& data,
 absl::StatusOr<Dataset> Gather(const Dataset& data,
                                const std::vector<int64_t>& rows);
 
+// The row at place `index` (0 <= index < n, n >= 1) of epoch `epoch`'s
+// order of a shuffled source: a keyed bijection of [0, n), computed on its
+// own (no n-sized table), so any step's rows are known directly. With
+// Mix64 the SplitMix64 finalizer (z += 0x9E3779B97F4A7C15;
+// z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9; z = (z ^ z >> 27) *
+// 0x94D049BB133111EB; z ^ z >> 31, all mod 2^64):
+//   h = the smallest h >= 1 with 4^h >= n; mask = 2^h - 1;
+//   base = Mix64(seed ^ Mix64(kShuffleStreamBase + epoch));
+//   key[r] = Mix64(base + r) for r = 0..3;
+//   F(x): L = x >> h, R = x & mask; 4 rounds of
+//         (L, R) = (R, L ^ (Mix64(R ^ key[r]) & mask)); then (L << h) | R;
+//   the row is F(index), F(F(index)), ... the first value below n (cycle
+//   walking: F permutes [0, 4^h), so this permutes [0, n)).
+// tools/shuffle_reference.py is the same in Python.
+int64_t ShuffledRow(int64_t index, int64_t n, uint64_t seed, uint64_t epoch);
+
 // The sequence of batches over N rows. Conceptually an endless stream of
 // row indices, consumed B at a time:
 //   shuffle off: 0, 1, ..., N-1, 0, 1, ... (file order, wrapping), so batch
 //     k is rows k*B ... k*B+B-1 modulo N;
-//   shuffle on: perm(0), perm(1), ... concatenated, where perm(e) is epoch
-//     e's permutation: start from the identity [0, N) and for i = N-1 down
-//     to 1 swap entries i and j, j = Rng(seed, kShuffleStreamBase + e)
-//     .Below(i + 1) (Fisher-Yates). A batch may span an epoch boundary.
-// position() = rows consumed so far; Seek(p) resumes exactly there, so a
-// restored sampler yields bitwise the same batches as an uninterrupted one.
+//   shuffle on: epoch e = position / N visits every row once, place
+//     i = position % N holding ShuffledRow(i, N, seed, e). A batch may span
+//     an epoch boundary.
+// position() = rows consumed so far; Seek(p) resumes exactly there (in
+// O(1): nothing is replayed), so a restored sampler yields bitwise the same
+// batches as an uninterrupted one.
 class BatchSampler {
  public:
   // num_rows >= 1, batch_size >= 1 (CHECK: the spec validator ensures it).
@@ -128,15 +144,13 @@ class BatchSampler {
   int64_t epoch() const { return position_ / num_rows_; }
 
  private:
-  int64_t RowAt(int64_t position);  // row index at a stream position
+  int64_t RowAt(int64_t position) const;  // row index at a stream position
 
   int64_t num_rows_;
   int64_t batch_size_;
   bool shuffle_;
   uint64_t seed_;
   int64_t position_ = 0;
-  int64_t cached_epoch_ = -1;
-  std::vector<int64_t> perm_;  // perm(cached_epoch_) when shuffling
 };
 
 }  // namespace trainyard

@@ -1,12 +1,19 @@
 #include "engine/dataset.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/file_util.h"
 #include "core/npy.h"
 #include "core/random.h"
@@ -353,30 +360,76 @@ TEST(BatchSamplerTest, UnshuffledWrapsInFileOrder) {
   EXPECT_THAT(big.Next(), ElementsAre(0, 1, 0, 1, 0));
 }
 
-std::vector<int64_t> Documented(int64_t n, uint64_t seed, int64_t epoch) {
-  std::vector<int64_t> p(n);
-  for (int64_t i = 0; i < n; ++i) p[i] = i;
-  Rng rng(seed, kShuffleStreamBase + epoch);
-  for (int64_t i = n - 1; i >= 1; --i) std::swap(p[i], p[rng.Below(i + 1)]);
-  return p;
+// Epochs 0 .. epochs-1 of n rows under `seed` as tools/shuffle_reference.py
+// (the documented bijection in Python) computes them; empty when it cannot
+// run.
+std::vector<std::vector<int64_t>> PythonReference(int64_t n, uint64_t seed,
+                                                  int epochs) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* ws = std::getenv("TEST_WORKSPACE");
+  const std::string script =
+      srcdir != nullptr && ws != nullptr
+          ? std::string(srcdir) + "/" + ws + "/tools/shuffle_reference.py"
+          : "tools/shuffle_reference.py";
+  const std::string cmd =
+      absl::StrCat("/usr/bin/python3 ", script, " ", n, " ", seed, " ", epochs);
+  std::vector<std::vector<int64_t>> out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char line[1 << 16];
+  while (fgets(line, sizeof(line), pipe) != nullptr) {
+    std::vector<int64_t> rows;
+    for (absl::string_view tok :
+         absl::StrSplit(absl::StripAsciiWhitespace(line), ',')) {
+      tok = absl::StripAsciiWhitespace(absl::StripPrefix(
+          absl::StripSuffix(absl::StripAsciiWhitespace(tok), "]"), "["));
+      int64_t v = 0;
+      if (absl::SimpleAtoi(tok, &v)) rows.push_back(v);
+    }
+    out.push_back(rows);
+  }
+  pclose(pipe);
+  return out;
 }
 
-TEST(BatchSamplerTest, ShuffledEpochsAreDocumentedPermutations) {
-  const int64_t n = 7;
-  BatchSampler s(n, 3, /*shuffle=*/true, 42);
-  std::vector<int64_t> stream;
-  for (int b = 0; b < 7; ++b) {  // 21 rows = 3 epochs; batches span epochs
-    std::vector<int64_t> rows = s.Next();
-    stream.insert(stream.end(), rows.begin(), rows.end());
+TEST(BatchSamplerTest, ShuffledEpochsAreThePythonReference) {
+  for (int64_t n : {1, 2, 7, 16, 17, 1000}) {
+    const uint64_t seed = 42 + n;
+    BatchSampler s(n, 3, /*shuffle=*/true, seed);
+    std::vector<int64_t> stream;
+    while (static_cast<int64_t>(stream.size()) < 3 * n) {  // batches span
+      std::vector<int64_t> rows = s.Next();                // epochs
+      stream.insert(stream.end(), rows.begin(), rows.end());
+    }
+    const std::vector<std::vector<int64_t>> want = PythonReference(n, seed, 3);
+    ASSERT_EQ(want.size(), 3u) << "tools/shuffle_reference.py did not run";
+    for (int e = 0; e < 3; ++e) {
+      std::vector<int64_t> epoch(stream.begin() + e * n,
+                                 stream.begin() + (e + 1) * n);
+      EXPECT_EQ(epoch, want[e]) << "n " << n << " epoch " << e;
+      EXPECT_EQ(std::set<int64_t>(epoch.begin(), epoch.end()).size(),
+                static_cast<size_t>(n));  // every row once
+    }
+    if (n >= 7) EXPECT_NE(want[0], want[1]) << n;
   }
-  for (int e = 0; e < 3; ++e) {
-    std::vector<int64_t> epoch(stream.begin() + e * n,
-                               stream.begin() + (e + 1) * n);
-    EXPECT_EQ(epoch, Documented(n, 42, e)) << "epoch " << e;
-    EXPECT_EQ(std::set<int64_t>(epoch.begin(), epoch.end()).size(),
-              static_cast<size_t>(n));
+}
+
+// No table: a row of an epoch of 10^12 rows is computed directly, and an
+// epoch of a few thousand is a permutation.
+TEST(BatchSamplerTest, ShuffleNeedsNoTable) {
+  const int64_t huge = 1000000000000;
+  std::set<int64_t> seen;
+  for (int64_t i = 0; i < 1000; ++i) {
+    const int64_t r = ShuffledRow(huge - 1 - i, huge, 9, 3);
+    EXPECT_GE(r, 0);
+    EXPECT_LT(r, huge);
+    seen.insert(r);
   }
-  EXPECT_NE(Documented(n, 42, 0), Documented(n, 42, 1));
+  EXPECT_EQ(seen.size(), 1000u);
+  const int64_t n = 5000;
+  std::vector<bool> hit(n, false);
+  for (int64_t i = 0; i < n; ++i) hit[ShuffledRow(i, n, 1, 0)] = true;
+  EXPECT_EQ(std::count(hit.begin(), hit.end(), true), n);
 }
 
 TEST(BatchSamplerTest, SameSeedSameBatchesOtherSeedOther) {
@@ -407,7 +460,7 @@ TEST(BatchSamplerTest, SeekResumesBitwise) {
       EXPECT_EQ(resumed.Next(), want[i])
           << "batch " << i << " shuffle " << shuffle;
     }
-    // Seeking backwards works too (cached permutation is replaced).
+    // Seeking backwards works too.
     resumed.Seek(0);
     EXPECT_EQ(resumed.Next(), want[0]);
   }
