@@ -86,6 +86,33 @@ TEST(ShardedDataTest, ShardsTrainBitwiseAsOnePair) {
   }
 }
 
+// Shuffled, stopped at step 7 on 2 stages x 1 replica and resumed from its
+// checkpoint on 4 stages x 2 replicas: bitwise the uninterrupted run (the
+// resumed run computes its rows from the step, replaying nothing).
+TEST(ShardedDataTest, ResumeWithAnotherLayoutIsBitwise) {
+  const std::string dir = WriteData("resume-shards", {90, 110, 200});
+  JobSpec spec = WithShards(
+      testing::WithPipeline(testing::ClassificationSpec(), 2, 8, "1f1b"), dir);
+  spec.set_steps(14);
+  spec.mutable_parallelism()->set_accumulation("tree");
+  testing::RunResult full = testing::RunJob(spec);
+  ASSERT_TRUE(full.status.ok()) << full.status;
+
+  spec.mutable_checkpoint()->set_dir(FreshDir("resume-ckpt"));
+  spec.mutable_checkpoint()->set_every(7);
+  spec.mutable_checkpoint()->set_resume("latest");
+  testing::RunResult first = testing::RunJob(spec, /*stop_after=*/7);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  JobSpec wider = testing::WithPipeline(spec, 4, 8, "zbh1");
+  wider.mutable_parallelism()->set_replicas(2);
+  testing::RunResult second = testing::RunJob(wider);
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  std::vector<double> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, full.losses);
+  EXPECT_EQ(second.params, full.params);
+}
+
 TEST(ShardedDataTest, ProblemsAreNamedWhenPlanning) {
   const std::string dir = WriteData("bad-shards", {200, 200});
   JobSpec spec = WithShards(testing::ClassificationSpec(), dir);
