@@ -241,6 +241,11 @@ absl::Status ClaimFolder(const OutputJob& job, int64_t num_shards) {
     if (text.ok()) return CheckManifest(job, *text);
     if (!absl::IsNotFound(text.status())) return text.status();
     ASSIGN_OR_RETURN(std::vector<std::string> names, ListFolder(job.dir));
+    // A manifest that appeared since the read above was linked by another
+    // process of this job meanwhile: read it on the next round.
+    if (std::find(names.begin(), names.end(), kManifest) != names.end()) {
+      continue;
+    }
     for (const std::string& name : names) {
       if (!IsTempName(name)) {
         return Refuse(job, absl::StrCat("exists and is not an earlier run of "
