@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/file_util.h"
+#include "core/npy.h"
 #include "core/sha256.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -34,21 +35,16 @@ absl::Status ErrnoError(const std::string& path, absl::string_view what) {
       absl::StrCat(path, ": ", what, ": ", std::strerror(errno)));
 }
 
-// A .npy 1.0 header for `descr` and `shape`, padded to kNpyHeaderBytes.
-std::string NpyHeaderBytes(const char* descr, const Shape& shape) {
-  const std::string dims =
-      shape.size() == 1 ? absl::StrCat("(", shape[0], ",)")
-                        : absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
-  std::string dict =
-      absl::StrCat("{'descr': '", descr,
-                   "', 'fortran_order': False, 'shape': ", dims, ", }");
-  const size_t prefix = 10;  // magic, version, header length
-  dict.append(kNpyHeaderBytes - prefix - dict.size() - 1, ' ');
-  dict.push_back('\n');
-  std::string out("\x93NUMPY\x01\x00", 8);
-  out.push_back(static_cast<char>(dict.size() & 0xFF));
-  out.push_back(static_cast<char>(dict.size() >> 8));
-  return out + dict;
+// A shard's .npy header (core/npy), exactly kNpyHeaderBytes long.
+absl::StatusOr<std::string> ShardHeader(DType dtype, const Shape& shape) {
+  ASSIGN_OR_RETURN(std::string header,
+                   NpyHeaderBytes(dtype, shape, kNpyHeaderBytes));
+  if (header.size() != kNpyHeaderBytes) {
+    return absl::InternalError(
+        absl::StrCat("a shard's .npy header for ", ShapeToString(shape), " is ",
+                     header.size(), " bytes, not ", kNpyHeaderBytes));
+  }
+  return header;
 }
 
 std::string TempName(const std::string& dir, char kind, int64_t index) {
@@ -175,18 +171,20 @@ absl::Status ShardWriter::CloseShard() {
   const std::string y_path = JoinPath(dir_, pair.targets_file);
   written_.push_back(x_path);
   written_.push_back(y_path);
+  const bool classes = layout_.target_dtype == DType::kInt64;
+  ASSIGN_OR_RETURN(const std::string x_header,
+                   ShardHeader(DType::kFloat32, {n, layout_.features}));
+  ASSIGN_OR_RETURN(
+      const std::string y_header,
+      classes ? ShardHeader(DType::kInt64, {n})
+              : ShardHeader(DType::kFloat32, {n, layout_.target_width}));
   std::FILE* x = x_file_;
   std::FILE* y = y_file_;
   x_file_ = y_file_ = nullptr;
-  const bool classes = layout_.target_dtype == DType::kInt64;
   const absl::Status x_status =
-      CompleteFile(x, TempName(dir_, 'x', index),
-                   NpyHeaderBytes("<f4", {n, layout_.features}), x_path);
+      CompleteFile(x, TempName(dir_, 'x', index), x_header, x_path);
   const absl::Status y_status =
-      CompleteFile(y, TempName(dir_, 'y', index),
-                   classes ? NpyHeaderBytes("<i8", {n})
-                           : NpyHeaderBytes("<f4", {n, layout_.target_width}),
-                   y_path);
+      CompleteFile(y, TempName(dir_, 'y', index), y_header, y_path);
   RETURN_IF_ERROR(x_status);
   RETURN_IF_ERROR(y_status);
   RETURN_IF_ERROR(SyncDirectory(dir_));

@@ -359,40 +359,47 @@ absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   return t;
 }
 
-absl::Status WriteNpy(const std::string& path, const Tensor& tensor) {
-  const char* descr = DescrOf(tensor.dtype());
+absl::StatusOr<std::string> NpyHeaderBytes(DType dtype, const Shape& shape,
+                                           size_t min_bytes) {
+  const char* descr = DescrOf(dtype);
   if (descr == nullptr) {
-    return Bad(path,
-               absl::StrCat("cannot write dtype ", DTypeName(tensor.dtype()),
-                            " to .npy (supported: float32, int32, int64)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write dtype ", DTypeName(dtype),
+                     " to .npy (supported: float32, int32, int64)"));
   }
-  if (!tensor.device().is_cpu()) {
-    return Bad(path, absl::StrCat("tensor is on ", tensor.device().ToString(),
-                                  "; copy it to the CPU first"));
-  }
-  std::string shape;
-  if (tensor.ndim() == 1) {
-    shape = absl::StrCat("(", tensor.dim(0), ",)");
-  } else {
-    shape = absl::StrCat("(", absl::StrJoin(tensor.shape(), ", "), ")");
-  }
+  const std::string dims =
+      shape.size() == 1 ? absl::StrCat("(", shape[0], ",)")
+                        : absl::StrCat("(", absl::StrJoin(shape, ", "), ")");
   std::string dict =
       absl::StrCat("{'descr': '", descr,
-                   "', 'fortran_order': False, 'shape': ", shape, ", }");
+                   "', 'fortran_order': False, 'shape': ", dims, ", }");
   // numpy pads with spaces and a final '\n' so the data starts at a multiple
   // of 64 bytes.
   const size_t prefix = kMagicLen + 2 + 2;
-  size_t total = prefix + dict.size() + 1;
-  size_t padded = (total + 63) / 64 * 64;
+  const size_t total = prefix + dict.size() + 1;
+  const size_t padded = (std::max(total, min_bytes) + 63) / 64 * 64;
   dict.append(padded - total, ' ');
   dict.push_back('\n');
-  if (dict.size() > 0xFFFF) return Bad(path, "header too long for .npy 1.0");
+  if (dict.size() > 0xFFFF) {
+    return absl::InvalidArgumentError("header too long for .npy 1.0");
+  }
   std::string out(kMagic, kMagicLen);
   out.push_back('\x01');
   out.push_back('\x00');
   out.push_back(static_cast<char>(dict.size() & 0xFF));
   out.push_back(static_cast<char>(dict.size() >> 8));
-  out += dict;
+  return out + dict;
+}
+
+absl::Status WriteNpy(const std::string& path, const Tensor& tensor) {
+  if (!tensor.device().is_cpu()) {
+    return Bad(path, absl::StrCat("tensor is on ", tensor.device().ToString(),
+                                  "; copy it to the CPU first"));
+  }
+  absl::StatusOr<std::string> header =
+      NpyHeaderBytes(tensor.dtype(), tensor.shape());
+  if (!header.ok()) return Bad(path, header.status().message());
+  std::string out = *std::move(header);
   if (tensor.nbytes() > 0) {
     out.append(static_cast<const char*>(tensor.raw_data()), tensor.nbytes());
   }

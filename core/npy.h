@@ -47,6 +47,14 @@ float Float16ToFloat(uint16_t bits);
 // Reads the whole array (float32, int32 or int64; not float16).
 absl::StatusOr<Tensor> ReadNpy(const std::string& path);
 
+// The bytes of a version 1.0 .npy header for an array of `dtype` (float32,
+// int32 or int64) and `shape`, as numpy writes it: padded with spaces so the
+// data starts at a multiple of 64 bytes, and at least `min_bytes` in (a
+// writer that streams rows before it knows their count reserves that much).
+// InvalidArgument for another dtype or a header over 64 KiB.
+absl::StatusOr<std::string> NpyHeaderBytes(DType dtype, const Shape& shape,
+                                           size_t min_bytes = 0);
+
 // Writes `tensor` (float32, int32 or int64) as a version 1.0 .npy file.
 absl::Status WriteNpy(const std::string& path, const Tensor& tensor);
 

@@ -15,68 +15,12 @@
 #include "engine/checkpoint_store.h"
 #include "engine/dataset.h"
 #include "engine/stage_runner.h"
-#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 
 namespace trainyard {
 namespace {
 
 using trainyard::v1::JobSpec;
-
-// The job's rows: the eval rows a training job would have, else all of
-// data.train.
-absl::StatusOr<int64_t> JobRows(const JobPlan& plan) {
-  const auto& data = plan.spec.data();
-  if (data.has_eval() || data.eval_fraction() > 0) return EvalRows(plan);
-  return plan.train_rows;
-}
-
-absl::Status WithField(const char* field, const absl::Status& st) {
-  return absl::Status(st.code(), absl::StrCat(field, ": ", st.message()));
-}
-
-// StageData with the job's rows as its eval set (the first stage's rows,
-// every stage's count).
-absl::StatusOr<StageData> LoadForwardData(const JobPlan& plan, int stage) {
-  StageData out;
-  ASSIGN_OR_RETURN(out.eval_rows, JobRows(plan));
-  if (stage != 0) return out;
-  const auto& data = plan.spec.data();
-  if (data.has_eval()) {
-    absl::StatusOr<Dataset> eval =
-        LoadDataSource(data.eval(), "", data.seed(), DataSplit::kEval);
-    if (!eval.ok()) return WithField("data.eval", eval.status());
-    out.eval = std::make_shared<Dataset>(*std::move(eval));
-  } else {
-    absl::StatusOr<Dataset> train =
-        LoadDataSource(data.train(), "", data.seed());
-    if (!train.ok()) return WithField("data.train", train.status());
-    if (data.eval_fraction() > 0) {
-      auto split = SplitTail(*train, data.eval_fraction());
-      if (!split.ok()) return WithField("data.eval_fraction", split.status());
-      out.eval = std::make_shared<Dataset>(std::move(split->second));
-    } else {
-      out.eval = std::make_shared<Dataset>(*std::move(train));
-    }
-  }
-  if (out.eval->num_rows() != out.eval_rows) {
-    return absl::InternalError(absl::StrCat("the job's rows are ",
-                                            out.eval->num_rows(),
-                                            ", the plan says ", out.eval_rows));
-  }
-  return out;
-}
-
-// Proto3 JSON with the proto's field names.
-std::string SpecJson(const JobSpec& spec) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(spec, &json, opts).ok()) {
-    return "null";
-  }
-  return json;
-}
 
 // The model's source and its digest, as a JSON object.
 absl::StatusOr<std::string> ModelJson(const JobPlan& plan) {
@@ -107,8 +51,8 @@ absl::Status PinModelCheckpoint(JobPlan* plan) {
   if (inf->checkpoint_dir().empty()) return absl::OkStatus();
   const std::string& dir = inf->checkpoint_dir();
   if (inf->checkpoint_step() > 0) {
-    return WithField("inference.checkpoint_step",
-                     VerifyCheckpoint(dir, inf->checkpoint_step()));
+    return Prefixed(VerifyCheckpoint(dir, inf->checkpoint_step()),
+                    "inference.checkpoint_step: ");
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCompleteCheckpoints(dir));
   std::vector<std::string> failed;
@@ -130,10 +74,10 @@ absl::Status PinModelCheckpoint(JobPlan* plan) {
 absl::StatusOr<OutputJob> OutputJobOf(const JobPlan& plan) {
   OutputJob job;
   job.dir = plan.spec.inference().output_dir();
-  ASSIGN_OR_RETURN(job.rows, JobRows(plan));
+  ASSIGN_OR_RETURN(job.rows, EvalRows(plan));
   job.shard_rows = plan.spec.inference().shard_rows();
   ASSIGN_OR_RETURN(job.model_json, ModelJson(plan));
-  job.spec_json = SpecJson(plan.spec);
+  job.spec_json = SpecToJson(plan.spec);
   // What does not change any row's outputs stays out of the identity, so a
   // job resumed with another layout continues the same outputs.
   JobSpec identity = plan.spec;
@@ -146,7 +90,8 @@ absl::StatusOr<OutputJob> OutputJobOf(const JobPlan& plan) {
   par->clear_split();
   par->clear_chunks();
   par->clear_accumulation();
-  job.job_digest = Sha256Hex(absl::StrCat(SpecJson(identity), job.model_json));
+  job.job_digest =
+      Sha256Hex(absl::StrCat(SpecToJson(identity), job.model_json));
   return job;
 }
 
@@ -158,7 +103,7 @@ std::pair<int64_t, int64_t> ShardRange(const JobPlan& plan, int64_t rows,
 
 absl::StatusOr<OutputProgress> CountOutputs(const JobPlan& plan) {
   OutputProgress p;
-  ASSIGN_OR_RETURN(p.rows_total, JobRows(plan));
+  ASSIGN_OR_RETURN(p.rows_total, EvalRows(plan));
   const int64_t shard_rows = plan.spec.inference().shard_rows();
   p.shards_total = (p.rows_total + shard_rows - 1) / shard_rows;
   ASSIGN_OR_RETURN(
@@ -182,7 +127,7 @@ absl::Status FinishWhenComplete(const JobPlan& plan, OutputShards* outputs) {
 absl::StatusOr<std::unique_ptr<Stage>> StartForwardStage(
     const JobPlan& plan, int index, Transport* transport,
     const StageOptions& options) {
-  ASSIGN_OR_RETURN(StageData data, LoadForwardData(plan, index));
+  ASSIGN_OR_RETURN(StageData data, LoadStageData(plan, index));
   ASSIGN_OR_RETURN(
       std::unique_ptr<Stage> stage,
       Stage::Create(plan, index, transport, options, std::move(data)));
@@ -217,7 +162,7 @@ absl::Status RunInferJob(Stage& stage, const JobPlan& plan,
                      ": an inference job's last stage needs its "
                      "output folder"));
   }
-  ASSIGN_OR_RETURN(const int64_t rows, JobRows(plan));
+  ASSIGN_OR_RETURN(const int64_t rows, EvalRows(plan));
   const int64_t shard_rows = plan.spec.inference().shard_rows();
   const int64_t batch = plan.spec.data().batch_size();
   const int64_t num_shards = (rows + shard_rows - 1) / shard_rows;

@@ -19,7 +19,6 @@
 #include "engine/checkpoint_writer.h"
 #include "engine/dataset.h"
 #include "glog/logging.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace trainyard {
 namespace {
@@ -57,7 +56,8 @@ absl::StatusOr<int64_t> EvalRows(const JobPlan& plan) {
     return static_cast<int64_t>(std::floor(
         static_cast<double>(plan.train_rows) * data.eval_fraction()));
   }
-  return 0;
+  // A forward-only job without eval data runs over all of data.train.
+  return plan.trains() ? 0 : plan.train_rows;
 }
 
 absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage) {
@@ -68,21 +68,28 @@ absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage) {
   auto with_field = [](const char* field, absl::Status st) {
     return absl::Status(st.code(), absl::StrCat(field, ": ", st.message()));
   };
-  absl::StatusOr<Dataset> train = LoadDataSource(data.train(), "", data.seed());
-  if (!train.ok()) return with_field("data.train", train.status());
   if (data.has_eval()) {
     absl::StatusOr<Dataset> eval =
         LoadDataSource(data.eval(), "", data.seed(), DataSplit::kEval);
     if (!eval.ok()) return with_field("data.eval", eval.status());
-    out.train = std::make_shared<Dataset>(std::move(*train));
-    out.eval = std::make_shared<Dataset>(std::move(*eval));
-  } else if (data.eval_fraction() > 0) {
-    auto split = SplitTail(*train, data.eval_fraction());
-    if (!split.ok()) return with_field("data.eval_fraction", split.status());
-    out.train = std::make_shared<Dataset>(std::move(split->first));
-    out.eval = std::make_shared<Dataset>(std::move(split->second));
-  } else {
-    out.train = std::make_shared<Dataset>(std::move(*train));
+    out.eval = std::make_shared<Dataset>(*std::move(eval));
+  }
+  // A forward-only job with data.eval reads nothing else.
+  if (!data.has_eval() || plan.trains()) {
+    absl::StatusOr<Dataset> train =
+        LoadDataSource(data.train(), "", data.seed());
+    if (!train.ok()) return with_field("data.train", train.status());
+    if (!data.has_eval() && data.eval_fraction() > 0) {
+      auto split = SplitTail(*train, data.eval_fraction());
+      if (!split.ok()) return with_field("data.eval_fraction", split.status());
+      train = std::move(split->first);
+      out.eval = std::make_shared<Dataset>(std::move(split->second));
+    }
+    if (plan.trains()) {
+      out.train = std::make_shared<Dataset>(*std::move(train));
+    } else if (out.eval == nullptr) {
+      out.eval = std::make_shared<Dataset>(*std::move(train));
+    }
   }
   if (out.eval != nullptr && out.eval->num_rows() != out.eval_rows) {
     return absl::InternalError(
@@ -123,15 +130,8 @@ absl::StatusOr<int64_t> ResumeStep(const JobPlan& plan,
 }
 
 std::string PlanMetadataJson(const JobPlan& plan, int64_t step) {
-  std::string spec_json;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(plan.spec, &spec_json, opts)
-           .ok()) {
-    spec_json = "null";
-  }
   return absl::StrCat("{\"step\":", step, ",\"stages\":", plan.num_stages(),
-                      ",\"spec\":", spec_json, "}");
+                      ",\"spec\":", SpecToJson(plan.spec), "}");
 }
 
 namespace {

@@ -25,11 +25,13 @@
 namespace trainyard {
 
 // Rows of the eval set, known to every stage from the plan alone (reads at
-// most a .npy header).
+// most .npy headers). For an infer or eval job, its rows: data.eval, the
+// held-out tail of data.train, else all of data.train.
 absl::StatusOr<int64_t> EvalRows(const JobPlan& plan);
 
 // The data stage `stage` needs: the first stage loads the train (and eval)
-// rows; every stage gets the eval row count.
+// rows, or, for an infer or eval job, only its rows (as the eval set);
+// every stage gets the eval row count.
 absl::StatusOr<StageData> LoadStageData(const JobPlan& plan, int stage);
 
 // The completed-step count to resume from: 0 for a fresh start, or the

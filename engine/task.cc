@@ -142,9 +142,10 @@ absl::Status CheckHasInferOutputs(const TaskPlugin& plugin) {
 }
 
 // infer_outputs' arguments but the tensors: the data row of the first row
-// (>= 0) and the output folder (absolute, an existing folder).
+// (>= 0) and the output folder (absolute; with `check_folder`, an existing
+// folder).
 absl::Status CheckInferArgs(const std::string& prefix, int64_t row_offset,
-                            const std::string& output_dir) {
+                            const std::string& output_dir, bool check_folder) {
   if (row_offset < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, "row_offset must be >= 0, got ", row_offset));
@@ -153,6 +154,7 @@ absl::Status CheckInferArgs(const std::string& prefix, int64_t row_offset,
     return absl::InvalidArgumentError(absl::StrCat(
         prefix, "output folder \"", output_dir, "\" is not an absolute path"));
   }
+  if (!check_folder) return absl::OkStatus();
   struct stat st;
   if (stat(output_dir.c_str(), &st) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -383,7 +385,10 @@ absl::StatusOr<NamedTensors> Task::InferOutputs(const Tensor& output,
   const std::string prefix = PluginCallPrefix(plugin_->name(), kCall);
   RETURN_IF_ERROR(
       CheckHostOutput(prefix, output, microbatch, num_microbatches));
-  RETURN_IF_ERROR(CheckInferArgs(prefix, row_offset, output_dir));
+  // The folder is looked at once per task, not once per microbatch.
+  const bool new_folder = output_dir != checked_output_dir_;
+  RETURN_IF_ERROR(CheckInferArgs(prefix, row_offset, output_dir, new_folder));
+  if (new_folder) checked_output_dir_ = output_dir;
   LossTensors tensors;
   RETURN_IF_ERROR(tensors.AddOutputAndState(prefix, output, state, nullptr));
   TrainyardInferArgs args;

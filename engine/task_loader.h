@@ -295,6 +295,8 @@ class Task {
   std::shared_ptr<const TaskPlugin> plugin_;
   void* handle_;  // the plugin's, until destroy()
   bool finalized_ = false;
+  // The output folder InferOutputs last found to be a folder.
+  std::string checked_output_dir_;
   // The outputs of the first successful InferOutputs call with zero rows:
   // their names, dtypes and trailing dims, which every later call repeats.
   NamedTensors infer_layout_;

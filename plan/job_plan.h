@@ -45,6 +45,11 @@ absl::StatusOr<trainyard::v1::JobSpec> ParseJobSpecJson(
 // the file cannot be read, naming the path.
 absl::StatusOr<trainyard::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
+// `spec` as proto3 JSON with the proto's field names, on one line, as
+// checkpoint and output manifests record it; "null" if it cannot be
+// printed.
+std::string SpecToJson(const trainyard::v1::JobSpec& spec);
+
 // Size limits on a spec, checked before anything else (docs/SPEC.md,
 // "Limits"): a spec over one is not looked at further.
 inline constexpr size_t kMaxSpecBytes = size_t{1} << 20;  // serialized

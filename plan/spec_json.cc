@@ -1,5 +1,5 @@
-// Job specs as proto3 JSON: ParseJobSpecJson, LoadJobSpecFile and
-// TaskConfigJson (job_plan.h).
+// Job specs as proto3 JSON: ParseJobSpecJson, LoadJobSpecFile, SpecToJson
+// and TaskConfigJson (job_plan.h).
 #include <string>
 
 #include "absl/status/status.h"
@@ -32,6 +32,16 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFileToString(path);
   if (!text.ok()) return text.status();
   return ParseJobSpecJson(*text, path);
+}
+
+std::string SpecToJson(const JobSpec& spec) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  if (!google::protobuf::util::MessageToJsonString(spec, &json, opts).ok()) {
+    return "null";
+  }
+  return json;
 }
 
 absl::StatusOr<std::string> TaskConfigJson(const JobSpec& spec) {
