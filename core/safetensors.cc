@@ -35,6 +35,8 @@ const char* SafetensorsDTypeName(DType dtype) {
       return "U8";
     case DType::kFloat64:
       return "F64";
+    case DType::kFloat16:
+      return "F16";
   }
   return "?";
 }

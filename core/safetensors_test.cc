@@ -133,9 +133,10 @@ TEST(SafetensorsTest, RejectsInvalidFilesNamingFileAndTensor) {
       {"not json", Raw("{nope", d8), "not valid JSON"},
       {"not object", Raw("[1,2]", ""), "not an object"},
       {"unknown dtype",
-       Raw("{\"a\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,8]}}",
+       Raw("{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[4],\"data_offsets\":[0,8]}"
+           "}",
            d8),
-       "tensor \"a\": dtype F16 is not supported"},
+       "tensor \"a\": dtype F8_E4M3 is not supported"},
       {"size mismatch",
        Raw("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}",
            d8),

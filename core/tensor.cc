@@ -26,6 +26,7 @@ size_t DTypeSize(DType dtype) {
     case DType::kInt32:
       return 4;
     case DType::kBFloat16:
+    case DType::kFloat16:
       return 2;
     case DType::kInt64:
     case DType::kFloat64:
@@ -50,6 +51,8 @@ absl::string_view DTypeName(DType dtype) {
       return "uint8";
     case DType::kFloat64:
       return "float64";
+    case DType::kFloat16:
+      return "float16";
   }
   return "unknown";
 }
@@ -58,9 +61,10 @@ absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
   for (DType d : kAllDTypes) {
     if (DTypeName(d) == name) return d;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown dtype \"", name,
-      "\" (expected float32, bfloat16, int32, int64, uint8 or float64)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dtype \"", name,
+                   "\" (expected float32, bfloat16, int32, int64, uint8, "
+                   "float64 or float16)"));
 }
 
 std::string ShapeToString(const Shape& shape) {

@@ -37,14 +37,17 @@ enum class DType : int32_t {
   kInt64 = 3,
   kUInt8 = 4,
   kFloat64 = 5,
+  // IEEE half precision: data features stored at half width, widened to
+  // float32 before any block computes on them.
+  kFloat16 = 6,
 };
-constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kBFloat16,
-                                DType::kInt32,   DType::kInt64,
-                                DType::kUInt8,   DType::kFloat64};
+constexpr DType kAllDTypes[] = {
+    DType::kFloat32, DType::kBFloat16, DType::kInt32,  DType::kInt64,
+    DType::kUInt8,   DType::kFloat64,  DType::kFloat16};
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);
-// "float32", "bfloat16", "int32", "int64", "uint8", "float64".
+// "float32", "bfloat16", "int32", "int64", "uint8", "float64", "float16".
 absl::string_view DTypeName(DType dtype);
 absl::StatusOr<DType> DTypeFromName(absl::string_view name);
 

@@ -35,7 +35,7 @@ TEST(TensorTest, DTypeNamesRoundTrip) {
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, d);
   }
-  EXPECT_FALSE(DTypeFromName("float16").ok());
+  EXPECT_FALSE(DTypeFromName("float8").ok());
 }
 
 TEST(TensorTest, Float64Exists) {
