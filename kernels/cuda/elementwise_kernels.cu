@@ -1,4 +1,6 @@
 // Kernels first, then the launchers of elementwise_kernels.h.
+#include <cuda_fp16.h>
+
 #include "kernels/cuda/cuda_math.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise_kernels.h"
@@ -166,6 +168,21 @@ __global__ void CastToFloatKernel(int64_t n, const bf16* __restrict__ src,
                                   float* __restrict__ dst) {
   for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
     dst[i] = __bfloat162float(src[i]);
+  }
+}
+
+// __half2float is exact (every half is a float), NaN payloads included.
+__global__ void CastHalfToFloatKernel(int64_t n, const __half* __restrict__ src,
+                                      float* __restrict__ dst) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
+    dst[i] = __half2float(src[i]);
+  }
+}
+
+__global__ void CastHalfToBf16Kernel(int64_t n, const __half* __restrict__ src,
+                                     bf16* __restrict__ dst) {
+  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
+    dst[i] = __float2bfloat16_rn(__half2float(src[i]));
   }
 }
 
@@ -383,6 +400,30 @@ absl::Status CastBf16ToFloat(int64_t n, const void* src, float* dst,
   CastToFloatKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(
       n, static_cast<const bf16*>(src), dst);
   CUDA_RETURN_IF_LAUNCH_ERROR("CastToFloatKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CastFloat16ToFloat(int64_t n, const void* src, float* dst,
+                                Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("CastFloat16ToFloat", n, 0));
+  if (n == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(CheckPtr("CastFloat16ToFloat", "src", src));
+  TY_RETURN_IF_ERROR(CheckPtr("CastFloat16ToFloat", "dst", dst));
+  CastHalfToFloatKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+      n, static_cast<const __half*>(src), dst);
+  CUDA_RETURN_IF_LAUNCH_ERROR("CastHalfToFloatKernel");
+  return absl::OkStatus();
+}
+
+absl::Status CastFloat16ToBf16(int64_t n, const void* src, void* dst,
+                               Stream stream) {
+  TY_RETURN_IF_ERROR(CheckSizes("CastFloat16ToBf16", n, 0));
+  if (n == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(CheckPtr("CastFloat16ToBf16", "src", src));
+  TY_RETURN_IF_ERROR(CheckPtr("CastFloat16ToBf16", "dst", dst));
+  CastHalfToBf16Kernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+      n, static_cast<const __half*>(src), static_cast<bf16*>(dst));
+  CUDA_RETURN_IF_LAUNCH_ERROR("CastHalfToBf16Kernel");
   return absl::OkStatus();
 }
 
