@@ -146,7 +146,8 @@ void ConvertOnHost(int64_t n, const void* src, void* dst, Convert convert) {
 }
 
 // The cast `kind` of n elements in host memory (the CPU's or the simulated
-// device's): the same bits as the CUDA kernels.
+// device's): the same bits as the CUDA kernels, but for the payload of a
+// float16 NaN widened to float32 (kept here, canonical there).
 void CastOnHost(CastKind kind, int64_t n, const void* src, void* dst) {
   switch (kind) {
     case CastKind::kFloatToBf16:

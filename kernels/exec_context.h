@@ -100,12 +100,13 @@ class ExecContext {
   // on this context's device), queued on the stream; no copy between host
   // and device, nothing counted in traffic(). The same dtype is a plain
   // copy; otherwise, with the same bits on the CPU, the simulated device
-  // and CUDA:
+  // and CUDA (except float32 NaN payloads, see below):
   //   float32 -> bfloat16: round to nearest even, any NaN -> 0x7FFF
   //     (core/bfloat16.h FloatToBf16); not on the CPU, which computes in
   //     float32 only;
   //   bfloat16 -> float32: exact;
-  //   float16 -> float32: exact (core/npy.h Float16ToFloat);
+  //   float16 -> float32: exact (core/npy.h Float16ToFloat); a NaN stays
+  //     NaN, with its payload on the host, as 0x7FFFFFFF on CUDA;
   //   float16 -> bfloat16: FloatToBf16 of the exact float32 value, so
   //     widening on the device gives what widening on the host and then
   //     casting gives.

@@ -68,9 +68,10 @@ absl::Status CastFloatToBf16(int64_t n, const float* src, void* dst,
 absl::Status CastBf16ToFloat(int64_t n, const void* src, float* dst,
                              Stream stream);
 
-// dst [n] = float16 src [n] widened to float32 (exact) / to float32 and
-// then rounded to bfloat16 (nearest even, any NaN -> 0x7FFF): the bits of
-// core/npy.h Float16ToFloat and core/bfloat16.h FloatToBf16 on the host.
+// dst [n] = float16 src [n] widened to float32 (exact; any NaN becomes
+// 0x7FFFFFFF) / to float32 and then rounded to bfloat16 (nearest even, any
+// NaN -> 0x7FFF): the bits of core/npy.h Float16ToFloat (but for NaN
+// payloads, which it keeps) and core/bfloat16.h FloatToBf16 on the host.
 absl::Status CastFloat16ToFloat(int64_t n, const void* src, float* dst,
                                 Stream stream);
 absl::Status CastFloat16ToBf16(int64_t n, const void* src, void* dst,
