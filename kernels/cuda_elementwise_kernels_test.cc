@@ -1,7 +1,11 @@
 // Device element-wise kernels against the CPU kernels (kernels/activation.h,
-// kernels/linear.h) on random odd sizes, outputs poisoned with NaN first.
+// kernels/linear.h) on random odd sizes, and the float16 casts against the
+// host's conversions on every bit pattern; outputs poisoned with NaN first.
+#include <cmath>
 #include <cstring>
+#include <numeric>
 
+#include "core/npy.h"
 #include "gtest/gtest.h"
 #include "kernels/activation.h"
 #include "kernels/cuda/elementwise_kernels.h"
@@ -178,6 +182,46 @@ TEST(ElementwiseKernelsTest, ColumnSumsOfNoRowsKeepOrZero) {
                          d_out.as<float>(), nullptr)
                   .ok());
   EXPECT_EQ(Download(d_out, 3, DType::kFloat32), (std::vector<float>{0, 0, 0}));
+}
+
+// Every float16 bit pattern widened by the kernels: float32 as the host's
+// Float16ToFloat gives it (a NaN only needs to stay NaN), bfloat16 as
+// FloatToBf16 of that float32, bit for bit.
+TEST(ElementwiseKernelsTest, Float16CastsMatchTheHostBitwise) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  constexpr int64_t n = 1 << 16;
+  std::vector<uint16_t> half(n);
+  std::iota(half.begin(), half.end(), uint16_t{0});
+  absl::StatusOr<DeviceBuffer> d_half = DeviceBuffer::Allocate(0, n * 2);
+  ASSERT_TRUE(d_half.ok()) << d_half.status();
+  ASSERT_TRUE(d_half->CopyFromHost(half.data(), n * 2).ok());
+  DeviceBuffer d_wide = Poisoned(n, DType::kFloat32);
+  DeviceBuffer d_bf16 = Poisoned(n, DType::kBFloat16);
+  absl::Status s =
+      CastFloat16ToFloat(n, d_half->data(), d_wide.as<float>(), nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  s = CastFloat16ToBf16(n, d_half->data(), d_bf16.data(), nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<uint32_t> wide(n);
+  std::vector<uint16_t> bf16(n);
+  ASSERT_TRUE(d_wide.CopyToHost(wide.data(), n * 4).ok());
+  ASSERT_TRUE(d_bf16.CopyToHost(bf16.data(), n * 2).ok());
+  int64_t wrong_wide = 0, wrong_bf16 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float want = Float16ToFloat(half[i]);
+    uint32_t want_bits;
+    std::memcpy(&want_bits, &want, 4);
+    const bool got_nan = (wide[i] & 0x7FFFFFFFu) > 0x7F800000u;
+    if (std::isnan(want) ? !got_nan : wide[i] != want_bits) {
+      if (++wrong_wide <= 5) ADD_FAILURE() << "float16 0x" << std::hex << i;
+    }
+    if (bf16[i] != testing::FloatToBf16(want) && ++wrong_bf16 <= 5) {
+      ADD_FAILURE() << "float16 0x" << std::hex << i << " -> bfloat16 0x"
+                    << bf16[i];
+    }
+  }
+  EXPECT_EQ(wrong_wide, 0) << "float16 -> float32 differing from the host";
+  EXPECT_EQ(wrong_bf16, 0) << "float16 -> bfloat16 differing from the host";
 }
 
 }  // namespace

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "core/bfloat16.h"
+#include "core/npy.h"
 #include "core/sim_device.h"
 #include "core/status_macros.h"
 #include "kernels/cuda/device_allocator.h"
@@ -81,18 +83,101 @@ absl::StatusOr<Allocator*> CudaAllocatorFor(int index) {
   return a;
 }
 
-// dst[i] += src[i] for n floats on the host, split across the compute
-// threads when large (each element is still one add: the split changes no
-// bit).
-void AddFloats(int64_t n, const float* s, float* d) {
+// Calls fn(begin, end) over consecutive ranges covering [0, n), split
+// across the compute threads when n is large. The split depends on n only,
+// and element-wise work gives the same bits however it is split.
+void ForEachRange(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
   constexpr int64_t kChunk = int64_t{1} << 16;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   const int64_t tasks = std::min<int64_t>(chunks, ComputeThreads());
-  ParallelFor(static_cast<int>(tasks), [&](int t) {
-    const int64_t begin = n * t / tasks;
-    const int64_t end = n * (t + 1) / tasks;
+  if (tasks <= 1) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  ParallelFor(static_cast<int>(tasks),
+              [&](int t) { fn(n * t / tasks, n * (t + 1) / tasks); });
+}
+
+// dst[i] += src[i] for n floats on the host.
+void AddFloats(int64_t n, const float* s, float* d) {
+  ForEachRange(n, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) d[i] += s[i];
   });
+}
+
+// The conversions Cast performs (see exec_context.h).
+enum class CastKind { kFloatToBf16, kBf16ToFloat, kHalfToFloat, kHalfToBf16 };
+
+// The cast from `from` to `to` (different dtypes) on `device`.
+// InvalidArgument naming both dtypes for any other pair, and for narrowing
+// float32 to bfloat16 on the CPU, which computes in float32 only.
+absl::StatusOr<CastKind> CastKindOf(DType from, DType to,
+                                    const Device& device) {
+  const auto pair = [&](DType a, DType b) { return from == a && to == b; };
+  const std::string what =
+      absl::StrCat("cast from ", DTypeName(from), " to ", DTypeName(to), " on ",
+                   device.ToString());
+  if (pair(DType::kFloat32, DType::kBFloat16)) {
+    if (device.is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what,
+          ": the CPU computes in float32 (precision fp32); it only "
+          "widens"));
+    }
+    return CastKind::kFloatToBf16;
+  }
+  if (pair(DType::kBFloat16, DType::kFloat32)) return CastKind::kBf16ToFloat;
+  if (pair(DType::kFloat16, DType::kFloat32)) return CastKind::kHalfToFloat;
+  if (pair(DType::kFloat16, DType::kBFloat16)) return CastKind::kHalfToBf16;
+  return absl::InvalidArgumentError(absl::StrCat(
+      what,
+      ": only float32 -> bfloat16, bfloat16 -> float32, float16 -> "
+      "float32 and float16 -> bfloat16"));
+}
+
+// dst[i] = convert(src[i]) for n elements of host memory.
+template <typename From, typename To, typename Convert>
+void ConvertOnHost(int64_t n, const void* src, void* dst, Convert convert) {
+  const From* s = static_cast<const From*>(src);
+  To* d = static_cast<To*>(dst);
+  ForEachRange(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) d[i] = convert(s[i]);
+  });
+}
+
+// The cast `kind` of n elements in host memory (the CPU's or the simulated
+// device's): the same bits as the CUDA kernels, but for the payload of a
+// float16 NaN widened to float32 (kept here, canonical there).
+void CastOnHost(CastKind kind, int64_t n, const void* src, void* dst) {
+  switch (kind) {
+    case CastKind::kFloatToBf16:
+      return ConvertOnHost<float, uint16_t>(n, src, dst, FloatToBf16);
+    case CastKind::kBf16ToFloat:
+      return ConvertOnHost<uint16_t, float>(n, src, dst, Bf16ToFloat);
+    case CastKind::kHalfToFloat:
+      return ConvertOnHost<uint16_t, float>(n, src, dst, Float16ToFloat);
+    case CastKind::kHalfToBf16:
+      return ConvertOnHost<uint16_t, uint16_t>(n, src, dst, [](uint16_t h) {
+        return FloatToBf16(Float16ToFloat(h));
+      });
+  }
+}
+
+// The cast `kind` of n elements in GPU memory, queued on `stream`.
+absl::Status CastOnGpu(CastKind kind, int64_t n, const void* src, void* dst,
+                       gpu::Stream stream) {
+  switch (kind) {
+    case CastKind::kFloatToBf16:
+      return gpu::CastFloatToBf16(n, static_cast<const float*>(src), dst,
+                                  stream);
+    case CastKind::kBf16ToFloat:
+      return gpu::CastBf16ToFloat(n, src, static_cast<float*>(dst), stream);
+    case CastKind::kHalfToFloat:
+      return gpu::CastFloat16ToFloat(n, src, static_cast<float*>(dst), stream);
+    case CastKind::kHalfToBf16:
+      return gpu::CastFloat16ToBf16(n, src, dst, stream);
+  }
+  return absl::InternalError("CastOnGpu: unknown cast");
 }
 
 }  // namespace
@@ -314,39 +399,13 @@ absl::Status ExecContext::CastInto(const Tensor& src, Tensor* dst) const {
         absl::StrCat("cast of ", ShapeToString(src.shape()), " into ",
                      ShapeToString(dst->shape())));
   }
-  const bool widen =
-      src.dtype() == DType::kBFloat16 && dst->dtype() == DType::kFloat32;
-  const bool narrow =
-      src.dtype() == DType::kFloat32 && dst->dtype() == DType::kBFloat16;
-  if (!widen && !narrow) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cast from ", DTypeName(src.dtype()), " to ",
-                     DTypeName(dst->dtype()), ": only float32 <-> bfloat16"));
-  }
-  if (device_.is_cpu()) {
-    return absl::InvalidArgumentError(
-        "bfloat16 tensors are not computed on the CPU (precision fp32)");
-  }
-  if (device_.is_sim()) {
-    const int64_t n = src.numel();
-    if (narrow) {
-      const float* s = static_cast<const float*>(src.ptr());
-      uint16_t* d = static_cast<uint16_t*>(dst->ptr());
-      for (int64_t i = 0; i < n; ++i) d[i] = FloatToBf16(s[i]);
-    } else {
-      const uint16_t* s = static_cast<const uint16_t*>(src.ptr());
-      float* d = static_cast<float*>(dst->ptr());
-      for (int64_t i = 0; i < n; ++i) d[i] = Bf16ToFloat(s[i]);
-    }
+  ASSIGN_OR_RETURN(CastKind kind,
+                   CastKindOf(src.dtype(), dst->dtype(), device_));
+  if (!device_.is_cuda()) {
+    CastOnHost(kind, src.numel(), src.ptr(), dst->ptr());
     return absl::OkStatus();
   }
-  if (narrow) {
-    return gpu::CastFloatToBf16(src.numel(),
-                                static_cast<const float*>(src.ptr()),
-                                dst->ptr(), stream());
-  }
-  return gpu::CastBf16ToFloat(src.numel(), src.ptr(),
-                              static_cast<float*>(dst->ptr()), stream());
+  return CastOnGpu(kind, src.numel(), src.ptr(), dst->ptr(), stream());
 }
 
 absl::Status ExecContext::Synchronize() const {

@@ -3,7 +3,8 @@
 // precision of its activations and GEMMs. Blocks, the optimizer and the
 // loss head take one; the engine's code is the same for every device.
 //
-// CPU: host memory (64-byte aligned), no stream, fp32 only.
+// CPU: host memory (64-byte aligned), no stream, fp32 only (Cast widens
+// float16 and bfloat16 data to float32).
 // CUDA (cuda:N): device memory from the process-wide caching allocator of
 // GPU N (kernels/cuda/device_allocator.h) and one non-blocking stream per
 // GPU and process (it never waits for the legacy default stream). Every
@@ -92,11 +93,26 @@ class ExecContext {
   // `t` on this context's device: as it is when it is already there, else
   // a copy (the host tensor may be released when this returns).
   absl::StatusOr<Tensor> ToDevice(const Tensor& t) const;
-  // `t` converted to `dtype` (float32 <-> bfloat16, or the same dtype: `t`
-  // itself) on `t`'s device, which must be this context's.
+  // `t` converted to `dtype` on `t`'s device, which must be this context's
+  // (the same dtype: `t` itself). The conversions are CastInto's.
   absl::StatusOr<Tensor> Cast(const Tensor& t, DType dtype) const;
   // Writes src converted to dst's dtype into *dst (same element count, both
-  // on this context's device; float32 <-> bfloat16, or a plain copy).
+  // on this context's device), queued on the stream; no copy between host
+  // and device, nothing counted in traffic(). The same dtype is a plain
+  // copy; otherwise, with the same bits on the CPU, the simulated device
+  // and CUDA (except float32 NaN payloads, see below):
+  //   float32 -> bfloat16: round to nearest even, any NaN -> 0x7FFF
+  //     (core/bfloat16.h FloatToBf16); not on the CPU, which computes in
+  //     float32 only;
+  //   bfloat16 -> float32: exact;
+  //   float16 -> float32: exact (core/npy.h Float16ToFloat); a NaN stays
+  //     NaN, with its payload on the host, as 0x7FFFFFFF on CUDA;
+  //   float16 -> bfloat16: FloatToBf16 of the exact float32 value, so
+  //     widening on the device gives what widening on the host and then
+  //     casting gives.
+  // Errors: InvalidArgument naming both dtypes for any other pair, naming
+  // the devices for a tensor on another device, naming the shapes for
+  // different element counts.
   absl::Status CastInto(const Tensor& src, Tensor* dst) const;
   // Copies src into *dst (same dtype and element count; any devices). A
   // copy between host and device waits for it (counted as a

@@ -1,13 +1,80 @@
 #include "kernels/exec_context.h"
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "core/bfloat16.h"
+#include "core/npy.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/test_util.h"
 
 namespace trainyard {
 namespace {
+
+constexpr int kPatterns = 1 << 16;
+
+// A host tensor of `dtype` (2 bytes an element) holding every bit pattern.
+Tensor AllBitPatterns(DType dtype) {
+  Tensor t = Tensor::Empty(dtype, {kPatterns});
+  uint16_t* p = static_cast<uint16_t*>(t.raw_data());
+  for (int i = 0; i < kPatterns; ++i) p[i] = static_cast<uint16_t>(i);
+  return t;
+}
+
+uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// `t` (on ctx's device) cast to `dtype` and brought to the host.
+Tensor CastToHost(const ExecContext& ctx, const Tensor& t, DType dtype) {
+  absl::StatusOr<Tensor> cast = ctx.Cast(t, dtype);
+  EXPECT_TRUE(cast.ok()) << cast.status();
+  if (!cast.ok()) return Tensor();
+  absl::StatusOr<Tensor> host = ctx.ToHost(*cast);
+  EXPECT_TRUE(host.ok()) << host.status();
+  return host.ok() ? *host : Tensor();
+}
+
+// Widens every float16 and bfloat16 bit pattern on ctx's device and
+// compares with the host's conversions bit for bit: float16 -> float32 is
+// Float16ToFloat (a NaN only needs to stay NaN), float16 -> bfloat16 is
+// FloatToBf16(Float16ToFloat(x)), bfloat16 -> float32 is Bf16ToFloat.
+void ExpectWideningMatchesTheHost(const ExecContext& ctx) {
+  absl::StatusOr<Tensor> half = ctx.ToDevice(AllBitPatterns(DType::kFloat16));
+  absl::StatusOr<Tensor> bf16 = ctx.ToDevice(AllBitPatterns(DType::kBFloat16));
+  ASSERT_TRUE(half.ok() && bf16.ok()) << half.status() << bf16.status();
+  const Tensor half_wide = CastToHost(ctx, *half, DType::kFloat32);
+  const Tensor half_bf16 = CastToHost(ctx, *half, DType::kBFloat16);
+  const Tensor bf16_wide = CastToHost(ctx, *bf16, DType::kFloat32);
+  ASSERT_EQ(half_wide.numel(), kPatterns);
+  ASSERT_EQ(half_bf16.numel(), kPatterns);
+  ASSERT_EQ(bf16_wide.numel(), kPatterns);
+  int wrong = 0;
+  const auto expect = [&](bool same, const char* what, int i) {
+    if (!same && ++wrong <= 10) {
+      ADD_FAILURE() << what << " of bit pattern 0x" << std::hex << i;
+    }
+  };
+  for (int i = 0; i < kPatterns; ++i) {
+    const uint16_t x = static_cast<uint16_t>(i);
+    const float want = Float16ToFloat(x);
+    const float got = half_wide.data<float>()[i];
+    expect(
+        std::isnan(want) ? std::isnan(got) : FloatBits(got) == FloatBits(want),
+        "float16 -> float32", i);
+    expect(half_bf16.data<uint16_t>()[i] == FloatToBf16(want),
+           "float16 -> bfloat16", i);
+    expect(FloatBits(bf16_wide.data<float>()[i]) == FloatBits(Bf16ToFloat(x)),
+           "bfloat16 -> float32", i);
+  }
+  EXPECT_EQ(wrong, 0) << "conversions that differ from the host's on "
+                      << ctx.ToString();
+}
 
 TEST(ExecContextTest, PrecisionNames) {
   for (Precision p : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
@@ -61,6 +128,41 @@ TEST(ExecContextTest, CpuAddIntoAddsElementwise) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ExecContextTest, CpuWideningMatchesTheHostBitwise) {
+  auto ctx = ExecContext::Create(Device::Cpu(), Precision::kFp32);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ExpectWideningMatchesTheHost(**ctx);
+}
+
+TEST(ExecContextTest, RefusedCastNamesBothDtypes) {
+  auto cpu = ExecContext::Create(Device::Cpu(), Precision::kFp32);
+  auto sim = ExecContext::Create(Device::Sim(0), Precision::kBf16);
+  ASSERT_TRUE(cpu.ok() && sim.ok());
+  struct Refused {
+    const ExecContext* ctx;
+    DType from, to;
+    const char* message;
+  };
+  for (const Refused& r : {
+           Refused{cpu->get(), DType::kFloat32, DType::kFloat16,
+                   "cast from float32 to float16 on cpu: only"},
+           Refused{sim->get(), DType::kBFloat16, DType::kFloat16,
+                   "cast from bfloat16 to float16 on sim:0: only"},
+           Refused{sim->get(), DType::kInt32, DType::kFloat32,
+                   "cast from int32 to float32 on sim:0: only"},
+           Refused{cpu->get(), DType::kFloat32, DType::kBFloat16,
+                   "cast from float32 to bfloat16 on cpu: the CPU computes "
+                   "in float32"},
+       }) {
+    Tensor src = *r.ctx->Zeros(r.from, {3});
+    absl::StatusOr<Tensor> cast = r.ctx->Cast(src, r.to);
+    ASSERT_FALSE(cast.ok()) << r.message;
+    EXPECT_EQ(cast.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(cast.status().message().find(r.message), std::string::npos)
+        << cast.status();
+  }
+}
+
 TEST(ExecContextSimTest, CopiesAndSynchronisationsAreCounted) {
   auto ctx = ExecContext::Create(Device::Sim(0), Precision::kFp32);
   ASSERT_TRUE(ctx.ok()) << ctx.status();
@@ -96,6 +198,18 @@ TEST(ExecContextSimTest, Bf16CastsRoundToNearestEven) {
   EXPECT_EQ(back.data<float>()[0], 1.0f);
   EXPECT_EQ(back.data<float>()[1], 1.0f);  // a tie rounds to even
   EXPECT_EQ(back.data<float>()[2], 0.333984375f);
+}
+
+TEST(ExecContextSimTest, WideningMatchesTheHostBitwiseWithoutTraffic) {
+  auto ctx = ExecContext::Create(Device::Sim(0), Precision::kFp32);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ExpectWideningMatchesTheHost(**ctx);
+  const Tensor half = *(*ctx)->Zeros(DType::kFloat16, {5});
+  const DeviceTraffic start = (*ctx)->traffic();
+  ASSERT_TRUE((*ctx)->Cast(half, DType::kFloat32).ok());
+  ASSERT_TRUE((*ctx)->Cast(half, DType::kBFloat16).ok());
+  const DeviceTraffic t = (*ctx)->traffic() - start;
+  EXPECT_EQ(t.h2d_copies + t.d2h_copies + t.syncs, 0);
 }
 
 TEST(ExecContextSimTest, Tf32IsRefused) {
@@ -138,6 +252,13 @@ TEST(ExecContextGpuTest, RoundTripAndCasts) {
   EXPECT_NEAR(w.data<float>()[3], 1.0f / 3, 1.0f / 3 * 1e-2);
   Tensor z = *(*ctx)->ToHost(*(*ctx)->Zeros(DType::kFloat32, {5}));
   EXPECT_EQ(z.data<float>()[4], 0.0f);
+}
+
+TEST(ExecContextGpuTest, WideningMatchesTheHostBitwise) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto ctx = ExecContext::Create(Device::Cuda(0), Precision::kFp32);
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  ExpectWideningMatchesTheHost(**ctx);
 }
 
 // The same float adds on the GPU as on the CPU: the same bits.

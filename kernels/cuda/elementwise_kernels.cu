@@ -1,4 +1,6 @@
 // Kernels first, then the launchers of elementwise_kernels.h.
+#include <cuda_fp16.h>
+
 #include "kernels/cuda/cuda_math.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise_kernels.h"
@@ -155,17 +157,20 @@ __global__ void ColumnSumsKernel(int64_t rows, int64_t cols,
   }
 }
 
-__global__ void CastToBf16Kernel(int64_t n, const float* __restrict__ src,
-                                 bf16* __restrict__ dst) {
-  for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
-    dst[i] = __float2bfloat16_rn(src[i]);
-  }
+// float16 reads for CastKernel (cuda_math.cuh has float and bfloat16).
+// __half2float is exact (every half is a float); a NaN becomes the
+// canonical 0x7FFFFFFF (seen on an H200 with CUDA 13.0).
+__device__ __forceinline__ float Load(const __half* p, int64_t i) {
+  return __half2float(p[i]);
 }
 
-__global__ void CastToFloatKernel(int64_t n, const bf16* __restrict__ src,
-                                  float* __restrict__ dst) {
+// dst[i] = src[i] through float32: widening is exact, narrowing to
+// bfloat16 rounds to nearest even (any NaN -> 0x7FFF).
+template <typename From, typename To>
+__global__ void CastKernel(int64_t n, const From* __restrict__ src,
+                           To* __restrict__ dst) {
   for (int64_t i = GridStrideBegin(); i < n; i += GridStrideStep()) {
-    dst[i] = __bfloat162float(src[i]);
+    Store(dst, i, Load(src, i));
   }
 }
 
@@ -218,6 +223,24 @@ absl::Status CheckAct(const char* kernel, Activation act) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat(kernel, ": unknown activation ", static_cast<int>(act)));
+}
+
+// The checked launch of CastKernel<From, To> for the launcher `name`.
+template <typename From, typename To>
+absl::Status LaunchCast(const char* name, int64_t n, const void* src, void* dst,
+                        Stream stream) {
+  TY_RETURN_IF_ERROR(internal::CheckSizes(name, n, 0));
+  if (n == 0) return absl::OkStatus();
+  TY_RETURN_IF_ERROR(internal::CheckPtr(name, "src", src));
+  TY_RETURN_IF_ERROR(internal::CheckPtr(name, "dst", dst));
+  CastKernel<From, To><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+      n, static_cast<const From*>(src), static_cast<To*>(dst));
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return CudaErrorToStatus(err, "launch of CastKernel", __FILE__, __LINE__,
+                             name);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -364,26 +387,22 @@ absl::Status ColumnSums(DType dtype, int64_t rows, int64_t cols, const void* x,
 
 absl::Status CastFloatToBf16(int64_t n, const float* src, void* dst,
                              Stream stream) {
-  TY_RETURN_IF_ERROR(CheckSizes("CastFloatToBf16", n, 0));
-  if (n == 0) return absl::OkStatus();
-  TY_RETURN_IF_ERROR(CheckPtr("CastFloatToBf16", "src", src));
-  TY_RETURN_IF_ERROR(CheckPtr("CastFloatToBf16", "dst", dst));
-  CastToBf16Kernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(
-      n, src, static_cast<bf16*>(dst));
-  CUDA_RETURN_IF_LAUNCH_ERROR("CastToBf16Kernel");
-  return absl::OkStatus();
+  return LaunchCast<float, bf16>("CastFloatToBf16", n, src, dst, stream);
 }
 
 absl::Status CastBf16ToFloat(int64_t n, const void* src, float* dst,
                              Stream stream) {
-  TY_RETURN_IF_ERROR(CheckSizes("CastBf16ToFloat", n, 0));
-  if (n == 0) return absl::OkStatus();
-  TY_RETURN_IF_ERROR(CheckPtr("CastBf16ToFloat", "src", src));
-  TY_RETURN_IF_ERROR(CheckPtr("CastBf16ToFloat", "dst", dst));
-  CastToFloatKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(
-      n, static_cast<const bf16*>(src), dst);
-  CUDA_RETURN_IF_LAUNCH_ERROR("CastToFloatKernel");
-  return absl::OkStatus();
+  return LaunchCast<bf16, float>("CastBf16ToFloat", n, src, dst, stream);
+}
+
+absl::Status CastFloat16ToFloat(int64_t n, const void* src, float* dst,
+                                Stream stream) {
+  return LaunchCast<__half, float>("CastFloat16ToFloat", n, src, dst, stream);
+}
+
+absl::Status CastFloat16ToBf16(int64_t n, const void* src, void* dst,
+                               Stream stream) {
+  return LaunchCast<__half, bf16>("CastFloat16ToBf16", n, src, dst, stream);
 }
 
 }  // namespace gpu

@@ -1,6 +1,7 @@
 // Element-wise device kernels of the MLP block: bias + activation forward
 // (keeping the pre-activation), their backward passes, SwiGLU, bias +
-// residual add, deterministic column sums (bias gradients) and dtype casts.
+// residual add, deterministic column sums (bias gradients) and dtype casts
+// (float32 <-> bfloat16, float16 -> float32 or bfloat16).
 // Formulas are those of kernels/activation.h (PyTorch's): relu; exact gelu
 // x/2 (1 + erf(x/sqrt 2)) computed with erff (cuBLASLt has no epilogue for
 // it); gelu_tanh; swiglu silu(a) * b over the two halves of each row.
@@ -66,6 +67,15 @@ absl::Status CastFloatToBf16(int64_t n, const float* src, void* dst,
                              Stream stream);
 absl::Status CastBf16ToFloat(int64_t n, const void* src, float* dst,
                              Stream stream);
+
+// dst [n] = float16 src [n] widened to float32 (exact; any NaN becomes
+// 0x7FFFFFFF) / to float32 and then rounded to bfloat16 (nearest even, any
+// NaN -> 0x7FFF): the bits of core/npy.h Float16ToFloat (but for NaN
+// payloads, which it keeps) and core/bfloat16.h FloatToBf16 on the host.
+absl::Status CastFloat16ToFloat(int64_t n, const void* src, float* dst,
+                                Stream stream);
+absl::Status CastFloat16ToBf16(int64_t n, const void* src, void* dst,
+                               Stream stream);
 
 }  // namespace gpu
 }  // namespace trainyard

@@ -49,5 +49,15 @@ absl::Status CastBf16ToFloat(int64_t n, const void* src, float* dst,
   return NoCuda("CastBf16ToFloat");
 }
 
+absl::Status CastFloat16ToFloat(int64_t n, const void* src, float* dst,
+                                Stream stream) {
+  return NoCuda("CastFloat16ToFloat");
+}
+
+absl::Status CastFloat16ToBf16(int64_t n, const void* src, void* dst,
+                               Stream stream) {
+  return NoCuda("CastFloat16ToBf16");
+}
+
 }  // namespace gpu
 }  // namespace trainyard
