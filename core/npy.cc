@@ -158,7 +158,10 @@ class HeaderDictParser {
   size_t pos_ = 0;
 };
 
-// Sets `header`'s dtype (and float16 flag) from the numpy descr.
+// The most of a file's unsupported descr an error quotes.
+constexpr size_t kMaxQuotedDescr = 16;
+
+// Sets `header`'s dtype and descr from the numpy descr.
 absl::Status DTypeFromDescr(const std::string& path, const std::string& descr,
                             const NpyReadOptions& options, NpyHeader* header) {
   if (descr == "<f4") {
@@ -168,13 +171,21 @@ absl::Status DTypeFromDescr(const std::string& path, const std::string& descr,
   } else if (descr == "<i8") {
     header->dtype = DType::kInt64;
   } else if (descr == "<f2" && options.float16) {
-    header->dtype = DType::kFloat32;
-    header->float16 = true;
+    header->dtype = DType::kFloat16;
+  } else if ((descr == "<u2" || descr == "|V2" || descr == "<V2") &&
+             options.bfloat16_words) {
+    header->dtype = DType::kBFloat16;
   } else {
-    return Bad(path, absl::StrCat(
-                         "dtype '", descr, "' is not supported (expected <f4, ",
-                         options.float16 ? "<f2, " : "", "<i4 or <i8)"));
+    return Bad(
+        path,
+        absl::StrCat("dtype '", absl::CEscape(descr.substr(0, kMaxQuotedDescr)),
+                     descr.size() > kMaxQuotedDescr ? "..." : "",
+                     "' is not supported (expected <f4, ",
+                     options.float16 ? "<f2, " : "",
+                     options.bfloat16_words ? "<u2 or |V2 (bfloat16), " : "",
+                     "<i4 or <i8)"));
   }
+  header->descr = descr;
   return absl::OkStatus();
 }
 
@@ -186,6 +197,10 @@ const char* DescrOf(DType dtype) {
       return "<i4";
     case DType::kInt64:
       return "<i8";
+    case DType::kFloat16:
+      return "<f2";
+    case DType::kBFloat16:  // numpy has no bfloat16: its bits as words
+      return "<u2";
     default:
       return nullptr;
   }
@@ -239,7 +254,7 @@ absl::StatusOr<absl::string_view> FindHeaderText(const std::string& path,
 absl::Status CheckDataSize(const std::string& path, const NpyHeader& header,
                            const std::string& descr, uint64_t file_size) {
   // Element count and byte size without overflow.
-  const uint64_t elem = header.float16 ? 2 : DTypeSize(header.dtype);
+  const uint64_t elem = DTypeSize(header.dtype);
   uint64_t count = 1;
   for (int64_t d : header.shape) {
     if (d != 0 && count > std::numeric_limits<uint64_t>::max() / elem /
@@ -345,6 +360,36 @@ float Float16ToFloat(uint16_t bits) {
   return f;
 }
 
+uint16_t FloatToFloat16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t magnitude = u & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) {  // NaN: the payload's top bits, never 0
+    const uint16_t payload = static_cast<uint16_t>((magnitude >> 13) & 0x3FFu);
+    return sign | 0x7C00u | (payload == 0 ? 1 : payload);
+  }
+  if (magnitude >= 0x47800000u) return sign | 0x7C00u;  // >= 2^16: inf
+  if (magnitude >= 0x38800000u) {  // a normal half (>= 2^-14)
+    // Rebias the exponent (127 -> 15) and round the mantissa's low 13
+    // bits to nearest even; a carry into the exponent is right, up to inf.
+    const uint32_t v = magnitude - 0x38000000u;
+    return sign | static_cast<uint16_t>((v + 0x0FFFu + ((v >> 13) & 1u)) >> 13);
+  }
+  // A subnormal half counts units of 2^-24: the float's significand
+  // (implicit bit included) shifted right, rounded to nearest even. Below
+  // 2^-25 (half a unit) everything rounds to zero.
+  const int exponent = static_cast<int>(magnitude >> 23);
+  if (exponent < 102) return sign;
+  const uint32_t significand = (magnitude & 0x7FFFFFu) | 0x800000u;
+  const int shift = 126 - exponent;  // 14 .. 24
+  uint32_t units = significand >> shift;
+  const uint32_t rest = significand & ((1u << shift) - 1);
+  const uint32_t tie = 1u << (shift - 1);
+  if (rest > tie || (rest == tie && (units & 1u))) ++units;
+  return sign | static_cast<uint16_t>(units);  // 0x400: the smallest normal
+}
+
 absl::StatusOr<Tensor> ReadNpy(const std::string& path) {
   ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
   ASSIGN_OR_RETURN(NpyHeader header,
@@ -363,9 +408,9 @@ absl::StatusOr<std::string> NpyHeaderBytes(DType dtype, const Shape& shape,
                                            size_t min_bytes) {
   const char* descr = DescrOf(dtype);
   if (descr == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot write dtype ", DTypeName(dtype),
-                     " to .npy (supported: float32, int32, int64)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot write dtype ", DTypeName(dtype),
+        " to .npy (supported: float32, int32, int64, float16, bfloat16)"));
   }
   const std::string dims =
       shape.size() == 1 ? absl::StrCat("(", shape[0], ",)")

@@ -305,13 +305,80 @@ TEST(NpyTest, Float16HeaderWithTheOption) {
   std::string path = F2File("f2_ok.npy", "(3, 2)", std::string(12, '\0'));
   auto header = ReadNpyHeader(path, Float16Allowed());
   ASSERT_TRUE(header.ok()) << header.status();
-  EXPECT_EQ(header->dtype, DType::kFloat32);
-  EXPECT_TRUE(header->float16);
+  EXPECT_EQ(header->dtype, DType::kFloat16);
+  EXPECT_EQ(header->descr, "<f2");
   EXPECT_EQ(header->shape, (Shape{3, 2}));
   // float32 files are unchanged by the option.
   auto f32 = ReadNpyHeader(Fixture("npy_f32_2x3.npy"), Float16Allowed());
   ASSERT_TRUE(f32.ok()) << f32.status();
-  EXPECT_FALSE(f32->float16);
+  EXPECT_EQ(f32->dtype, DType::kFloat32);
+  EXPECT_EQ(f32->descr, "<f4");
+}
+
+NpyReadOptions Bfloat16Allowed() {
+  NpyReadOptions options;
+  options.bfloat16_words = true;
+  return options;
+}
+
+std::string WordsFile(const std::string& name, const std::string& descr,
+                      int64_t n) {
+  return WriteBytes(name, HandMade(1,
+                                   "{'descr': '" + descr +
+                                       "', 'fortran_order': False, "
+                                       "'shape': (" +
+                                       std::to_string(n) + ",), }",
+                                   std::string(2 * n, '\0')));
+}
+
+TEST(NpyTest, Bfloat16WordsWithTheOption) {
+  for (const std::string descr : {"<u2", "|V2", "<V2"}) {
+    const std::string path = WordsFile("bf16_ok.npy", descr, 5);
+    auto header = ReadNpyHeader(path, Bfloat16Allowed());
+    ASSERT_TRUE(header.ok()) << descr << ": " << header.status();
+    EXPECT_EQ(header->dtype, DType::kBFloat16);
+    EXPECT_EQ(header->descr, descr);
+    EXPECT_EQ(header->shape, Shape{5});
+  }
+  // 5 words are 10 bytes, not 20.
+  const std::string longer = WriteBytes(
+      "bf16_long.npy",
+      HandMade(1, "{'descr': '<u2', 'fortran_order': False, 'shape': (5,), }",
+               std::string(20, '\0')));
+  EXPECT_THAT(ReadNpyHeader(longer, Bfloat16Allowed()).status().message(),
+              HasSubstr("10 unexpected bytes after the 10 bytes of data"));
+}
+
+TEST(NpyTest, Bfloat16WordsAreRefusedWithoutTheOption) {
+  const std::string u2 = WordsFile("bf16_refused.npy", "<u2", 2);
+  EXPECT_EQ(ReadNpyHeader(u2, Float16Allowed()).status().message(),
+            u2 + ": dtype '<u2' is not supported (expected <f4, <f2, <i4 or "
+                 "<i8)");
+  // '<f2' is float16, not bfloat16.
+  const std::string f2 = F2File("bf16_f2.npy", "(2,)", std::string(4, '\0'));
+  EXPECT_EQ(ReadNpyHeader(f2, Bfloat16Allowed()).status().message(),
+            f2 + ": dtype '<f2' is not supported (expected <f4, <u2 or |V2 "
+                 "(bfloat16), <i4 or <i8)");
+  // Void words of another width are not bfloat16.
+  const std::string v4 = WriteBytes(
+      "bf16_v4.npy",
+      HandMade(1, "{'descr': '|V4', 'fortran_order': False, 'shape': (2,), }",
+               std::string(8, '\0')));
+  EXPECT_THAT(ReadNpyHeader(v4, Bfloat16Allowed()).status().message(),
+              HasSubstr(v4 + ": dtype '|V4' is not supported"));
+}
+
+TEST(NpyTest, UnsupportedDescrIsQuotedBounded) {
+  const std::string descr(200, 'z');
+  const std::string path =
+      WriteBytes("long_descr.npy", HandMade(1,
+                                            "{'descr': '" + descr +
+                                                "', 'fortran_order': False, "
+                                                "'shape': (1,), }",
+                                            std::string(4, '\0')));
+  EXPECT_EQ(ReadNpyHeader(path).status().message(),
+            path + ": dtype '" + std::string(16, 'z') +
+                "...' is not supported (expected <f4, <i4 or <i8)");
 }
 
 TEST(NpyTest, Float16SizeCheckUsesTwoBytes) {
@@ -377,7 +444,7 @@ TEST(NpyTest, Float16ToFloatMatchesNumpyOnEveryValue) {
   }
   auto header = ReadNpyHeader(f2, Float16Allowed());
   ASSERT_TRUE(header.ok()) << header.status();
-  ASSERT_TRUE(header->float16);
+  ASSERT_EQ(header->dtype, DType::kFloat16);
   ASSERT_EQ(header->shape, Shape{65536});
   auto bytes = ReadFileToString(f2);
   auto want = ReadNpy(f4);
@@ -395,9 +462,110 @@ TEST(NpyTest, Float16ToFloatMatchesNumpyOnEveryValue) {
 }
 
 TEST(NpyTest, WriteRejectsUnsupportedDType) {
-  Tensor t = Tensor::Zeros(DType::kBFloat16, {2});
-  auto s = WriteNpy(TmpPath("bf16.npy"), t);
-  EXPECT_THAT(s.message(), HasSubstr("bfloat16"));
+  Tensor t = Tensor::Zeros(DType::kUInt8, {2});
+  auto s = WriteNpy(TmpPath("u8.npy"), t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("cannot write dtype uint8"));
+}
+
+// The 2-byte types are written as '<f2' and '<u2' (bfloat16 words), and read
+// back with the options that allow them.
+TEST(NpyTest, WritesHalfWidthTypes) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    Tensor t = Tensor::Empty(dtype, {2, 3});
+    for (int i = 0; i < 6; ++i) {
+      const uint16_t word = static_cast<uint16_t>(0x3C00 + 17 * i);
+      std::memcpy(static_cast<char*>(t.raw_data()) + 2 * i, &word, 2);
+    }
+    const std::string path = TmpPath(absl::StrCat(DTypeName(dtype), ".npy"));
+    ASSERT_TRUE(WriteNpy(path, t).ok());
+    NpyReadOptions both;
+    both.float16 = both.bfloat16_words = true;
+    auto header = ReadNpyHeader(path, both);
+    ASSERT_TRUE(header.ok()) << header.status();
+    EXPECT_EQ(header->dtype, dtype);
+    EXPECT_EQ(header->descr, dtype == DType::kFloat16 ? "<f2" : "<u2");
+    EXPECT_EQ(header->shape, (Shape{2, 3}));
+    auto bytes = ReadFileToString(path);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_EQ(bytes->substr(header->data_offset),
+              std::string(static_cast<const char*>(t.raw_data()), 12));
+  }
+}
+
+// Every half round-trips (NaNs stay NaN); ties go to even; the edges of the
+// range as numpy rounds them (np.float32(x).astype(np.float16)).
+TEST(NpyTest, FloatToFloat16RoundsToNearestEven) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = Float16ToFloat(static_cast<uint16_t>(h));
+    const uint16_t back = FloatToFloat16(f);
+    if ((h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0) {
+      EXPECT_EQ(back & 0x7C00, 0x7C00);
+      EXPECT_NE(back & 0x3FF, 0) << std::hex << h;
+    } else {
+      ASSERT_EQ(back, h) << std::hex << h;
+    }
+  }
+  const std::vector<std::pair<float, uint16_t>> table = {
+      {1.0f + 0x1p-11f, 0x3C00},             // tie between 1 and 1+2^-10: even
+      {1.0f + 3 * 0x1p-11f, 0x3C02},         // tie, rounds up to even
+      {1.0f + 0x1p-11f + 0x1p-20f, 0x3C01},  // just past the tie
+      {65504.f, 0x7BFF},                     // the largest half
+      {65519.99f, 0x7BFF},                   // below half an ulp past it
+      {65520.f, 0x7C00},                     // half an ulp past: inf
+      {1e10f, 0x7C00},
+      {-1e10f, 0xFC00},
+      {0x1p-24f, 0x0001},             // the smallest subnormal
+      {0x1p-25f, 0x0000},             // half of it: a tie, to even zero
+      {0x1p-25f * 1.0001f, 0x0001},   // past the tie
+      {-0x1p-26f, 0x8000},            // signed zero
+      {3 * 0x1p-25f, 0x0002},         // 1.5 units: tie to even 2
+      {0x1p-14f - 0x1p-25f, 0x0400},  // rounds up into the normals
+      {0.1f, 0x2E66},
+      {-2.5f, 0xC100},
+  };
+  for (const auto& [f, want] : table) {
+    EXPECT_EQ(FloatToFloat16(f), want) << f;
+  }
+}
+
+// Random float32 bit patterns against numpy's astype(np.float16). Skips,
+// saying why, when Debian's python lacks numpy.
+TEST(NpyTest, FloatToFloat16MatchesNumpy) {
+  const std::string f4 = TmpPath("round_f4.npy"), f2 = TmpPath("round_f2.npy");
+  const std::string script = WriteBytes(
+      "round_halves.py",
+      absl::StrCat("import numpy as np\n"
+                   "r = np.random.default_rng(5)\n"
+                   "u = r.integers(0, 2**32, size=200000, dtype=np.uint64)\n"
+                   "u = np.concatenate([u.astype('<u4'),\n"
+                   "    r.integers(0x33000000, 0x47800000, "
+                   "size=200000).astype('<u4')])\n"
+                   "x = u.view('<f4')\n"
+                   "x = x[~np.isnan(x)]\n"
+                   "np.save('",
+                   f4, "', x)\nnp.save('", f2,
+                   "', x.astype('<f2').view('<u2').astype('<i4'))\n"));
+  const int rc = std::system(absl::StrCat("/usr/bin/python3 ", script).c_str());
+  if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) {
+    GTEST_SKIP() << "SKIPPED: /usr/bin/python3 with numpy could not write the "
+                    "fixtures (apt-get install python3-numpy)";
+  }
+  auto x = ReadNpy(f4);
+  auto h = ReadNpy(f2);  // int32: the halves' bits
+  ASSERT_TRUE(x.ok() && h.ok());
+  ASSERT_EQ(x->numel(), h->numel());
+  ASSERT_GT(x->numel(), 300000);
+  int mismatches = 0;
+  for (int64_t i = 0; i < x->numel(); ++i) {
+    const float f = x->data<float>()[i];
+    const uint16_t want = static_cast<uint16_t>(h->data<int32_t>()[i]);
+    if (FloatToFloat16(f) != want) {
+      ADD_FAILURE() << "float 0x" << std::hex << FloatBits(f) << ": got 0x"
+                    << FloatToFloat16(f) << ", numpy 0x" << want;
+      if (++mismatches > 10) break;
+    }
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <tuple>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/file_util.h"
@@ -106,8 +107,16 @@ absl::StatusOr<Dataset> LoadNpyShards(
                      " files but targets name ", targets.size(),
                      ": the k-th of each are a pair"));
   }
+  if (!source.features_dtype().empty() &&
+      source.features_dtype() != "bfloat16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "npy_shards.features_dtype: must be \"\" or \"bfloat16\", got \"",
+        absl::CEscape(source.features_dtype().substr(0, 32)), "\""));
+  }
+  NpyShardsOptions options;
+  options.bfloat16_features = source.features_dtype() == "bfloat16";
   Dataset d;
-  ASSIGN_OR_RETURN(d.shards, NpyShards::Open(features, targets));
+  ASSIGN_OR_RETURN(d.shards, NpyShards::Open(features, targets, options));
   d.description = absl::StrCat(
       "npy shards: ", features.size(), " pairs from ", features.front(), ", ",
       d.shards->num_rows(), " rows of ", d.shards->num_features(), " features");

@@ -190,6 +190,10 @@ void CheckNpyShardsSource(const std::string& path,
   ok = ResolveShardList(path + ".targets", shards->mutable_targets(), options,
                         p, &targets) &&
        ok;
+  // "": float32 or float16, as the headers say; numpy cannot name bfloat16.
+  ok = CheckOneOf(p, path + ".features_dtype", shards->features_dtype(),
+                  {"", "bfloat16"}) &&
+       ok;
   if (!ok || !options.check_files) return;
   if (features.size() != targets.size()) {
     p->Add(path, absl::StrCat("features name ", features.size(),
@@ -197,8 +201,10 @@ void CheckNpyShardsSource(const std::string& path,
                               ": the k-th of each are a pair"));
     return;
   }
+  NpyShardsOptions open_options;
+  open_options.bfloat16_features = shards->features_dtype() == "bfloat16";
   absl::StatusOr<std::shared_ptr<const NpyShards>> opened =
-      NpyShards::Open(features, targets);
+      NpyShards::Open(features, targets, open_options);
   if (!opened.ok()) {
     p->Add(path, std::string(opened.status().message()));
     return;

@@ -98,6 +98,59 @@ TEST(PlanJobErrorsTest, NpyRowCountsDiffer) {
                 "have 10");
 }
 
+// ValidNpySpec's data as one npy_shards pair whose features are stored as
+// `descr` (2 or 4 bytes an element).
+JobSpec ShardsSpec(const std::string& dir, const std::string& descr) {
+  JobSpec spec = ValidNpySpec(dir);
+  WriteRawNpy(JoinPath(dir, "data/x-0.npy"), descr, {10, 8},
+              descr == "<f4" ? 4 : 2);
+  WriteRawNpy(JoinPath(dir, "data/y-0.npy"), "<f4", {10, 3}, 4);
+  auto* shards = spec.mutable_data()->mutable_train()->mutable_npy_shards();
+  shards->add_features("data/x-*.npy");
+  shards->add_targets("data/y-*.npy");
+  return spec;
+}
+
+TEST(PlanJobErrorsTest, ShardsFeaturesDtype) {
+  const std::string dir = TestDir();
+  JobSpec spec = ShardsSpec(dir, "<u2");
+  auto* shards = spec.mutable_data()->mutable_train()->mutable_npy_shards();
+  shards->set_features_dtype("float8");
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                "data.train.npy_shards.features_dtype: must be one of \"\", "
+                "\"bfloat16\", got \"float8\"");
+  // 2-byte words need the bfloat16 promise...
+  shards->set_features_dtype("");
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                absl::StrCat("data.train.npy_shards: ", dir,
+                             "/data/x-0.npy: dtype '<u2' holds 2-byte words: "
+                             "bfloat16 features need features_dtype "
+                             "\"bfloat16\"; otherwise features are float32 "
+                             "or float16"));
+  // ... and with it plan like any features of their width.
+  shards->set_features_dtype("bfloat16");
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, Options(dir));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->feature_dim, 8);
+  EXPECT_EQ(plan->train_rows, 10);
+  // ml_dtypes' '|V2' too; float32 features are not bfloat16.
+  spec = ShardsSpec(dir, "|V2");
+  spec.mutable_data()
+      ->mutable_train()
+      ->mutable_npy_shards()
+      ->set_features_dtype("bfloat16");
+  EXPECT_TRUE(PlanJob(spec, Options(dir)).ok());
+  spec = ShardsSpec(dir, "<f4");
+  spec.mutable_data()
+      ->mutable_train()
+      ->mutable_npy_shards()
+      ->set_features_dtype("bfloat16");
+  ExpectProblem(PlanJob(spec, Options(dir)),
+                absl::StrCat("data.train.npy_shards: ", dir,
+                             "/data/x-0.npy: dtype '<f4', but features_dtype "
+                             "is bfloat16 (expected '<u2' or '|V2')"));
+}
+
 TEST(PlanJobErrorsTest, Synthetic) {
   const std::string dir = TestDir();
   JobSpec spec = ValidNpySpec(dir);
