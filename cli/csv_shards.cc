@@ -235,6 +235,7 @@ absl::StatusOr<std::vector<ShardPair>> ConvertCsv(
   ShardLayout layout;
   layout.shard_rows = options.shard_rows;
   layout.features = static_cast<int64_t>(plan.features.size());
+  layout.features_dtype = options.features_dtype;
   layout.target_dtype = plan.classes ? DType::kInt64 : DType::kFloat32;
   layout.target_width =
       plan.classes ? 0 : static_cast<int64_t>(plan.targets.size());

@@ -44,6 +44,9 @@ struct CsvConvertOptions {
   std::vector<std::string> target_columns;   // >= 1 names
   std::vector<std::string> feature_columns;  // empty: every other column
   TargetKind target_kind = TargetKind::kAuto;
+  // How features are stored: kFloat32, kFloat16 or kBFloat16, each cell's
+  // float32 rounded to it (cli/shard_writer.h).
+  DType features_dtype = DType::kFloat32;
 };
 
 // A float cell as numpy reads it (see above), after trimming spaces. The

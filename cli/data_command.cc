@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -66,6 +68,18 @@ absl::StatusOr<TargetKind> ParseTargetKind(const std::string& kind) {
       "--target_kind must be class or float, got \"%s\"", kind));
 }
 
+// --features_dtype: unset when empty; InvalidArgument for another name.
+absl::StatusOr<std::optional<DType>> ParseFeaturesDType(
+    const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  if (name == "float32") return DType::kFloat32;
+  if (name == "float16") return DType::kFloat16;
+  if (name == "bfloat16") return DType::kBFloat16;
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "--features_dtype must be float32, float16 or bfloat16, got \"%s\"",
+      absl::CEscape(name.substr(0, 32))));
+}
+
 // The CSV conversion the flags ask for; InvalidArgument saying what is
 // wrong with them.
 absl::StatusOr<CsvConvertOptions> CsvOptions(
@@ -100,6 +114,10 @@ int Convert(const DataFlags& flags) {
   if (flags.shard_rows < 1) {
     return Usage(kConvert, "give --shard_rows N (N >= 1)");
   }
+  const absl::StatusOr<std::optional<DType>> stored =
+      ParseFeaturesDType(flags.features_dtype);
+  if (!stored.ok()) return Usage(kConvert, stored.status().message());
+  const DType features_dtype = stored->value_or(DType::kFloat32);
   const std::vector<std::string> inputs = SplitList(flags.in);
   Progress progress;
   auto report = [&progress](int64_t rows) { progress.Report(rows); };
@@ -111,15 +129,25 @@ int Convert(const DataFlags& flags) {
                    "not .npy pairs (--targets_in)");
     }
     pairs = SplitNpyPairs(inputs, SplitList(flags.targets_in), flags.out,
-                          flags.shard_rows, report);
+                          flags.shard_rows, features_dtype, report);
   } else {
     absl::StatusOr<CsvConvertOptions> options = CsvOptions(flags, inputs);
     if (!options.ok()) return Usage(kConvert, options.status().message());
+    options->features_dtype = features_dtype;
     pairs = ConvertCsv(*options, report);
   }
   if (!pairs.ok()) return Failed(kConvert, pairs.status());
-  int64_t rows = 0;
-  for (const ShardPair& pair : *pairs) rows += pair.rows;
+  int64_t rows = 0, overflowed = 0;
+  for (const ShardPair& pair : *pairs) {
+    rows += pair.rows;
+    overflowed += pair.overflowed;
+  }
+  if (overflowed > 0) {
+    std::cerr << absl::StrFormat(
+        "%s: warning: %d feature value(s) beyond %s's range were stored as "
+        "infinity\n",
+        kConvert, overflowed, DTypeName(features_dtype));
+  }
   std::cout << absl::StrFormat(
       "wrote %d rows as %d shard pair(s) in %s (%.1f s, %.0f rows/s)\n", rows,
       pairs->size(), flags.out, progress.Seconds(),
@@ -136,8 +164,8 @@ std::string Describe(const ShardFileInfo& file) {
 std::string Kind(const ShardPairInfo& pair) {
   const Shape& y = pair.targets.shape;
   return absl::StrFormat(
-      "features float32 [n, %d], targets %s %s", pair.features.shape[1],
-      DTypeName(pair.targets.dtype),
+      "features %s [n, %d], targets %s %s", DTypeName(pair.features.dtype),
+      pair.features.shape[1], DTypeName(pair.targets.dtype),
       y.size() == 1 ? "[n]" : absl::StrCat("[n, ", y[1], "]"));
 }
 
@@ -145,9 +173,14 @@ int Inspect(const DataFlags& flags) {
   if (flags.in.empty()) {
     return Usage(kInspect, "give the shard folder or a glob with --in");
   }
+  const absl::StatusOr<std::optional<DType>> features_dtype =
+      ParseFeaturesDType(flags.features_dtype);
+  if (!features_dtype.ok()) {
+    return Usage(kInspect, features_dtype.status().message());
+  }
   auto found = FindShardPairs(flags.in);
   if (!found.ok()) return Failed(kInspect, found.status());
-  ShardInspector inspector;
+  ShardInspector inspector(*features_dtype);
   int64_t rows = 0, bytes = 0;
   std::string kind;
   for (const auto& [x, y] : *found) {

@@ -23,6 +23,10 @@ struct DataFlags {
   std::string target_columns;  // convert, CSV: comma-separated names
   std::string feature_columns;  // convert, CSV: comma-separated names
   std::string target_kind;      // convert, CSV: "", "class" or "float"
+  // convert: how features are stored, "" (float32), "float32", "float16"
+  // or "bfloat16"; inspect: what the features files must hold ("": float32
+  // or float16, as each header says).
+  std::string features_dtype;
 };
 
 // `args` is the command line after flag parsing: args[1] is "data",

@@ -102,7 +102,8 @@ absl::Status CopyPair(const std::string& x_path, const std::string& y_path,
 absl::StatusOr<std::vector<ShardPair>> SplitNpyPairs(
     const std::vector<std::string>& features,
     const std::vector<std::string>& targets, const std::string& out_dir,
-    int64_t shard_rows, ShardWriter::ProgressFn progress) {
+    int64_t shard_rows, DType features_dtype,
+    ShardWriter::ProgressFn progress) {
   if (features.empty() || features.size() != targets.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("give as many targets files as features files (got ",
@@ -110,6 +111,7 @@ absl::StatusOr<std::vector<ShardPair>> SplitNpyPairs(
   }
   ShardLayout layout;
   layout.shard_rows = shard_rows;
+  layout.features_dtype = features_dtype;
   std::vector<int64_t> rows;
   int64_t total = 0;
   for (size_t i = 0; i < features.size(); ++i) {

@@ -12,13 +12,15 @@
 
 #include "absl/status/statusor.h"
 #include "cli/shard_writer.h"
+#include "core/tensor.h"
 
 namespace trainyard {
 
 // Writes the rows of features[0], then features[1] ... (each float32
 // [n_i, D]) with the same rows of targets[i] (int64 [n_i] or float32
 // [n_i, K]; one dtype and K for all) into `out_dir` as shards of
-// `shard_rows` rows. Returns the pairs written.
+// `shard_rows` rows, the features stored as `features_dtype` (kFloat32,
+// kFloat16 or kBFloat16; cli/shard_writer.h). Returns the pairs written.
 // Errors: InvalidArgument naming the file for a file that is not such an
 // array (core/npy.h's header errors), a pair whose row counts differ, or a
 // width or dtype that differs from the first pair's; InvalidArgument when
@@ -27,7 +29,8 @@ namespace trainyard {
 absl::StatusOr<std::vector<ShardPair>> SplitNpyPairs(
     const std::vector<std::string>& features,
     const std::vector<std::string>& targets, const std::string& out_dir,
-    int64_t shard_rows, ShardWriter::ProgressFn progress = nullptr);
+    int64_t shard_rows, DType features_dtype,
+    ShardWriter::ProgressFn progress = nullptr);
 
 }  // namespace trainyard
 

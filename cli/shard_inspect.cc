@@ -83,15 +83,31 @@ bool AddListed(const json& entry, const char* key,
   return true;
 }
 
+// How .npy headers spell features of `dtype`.
+const char* FeatureDescrs(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return "'<u2' or '|V2'";
+    case DType::kFloat16:
+      return "'<f2'";
+    default:
+      return "'<f4'";
+  }
+}
+
 }  // namespace
 
 absl::Status CheckShardPairShapes(const std::string& features, DType x_dtype,
                                   const Shape& x_shape,
                                   const std::string& targets, DType y_dtype,
                                   const Shape& y_shape) {
-  if (x_dtype != DType::kFloat32 || x_shape.size() != 2 || x_shape[1] < 1) {
+  const bool floats_x = x_dtype == DType::kFloat32 ||
+                        x_dtype == DType::kFloat16 ||
+                        x_dtype == DType::kBFloat16;
+  if (!floats_x || x_shape.size() != 2 || x_shape[1] < 1) {
     return Bad(features,
-               absl::StrCat("features must be float32 [n, D], got ",
+               absl::StrCat("features must be float32, float16 or bfloat16 "
+                            "[n, D], got ",
                             DTypeName(x_dtype), " ", ShapeToString(x_shape)));
   }
   const bool classes = y_dtype == DType::kInt64 && y_shape.size() == 1;
@@ -169,11 +185,30 @@ absl::StatusOr<const ShardInspector::Listing*> ShardInspector::ListingOf(
   return &listing;
 }
 
+absl::Status ShardInspector::CheckFeaturesDType(const std::string& path,
+                                                const NpyHeader& header) const {
+  if (!features_dtype_.has_value()) {
+    if (header.dtype != DType::kBFloat16) return absl::OkStatus();
+    return Bad(path, absl::StrCat("dtype '", header.descr,
+                                  "' holds 2-byte words: pass "
+                                  "--features_dtype bfloat16 if they are "
+                                  "bfloat16 features"));
+  }
+  if (header.dtype == *features_dtype_) return absl::OkStatus();
+  return Bad(
+      path, absl::StrCat("dtype '", header.descr, "', but --features_dtype is ",
+                         DTypeName(*features_dtype_), " (expected ",
+                         FeatureDescrs(*features_dtype_), ")"));
+}
+
 absl::StatusOr<ShardFileInfo> ShardInspector::InspectFile(
-    const std::string& path) {
+    const std::string& path, bool features) {
   ShardFileInfo info;
   info.path = path;
-  ASSIGN_OR_RETURN(NpyHeader header, ReadNpyHeader(path));
+  NpyReadOptions options;  // targets: the plain dtypes
+  options.float16 = options.bfloat16_words = features;
+  ASSIGN_OR_RETURN(NpyHeader header, ReadNpyHeader(path, options));
+  if (features) RETURN_IF_ERROR(CheckFeaturesDType(path, header));
   info.dtype = header.dtype;
   info.shape = header.shape;
   ASSIGN_OR_RETURN(info.bytes, FileSize(path));
@@ -197,8 +232,8 @@ absl::StatusOr<ShardFileInfo> ShardInspector::InspectFile(
 absl::StatusOr<ShardPairInfo> ShardInspector::Inspect(
     const std::string& features, const std::string& targets) {
   ShardPairInfo pair;
-  ASSIGN_OR_RETURN(pair.features, InspectFile(features));
-  ASSIGN_OR_RETURN(pair.targets, InspectFile(targets));
+  ASSIGN_OR_RETURN(pair.features, InspectFile(features, /*features=*/true));
+  ASSIGN_OR_RETURN(pair.targets, InspectFile(targets, /*features=*/false));
   RETURN_IF_ERROR(CheckShardPairShapes(features, pair.features.dtype,
                                        pair.features.shape, targets,
                                        pair.targets.dtype, pair.targets.shape));

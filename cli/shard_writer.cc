@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/bfloat16.h"
 #include "core/file_util.h"
 #include "core/npy.h"
 #include "core/sha256.h"
@@ -79,6 +81,14 @@ absl::Status CheckLayout(const ShardLayout& layout) {
   if (layout.features < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("features per row must be >= 1, got ", layout.features));
+  }
+  if (layout.features_dtype != DType::kFloat32 &&
+      layout.features_dtype != DType::kFloat16 &&
+      layout.features_dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("features are stored as float32, float16 or bfloat16, "
+                     "not ",
+                     DTypeName(layout.features_dtype)));
   }
   const bool classes = layout.target_dtype == DType::kInt64;
   if (!classes && layout.target_dtype != DType::kFloat32) {
@@ -167,13 +177,14 @@ absl::Status ShardWriter::CloseShard() {
   pair.features_file = ShardFileName('x', index);
   pair.targets_file = ShardFileName('y', index);
   pair.rows = n;
+  pair.overflowed = overflowed_;
   const std::string x_path = JoinPath(dir_, pair.features_file);
   const std::string y_path = JoinPath(dir_, pair.targets_file);
   written_.push_back(x_path);
   written_.push_back(y_path);
   const bool classes = layout_.target_dtype == DType::kInt64;
   ASSIGN_OR_RETURN(const std::string x_header,
-                   ShardHeader(DType::kFloat32, {n, layout_.features}));
+                   ShardHeader(layout_.features_dtype, {n, layout_.features}));
   ASSIGN_OR_RETURN(
       const std::string y_header,
       classes ? ShardHeader(DType::kInt64, {n})
@@ -194,28 +205,51 @@ absl::Status ShardWriter::CloseShard() {
   ASSIGN_OR_RETURN(pair.targets_sha256, Sha256HexOfFile(y_path));
   pairs_.push_back(std::move(pair));
   shard_fill_ = 0;
+  overflowed_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status ShardWriter::WriteFeatures(const float* features, int64_t n) {
+  const int64_t index = static_cast<int64_t>(pairs_.size());
+  const size_t count = static_cast<size_t>(n * layout_.features);
+  if (layout_.features_dtype == DType::kFloat32) {
+    if (std::fwrite(features, sizeof(float), count, x_file_) != count) {
+      return ErrnoError(TempName(dir_, 'x', index), "cannot write");
+    }
+    return absl::OkStatus();
+  }
+  const bool bf16 = layout_.features_dtype == DType::kBFloat16;
+  const uint16_t inf = bf16 ? 0x7F80 : 0x7C00;
+  narrowed_.resize(std::max(narrowed_.size(), count));
+  for (size_t i = 0; i < count; ++i) {
+    const uint16_t h =
+        bf16 ? FloatToBf16(features[i]) : FloatToFloat16(features[i]);
+    if ((h & 0x7FFF) == inf && std::isfinite(features[i])) ++overflowed_;
+    narrowed_[i] = h;
+  }
+  if (std::fwrite(narrowed_.data(), sizeof(uint16_t), count, x_file_) !=
+      count) {
+    return ErrnoError(TempName(dir_, 'x', index), "cannot write");
+  }
   return absl::OkStatus();
 }
 
 absl::Status ShardWriter::Append(const float* features, const void* targets,
                                  int64_t n) {
-  const size_t x_row = sizeof(float) * layout_.features;
   const size_t y_row = layout_.target_dtype == DType::kInt64
                            ? sizeof(int64_t)
                            : sizeof(float) * layout_.target_width;
-  const char* x = reinterpret_cast<const char*>(features);
+  const float* x = features;
   const char* y = static_cast<const char*>(targets);
   while (n > 0) {
     if (shard_fill_ == 0) RETURN_IF_ERROR(OpenShard());
     const int64_t take = std::min(n, layout_.shard_rows - shard_fill_);
     const int64_t index = static_cast<int64_t>(pairs_.size());
-    if (std::fwrite(x, x_row, take, x_file_) != static_cast<size_t>(take)) {
-      return ErrnoError(TempName(dir_, 'x', index), "cannot write");
-    }
+    RETURN_IF_ERROR(WriteFeatures(x, take));
     if (std::fwrite(y, y_row, take, y_file_) != static_cast<size_t>(take)) {
       return ErrnoError(TempName(dir_, 'y', index), "cannot write");
     }
-    x += x_row * take;
+    x += layout_.features * take;
     y += y_row * take;
     n -= take;
     rows_ += take;
@@ -244,13 +278,14 @@ absl::Status ShardWriter::WriteShardsJson() {
                         {"bytes", p.targets_bytes},
                         {"sha256", p.targets_sha256}}}});
   }
-  const json doc = {
-      {"format", kFormat},
-      {"rows", rows_},
-      {"shard_rows", layout_.shard_rows},
-      {"features", {{"dtype", "float32"}, {"width", layout_.features}}},
-      {"targets", targets},
-      {"shards", shards}};
+  const json doc = {{"format", kFormat},
+                    {"rows", rows_},
+                    {"shard_rows", layout_.shard_rows},
+                    {"features",
+                     {{"dtype", DTypeName(layout_.features_dtype)},
+                      {"width", layout_.features}}},
+                    {"targets", targets},
+                    {"shards", shards}};
   const std::string path = JoinPath(dir_, kShardsJson);
   written_.push_back(path);
   return WriteFileAtomically(path, doc.dump(2) + "\n");

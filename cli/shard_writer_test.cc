@@ -1,11 +1,14 @@
 #include "cli/shard_writer.h"
 
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cli/shard_inspect.h"
+#include "core/bfloat16.h"
 #include "core/file_util.h"
 #include "core/npy.h"
 #include "gtest/gtest.h"
@@ -79,6 +82,72 @@ TEST(ShardWriterTest, FloatTargetsAreTwoDimensional) {
   ASSERT_TRUE(ys.ok());
   EXPECT_EQ(ys->shape(), (Shape{1, 3}));
   EXPECT_EQ(ys->data<float>()[2], 5.0f);
+}
+
+// Half-width features: each float32 rounded to nearest even, written as
+// '<f2' or '<u2' words; a finite value past the range becomes infinity and
+// is counted; shards.json names the dtype; inspect reads them when told.
+TEST(ShardWriterTest, HalfWidthFeaturesAreRoundedWords) {
+  const std::vector<float> x = {1.0f,    0.1f,    -2.5f,          1e-8f,
+                                70000.f, 3.4e38f, 1.0f + 0x1p-9f, -0.0f};
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    const bool bf16 = dtype == DType::kBFloat16;
+    const std::string dir = NewDir(absl::StrCat("half_", DTypeName(dtype)));
+    ShardLayout layout = ClassLayout(3);
+    layout.features_dtype = dtype;
+    auto writer = ShardWriter::Create(dir, layout);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    const std::vector<int64_t> y = {0, 1, 2, 3};
+    ASSERT_TRUE((*writer)->Append(x.data(), y.data(), 4).ok());
+    auto pairs = (*writer)->Finish();
+    ASSERT_TRUE(pairs.ok()) << pairs.status();
+    ASSERT_EQ(pairs->size(), 2u);
+    // 70000 overflows float16 only; 3.4e38 both (bfloat16 rounds it up).
+    EXPECT_EQ((*pairs)[0].overflowed, bf16 ? 1 : 2);
+    EXPECT_EQ((*pairs)[1].overflowed, 0);
+    std::vector<uint16_t> words;
+    for (const ShardPair& pair : *pairs) {
+      const std::string path = JoinPath(dir, pair.features_file);
+      NpyReadOptions options;
+      options.float16 = options.bfloat16_words = true;
+      auto header = ReadNpyHeader(path, options);
+      ASSERT_TRUE(header.ok()) << header.status();
+      EXPECT_EQ(header->descr, bf16 ? "<u2" : "<f2");
+      EXPECT_EQ(header->shape, (Shape{pair.rows, 2}));
+      EXPECT_EQ(header->data_offset, 128u);
+      auto bytes = ReadFileToString(path);
+      ASSERT_TRUE(bytes.ok());
+      for (size_t i = header->data_offset; i < bytes->size(); i += 2) {
+        uint16_t w;
+        std::memcpy(&w, bytes->data() + i, 2);
+        words.push_back(w);
+      }
+    }
+    ASSERT_EQ(words.size(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_EQ(words[i], bf16 ? FloatToBf16(x[i]) : FloatToFloat16(x[i])) << i;
+    }
+    EXPECT_EQ(words[6], bf16 ? 0x3F80 : 0x3C02);  // 1 + 2^-9 at each width
+    auto json = ReadFileToString(JoinPath(dir, "shards.json"));
+    ASSERT_TRUE(json.ok());
+    EXPECT_NE(json->find(absl::StrCat("\"dtype\": \"", DTypeName(dtype), "\"")),
+              std::string::npos)
+        << *json;
+    ShardInspector inspector(dtype);
+    auto info = inspector.Inspect(JoinPath(dir, "x-00000.npy"),
+                                  JoinPath(dir, "y-00000.npy"));
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->features.dtype, dtype);
+  }
+}
+
+TEST(ShardWriterTest, RefusesOtherFeatureDTypes) {
+  ShardLayout layout = ClassLayout(3);
+  layout.features_dtype = DType::kInt32;
+  auto writer = ShardWriter::Create(NewDir("int_features"), layout);
+  EXPECT_EQ(writer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(writer.status().message(),
+            "features are stored as float32, float16 or bfloat16, not int32");
 }
 
 TEST(ShardWriterTest, RefusesNonEmptyFolder) {

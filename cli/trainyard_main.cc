@@ -132,6 +132,11 @@ ABSL_FLAG(std::string, feature_columns, "",
 ABSL_FLAG(std::string, target_kind, "",
           "data convert: class (int64 class ids; default for one target "
           "column) or float (float32 [n, K]; default for several).");
+ABSL_FLAG(std::string, features_dtype, "",
+          "data convert: how features are stored: float32 (default), "
+          "float16, or bfloat16 (as '<u2' words). data inspect: what the "
+          "features files must hold (default float32 or float16, as each "
+          "header says; bfloat16 reads '<u2' / '|V2' words).");
 ABSL_FLAG(int64_t, step, 0,
           "trace: the step to show (default 0: the newest step every stage "
           "has reported).");
@@ -270,6 +275,7 @@ DataFlags ReadDataFlags() {
   flags.target_columns = absl::GetFlag(FLAGS_target_columns);
   flags.feature_columns = absl::GetFlag(FLAGS_feature_columns);
   flags.target_kind = absl::GetFlag(FLAGS_target_kind);
+  flags.features_dtype = absl::GetFlag(FLAGS_features_dtype);
   return flags;
 }
 

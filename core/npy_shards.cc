@@ -238,6 +238,12 @@ struct NpyShards::Layout {
     return std::max<int64_t>(target_width, 1) * DTypeSize(target_dtype);
   }
 
+  // Appends `shard` (its files checked each on its own) after checking it
+  // against shard 0, which sets D and the targets' dtype and width; its
+  // rows are its features header's. Errors: InvalidArgument naming the
+  // file that differs.
+  absl::Status Add(Shard shard);
+
   // Copies row `local` of shard `s` to `x` (one features row of dtype
   // `x_dtype`: float32, or the shard's own) and `y` (one targets row).
   void CopyRow(int s, uint64_t local, DType x_dtype, char* x, char* y) const {
@@ -259,6 +265,31 @@ struct NpyShards::Layout {
     std::memcpy(y, shard.targets->data() + local * y_row, y_row);
   }
 };
+
+absl::Status NpyShards::Layout::Add(Shard shard) {
+  const NpyHeader& x = shard.features->header();
+  const NpyHeader& y = shard.targets->header();
+  const int64_t width = y.shape.size() == 2 ? y.shape[1] : 0;
+  if (shards.empty()) {
+    num_features = x.shape[1];
+    target_dtype = y.dtype;
+    target_width = width;
+  } else if (x.shape[1] != num_features) {
+    return Bad(shard.features->path(),
+               absl::StrCat(x.shape[1], " features per row, but ",
+                            shards[0].features->path(), " has ", num_features));
+  } else if (y.dtype != target_dtype || width != target_width) {
+    return Bad(
+        shard.targets->path(),
+        absl::StrCat("targets are ", DTypeName(y.dtype), " of width ", width,
+                     ", but ", shards[0].targets->path(), "'s are ",
+                     DTypeName(target_dtype), " of width ", target_width));
+  }
+  shard.rows = x.shape[0];
+  starts.push_back(starts.back() + shard.rows);
+  shards.push_back(std::move(shard));
+  return absl::OkStatus();
+}
 
 namespace {
 
@@ -370,27 +401,8 @@ absl::StatusOr<std::shared_ptr<const NpyShards>> NpyShards::Open(
           features[i], " has ", x.shape[0], " rows but its targets ",
           targets[i], " have ", y.shape[0]));
     }
-    const int64_t width = y.shape.size() == 2 ? y.shape[1] : 0;
-    if (i == 0) {
-      layout->num_features = x.shape[1];
-      layout->target_dtype = y.dtype;
-      layout->target_width = width;
-    } else if (x.shape[1] != layout->num_features) {
-      return Bad(features[i],
-                 absl::StrCat(x.shape[1], " features per row, but ",
-                              features[0], " has ", layout->num_features));
-    } else if (y.dtype != layout->target_dtype ||
-               width != layout->target_width) {
-      return Bad(targets[i],
-                 absl::StrCat("targets are ", DTypeName(y.dtype), " of width ",
-                              width, ", but ", targets[0], "'s are ",
-                              DTypeName(layout->target_dtype), " of width ",
-                              layout->target_width));
-    }
     all_float16 = all_float16 && x.dtype == DType::kFloat16;
-    shard.rows = x.shape[0];
-    layout->starts.push_back(layout->starts.back() + shard.rows);
-    layout->shards.push_back(std::move(shard));
+    RETURN_IF_ERROR(layout->Add(std::move(shard)));
   }
   layout->feature_dtype = options.bfloat16_features ? DType::kBFloat16
                           : all_float16             ? DType::kFloat16

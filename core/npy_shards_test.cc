@@ -112,6 +112,21 @@ Files MakeShards(const std::string& prefix, const std::vector<int64_t>& rows,
   return f;
 }
 
+// `features` (written already, of `rows` rows each) paired with class-id
+// targets of `dtype` for the same rows, named <prefix>y_i.npy.
+Files WithTargets(const std::string& prefix, std::vector<std::string> features,
+                  const std::vector<int64_t>& rows, DType dtype) {
+  Files f;
+  f.features = std::move(features);
+  int64_t first = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    f.targets.push_back(Write(absl::StrCat(prefix, "y_", i, ".npy"),
+                              Targets(dtype, first, rows[i], 0)));
+    first += rows[i];
+  }
+  return f;
+}
+
 // Row `r` of `t` (any dtype) as bytes.
 std::string RowBytes(const Tensor& t, int64_t r) {
   const size_t row = t.nbytes() / t.dim(0);
@@ -242,14 +257,12 @@ std::string WordBytes(const std::vector<uint16_t>& words) {
 // with int32 targets.
 Files Bf16Shards(const std::string& prefix, const std::string& descr1 = "|V2") {
   const std::vector<uint16_t>& w = kBf16Words;
-  Files f;
-  f.features = {WriteRaw(prefix + "x_0.npy", "<u2", "(4, 2)",
-                         WordBytes({w.begin(), w.begin() + 8})),
-                WriteRaw(prefix + "x_1.npy", descr1, "(2, 2)",
-                         WordBytes({w.begin() + 8, w.end()}))};
-  f.targets = {Write(prefix + "y_0.npy", Targets(DType::kInt32, 0, 4, 0)),
-               Write(prefix + "y_1.npy", Targets(DType::kInt32, 4, 2, 0))};
-  return f;
+  return WithTargets(prefix,
+                     {WriteRaw(prefix + "x_0.npy", "<u2", "(4, 2)",
+                               WordBytes({w.begin(), w.begin() + 8})),
+                      WriteRaw(prefix + "x_1.npy", descr1, "(2, 2)",
+                               WordBytes({w.begin() + 8, w.end()}))},
+                     {4, 2}, DType::kInt32);
 }
 
 std::shared_ptr<const NpyShards> MustOpenBf16(const Files& f) {
@@ -306,13 +319,13 @@ TEST(NpyShardsTest, GatherIntoStoredDTypeCopiesTheFileBytes) {
   // float16 the same way: the halves as they are in the file.
   const std::vector<uint16_t> halves = {0x3C00, 0x0001, 0x7BFF,
                                         0xFC00, 0x7E00, 0x3555};
-  Files h;
-  h.features = {WriteRaw("h_into_x_0.npy", "<f2", "(1, 2)",
-                         WordBytes({halves[0], halves[1]})),
-                WriteRaw("h_into_x_1.npy", "<f2", "(2, 2)",
-                         WordBytes({halves.begin() + 2, halves.end()}))};
-  h.targets = {Write("h_into_y_0.npy", Targets(DType::kInt64, 0, 1, 0)),
-               Write("h_into_y_1.npy", Targets(DType::kInt64, 1, 2, 0))};
+  Files h =
+      WithTargets("h_into_",
+                  {WriteRaw("h_into_x_0.npy", "<f2", "(1, 2)",
+                            WordBytes({halves[0], halves[1]})),
+                   WriteRaw("h_into_x_1.npy", "<f2", "(2, 2)",
+                            WordBytes({halves.begin() + 2, halves.end()}))},
+                  {1, 2}, DType::kInt64);
   auto halves_source = MustOpen(h);
   ASSERT_NE(halves_source, nullptr);
   EXPECT_EQ(halves_source->feature_dtype(), DType::kFloat16);
@@ -357,12 +370,11 @@ TEST(NpyShardsTest, GatherIntoFloat32EqualsGather) {
 }
 
 TEST(NpyShardsTest, MixedFloat32AndFloat16AreStoredAsFloat32) {
-  Files f;
-  f.features = {
-      WriteRaw("mix_x_0.npy", "<f2", "(1, 2)", WordBytes({0x3C00, 0xC000})),
-      Write("mix_x_1.npy", Tensor::FromVector({1.5f, -2.f}, {1, 2}))};
-  f.targets = {Write("mix_y_0.npy", Targets(DType::kInt32, 0, 1, 0)),
-               Write("mix_y_1.npy", Targets(DType::kInt32, 1, 1, 0))};
+  Files f = WithTargets(
+      "mix_",
+      {WriteRaw("mix_x_0.npy", "<f2", "(1, 2)", WordBytes({0x3C00, 0xC000})),
+       Write("mix_x_1.npy", Tensor::FromVector({1.5f, -2.f}, {1, 2}))},
+      {1, 1}, DType::kInt32);
   auto source = MustOpen(f);
   ASSERT_NE(source, nullptr);
   EXPECT_EQ(source->feature_dtype(), DType::kFloat32);

@@ -391,6 +391,18 @@ TEST(NpyTest, Float16SizeCheckUsesTwoBytes) {
               HasSubstr("truncated: header promises 6 bytes of data"));
 }
 
+// Runs `script` with Debian's python (numpy); false when it fails, e.g.
+// where python3-numpy is missing.
+bool RunNumpy(const std::string& name, const std::string& script) {
+  const std::string path = WriteBytes(name, script);
+  const int rc = std::system(absl::StrCat("/usr/bin/python3 ", path).c_str());
+  return WIFEXITED(rc) && WEXITSTATUS(rc) == 0;
+}
+
+constexpr char kNoNumpy[] =
+    "SKIPPED: /usr/bin/python3 with numpy could not write the fixtures "
+    "(apt-get install python3-numpy)";
+
 uint32_t FloatBits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
@@ -431,16 +443,13 @@ TEST(NpyTest, Float16ToFloatMatchesNumpyTable) {
 // numpy.
 TEST(NpyTest, Float16ToFloatMatchesNumpyOnEveryValue) {
   const std::string f2 = TmpPath("all_f2.npy"), f4 = TmpPath("all_f4.npy");
-  const std::string script = WriteBytes(
-      "all_halves.py",
-      absl::StrCat("import numpy as np\n"
-                   "h = np.arange(65536, dtype='<u2').view('<f2')\n"
-                   "np.save('",
-                   f2, "', h)\nnp.save('", f4, "', h.astype('<f4'))\n"));
-  const int rc = std::system(absl::StrCat("/usr/bin/python3 ", script).c_str());
-  if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) {
-    GTEST_SKIP() << "SKIPPED: /usr/bin/python3 with numpy could not write the "
-                    "fixtures (apt-get install python3-numpy)";
+  if (!RunNumpy(
+          "all_halves.py",
+          absl::StrCat("import numpy as np\n"
+                       "h = np.arange(65536, dtype='<u2').view('<f2')\n"
+                       "np.save('",
+                       f2, "', h)\nnp.save('", f4, "', h.astype('<f4'))\n"))) {
+    GTEST_SKIP() << kNoNumpy;
   }
   auto header = ReadNpyHeader(f2, Float16Allowed());
   ASSERT_TRUE(header.ok()) << header.status();
@@ -533,23 +542,20 @@ TEST(NpyTest, FloatToFloat16RoundsToNearestEven) {
 // saying why, when Debian's python lacks numpy.
 TEST(NpyTest, FloatToFloat16MatchesNumpy) {
   const std::string f4 = TmpPath("round_f4.npy"), f2 = TmpPath("round_f2.npy");
-  const std::string script = WriteBytes(
-      "round_halves.py",
-      absl::StrCat("import numpy as np\n"
-                   "r = np.random.default_rng(5)\n"
-                   "u = r.integers(0, 2**32, size=200000, dtype=np.uint64)\n"
-                   "u = np.concatenate([u.astype('<u4'),\n"
-                   "    r.integers(0x33000000, 0x47800000, "
-                   "size=200000).astype('<u4')])\n"
-                   "x = u.view('<f4')\n"
-                   "x = x[~np.isnan(x)]\n"
-                   "np.save('",
-                   f4, "', x)\nnp.save('", f2,
-                   "', x.astype('<f2').view('<u2').astype('<i4'))\n"));
-  const int rc = std::system(absl::StrCat("/usr/bin/python3 ", script).c_str());
-  if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) {
-    GTEST_SKIP() << "SKIPPED: /usr/bin/python3 with numpy could not write the "
-                    "fixtures (apt-get install python3-numpy)";
+  if (!RunNumpy("round_halves.py",
+                absl::StrCat(
+                    "import numpy as np\n"
+                    "r = np.random.default_rng(5)\n"
+                    "u = r.integers(0, 2**32, size=200000, dtype=np.uint64)\n"
+                    "u = np.concatenate([u.astype('<u4'),\n"
+                    "    r.integers(0x33000000, 0x47800000, "
+                    "size=200000).astype('<u4')])\n"
+                    "x = u.view('<f4')\n"
+                    "x = x[~np.isnan(x)]\n"
+                    "np.save('",
+                    f4, "', x)\nnp.save('", f2,
+                    "', x.astype('<f2').view('<u2').astype('<i4'))\n"))) {
+    GTEST_SKIP() << kNoNumpy;
   }
   auto x = ReadNpy(f4);
   auto h = ReadNpy(f2);  // int32: the halves' bits

@@ -5,9 +5,11 @@ float target columns in the middle) is converted with a small shard size;
 the concatenated shards must equal numpy's own reading of the CSV
 (np.loadtxt, float64, cast to float32) bitwise, including cells just past a
 float32 rounding midpoint, where parsing straight to float32 (strtof) would
-differ. Then the refusals (a bad cell naming file, line and column, leaving
-nothing behind; a non-empty output folder), a .npy pair split and rejoined
-bitwise, and inspect's listing of every shard with its rows.
+differ. The same CSV stored at half width: bfloat16 words equal to torch's
+rounding of numpy's reading, float16 equal to numpy's astype(np.float16).
+Then the refusals (a bad cell naming file, line and column, leaving nothing
+behind; a non-empty output folder), a .npy pair split and rejoined bitwise,
+and inspect's listing of every shard with its rows.
 
 Usage: data_convert_test.py PATH_TO_TRAINYARD (run with /usr/bin/python3).
 """
@@ -21,6 +23,7 @@ import sys
 import tempfile
 
 import numpy as np
+import torch
 
 CLI = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
@@ -116,6 +119,61 @@ def test_float_targets(csv, numpy_rows):
     assert np.array_equal(bits(x), bits(numpy_rows[:, [0, 1, 2, 3, 6]]))
 
 
+def convert_features(csv, name, dtype):
+    out = os.path.join(WORK, name)
+    proc = run("convert", "--in", csv, "--out", out, "--shard_rows", "700",
+               "--target_columns", "label", "--feature_columns",
+               "f0,f1,f2,f3", "--features_dtype", dtype)
+    manifest = json.load(open(os.path.join(out, "shards.json")))
+    assert manifest["features"] == {"dtype": dtype, "width": 4}, manifest
+    return out, proc
+
+
+def test_half_width(csv, numpy_rows):
+    want32 = numpy_rows[:, [0, 1, 3, 6]].astype(np.float32)
+    out, proc = convert_features(csv, "bf16", "bfloat16")
+    x = concat(out, "x")
+    assert x.dtype == np.uint16 and x.shape == (ROWS, 4), (x.dtype, x.shape)
+    want = (torch.from_numpy(want32).to(torch.bfloat16).view(torch.int16)
+            .numpy().view(np.uint16))
+    assert np.array_equal(x, want), "bfloat16 words differ from torch's"
+    # The CSV's 3.4028234e38 rounds past bfloat16's largest, as in torch.
+    assert want[4, 1] == 0x7F80 and x[4, 1] == 0x7F80, hex(x[4, 1])
+    assert "1 feature value(s) beyond bfloat16's range" in proc.stderr, (
+        proc.stderr)
+    assert np.array_equal(concat(out, "y"), numpy_rows[:, 2].astype(np.int64))
+    text = run("inspect", "--in", out, "--features_dtype", "bfloat16").stdout
+    assert "features bfloat16 [700, 4]" in text, text
+    assert (f"total: 5 shard pair(s), {ROWS} rows" in text and
+            "features bfloat16 [n, 4], targets int64 [n]" in text), text
+    proc = run("inspect", "--in", out, ok=False)
+    assert proc.returncode == 1 and (
+        "x-00000.npy: dtype '<u2' holds 2-byte words: pass --features_dtype "
+        "bfloat16" in proc.stderr), proc.stderr
+
+    out, proc = convert_features(csv, "f16", "float16")
+    x = concat(out, "x")
+    assert x.dtype == np.float16 and x.shape == (ROWS, 4), (x.dtype, x.shape)
+    with np.errstate(over="ignore"):
+        want = want32.astype(np.float16)
+    assert np.array_equal(x.view(np.uint16), want.view(np.uint16))
+    overflowed = int(np.sum(np.isinf(want)))
+    assert overflowed > 0 and (f"{overflowed} feature value(s) beyond "
+                               "float16's range" in proc.stderr), proc.stderr
+    text = run("inspect", "--in", out).stdout
+    assert "features float16 [n, 4]" in text, text
+    proc = run("inspect", "--in", out, "--features_dtype", "bfloat16",
+               ok=False)
+    assert proc.returncode == 1 and (
+        "x-00000.npy: dtype '<f2', but --features_dtype is bfloat16 "
+        "(expected '<u2' or '|V2')" in proc.stderr), proc.stderr
+    proc = run("convert", "--in", csv, "--out", os.path.join(WORK, "f8"),
+               "--shard_rows", "700", "--target_columns", "label",
+               "--features_dtype", "float8", ok=False)
+    assert proc.returncode == 2 and "--features_dtype must be float32, " \
+        "float16 or bfloat16, got \"float8\"" in proc.stderr, proc.stderr
+
+
 def test_refusals(csv):
     bad = os.path.join(WORK, "bad.csv")
     write_csv(bad, bad_line=1234)
@@ -180,6 +238,7 @@ def main():
     numpy_rows = np.loadtxt(csv, delimiter=",", skiprows=1)
     out = test_csv_matches_numpy(csv, numpy_rows)
     test_float_targets(csv, numpy_rows)
+    test_half_width(csv, numpy_rows)
     test_refusals(csv)
     test_npy_pair_round_trip()
     test_inspect(out)
