@@ -29,7 +29,9 @@ sampling. Peak PSS, sampled the same way for every reader, shares each page
 mapped by several processes out among them (the workers map the same file
 pages; RSS counts them once per worker). Prints a markdown table per round,
 the medians, and a JSON line; `uptime` and `free -g` at the start say how
-busy the machine was.
+busy the machine was. "disk read" is what the data's block device read
+(/proc/diskstats) while each reader ran, its process start included: per
+row, it shows how much each row really costs the disk.
 
     /usr/bin/python3 tools/bench_data.py --make --gb 40
     /usr/bin/python3 tools/bench_data.py --run --seconds 60 --rounds 2
@@ -124,6 +126,18 @@ def make(args):
 
 def shard_files(folder, kind):
     return sorted(glob.glob(os.path.join(folder, f"{kind}-[0-9]*.npy")))
+
+
+def disk_read_bytes(folder):
+    """Bytes the block device holding `folder` has read since boot
+    (/proc/diskstats), or None when it is not listed there."""
+    dev = os.stat(folder).st_dev
+    with open("/proc/diskstats") as f:
+        for line in f:
+            p = line.split()
+            if (int(p[0]), int(p[1])) == (os.major(dev), os.minor(dev)):
+                return int(p[5]) * 512
+    return None
 
 
 def drop_caches():
@@ -286,6 +300,7 @@ def torch_child(args):
     loader = torch.utils.data.DataLoader(
         data, batch_size=args.batch, shuffle=True, generator=generator,
         num_workers=args.workers)
+    disk_before = disk_read_bytes(args.dir)
     rows, batches, start = 0, 0, time.monotonic()
     for x, _ in loader:
         rows += x.shape[0]
@@ -293,9 +308,33 @@ def torch_child(args):
         if time.monotonic() - start >= args.seconds:
             break
     seconds = time.monotonic() - start
-    print(json.dumps({"reader": "pytorch", "rows": rows, "batches": batches,
-                      "seconds": seconds, "rows_per_s": rows / seconds,
-                      "gb_per_s": rows * data.row_bytes / seconds / 1e9}))
+    disk_after = disk_read_bytes(args.dir)
+    print(json.dumps({
+        "reader": "pytorch", "rows": rows, "batches": batches,
+        "seconds": seconds, "rows_per_s": rows / seconds,
+        "gb_per_s": rows * data.row_bytes / seconds / 1e9,
+        "disk_bytes": (None if disk_before is None or disk_after is None
+                       else disk_after - disk_before)}))
+
+
+def measure_disk(folder, read):
+    """read()'s result, with what the disk read while it ran: disk_gb_per_s
+    and disk_kib_per_row (None for dd). Over read()'s wall time, process
+    start included, unless the reader measured its own window ("disk_bytes"
+    over its "seconds": the PyTorch child, whose `import torch` alone reads
+    about 0.5 GB). Reads by other processes on the same disk count too."""
+    before, start = disk_read_bytes(folder), time.monotonic()
+    r = read()
+    after, seconds = disk_read_bytes(folder), time.monotonic() - start
+    nbytes = None if before is None or after is None else after - before
+    if "disk_bytes" in r:
+        nbytes, seconds = r["disk_bytes"], r["seconds"]
+    r["disk_gb_per_s"] = r["disk_kib_per_row"] = None
+    if nbytes is not None:
+        r["disk_gb_per_s"] = nbytes / seconds / 1e9
+        if r.get("rows"):
+            r["disk_kib_per_row"] = nbytes / r["rows"] / 1024
+    return r
 
 
 def build_binary():
@@ -316,13 +355,16 @@ def fmt(value, digits):
 def print_table(title, results):
     dd = results["dd"]["gb_per_s"]
     print(f"\n{title}\n")
-    print("| reader | rows/s | GB/s | vs dd | peak RSS (MiB) | peak PSS (MiB) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| reader | rows/s | GB/s | vs dd | peak RSS (MiB) | "
+          "peak PSS (MiB) | disk read GB/s | disk read / row (KiB) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in ("dd", "trainyard", "pytorch"):
         r = results[name]
         print(f"| {name} | {fmt(r['rows_per_s'], 0)} | "
-              f"{fmt(r['gb_per_s'], 3)} | {r['gb_per_s'] / dd:.1%} | "
-              f"{fmt(r['peak_rss_mib'], 0)} | {fmt(r['peak_pss_mib'], 0)} |")
+              f"{fmt(r['gb_per_s'], 4)} | {r['gb_per_s'] / dd:.2%} | "
+              f"{fmt(r['peak_rss_mib'], 0)} | {fmt(r['peak_pss_mib'], 0)} | "
+              f"{fmt(r['disk_gb_per_s'], 3)} | "
+              f"{fmt(r['disk_kib_per_row'], 0)} |")
 
 
 def run(args):
@@ -342,16 +384,17 @@ def run(args):
             note = drop_caches()
             if note:
                 notes.append(note)
-            results[name] = read()
+            results[name] = measure_disk(args.dir, read)
         rounds.append(results)
         print_table(f"Round {k + 1}", results)
     medians = {}
     for name, _ in readers:
-        medians[name] = {
-            key: (None if rounds[0][name][key] is None else
-                  statistics.median(r[name][key] for r in rounds))
-            for key in ("rows_per_s", "gb_per_s", "peak_rss_mib",
-                        "peak_pss_mib")}
+        medians[name] = {}
+        for key in ("rows_per_s", "gb_per_s", "peak_rss_mib", "peak_pss_mib",
+                    "disk_gb_per_s", "disk_kib_per_row"):
+            values = [r[name][key] for r in rounds
+                      if r[name].get(key) is not None]
+            medians[name][key] = statistics.median(values) if values else None
     print_table(f"Median of {args.rounds} rounds", medians)
     print(json.dumps({"bench": "data_read", "dir": args.dir,
                       "seconds": args.seconds, "batch": args.batch,
