@@ -1,0 +1,194 @@
+// How fast a training job reads a sharded data set (npy_shards): the job's
+// own path, LoadDataSource, then batches drawn by BatchSampler and read by
+// Gather, one after another, until --seconds pass or one epoch is read.
+// Prints one JSON line (docs/BENCHMARKS.md, "Reading data at scale"):
+//
+//   bazel build //engine:data_read_benchmark
+//   bazel-bin/engine/data_read_benchmark --batch 256 --seconds 60 --shuffle
+//       --features '/var/tmp/trainyard-bench-data/features-*.npy'
+//       --targets '/var/tmp/trainyard-bench-data/targets-*.npy'
+//
+// rows_per_s counts rows delivered (features widened to float32, as a stage
+// gets them); gb_per_s is those rows at the files' stored width, features
+// plus targets (1 GB = 1e9 bytes); peak_rss_mib is the process's VmHWM,
+// rss_mib its VmRSS after the last batch. tools/bench_data.py runs this next
+// to dd and PyTorch's DataLoader.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "core/status_macros.h"
+#include "engine/dataset.h"
+#include "proto/job_spec.pb.h"
+
+ABSL_FLAG(std::string, features, "",
+          "npy_shards.features: a path or glob of the features shards.");
+ABSL_FLAG(std::string, targets, "",
+          "npy_shards.targets: a path or glob of the targets shards.");
+ABSL_FLAG(int64_t, batch, 256, "rows per batch (data.batch_size).");
+ABSL_FLAG(double, seconds, 60, "stop after this long (or after one epoch).");
+ABSL_FLAG(bool, shuffle, true, "data.shuffle: a seeded permutation per epoch.");
+ABSL_FLAG(uint64_t, seed, 1, "data.seed: the shuffle's seed.");
+ABSL_FLAG(std::string, features_dtype, "",
+          "npy_shards.features_dtype: \"\" (the headers' dtype) or "
+          "\"bfloat16\".");
+
+namespace trainyard {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The job's read path, a batch at a time: the rows the job's sampler picks
+// next, gathered from the source as the first stage gathers them
+// (Stage::BuildOnHost). The one place to change when the engine reads
+// batches ahead on a thread of its own.
+class JobBatches {
+ public:
+  // `data` must outlive this.
+  JobBatches(const Dataset& data, int64_t batch, bool shuffle, uint64_t seed)
+      : data_(data), sampler_(data.num_rows(), batch, shuffle, seed) {}
+
+  // The next batch's features [B, D] float32 and targets; errors are
+  // Gather's (they name the file).
+  absl::StatusOr<Dataset> Next() { return Gather(data_, sampler_.Next()); }
+
+ private:
+  const Dataset& data_;
+  BatchSampler sampler_;
+};
+
+// Field `name` of /proc/self/status ("VmHWM", "VmRSS": "<n> kB") in MiB.
+absl::StatusOr<double> ProcessMemoryMib(absl::string_view name) {
+  std::ifstream in("/proc/self/status");
+  const std::string prefix = absl::StrCat(name, ":");
+  for (std::string line; std::getline(in, line);) {
+    if (!absl::StartsWith(line, prefix)) continue;
+    absl::string_view value = absl::StripAsciiWhitespace(
+        absl::string_view(line).substr(prefix.size()));
+    if (absl::ConsumeSuffix(&value, "kB")) {
+      value = absl::StripAsciiWhitespace(value);
+    }
+    int64_t kib = 0;
+    if (!absl::SimpleAtoi(value, &kib)) {
+      return absl::InternalError(
+          absl::StrCat("/proc/self/status: ", name, " is not a count of kB"));
+    }
+    return static_cast<double>(kib) / 1024.0;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("/proc/self/status: no ", name, " line"));
+}
+
+absl::Status CheckFlags() {
+  if (absl::GetFlag(FLAGS_features).empty() ||
+      absl::GetFlag(FLAGS_targets).empty()) {
+    return absl::InvalidArgumentError(
+        "--features and --targets must both name shard files (paths or "
+        "globs)");
+  }
+  if (absl::GetFlag(FLAGS_batch) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch must be >= 1, got ", absl::GetFlag(FLAGS_batch)));
+  }
+  if (!(absl::GetFlag(FLAGS_seconds) > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--seconds must be > 0, got ", absl::GetFlag(FLAGS_seconds)));
+  }
+  return absl::OkStatus();
+}
+
+// What one run read.
+struct Reading {
+  int64_t rows = 0;
+  int64_t batches = 0;
+  double seconds = 0;
+};
+
+// Reads batches from `data` until --seconds pass or one epoch is read.
+absl::StatusOr<Reading> ReadBatches(const Dataset& data) {
+  JobBatches batches(data, absl::GetFlag(FLAGS_batch),
+                     absl::GetFlag(FLAGS_shuffle), absl::GetFlag(FLAGS_seed));
+  const double limit = absl::GetFlag(FLAGS_seconds);
+  Reading r;
+  const Clock::time_point start = Clock::now();
+  while (r.rows < data.num_rows() && r.seconds < limit) {
+    ASSIGN_OR_RETURN(Dataset batch, batches.Next());
+    r.rows += batch.features.dim(0);
+    ++r.batches;
+    r.seconds = SecondsSince(start);
+  }
+  return r;
+}
+
+absl::Status Run() {
+  RETURN_IF_ERROR(CheckFlags());
+  trainyard::v1::DataSource source;
+  auto* shards = source.mutable_npy_shards();
+  shards->add_features(absl::GetFlag(FLAGS_features));
+  shards->add_targets(absl::GetFlag(FLAGS_targets));
+  shards->set_features_dtype(absl::GetFlag(FLAGS_features_dtype));
+  const Clock::time_point open_start = Clock::now();
+  ASSIGN_OR_RETURN(Dataset data,
+                   LoadDataSource(source, "", /*default_seed=*/1));
+  const double open_s = SecondsSince(open_start);
+  if (data.in_memory()) {
+    return absl::InternalError(
+        "LoadDataSource of npy_shards held it in memory");
+  }
+  ASSIGN_OR_RETURN(const Reading r, ReadBatches(data));
+  ASSIGN_OR_RETURN(const double peak_rss_mib, ProcessMemoryMib("VmHWM"));
+  ASSIGN_OR_RETURN(const double rss_mib, ProcessMemoryMib("VmRSS"));
+  const uint64_t source_bytes = data.shards->bytes();
+  const double row_bytes =
+      static_cast<double>(source_bytes) / static_cast<double>(data.num_rows());
+  const double rows = static_cast<double>(r.rows);
+  std::printf(
+      "%s\n",
+      absl::StrFormat(
+          "{\"bench\": \"data_read\", \"reader\": \"trainyard\", "
+          "\"shards\": %d, \"source_rows\": %d, \"source_gb\": %.3f, "
+          "\"row_bytes\": %.0f, \"batch\": %d, \"shuffle\": %s, "
+          "\"open_s\": %.3f, \"rows\": %d, \"batches\": %d, "
+          "\"seconds\": %.3f, \"rows_per_s\": %.1f, \"gb_per_s\": %.4f, "
+          "\"peak_rss_mib\": %.1f, \"rss_mib\": %.1f}",
+          data.shards->num_shards(), data.num_rows(), source_bytes * 1e-9,
+          row_bytes, absl::GetFlag(FLAGS_batch),
+          absl::GetFlag(FLAGS_shuffle) ? "true" : "false", open_s, r.rows,
+          r.batches, r.seconds, rows / r.seconds,
+          rows * row_bytes * 1e-9 / r.seconds, peak_rss_mib, rss_mib)
+          .c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace trainyard
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = trainyard::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "data_read_benchmark: %s\n",
+                 status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
