@@ -18,6 +18,8 @@ struct KindInfo {
 
 KindInfo InfoOf(v1::SpanKind kind) {
   switch (kind) {
+    case v1::SPAN_DATA_WAIT:
+      return {kLaneDataWait, "data wait", nullptr};
     case v1::SPAN_PREPARE_BATCH:
       return {kLanePrepare, "prepare batch", nullptr};
     case v1::SPAN_FORWARD:
@@ -71,6 +73,8 @@ const char* LaneName(int lane) {
       return "optimizer";
     case kLaneEval:
       return "eval";
+    case kLaneDataWait:
+      return "data wait";
     default:
       return "other";
   }

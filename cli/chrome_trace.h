@@ -36,6 +36,7 @@ enum ChromeTraceLane {
   kLaneAllReduce = 8,
   kLaneOptimizer = 9,
   kLaneEval = 10,
+  kLaneDataWait = 11,
 };
 
 // The event name of a span: "F3", ">A3", "all-reduce", ...

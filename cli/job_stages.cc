@@ -22,6 +22,7 @@ namespace {
 // One stage's phase times (seconds) and counters summed over steps.
 struct StageTotals {
   double forward = 0, backward = 0, comm = 0, idle = 0, optimizer = 0, loss = 0;
+  double data_wait = 0;
   int64_t syncs = 0, copy_bytes = 0;
   int64_t steps = 0;
 };
@@ -46,6 +47,7 @@ absl::StatusOr<std::map<int, StageTotals>> SumStageTimings(
           s.idle += t.idle_s();
           s.optimizer += t.optimizer_s();
           s.loss += t.loss_s();
+          s.data_wait += t.data_wait_s();
           s.syncs += t.syncs();
           s.copy_bytes += t.h2d_bytes() + t.d2h_bytes();
           ++s.steps;
@@ -63,22 +65,23 @@ absl::StatusOr<std::map<int, StageTotals>> SumStageTimings(
 // of the stages' bubbles.
 void PrintStageTable(const std::map<int, StageTotals>& sums) {
   std::cout << absl::StrFormat(
-      "%-6s %11s %12s %8s %8s %13s %8s %8s %7s %6s %11s\n", "stage",
-      "forward_ms", "backward_ms", "loss_ms", "comm_ms", "idle_ms",
-      "optimizer_ms", "step_ms", "bubble", "syncs", "copied_kib");
+      "%-6s %12s %11s %12s %8s %8s %13s %8s %8s %7s %6s %11s\n", "stage",
+      "data_wait_ms", "forward_ms", "backward_ms", "loss_ms", "comm_ms",
+      "idle_ms", "optimizer_ms", "step_ms", "bubble", "syncs", "copied_kib");
   double bubble_sum = 0;
   for (const auto& [stage, s] : sums) {
     const double n = static_cast<double>(std::max<int64_t>(1, s.steps));
-    const double total =
-        s.forward + s.backward + s.loss + s.comm + s.idle + s.optimizer;
+    const double total = s.data_wait + s.forward + s.backward + s.loss +
+                         s.comm + s.idle + s.optimizer;
     const double bubble = total > 0 ? s.idle / total : 0;
     bubble_sum += bubble;
     std::cout << absl::StrFormat(
-        "%-6d %11.3f %12.3f %8.3f %8.3f %8.3f %13.3f %8.3f %7.3f %6.1f "
-        "%11.1f\n",
-        stage, 1e3 * s.forward / n, 1e3 * s.backward / n, 1e3 * s.loss / n,
-        1e3 * s.comm / n, 1e3 * s.idle / n, 1e3 * s.optimizer / n,
-        1e3 * total / n, bubble, s.syncs / n, s.copy_bytes / n / 1024);
+        "%-6d %12.3f %11.3f %12.3f %8.3f %8.3f %8.3f %13.3f %8.3f %7.3f "
+        "%6.1f %11.1f\n",
+        stage, 1e3 * s.data_wait / n, 1e3 * s.forward / n, 1e3 * s.backward / n,
+        1e3 * s.loss / n, 1e3 * s.comm / n, 1e3 * s.idle / n,
+        1e3 * s.optimizer / n, 1e3 * total / n, bubble, s.syncs / n,
+        s.copy_bytes / n / 1024);
   }
 
   if (!sums.empty()) {

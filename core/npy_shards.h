@@ -2,9 +2,11 @@
 // targets[i]), memory-mapped read-only and never read whole, so a data set
 // larger than memory can feed a stage with about one batch resident.
 //
-// The source's rows are pair 0's rows, then pair 1's, ... A gather asks the
-// kernel for every page the batch needs at once (so a cold read is many
-// requests in flight, not one page fault at a time), copies the rows asked
+// The source's rows are pair 0's rows, then pair 1's, ... The mappings are
+// advised random (no read-around on a fault: a shuffled row costs its own
+// pages, not the disk's read-ahead window); a gather asks the kernel for
+// every page the batch needs at once (so a cold read is many requests in
+// flight, not one page fault at a time), copies the rows asked
 // for out of the mappings and then drops the pages it touched from this
 // process (they stay in the page cache). Each file is checked before every
 // gather that reads it: a file changed since Open is a DataLoss naming it,

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/test_jobs.h"
 #include "engine/test_paths.h"
 #include "gtest/gtest.h"
@@ -54,6 +55,36 @@ TEST(LocalJobGpuTest, StepCopiesNoActivationAndWaitsOnce) {
         EXPECT_EQ(t.h2d_copies, s == 0 ? 1 : 0);
         EXPECT_EQ(t.d2h_copies, 1);
         EXPECT_LT(t.h2d_bytes + t.d2h_bytes, 16 * 128 * 2);
+      }
+    }
+  }
+}
+
+// Half-width shards widened on the GPU (float16 / bfloat16 words copied
+// as stored from pinned buffers, then cast there) give the same bits as
+// the same values held on the GPU as float32, for fp32 and bf16.
+TEST(LocalJobGpuTest, HalfWidthShardsWidenOnTheGpuBitwise) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  for (DType half : {DType::kFloat16, DType::kBFloat16}) {
+    const std::string dir =
+        absl::StrCat(TempDir(), "/half-gpu-", DTypeName(half));
+    testing::WriteHalfWidthData(dir, half, 300, 128, 32, 70);
+    for (const char* precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(half) << " " << precision);
+      auto spec = WideRegressionSpec(1);
+      spec.set_precision(precision);
+      const RunResult pair =
+          RunJob(testing::WithFloat32Pair(spec, dir), 0, PluginDir(), kGpu);
+      const RunResult shards = RunJob(
+          testing::WithHalfWidthShards(spec, dir, half), 0, PluginDir(), kGpu);
+      ASSERT_TRUE(pair.status.ok()) << pair.status;
+      ASSERT_TRUE(shards.status.ok()) << shards.status;
+      EXPECT_EQ(shards.losses, pair.losses);
+      EXPECT_EQ(shards.params, pair.params);
+      for (const DeviceTraffic& t : shards.traffic[0]) {
+        EXPECT_EQ(t.h2d_copies, 2);
+        EXPECT_EQ(t.h2d_bytes, 64 * (128 * 2 + 32 * 4));
+        EXPECT_EQ(t.syncs, 1);
       }
     }
   }

@@ -5,13 +5,16 @@
 // - the step's budget: no activation-sized copy and one synchronisation
 //   per step and stage, for 1 and 4 stages on one device;
 // - the task plugins' device losses (ABI v2) against their host losses
-//   (v1) and against the CPU.
+//   (v1) and against the CPU;
+// - half-width features from shards, copied as stored and widened on the
+//   device, against the same values held on the device as float32.
 #include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/test_jobs.h"
 #include "engine/test_paths.h"
 #include "gmock/gmock.h"
@@ -100,6 +103,38 @@ TEST(LocalJobSimTest, HostLossAndHostDataAreCountedCopies) {
   EXPECT_GE(host_data.traffic[0].back().h2d_bytes, 64 * (128 + 32) * 4);
   // Where the rows are gathered changes no bit.
   ExpectSameBits(host_data, RunJob(spec, 0, PluginDir(), kSim));
+}
+
+// Half-width shards (float16, bfloat16 words) cross to the device at their
+// stored width, from the read-ahead's pinned buffers, and are widened
+// there: the same bits as the same values as a float32 pair held on the
+// device, for fp32 and bf16 activations and 1 or 2 stages, with the
+// batch's features copied at 2 bytes an element.
+TEST(LocalJobSimTest, HalfWidthShardsWidenOnTheDeviceBitwise) {
+  for (DType half : {DType::kFloat16, DType::kBFloat16}) {
+    const std::string dir =
+        absl::StrCat(testing::TempDir(), "/half-sim-", DTypeName(half));
+    testing::WriteHalfWidthData(dir, half, 300, 128, 32, 70);
+    for (const char* precision : {"fp32", "bf16"}) {
+      for (int stages : {1, 2}) {
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(half) << " " << precision << " S=" << stages);
+        auto spec = WideRegressionSpec(stages);
+        spec.set_precision(precision);
+        const RunResult pair =
+            RunJob(testing::WithFloat32Pair(spec, dir), 0, PluginDir(), kSim);
+        const RunResult shards =
+            RunJob(testing::WithHalfWidthShards(spec, dir, half), 0,
+                   PluginDir(), kSim);
+        ExpectSameBits(shards, pair);
+        for (const DeviceTraffic& t : shards.traffic[0]) {
+          EXPECT_EQ(t.h2d_copies, 2);  // features and targets
+          EXPECT_EQ(t.h2d_bytes, 64 * (128 * 2 + 32 * 4));
+          EXPECT_EQ(t.syncs, 1);
+        }
+      }
+    }
+  }
 }
 
 // On the simulated device (the CPU's kernels) a plugin's device loss gives

@@ -89,6 +89,34 @@ TEST(ShardedDataTest, ShardsTrainBitwiseAsOnePair) {
 // Shuffled, stopped at step 7 on 2 stages x 1 replica and resumed from its
 // checkpoint on 4 stages x 2 replicas: bitwise the uninterrupted run (the
 // resumed run computes its rows from the step, replaying nothing).
+// Half-width features (float16, bfloat16 words) widened on the host train
+// bitwise as the same values stored as float32, through the read-ahead.
+TEST(ShardedDataTest, HalfWidthShardsTrainBitwiseAsFloat32) {
+  for (DType half : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(half));
+    const std::string dir = FreshDir(absl::StrCat("half-", DTypeName(half)));
+    testing::WriteHalfWidthData(dir, half, 300, 16, 3, 70);
+    JobSpec spec =
+        testing::WithPipeline(testing::WideRegressionSpec(2), 2, 4, "1f1b");
+    spec.set_precision("fp32");
+    spec.mutable_model()->mutable_blocks(0)->set_out_features(16);
+    spec.mutable_model()->mutable_blocks(3)->set_out_features(3);
+    for (int b = 0; b < 4; ++b) {
+      spec.mutable_model()->mutable_blocks(b)->set_ffn_hidden_size(16);
+      if (b < 3) spec.mutable_model()->mutable_blocks(b)->set_out_features(16);
+    }
+    testing::RunResult pair =
+        testing::RunJob(testing::WithFloat32Pair(spec, dir));
+    testing::RunResult shards =
+        testing::RunJob(testing::WithHalfWidthShards(spec, dir, half));
+    ASSERT_TRUE(pair.status.ok()) << pair.status;
+    ASSERT_TRUE(shards.status.ok()) << shards.status;
+    EXPECT_EQ(shards.losses, pair.losses);
+    EXPECT_EQ(shards.params, pair.params);
+    ASSERT_FALSE(shards.losses.empty());
+  }
+}
+
 TEST(ShardedDataTest, ResumeWithAnotherLayoutIsBitwise) {
   const std::string dir = WriteData("resume-shards", {90, 110, 200});
   JobSpec spec = WithShards(

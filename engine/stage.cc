@@ -165,6 +165,11 @@ bool Stage::PluginLossOnDevice() const {
          !options_.host_loss;
 }
 
+bool Stage::InputsPassThroughOnDevice() const {
+  return scalars_.has_value() && PluginLossOnDevice() &&
+         task_->plugin().passes_inputs_through();
+}
+
 absl::Status Stage::SetUpTask() {
   const auto& spec = plan_.spec;
   if (is_first() || is_last()) {
@@ -220,10 +225,38 @@ absl::Status Stage::SetUpData() {
                                               data.batch_size(), data.shuffle(),
                                               data.seed());
   }
-  if (scalars_.has_value() && PluginLossOnDevice() &&
-      task_->plugin().passes_inputs_through()) {
+  if (InputsPassThroughOnDevice()) {
     RETURN_IF_ERROR(UploadData(options_.device_data_bytes));
   }
+  if (plan_.trains() && !data_.train->in_memory()) {
+    RETURN_IF_ERROR(StartReader());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stage::StartReader() {
+  const auto& data = plan_.spec.data();
+  const int M = plan_.spec.parallelism().microbatches();
+  const int mine = M / replicas_;
+  // This replica's microbatches [replica_ * mine, (replica_ + 1) * mine),
+  // as PrepareBatch cuts them.
+  const auto ranges = MicrobatchRanges(data.batch_size(), M);
+  BatchReader::Options options;
+  options.batch_size = data.batch_size();
+  options.shuffle = data.shuffle();
+  options.seed = data.seed();
+  options.slice_begin = ranges[replica_ * mine].first;
+  options.slice_end = ranges[(replica_ + 1) * mine - 1].second;
+  options.depth = kReadAheadBatches;
+  // Half-width features cross to the device as they are stored.
+  reader_stored_width_ = InputsPassThroughOnDevice();
+  options.stored_width = reader_stored_width_;
+  const ExecContext* ctx = ctx_;
+  options.allocate = [ctx](DType dtype, Shape shape) {
+    return ctx->PinnedEmpty(dtype, std::move(shape));
+  };
+  ASSIGN_OR_RETURN(
+      reader_, BatchReader::Create(data_.train->shards, std::move(options)));
   return absl::OkStatus();
 }
 

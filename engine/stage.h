@@ -14,8 +14,10 @@
 //   StageOptimizer (engine/optimizer.h) the stage-local update;
 //   StepTracer (engine/step_tracer.h)  the steps' phases and traces.
 // The first stage also owns the batch sampler and turns raw rows into model
-// inputs through the task plugin. What a step or an eval reports is in
-// engine/stage_report.h. Stage's own methods are defined by concern:
+// inputs through the task plugin; over a sharded source, a BatchReader
+// (engine/batch_reader.h) reads the next batches' rows while a step runs. What
+// a step or an eval reports is in engine/stage_report.h. Stage's own methods
+// are defined by concern:
 //   stage.cc             construction, parameters, task events;
 //   stage_step.cc        a step and an eval from start to end (forward-only
 //                        batches), the optimizer step;
@@ -74,6 +76,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/safetensors.h"
+#include "engine/batch_reader.h"
 #include "engine/dataset.h"
 #include "engine/gradient_tree.h"
 #include "engine/loss_head.h"
@@ -315,6 +318,13 @@ class Stage {
   // plugin passes its inputs through and it fits in `limit` bytes (-1:
   // automatic, see StageOptions::device_data_bytes).
   absl::Status UploadData(int64_t limit);
+  // The first stage of a training job over a sharded source: its read-ahead
+  // (reader_), reading this replica's part of each batch.
+  absl::Status StartReader();
+  // Whether the task's inputs are its raw rows and its state their targets
+  // on this stage's device: the plugin passes its inputs through to a loss
+  // on the device (so rows can be gathered and widened there).
+  bool InputsPassThroughOnDevice() const;
 
   // The step (stage_step.cc).
   // Checks that every block got a weight gradient and folds each chunk's
@@ -337,18 +347,27 @@ class Stage {
 
   // The passes (stage_passes.cc).
   // Splits `rows` into `num_microbatches` and loads microbatches
-  // [first, first + count) into microbatches_[0, count).
+  // [first, first + count) into microbatches_[0, count). `position` >= 0:
+  // the rows are the training sampler's at that position (what reader_
+  // reads ahead); -1: any other rows.
   absl::Status PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
-                            int64_t step, bool is_eval, int num_microbatches,
-                            int first, int count);
+                            int64_t position, int64_t step, bool is_eval,
+                            int num_microbatches, int first, int count);
+  // The rows' features and targets on the host: reader_'s batch at
+  // `position`, or gathered now; timed as the step's data wait.
+  absl::StatusOr<BatchReader::Batch> ReadRows(const Dataset& data,
+                                              const std::vector<int64_t>& rows,
+                                              int64_t position);
+  // A batch of reader_'s (pinned, features at their stored width) to model
+  // inputs on the device: copied as it is and widened there.
+  absl::StatusOr<ForwardInputs> InputsOnDevice(const BatchReader::Batch& raw);
   // The model inputs and task state of `rows`, gathered on the device from
   // device_data_.
   absl::StatusOr<ForwardInputs> GatherOnDevice(const std::vector<int64_t>& rows,
                                                bool is_eval);
-  // The same gathered on the host from `data` and built by the task
-  // plugin, then copied to the device.
-  absl::StatusOr<ForwardInputs> BuildOnHost(const Dataset& data,
-                                            const std::vector<int64_t>& rows,
+  // The model inputs and task state of host rows `raw` (float32 features),
+  // built by the task plugin, then copied to the device.
+  absl::StatusOr<ForwardInputs> BuildOnHost(const BatchReader::Batch& raw,
                                             int64_t step, bool is_eval);
   absl::Status Forward(Microbatch* mb, bool save_for_backward);
   absl::Status BackwardInput(Microbatch* mb);
@@ -431,6 +450,9 @@ class Stage {
 
   std::unique_ptr<Task> task_;             // first and/or last stage
   std::unique_ptr<BatchSampler> sampler_;  // first stage
+  // First stage of a training job over a sharded source (else null).
+  std::unique_ptr<BatchReader> reader_;
+  bool reader_stored_width_ = false;  // reader_'s batches widen on the device
   // Device stages: the step's small numbers, read once per step.
   std::optional<StepScalars> scalars_;
   std::optional<LossHead> loss_;  // last stage (may point into scalars_)

@@ -25,7 +25,7 @@ std::vector<std::pair<int64_t, int64_t>> MicrobatchRanges(int64_t rows,
 }
 
 absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
-                                 int64_t step, bool is_eval,
+                                 int64_t position, int64_t step, bool is_eval,
                                  int num_microbatches, int first, int count) {
   // The whole batch's split into microbatches; this replica takes `count`
   // of them from `first`, so every microbatch holds the same rows whatever
@@ -35,10 +35,19 @@ absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
   const int64_t begin = ranges[first].first;
   const int64_t end = ranges[first + count - 1].second;
   rows = std::vector<int64_t>(rows.begin() + begin, rows.begin() + end);
-  ASSIGN_OR_RETURN(ForwardInputs in,
-                   device_data_.has_value()
-                       ? GatherOnDevice(rows, is_eval)
-                       : BuildOnHost(data, rows, step, is_eval));
+  ForwardInputs in;
+  if (device_data_.has_value()) {
+    SpanTimer t(tracer_.get(), nullptr, v1::SPAN_PREPARE_BATCH);
+    ASSIGN_OR_RETURN(in, GatherOnDevice(rows, is_eval));
+  } else {
+    const bool from_reader = position >= 0 && reader_ != nullptr;
+    ASSIGN_OR_RETURN(const BatchReader::Batch raw,
+                     ReadRows(data, rows, position));
+    SpanTimer t(tracer_.get(), nullptr, v1::SPAN_PREPARE_BATCH);
+    ASSIGN_OR_RETURN(in, from_reader && reader_stored_width_
+                             ? InputsOnDevice(raw)
+                             : BuildOnHost(raw, step, is_eval));
+  }
   for (int m = 0; m < count; ++m) {
     Microbatch& mb = MicrobatchAt(0, m);
     const int64_t lo = ranges[first + m].first - begin;
@@ -80,13 +89,38 @@ absl::StatusOr<ForwardInputs> Stage::GatherOnDevice(
   return in;
 }
 
-absl::StatusOr<ForwardInputs> Stage::BuildOnHost(
-    const Dataset& data, const std::vector<int64_t>& rows, int64_t step,
-    bool is_eval) {
+absl::StatusOr<BatchReader::Batch> Stage::ReadRows(
+    const Dataset& data, const std::vector<int64_t>& rows, int64_t position) {
+  SpanTimer t(tracer_.get(), &StageTimes::data_wait, v1::SPAN_DATA_WAIT);
+  if (position >= 0 && reader_ != nullptr) {
+    return reader_->Take(position);
+  }
   ASSIGN_OR_RETURN(Dataset batch, Gather(data, rows));
-  NamedTensors raw = {{"features", batch.features}, {"targets", batch.targets}};
+  return BatchReader::Batch{batch.features, batch.targets};
+}
+
+absl::StatusOr<ForwardInputs> Stage::InputsOnDevice(
+    const BatchReader::Batch& raw) {
+  // Both copies are queued from the reader's pinned buffers, which stay
+  // untouched until the next batch is taken, after this step's
+  // synchronisation.
+  ForwardInputs in;
+  ASSIGN_OR_RETURN(Tensor stored,
+                   ctx_->Empty(raw.features.dtype(), raw.features.shape()));
+  RETURN_IF_ERROR(ctx_->CopyToDeviceAsync(raw.features, &stored));
+  ASSIGN_OR_RETURN(in.inputs, ctx_->Cast(stored, ctx_->activation_dtype()));
+  ASSIGN_OR_RETURN(Tensor targets,
+                   ctx_->Empty(raw.targets.dtype(), raw.targets.shape()));
+  RETURN_IF_ERROR(ctx_->CopyToDeviceAsync(raw.targets, &targets));
+  in.state.push_back({"targets", targets});
+  return in;
+}
+
+absl::StatusOr<ForwardInputs> Stage::BuildOnHost(const BatchReader::Batch& raw,
+                                                 int64_t step, bool is_eval) {
+  NamedTensors named = {{"features", raw.features}, {"targets", raw.targets}};
   ASSIGN_OR_RETURN(ForwardInputs in,
-                   task_->BuildForwardInputs(raw, step, is_eval));
+                   task_->BuildForwardInputs(named, step, is_eval));
   if (in.inputs.ndim() != 2 || in.inputs.dim(1) != plan_.feature_dim) {
     return absl::InvalidArgumentError(
         absl::StrCat("task plugin \"", plan_.spec.task().plugin(),

@@ -26,11 +26,14 @@ struct StageTimes {
   double idle = 0;       // waiting to receive (the pipeline bubble)
   double optimizer = 0;  // norm, clip and update
   double loss = 0;       // the last stage's loss head (task plugin, copies)
+  // The first stage: waiting for the batch's rows (read ahead by a
+  // BatchReader, or gathered then).
+  double data_wait = 0;
 };
 
 // What a stage was doing during one span of a step: the wire's
 // v1::SpanKind. Each kind is timed where StageTimes' phases are:
-// PREPARE_BATCH in none; FORWARD in forward; LOSS in loss; BACKWARD_INPUT
+// DATA_WAIT in data_wait; PREPARE_BATCH in none; FORWARD in forward; LOSS in loss; BACKWARD_INPUT
 // and BACKWARD_WEIGHT in backward; SEND_* and ALL_REDUCE in comm; RECV_*
 // in idle (waiting for a neighbour); OPTIMIZER in optimizer; EVAL in none.
 using SpanKind = v1::SpanKind;

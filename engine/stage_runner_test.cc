@@ -69,11 +69,14 @@ std::vector<StageRun> RunAllStages(const JobPlan& plan,
 // The spans a stage's schedule should produce, in order: one per action
 // (a receive is the wait for its message; the last stage's forward is
 // followed by its loss), the optimizer step as its three parts, and the
-// batch preparation first on the first stage.
+// wait for the batch's rows and its preparation first on the first stage.
 std::vector<std::pair<SpanKind, int>> ExpectedSpans(const Schedule& schedule,
                                                     int stage) {
   std::vector<std::pair<SpanKind, int>> out;
-  if (stage == 0) out.push_back({v1::SPAN_PREPARE_BATCH, -1});
+  if (stage == 0) {
+    out.push_back({v1::SPAN_DATA_WAIT, -1});
+    out.push_back({v1::SPAN_PREPARE_BATCH, -1});
+  }
   const bool last = stage == schedule.num_stages - 1;
   for (const Action& a : schedule.stages[stage]) {
     switch (a.kind) {

@@ -32,8 +32,8 @@ absl::StatusOr<StepReport> Stage::RunStep() {
     RETURN_IF_ERROR(task_->OnEvent(TRAINYARD_EVENT_STEP_BEGIN, step, ""));
   }
   if (is_first()) {
-    SpanTimer t(tracer_.get(), nullptr, v1::SPAN_PREPARE_BATCH);
-    RETURN_IF_ERROR(PrepareBatch(*data_.train, sampler_->Next(), step,
+    const int64_t position = sampler_->position();
+    RETURN_IF_ERROR(PrepareBatch(*data_.train, sampler_->Next(), position, step,
                                  /*is_eval=*/false, M, first_microbatch_,
                                  mine));
   }
@@ -121,8 +121,8 @@ absl::Status Stage::ForwardBatches(int64_t begin, int64_t end,
     if (is_first()) {
       std::vector<int64_t> idx(n);
       for (int64_t i = 0; i < n; ++i) idx[i] = b + i;
-      RETURN_IF_ERROR(PrepareBatch(*data_.eval, idx, completed_steps_, true,
-                                   parts, 0, parts));
+      RETURN_IF_ERROR(PrepareBatch(*data_.eval, idx, /*position=*/-1,
+                                   completed_steps_, true, parts, 0, parts));
     }
     RETURN_IF_ERROR(RunSchedule(
         MakeForwardOnlySchedule(num_stages_, parts, plan_.num_chunks,

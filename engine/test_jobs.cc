@@ -1,7 +1,20 @@
 #include "engine/test_jobs.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/synchronization/mutex.h"
+#include "core/bfloat16.h"
+#include "core/file_util.h"
+#include "core/npy.h"
 #include "engine/local_job.h"
+#include "glog/logging.h"
 #include "plan/job_plan.h"
 
 namespace trainyard {
@@ -109,6 +122,77 @@ trainyard::v1::JobSpec WideRegressionSpec(int stages) {
   syn->set_noise(0.1);
   data->set_batch_size(64);
   data->set_shuffle(true);
+  return spec;
+}
+
+void WriteHalfWidthData(const std::string& dir, DType half, int64_t rows,
+                        int64_t features, int64_t outputs, int64_t shard_rows) {
+  CHECK(CreateDirectories(dir).ok()) << dir;
+  std::mt19937 rng(static_cast<uint32_t>(rows * 31 + features));
+  // Sign, an exponent for [1/8, 2) and a mantissa, as a float16 or a
+  // bfloat16 word; the float32 value is its exact widening.
+  std::vector<uint16_t> words(rows * features);
+  Tensor x = Tensor::Empty(DType::kFloat32, {rows, features});
+  for (size_t i = 0; i < words.size(); ++i) {
+    const uint32_t r = rng();
+    const uint16_t sign = static_cast<uint16_t>((r & 1u) << 15);
+    if (half == DType::kFloat16) {
+      words[i] = sign | static_cast<uint16_t>((12 + (r >> 1) % 4) << 10) |
+                 static_cast<uint16_t>((r >> 3) & 0x3FF);
+      x.data<float>()[i] = Float16ToFloat(words[i]);
+    } else {
+      words[i] = sign | static_cast<uint16_t>((124 + (r >> 1) % 4) << 7) |
+                 static_cast<uint16_t>((r >> 3) & 0x7F);
+      x.data<float>()[i] = Bf16ToFloat(words[i]);
+    }
+  }
+  Tensor y = Tensor::Empty(DType::kFloat32, {rows, outputs});
+  std::uniform_real_distribution<float> target(-1.0f, 1.0f);
+  for (int64_t i = 0; i < rows * outputs; ++i) y.data<float>()[i] = target(rng);
+  CHECK(WriteNpy(JoinPath(dir, "x.npy"), x).ok());
+  CHECK(WriteNpy(JoinPath(dir, "y.npy"), y).ok());
+  for (int64_t begin = 0, k = 0; begin < rows; begin += shard_rows, ++k) {
+    const int64_t n = std::min(shard_rows, rows - begin);
+    // A float32 header with its descr swapped for the half-width one (the
+    // same length, so the data still starts at the header's end).
+    absl::StatusOr<std::string> header =
+        NpyHeaderBytes(DType::kFloat32, {n, features});
+    CHECK(header.ok());
+    const std::string descr = half == DType::kFloat16 ? "<f2" : "<u2";
+    std::string bytes = absl::StrReplaceAll(*header, {{"<f4", descr}});
+    bytes.append(reinterpret_cast<const char*>(&words[begin * features]),
+                 n * features * sizeof(uint16_t));
+    CHECK(WriteFileAtomically(JoinPath(dir, absl::StrFormat("xh-%05d.npy", k)),
+                              bytes)
+              .ok());
+    CHECK(WriteNpy(JoinPath(dir, absl::StrFormat("yh-%05d.npy", k)),
+                   y.Rows(begin, begin + n).Clone())
+              .ok());
+  }
+}
+
+trainyard::v1::JobSpec WithFloat32Pair(trainyard::v1::JobSpec spec,
+                                       const std::string& dir) {
+  auto* data = spec.mutable_data();
+  data->clear_eval();
+  data->set_eval_fraction(0);
+  data->set_eval_every(0);
+  auto* npy = data->mutable_train()->mutable_npy();
+  npy->set_features(JoinPath(dir, "x.npy"));
+  npy->set_targets(JoinPath(dir, "y.npy"));
+  return spec;
+}
+
+trainyard::v1::JobSpec WithHalfWidthShards(trainyard::v1::JobSpec spec,
+                                           const std::string& dir, DType half) {
+  auto* data = spec.mutable_data();
+  data->clear_eval();
+  data->set_eval_fraction(0);
+  data->set_eval_every(0);
+  auto* shards = data->mutable_train()->mutable_npy_shards();
+  shards->add_features(JoinPath(dir, "xh-*.npy"));
+  shards->add_targets(JoinPath(dir, "yh-*.npy"));
+  if (half == DType::kBFloat16) shards->set_features_dtype("bfloat16");
   return spec;
 }
 

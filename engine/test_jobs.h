@@ -48,6 +48,21 @@ trainyard::v1::JobSpec WideRegressionSpec(int stages);
 trainyard::v1::JobSpec WithPipeline(trainyard::v1::JobSpec spec, int stages,
                                     int microbatches, const char* schedule);
 
+// A regression data set whose float32 features are exactly `half` values
+// (DType::kFloat16 or kBFloat16), written into `dir` twice: as one float32
+// pair x.npy / y.npy, and as shard pairs xh-<k>.npy / yh-<k>.npy of
+// `shard_rows` rows whose features are stored at half width (float16 '<f2',
+// or bfloat16 words '<u2'). Features [rows, features] (random signs and
+// mantissas in [1/8, 2)), targets float32 [rows, outputs]; fixed seeds.
+void WriteHalfWidthData(const std::string& dir, DType half, int64_t rows,
+                        int64_t features, int64_t outputs, int64_t shard_rows);
+// `spec` reading WriteHalfWidthData's float32 pair, or its half-width
+// shards (with features_dtype set for bfloat16); no eval.
+trainyard::v1::JobSpec WithFloat32Pair(trainyard::v1::JobSpec spec,
+                                       const std::string& dir);
+trainyard::v1::JobSpec WithHalfWidthShards(trainyard::v1::JobSpec spec,
+                                           const std::string& dir, DType half);
+
 // Plans and runs `spec` in this process on `device` (the spec's device kind
 // is set to match).
 // `host_loss` and `device_data_bytes`: LocalJobOptions'.

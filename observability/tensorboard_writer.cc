@@ -101,6 +101,7 @@ absl::Status TensorboardWriter::WriteStep(const v1::StepMetrics& step) {
     Add(s, p + "idle_s", t.idle_s());
     Add(s, p + "optimizer_s", t.optimizer_s());
     Add(s, p + "loss_s", t.loss_s());
+    Add(s, p + "data_wait_s", t.data_wait_s());
     Add(s, p + "device_syncs", static_cast<double>(t.syncs()));
     Add(s, p + "device_copy_bytes",
         static_cast<double>(t.h2d_bytes() + t.d2h_bytes()));

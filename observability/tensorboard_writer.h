@@ -5,8 +5,9 @@
 // (proto/tensorboard_event.proto), the first one carrying the file version.
 //
 // Tags: "loss", "lr", "grad_norm", "samples_per_sec", "metrics/<name>" (the
-// task plugin's), "stage<k>/<forward|backward|comm|idle|optimizer>_s" per
-// step; "eval/loss", "eval/<name>" per eval. Values are float32 (TensorBoard's
+// task plugin's),
+// "stage<k>/<forward|backward|comm|idle|optimizer|loss|data_wait>_s" per step;
+// "eval/loss", "eval/<name>" per eval. Values are float32 (TensorBoard's
 // simple_value).
 //
 // Thread safety: none; the JobManager calls it under its lock.

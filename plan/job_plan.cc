@@ -68,12 +68,14 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec,
   if (plan.trains()) CheckCheckpoint(options, &p, &plan.spec);
   CheckRecovery(&p, &plan.spec);
   if (blocks_ok && layout_ok) PlaceBlocks(&p, &plan);
+  const DataMemory data_memory = EstimateDataMemory(plan, data);
+  CheckDataMemory(plan, data_memory, &p);
   if (!p.empty()) {
     return p.ToStatus(
         absl::StrCat("invalid job spec",
                      spec.name().empty() ? "" : " " + Quote(spec.name())));
   }
-  plan.memory = EstimateMemory(plan, data.train.bytes + data.eval.bytes);
+  plan.memory = EstimateMemory(plan, data_memory.total);
   absl::Status fits = CheckMemoryLimit(plan.memory, options);
   if (!fits.ok()) return fits;
   return plan;

@@ -133,6 +133,11 @@ enum class JobKind { kTrain, kInfer, kEval };
 
 // inference.shard_rows when unset.
 inline constexpr int64_t kDefaultShardRows = 65536;
+// data.memory_limit_mib when unset.
+inline constexpr int64_t kDefaultDataMemoryLimitMib = 512;
+// Batches the first stage reads ahead of the step over a sharded source
+// (engine/batch_reader.h); it holds one more, the batch in use.
+inline constexpr int kReadAheadBatches = 2;
 
 // The processes of a job: S stages x R replicas, one rank each, stage s of
 // replica r being rank r * S + s.

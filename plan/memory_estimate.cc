@@ -132,6 +132,56 @@ std::string Describe(const MemoryEstimate& m) {
 
 }  // namespace
 
+DataMemory EstimateDataMemory(const JobPlan& plan, const DataInfo& data) {
+  DataMemory m;
+  m.in_memory = data.train.bytes + data.eval.bytes;
+  const JobSpec& spec = plan.spec;
+  if (spec.data().train().has_npy_shards() && data.train.known &&
+      plan.trains()) {
+    const uint64_t replicas =
+        static_cast<uint64_t>(std::max(1, spec.parallelism().replicas()));
+    const uint64_t rows =
+        (static_cast<uint64_t>(std::max<int64_t>(1, spec.data().batch_size())) +
+         replicas - 1) /
+        replicas;
+    const uint64_t target_bytes =
+        data.train.class_targets ? 8
+                                 : 4 * static_cast<uint64_t>(std::max<int64_t>(
+                                           1, data.train.target_width));
+    const uint64_t row_bytes =
+        4 * static_cast<uint64_t>(data.train.features) + target_bytes;
+    m.read_ahead = (kReadAheadBatches + 1) * rows * row_bytes;
+    constexpr uint64_t kPage = 4096, kFaultAround = 64 << 10;
+    m.mapped = rows * ((row_bytes + kPage - 1) / kPage * kPage + kFaultAround);
+  }
+  m.total = m.in_memory + m.read_ahead + m.mapped;
+  return m;
+}
+
+void CheckDataMemory(const JobPlan& plan, const DataMemory& memory,
+                     Problems* p) {
+  const int64_t mib = plan.spec.data().memory_limit_mib();
+  if (mib < 0) {
+    p->Add("data.memory_limit_mib",
+           absl::StrCat("must be >= 0 (0: ", kDefaultDataMemoryLimitMib,
+                        "), got ", mib));
+    return;
+  }
+  const uint64_t limit =
+      static_cast<uint64_t>(mib > 0 ? mib : kDefaultDataMemoryLimitMib) << 20;
+  if (memory.total <= limit) return;
+  p->Add("data.memory_limit_mib",
+         absl::StrCat("the job's data needs an estimated ",
+                      FormatBytes(memory.total), " (held in memory ",
+                      FormatBytes(memory.in_memory), ", read-ahead ",
+                      FormatBytes(memory.read_ahead), ", mapped pages ",
+                      FormatBytes(memory.mapped), ") but the limit is ",
+                      FormatBytes(limit), mib > 0 ? "" : " (the default)",
+                      memory.in_memory > memory.read_ahead
+                          ? ": raise it, or stream the data from npy_shards"
+                          : ": raise it, or make the batch smaller"));
+}
+
 MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
   double n_params = 0;
   for (const JobPlan::ParamSpec& ps : plan.params) {

@@ -84,6 +84,45 @@ TEST(PlanJobTest, SpecOverTheMemoryLimitIsRejectedWithTheEstimate) {
   EXPECT_TRUE(PlanJob(spec, options).ok());
 }
 
+// The data's memory: a source held in memory counts whole; a sharded one
+// counts its read-ahead (3 batches of this replica's rows, features as
+// float32) and the pages one read maps; data.memory_limit_mib bounds it.
+TEST(PlanJobTest, DataMemoryIsCheckedAgainstTheDataLimit) {
+  const std::string dir = TestDir();
+  JobSpec spec = ValidNpySpec(dir);
+  spec.mutable_data()->set_memory_limit_mib(1);
+  ASSERT_TRUE(PlanJob(spec, Options(dir)).ok());  // 440 B in memory
+
+  // A synthetic source of 100000 x 8 float32 features and 3 float32
+  // targets is 4.2 MiB in memory: over a 1 MiB limit.
+  JobSpec big = spec;
+  auto* syn = big.mutable_data()->mutable_train()->mutable_synthetic();
+  syn->set_kind("teacher_regression");
+  syn->set_num_samples(100000);
+  syn->set_num_features(8);
+  syn->set_num_outputs(3);
+  ExpectProblem(PlanJob(big, Options(dir)),
+                "data.memory_limit_mib: the job's data needs an estimated "
+                "4.2 MiB (held in memory 4.2 MiB, read-ahead 0 B, mapped "
+                "pages 0 B) but the limit is 1.0 MiB: raise it, or stream "
+                "the data from npy_shards");
+  big.mutable_data()->set_memory_limit_mib(0);  // the default, 512 MiB
+  EXPECT_TRUE(PlanJob(big, Options(dir)).ok());
+  big.mutable_data()->set_memory_limit_mib(-1);
+  ExpectProblem(PlanJob(big, Options(dir)),
+                "data.memory_limit_mib: must be >= 0 (0: 512), got -1");
+
+  // The same rows as shards: 3 x 4 rows x (8 x 4 + 3 x 4) bytes read
+  // ahead, and 4 rows x (one page + 64 KiB) mapped.
+  JobSpec sharded = spec;
+  auto* shards = sharded.mutable_data()->mutable_train()->mutable_npy_shards();
+  shards->add_features("data/x.npy");
+  shards->add_targets("data/y.npy");
+  absl::StatusOr<JobPlan> plan = PlanJob(sharded, Options(dir));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->memory.data, 3u * 4 * (8 * 4 + 3 * 4) + 4u * (4096 + 65536));
+}
+
 }  // namespace
 }  // namespace plan_test
 }  // namespace trainyard

@@ -44,7 +44,9 @@
 # Environment: TY_TEST_TIMEOUT, TY_JOB_TIMEOUT, TY_BENCH_TIMEOUT: seconds per
 # step (default 300 each); TY_DEADLINE: seconds for the whole run (default 0:
 # none), after which running steps are cut and later ones SKIPPED, so that a
-# machine lent for a fixed time still gets the summary (use 540 for 600 s).
+# machine lent for a fixed time still gets the summary (use 540 for 600 s);
+# TY_ONLY: an extended regular expression, run only the steps whose names
+# match it (the others are not listed), e.g. 'nvidia_smi|sharded|bench_infer'.
 
 # Step functions are called through `step NAME FUNC`:
 # shellcheck disable=SC2317
@@ -71,6 +73,7 @@ TY_TEST_TIMEOUT=${TY_TEST_TIMEOUT:-300}
 TY_JOB_TIMEOUT=${TY_JOB_TIMEOUT:-300}
 TY_BENCH_TIMEOUT=${TY_BENCH_TIMEOUT:-300}
 TY_DEADLINE=${TY_DEADLINE:-0}
+TY_ONLY=${TY_ONLY:-}
 T0=$SECONDS
 
 # --- libraries: the bundle's, then CUDA's wherever they are -----------------
@@ -134,6 +137,7 @@ cap() {
 step() {
   local name=$1 start=$SECONDS rc status=FAIL
   shift
+  if [[ -n $TY_ONLY ]] && ! [[ $name =~ $TY_ONLY ]]; then return; fi
   if deadline_passed; then
     record "$name" SKIPPED 0 "TY_DEADLINE=$TY_DEADLINE s reached"
     return

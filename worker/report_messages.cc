@@ -41,6 +41,7 @@ WorkerMessage StepMessage(const std::string& job_id, int stage,
   timing->set_idle_s(r.times.idle);
   timing->set_optimizer_s(r.times.optimizer);
   timing->set_loss_s(r.times.loss);
+  timing->set_data_wait_s(r.times.data_wait);
   timing->set_h2d_copies(r.traffic.h2d_copies);
   timing->set_h2d_bytes(r.traffic.h2d_bytes);
   timing->set_d2h_copies(r.traffic.d2h_copies);

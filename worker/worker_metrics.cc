@@ -14,9 +14,10 @@ void StageMetrics::Record(const StepReport& r, double seconds,
                           const Transport* transport) {
   steps_.Increment();
   step_seconds_.Observe(seconds);
-  const double times[6] = {r.times.forward, r.times.backward,  r.times.comm,
-                           r.times.idle,    r.times.optimizer, r.times.loss};
-  for (int i = 0; i < 6; ++i) phases_[i]->Increment(times[i]);
+  const double times[kNumPhases] = {
+      r.times.forward,   r.times.backward, r.times.comm,     r.times.idle,
+      r.times.optimizer, r.times.loss,     r.times.data_wait};
+  for (int i = 0; i < kNumPhases; ++i) phases_[i]->Increment(times[i]);
   device_.copies[0]->Increment(static_cast<double>(r.traffic.h2d_copies));
   device_.copies[1]->Increment(static_cast<double>(r.traffic.d2h_copies));
   device_.bytes[0]->Increment(static_cast<double>(r.traffic.h2d_bytes));
@@ -67,7 +68,8 @@ void WorkerMetrics::RegisterStepFamilies(prometheus::Registry& r) {
            .Name("trainyard_worker_phase_seconds_total")
            .Help(
                "Seconds spent per phase of the steps (forward, backward, "
-               "comm, idle = waiting for a neighbour, optimizer, loss); "
+               "comm, idle = waiting for a neighbour, optimizer, loss, "
+               "data_wait = the first stage waiting for its rows); "
                "device time on a GPU.")
            .Register(r);
 }
@@ -155,8 +157,8 @@ void WorkerMetrics::AddCollector(const Device& device,
 
 std::unique_ptr<StageMetrics> WorkerMetrics::OfStage(int stage) {
   const std::string k = absl::StrCat(stage);
-  std::array<prometheus::Counter*, 6> phases;
-  for (int i = 0; i < 6; ++i) {
+  std::array<prometheus::Counter*, StageMetrics::kNumPhases> phases;
+  for (int i = 0; i < StageMetrics::kNumPhases; ++i) {
     phases[i] = &phase_seconds_->Add(
         {{"stage", k}, {"phase", StageMetrics::kPhases[i]}});
   }

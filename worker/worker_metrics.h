@@ -32,6 +32,7 @@ namespace trainyard {
 // stage), resolved once so that a step only adds numbers.
 class StageMetrics {
  public:
+  static constexpr int kNumPhases = 7;  // kPhases below
   // A device stage's host<->device traffic: copies and bytes each way
   // ([0] to the device, [1] to the host) and synchronisations.
   struct DeviceCounters {
@@ -41,7 +42,7 @@ class StageMetrics {
   };
 
   StageMetrics(prometheus::Counter& steps, prometheus::Histogram& step_seconds,
-               std::array<prometheus::Counter*, 6> phases,
+               std::array<prometheus::Counter*, kNumPhases> phases,
                prometheus::Gauge& bubble, prometheus::Counter& bytes_sent,
                prometheus::Counter& bytes_received, DeviceCounters device)
       : steps_(steps),
@@ -56,13 +57,13 @@ class StageMetrics {
   void Record(const StepReport& r, double seconds, const Transport* transport);
 
   // The phase label of phases[i].
-  static constexpr const char* kPhases[6] = {"forward", "backward",  "comm",
-                                             "idle",    "optimizer", "loss"};
+  static constexpr const char* kPhases[kNumPhases] = {
+      "forward", "backward", "comm", "idle", "optimizer", "loss", "data_wait"};
 
  private:
   prometheus::Counter& steps_;
   prometheus::Histogram& step_seconds_;
-  const std::array<prometheus::Counter*, 6> phases_;
+  const std::array<prometheus::Counter*, kNumPhases> phases_;
   prometheus::Gauge& bubble_;
   prometheus::Counter& bytes_sent_;
   prometheus::Counter& bytes_received_;
