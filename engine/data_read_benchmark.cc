@@ -1,6 +1,7 @@
 // How fast a training job reads a sharded data set (npy_shards): the job's
-// own path, LoadDataSource, then batches drawn by BatchSampler and read by
-// Gather, one after another, until --seconds pass or one epoch is read.
+// own path, LoadDataSource, then the batches of its BatchSampler taken from
+// the first stage's read-ahead (engine/batch_reader.h), one after another
+// with no compute between them, until --seconds pass or one epoch is read.
 // Prints one JSON line (docs/BENCHMARKS.md, "Reading data at scale"):
 //
 //   bazel build //engine:data_read_benchmark
@@ -33,7 +34,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "core/status_macros.h"
+#include "engine/batch_reader.h"
 #include "engine/dataset.h"
+#include "plan/job_plan.h"
 #include "proto/job_spec.pb.h"
 
 ABSL_FLAG(std::string, features, "",
@@ -63,17 +66,40 @@ double SecondsSince(Clock::time_point start) {
 // batches ahead on a thread of its own.
 class JobBatches {
  public:
-  // `data` must outlive this.
-  JobBatches(const Dataset& data, int64_t batch, bool shuffle, uint64_t seed)
-      : data_(data), sampler_(data.num_rows(), batch, shuffle, seed) {}
+  // `data` (a sharded source) must outlive this.
+  static absl::StatusOr<JobBatches> Create(const Dataset& data, int64_t batch,
+                                           bool shuffle, uint64_t seed) {
+    BatchReader::Options options;
+    options.batch_size = batch;
+    options.shuffle = shuffle;
+    options.seed = seed;
+    options.slice_begin = 0;
+    options.slice_end = batch;
+    options.depth = kReadAheadBatches;
+    options.allocate = [](DType dtype, Shape shape) {
+      return Tensor::Create(dtype, std::move(shape));
+    };
+    ASSIGN_OR_RETURN(std::unique_ptr<BatchReader> reader,
+                     BatchReader::Create(data.shards, std::move(options)));
+    return JobBatches(data, batch, shuffle, seed, std::move(reader));
+  }
 
-  // The next batch's features [B, D] float32 and targets; errors are
-  // Gather's (they name the file).
-  absl::StatusOr<Dataset> Next() { return Gather(data_, sampler_.Next()); }
+  // The next batch, as the first stage of a training job takes it: from
+  // its read-ahead thread (features float32). Errors name the file.
+  absl::StatusOr<BatchReader::Batch> Next() {
+    const int64_t position = sampler_.position();
+    sampler_.Next();
+    return reader_->Take(position);
+  }
 
  private:
-  const Dataset& data_;
+  JobBatches(const Dataset& data, int64_t batch, bool shuffle, uint64_t seed,
+             std::unique_ptr<BatchReader> reader)
+      : sampler_(data.num_rows(), batch, shuffle, seed),
+        reader_(std::move(reader)) {}
+
   BatchSampler sampler_;
+  std::unique_ptr<BatchReader> reader_;
 };
 
 // Field `name` of /proc/self/status ("VmHWM", "VmRSS": "<n> kB") in MiB.
@@ -125,13 +151,15 @@ struct Reading {
 
 // Reads batches from `data` until --seconds pass or one epoch is read.
 absl::StatusOr<Reading> ReadBatches(const Dataset& data) {
-  JobBatches batches(data, absl::GetFlag(FLAGS_batch),
-                     absl::GetFlag(FLAGS_shuffle), absl::GetFlag(FLAGS_seed));
+  ASSIGN_OR_RETURN(JobBatches batches,
+                   JobBatches::Create(data, absl::GetFlag(FLAGS_batch),
+                                      absl::GetFlag(FLAGS_shuffle),
+                                      absl::GetFlag(FLAGS_seed)));
   const double limit = absl::GetFlag(FLAGS_seconds);
   Reading r;
   const Clock::time_point start = Clock::now();
   while (r.rows < data.num_rows() && r.seconds < limit) {
-    ASSIGN_OR_RETURN(Dataset batch, batches.Next());
+    ASSIGN_OR_RETURN(BatchReader::Batch batch, batches.Next());
     r.rows += batch.features.dim(0);
     ++r.batches;
     r.seconds = SecondsSince(start);

@@ -85,9 +85,14 @@ def spec(args, folder, model, output):
                               "activation": "gelu"}] * args.blocks,
                   "init": {"safetensors": model}},
         "task": {"plugin": "mse"},
+        # The rows are held in memory (an npy pair): the data limit is set to
+        # hold them.
         "data": {"train": {"npy": {"features": os.path.join(folder, "x.npy"),
                                    "targets": os.path.join(folder, "y.npy")}},
-                 "batchSize": args.batch},
+                 "batchSize": args.batch,
+                 "memoryLimitMib": 64 + sum(
+                     os.path.getsize(os.path.join(folder, n)) for n in ("x.npy", "y.npy"))
+                 // (1 << 20)},
         "inference": {"outputDir": output, "shardRows": args.rows},
     }
 
