@@ -5,7 +5,8 @@ DataLoader, over a data set larger than the page cache (docs/BENCHMARKS.md,
 
 The data set (--make): pairs of .npy shards in --dir, features-NNNNN.npy
 float16 [n, D] (D = 1024; --shard_mib of features each, 512 MiB = 262,144
-rows) and targets-NNNNN.npy int64 [n] (each row's index in the whole set),
+rows) and targets-NNNNN.npy int64 [n] (each row's index in the whole set;
+classes-NNNNN.npy the same modulo 1000, for --train),
 as many pairs as make --gb GB (1 GB = 1e9 bytes). Row r's features are row
 r % 1021 of a fixed table, so the contents are deterministic, cheap to make
 and differ from row to row. Files already present with the right size are
@@ -17,7 +18,8 @@ goes on and says so):
   dd         dd if=<shard> of=/dev/null bs=16M over the shards in order
              until --seconds pass: sequential reading, the disk's ceiling;
   trainyard  //engine:data_read_benchmark: the job's own read path
-             (npy_shards, shuffled BatchSampler, Gather) for --seconds;
+             (npy_shards, shuffled BatchSampler, the first stage's
+             read-ahead thread) for --seconds;
   pytorch    torch.utils.data.DataLoader over a Dataset whose __getitem__
              reads row i from np.load(mmap_mode='r') shards, batch --batch,
              shuffle=True with a seeded generator, --workers workers, for
@@ -114,6 +116,10 @@ def make(args):
                            np.float16, (rows, d), features)
         wrote += write_npy(os.path.join(args.dir, f"targets-{k:05d}.npy"),
                            np.int64, (rows,), [ids])
+        # Class ids for the training figure (--train): the row's index
+        # modulo 1000.
+        wrote += write_npy(os.path.join(args.dir, f"classes-{k:05d}.npy"),
+                           np.int64, (rows,), [ids % 1000])
         print(f"\rshard {k + 1}/{shards}", end="", flush=True)
     print(f"\r{args.dir}: {shards} pairs of {rows} rows, float16 D={d} + "
           f"int64, {shards * pair_bytes / 1e9:.2f} GB; wrote {wrote} files "
@@ -402,6 +408,23 @@ def run(args):
                       "notes": notes, "rounds": rounds, "median": medians}))
 
 
+def train(args):
+    """The first stage's data wait while the CPU benchmark model trains on
+    the set (shuffled, cold page cache), as //engine:data_wait_benchmark
+    measures it."""
+    binary = args.train_bin or os.path.join(REPO, "bazel-bin", "engine",
+                                            "data_wait_benchmark")
+    if not os.access(binary, os.X_OK):
+        sys.exit(f"{binary}: not built (bazel build //engine:data_wait_benchmark)")
+    print(drop_caches() or "page cache dropped")
+    out = subprocess.run(
+        [binary, "--steps", str(args.steps), "--threads", "2",
+         "--features", os.path.join(args.dir, "features-[0-9]*.npy"),
+         "--targets", os.path.join(args.dir, "classes-[0-9]*.npy")],
+        check=True, capture_output=True, text=True).stdout
+    print(out.strip())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--make", action="store_true", help="write the data set")
@@ -419,17 +442,25 @@ def main():
                    help="DataLoader num_workers")
     p.add_argument("--bin", help="data_read_benchmark binary (default: "
                    "bazel build it)")
+    p.add_argument("--train", action="store_true",
+                   help="train the CPU benchmark model on the set "
+                   "(//engine:data_wait_benchmark, page cache dropped first) "
+                   "and print its data-wait share")
+    p.add_argument("--train_bin", help="data_wait_benchmark binary")
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--torch_child", action="store_true",
                    help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.torch_child:
         torch_child(args)
-    elif not (args.make or args.run):
-        p.error("give --make, --run or both")
+    elif not (args.make or args.run or args.train):
+        p.error("give --make, --run, --train or several")
     if args.make:
         make(args)
     if args.run:
         run(args)
+    if args.train:
+        train(args)
 
 
 if __name__ == "__main__":
