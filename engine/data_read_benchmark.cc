@@ -14,6 +14,16 @@
 // plus targets (1 GB = 1e9 bytes); peak_rss_mib is the process's VmHWM,
 // rss_mib its VmRSS after the last batch. tools/bench_data.py runs this next
 // to dd and PyTorch's DataLoader.
+//
+// With --train_steps N it measures instead how long a CPU training step
+// waits for those rows: the first stage's data-wait phase
+// (StageTimes::data_wait: taking the batch from the read-ahead) against the
+// whole step, for the CPU benchmark model (train_step_benchmark's: 4
+// blocks, h = 1024, ffn = 4096, GELU, bias; batch 256, AdamW, clip 1.0),
+// its last block giving --classes logits for cross_entropy over class-id
+// --targets. One JSON line: N steps timed after one warm-up step (which
+// starts the reader and the allocations), mean step and data-wait
+// milliseconds, the wait's share of the step, peak resident memory.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +46,8 @@
 #include "core/status_macros.h"
 #include "engine/batch_reader.h"
 #include "engine/dataset.h"
+#include "engine/stage.h"
+#include "kernels/blas.h"
 #include "plan/job_plan.h"
 #include "proto/job_spec.pb.h"
 
@@ -47,6 +59,12 @@ ABSL_FLAG(int64_t, batch, 256, "rows per batch (data.batch_size).");
 ABSL_FLAG(double, seconds, 60, "stop after this long (or after one epoch).");
 ABSL_FLAG(bool, shuffle, true, "data.shuffle: a seeded permutation per epoch.");
 ABSL_FLAG(uint64_t, seed, 1, "data.seed: the shuffle's seed.");
+ABSL_FLAG(int64_t, train_steps, 0,
+          "> 0: train the CPU benchmark model for this many steps (after "
+          "one) and report the data wait instead of reading.");
+ABSL_FLAG(int64_t, classes, 1000,
+          "--train_steps: the last block's outputs (> every class id).");
+ABSL_FLAG(int, threads, 2, "--train_steps: BLAS threads.");
 ABSL_FLAG(std::string, features_dtype, "",
           "npy_shards.features_dtype: \"\" (the headers' dtype) or "
           "\"bfloat16\".");
@@ -167,8 +185,74 @@ absl::StatusOr<Reading> ReadBatches(const Dataset& data) {
   return r;
 }
 
+constexpr int64_t kHidden = 1024, kFfn = 4096, kBlocks = 4;
+
+trainyard::v1::JobSpec BenchmarkSpec() {
+  trainyard::v1::JobSpec spec;
+  spec.set_name("data-wait");
+  spec.set_steps(1000000);
+  spec.set_seed(1);
+  for (int i = 0; i < kBlocks; ++i) {
+    auto* blk = spec.mutable_model()->add_blocks();
+    blk->set_out_features(i + 1 < kBlocks ? kHidden
+                                          : absl::GetFlag(FLAGS_classes));
+    blk->set_ffn_hidden_size(kFfn);
+  }
+  spec.mutable_optimizer()->set_type("adamw");
+  spec.mutable_optimizer()->set_lr(1e-4);
+  spec.mutable_optimizer()->set_clip_grad(1.0);
+  spec.mutable_task()->set_plugin("cross_entropy");
+  auto* data = spec.mutable_data();
+  auto* shards = data->mutable_train()->mutable_npy_shards();
+  shards->add_features(absl::GetFlag(FLAGS_features));
+  shards->add_targets(absl::GetFlag(FLAGS_targets));
+  shards->set_features_dtype(absl::GetFlag(FLAGS_features_dtype));
+  data->set_batch_size(absl::GetFlag(FLAGS_batch));
+  data->set_shuffle(absl::GetFlag(FLAGS_shuffle));
+  data->set_seed(absl::GetFlag(FLAGS_seed));
+  return spec;
+}
+
+absl::Status Train() {
+  SetBlasThreads(absl::GetFlag(FLAGS_threads));
+  ASSIGN_OR_RETURN(JobPlan plan, PlanJob(BenchmarkSpec(), PlanOptions()));
+  StageData data;
+  ASSIGN_OR_RETURN(Dataset train,
+                   LoadDataSource(plan.spec.data().train(), "", 1));
+  data.train = std::make_shared<Dataset>(std::move(train));
+  StageOptions options;
+  options.plugin_dir = DefaultPluginDir();
+  ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
+                   Stage::Create(plan, 0, nullptr, options, data));
+  RETURN_IF_ERROR(stage->InitParameters());
+  ASSIGN_OR_RETURN(const StepReport first, stage->RunStep());
+  double wait = 0, step = 0;
+  const int64_t steps = absl::GetFlag(FLAGS_train_steps);
+  for (int64_t i = 0; i < steps; ++i) {
+    const Clock::time_point start = Clock::now();
+    ASSIGN_OR_RETURN(const StepReport r, stage->RunStep());
+    step += SecondsSince(start);
+    wait += r.times.data_wait;
+  }
+  ASSIGN_OR_RETURN(const double peak_rss_mib, ProcessMemoryMib("VmHWM"));
+  std::printf(
+      "%s\n",
+      absl::StrFormat("{\"bench\": \"data_wait\", \"rows\": %d, \"steps\": %d, "
+                      "\"threads\": %d, \"first_step_wait_ms\": "
+                      "%.2f, \"step_ms\": %.2f, \"data_wait_ms\": %.3f, "
+                      "\"data_wait_share\": %.5f, \"samples_per_s\": %.1f, "
+                      "\"peak_rss_mib\": %.1f}",
+                      data.train->num_rows(), steps,
+                      absl::GetFlag(FLAGS_threads), 1e3 * first.times.data_wait,
+                      1e3 * step / steps, 1e3 * wait / steps, wait / step,
+                      absl::GetFlag(FLAGS_batch) * steps / step, peak_rss_mib)
+          .c_str());
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   RETURN_IF_ERROR(CheckFlags());
+  if (absl::GetFlag(FLAGS_train_steps) > 0) return Train();
   trainyard::v1::DataSource source;
   auto* shards = source.mutable_npy_shards();
   shards->add_features(absl::GetFlag(FLAGS_features));

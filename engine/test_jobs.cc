@@ -171,13 +171,22 @@ void WriteHalfWidthData(const std::string& dir, DType half, int64_t rows,
   }
 }
 
-trainyard::v1::JobSpec WithFloat32Pair(trainyard::v1::JobSpec spec,
-                                       const std::string& dir) {
-  auto* data = spec.mutable_data();
+namespace {
+
+// `spec`'s data with no eval set and no evals.
+trainyard::v1::DataSpec* DataWithoutEval(trainyard::v1::JobSpec* spec) {
+  auto* data = spec->mutable_data();
   data->clear_eval();
   data->set_eval_fraction(0);
   data->set_eval_every(0);
-  auto* npy = data->mutable_train()->mutable_npy();
+  return data;
+}
+
+}  // namespace
+
+trainyard::v1::JobSpec WithFloat32Pair(trainyard::v1::JobSpec spec,
+                                       const std::string& dir) {
+  auto* npy = DataWithoutEval(&spec)->mutable_train()->mutable_npy();
   npy->set_features(JoinPath(dir, "x.npy"));
   npy->set_targets(JoinPath(dir, "y.npy"));
   return spec;
@@ -185,11 +194,7 @@ trainyard::v1::JobSpec WithFloat32Pair(trainyard::v1::JobSpec spec,
 
 trainyard::v1::JobSpec WithHalfWidthShards(trainyard::v1::JobSpec spec,
                                            const std::string& dir, DType half) {
-  auto* data = spec.mutable_data();
-  data->clear_eval();
-  data->set_eval_fraction(0);
-  data->set_eval_every(0);
-  auto* shards = data->mutable_train()->mutable_npy_shards();
+  auto* shards = DataWithoutEval(&spec)->mutable_train()->mutable_npy_shards();
   shards->add_features(JoinPath(dir, "xh-*.npy"));
   shards->add_targets(JoinPath(dir, "yh-*.npy"));
   if (half == DType::kBFloat16) shards->set_features_dtype("bfloat16");

@@ -410,15 +410,15 @@ def run(args):
 
 def train(args):
     """The first stage's data wait while the CPU benchmark model trains on
-    the set (shuffled, cold page cache), as //engine:data_wait_benchmark
-    measures it."""
-    binary = args.train_bin or os.path.join(REPO, "bazel-bin", "engine",
-                                            "data_wait_benchmark")
+    the set (shuffled, cold page cache), as //engine:data_read_benchmark
+    --train_steps measures it."""
+    binary = args.bin or os.path.join(REPO, "bazel-bin", "engine",
+                                      "data_read_benchmark")
     if not os.access(binary, os.X_OK):
-        sys.exit(f"{binary}: not built (bazel build //engine:data_wait_benchmark)")
+        sys.exit(f"{binary}: not built (bazel build //engine:data_read_benchmark)")
     print(drop_caches() or "page cache dropped")
     out = subprocess.run(
-        [binary, "--steps", str(args.steps), "--threads", "2",
+        [binary, "--train_steps", str(args.steps), "--threads", "2",
          "--features", os.path.join(args.dir, "features-[0-9]*.npy"),
          "--targets", os.path.join(args.dir, "classes-[0-9]*.npy")],
         check=True, capture_output=True, text=True).stdout
@@ -444,9 +444,8 @@ def main():
                    "bazel build it)")
     p.add_argument("--train", action="store_true",
                    help="train the CPU benchmark model on the set "
-                   "(//engine:data_wait_benchmark, page cache dropped first) "
-                   "and print its data-wait share")
-    p.add_argument("--train_bin", help="data_wait_benchmark binary")
+                   "(data_read_benchmark --train_steps, page cache dropped "
+                   "first) and print its data-wait share")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--torch_child", action="store_true",
                    help=argparse.SUPPRESS)
