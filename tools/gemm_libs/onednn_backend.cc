@@ -151,24 +151,25 @@ class OneDnnLinearGelu final : public FusedLinearGelu {
   int threads_ = 1;
 };
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<GemmBackend>> NewOneDnnBackend() {
+// Constructs Impl (whose members create the CPU engine) as a T.
+template <typename T, typename Impl>
+absl::StatusOr<std::unique_ptr<T>> Make() {
   try {
-    return std::unique_ptr<GemmBackend>(new OneDnn());
+    return std::unique_ptr<T>(new Impl());
   } catch (const dnnl::error& e) {
     return absl::FailedPreconditionError(
         absl::StrCat("oneDNN CPU engine: ", e.what()));
   }
 }
 
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GemmBackend>> NewOneDnnBackend() {
+  return Make<GemmBackend, OneDnn>();
+}
+
 absl::StatusOr<std::unique_ptr<FusedLinearGelu>> NewOneDnnFusedLinearGelu() {
-  try {
-    return std::unique_ptr<FusedLinearGelu>(new OneDnnLinearGelu());
-  } catch (const dnnl::error& e) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("oneDNN CPU engine: ", e.what()));
-  }
+  return Make<FusedLinearGelu, OneDnnLinearGelu>();
 }
 
 }  // namespace gemm_libs
