@@ -47,7 +47,8 @@ class GemmBackend {
   // Threads later Gemm calls use; n >= 1.
   virtual void SetThreads(int n) = 0;
   // C = op(A) op(B) + beta * C (beta 0 overwrites C). Errors: Internal when
-  // the library refuses the shape (the message names library and shape).
+  // the library refuses the shape (the message names library and shape);
+  // InvalidArgument for a beta the backend cannot express (oneDNN: 0 or 1).
   virtual absl::Status Gemm(const GemmShape& shape, const float* a,
                             const float* b, float beta, float* c) = 0;
 };

@@ -89,7 +89,8 @@ class OneDnn final : public GemmBackend {
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       if (beta != 0.0f && beta != 1.0f) {
-        return absl::InvalidArgumentError("oneDNN backend: beta must be 0/1");
+        return absl::InvalidArgumentError(
+            absl::StrCat("oneDNN backend: beta must be 0 or 1, got ", beta));
       }
       dnnl::post_ops post_ops;
       if (beta != 0.0f) post_ops.append_sum(1.0f);
