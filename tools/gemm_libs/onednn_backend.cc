@@ -1,0 +1,177 @@
+// oneDNN matmul: plain GEMMs, and fc1 with bias + GELU fused as post-ops.
+// Primitives are created on first use per shape and thread count (oneDNN's
+// OpenMP runtime reads the thread count when it runs).
+#include <omp.h>
+
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "oneapi/dnnl/dnnl.hpp"
+#include "tools/gemm_libs/gemm_backend.h"
+
+namespace trainyard {
+namespace gemm_libs {
+namespace {
+
+using dnnl::memory;
+
+// A row-major [rows, cols] matrix, or the transpose of a stored
+// [cols, rows] one (strides swap).
+memory::desc Matrix(int64_t rows, int64_t cols, bool transposed) {
+  return memory::desc(
+      {rows, cols}, memory::data_type::f32,
+      transposed ? memory::dims{1, rows} : memory::dims{cols, 1});
+}
+
+std::string Version() {
+  const dnnl_version_t* v = dnnl_version();
+  return absl::StrCat("oneDNN ", v->major, ".", v->minor, ".", v->patch);
+}
+
+// Runs one matmul; oneDNN reports errors as dnnl::error exceptions.
+absl::Status Execute(const dnnl::matmul& prim, const dnnl::engine& engine,
+                     dnnl::stream& stream,
+                     const dnnl::matmul::primitive_desc& pd, const float* a,
+                     const float* b, const float* bias, float* c) {
+  try {
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, memory(pd.src_desc(), engine, const_cast<float*>(a))},
+        {DNNL_ARG_WEIGHTS,
+         memory(pd.weights_desc(), engine, const_cast<float*>(b))},
+        {DNNL_ARG_DST, memory(pd.dst_desc(), engine, c)}};
+    if (bias != nullptr) {
+      args.emplace(DNNL_ARG_BIAS,
+                   memory(pd.bias_desc(), engine, const_cast<float*>(bias)));
+    }
+    prim.execute(stream, args);
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN matmul: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+struct Primitive {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+};
+
+// Creates a matmul primitive; logs the implementation oneDNN picked.
+absl::StatusOr<Primitive> Create(const dnnl::engine& engine,
+                                 const dnnl::matmul::desc& desc,
+                                 const dnnl::post_ops& post_ops,
+                                 const std::string& what) {
+  try {
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(post_ops);
+    dnnl::matmul::primitive_desc pd(desc, attr, engine);
+    std::fprintf(stderr, "oneDNN %s: %s\n", what.c_str(), pd.impl_info_str());
+    return Primitive{pd, dnnl::matmul(pd)};
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat("oneDNN matmul ", what, ": ", e.what()));
+  }
+}
+
+class OneDnn final : public GemmBackend {
+ public:
+  std::string Name() const override { return "onednn"; }
+  std::string Description() const override {
+    return absl::StrCat(Version(), " matmul (OpenMP)");
+  }
+  void SetThreads(int n) override { threads_ = n; }
+  absl::Status Gemm(const GemmShape& s, const float* a, const float* b,
+                    float beta, float* c) override {
+    omp_set_num_threads(threads_);
+    const Key key{s.trans_a, s.trans_b, s.m, s.n, s.k, beta != 0.0f, threads_};
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      if (beta != 0.0f && beta != 1.0f) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("oneDNN backend: beta must be 0 or 1, got ", beta));
+      }
+      dnnl::post_ops post_ops;
+      if (beta != 0.0f) post_ops.append_sum(1.0f);
+      const dnnl::matmul::desc desc(Matrix(s.m, s.k, s.trans_a),
+                                    Matrix(s.k, s.n, s.trans_b),
+                                    Matrix(s.m, s.n, false));
+      absl::StatusOr<Primitive> p =
+          Create(engine_, desc, post_ops,
+                 absl::StrCat(s.trans_a ? "T" : "N", s.trans_b ? "T" : "N",
+                              " m=", s.m, " n=", s.n, " k=", s.k,
+                              " beta=", beta, " threads=", threads_));
+      if (!p.ok()) return p.status();
+      it = cache_.emplace(key, *std::move(p)).first;
+    }
+    return Execute(it->second.prim, engine_, stream_, it->second.pd, a, b,
+                   nullptr, c);
+  }
+
+ private:
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, bool, int>;
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream_{engine_};
+  std::map<Key, Primitive> cache_;
+  int threads_ = 1;
+};
+
+class OneDnnLinearGelu final : public FusedLinearGelu {
+ public:
+  void SetThreads(int n) override { threads_ = n; }
+  absl::Status Run(int64_t m, int64_t n, int64_t k, const float* a,
+                   const float* w, const float* bias, float* out) override {
+    omp_set_num_threads(threads_);
+    const Key key{m, n, k, threads_};
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      dnnl::post_ops post_ops;
+      post_ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_erf, 0.0f,
+                              0.0f);
+      const dnnl::matmul::desc desc(
+          Matrix(m, k, false), Matrix(k, n, /*transposed=*/true),
+          memory::desc({1, n}, memory::data_type::f32, memory::dims{n, 1}),
+          Matrix(m, n, false));
+      absl::StatusOr<Primitive> p =
+          Create(engine_, desc, post_ops,
+                 absl::StrCat("NT+bias+gelu_erf m=", m, " n=", n, " k=", k,
+                              " threads=", threads_));
+      if (!p.ok()) return p.status();
+      it = cache_.emplace(key, *std::move(p)).first;
+    }
+    return Execute(it->second.prim, engine_, stream_, it->second.pd, a, w, bias,
+                   out);
+  }
+
+ private:
+  using Key = std::tuple<int64_t, int64_t, int64_t, int>;
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream_{engine_};
+  std::map<Key, Primitive> cache_;
+  int threads_ = 1;
+};
+
+// Constructs Impl (whose members create the CPU engine) as a T.
+template <typename T, typename Impl>
+absl::StatusOr<std::unique_ptr<T>> Make() {
+  try {
+    return std::unique_ptr<T>(new Impl());
+  } catch (const dnnl::error& e) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("oneDNN CPU engine: ", e.what()));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GemmBackend>> NewOneDnnBackend() {
+  return Make<GemmBackend, OneDnn>();
+}
+
+absl::StatusOr<std::unique_ptr<FusedLinearGelu>> NewOneDnnFusedLinearGelu() {
+  return Make<FusedLinearGelu, OneDnnLinearGelu>();
+}
+
+}  // namespace gemm_libs
+}  // namespace trainyard
