@@ -11,7 +11,10 @@
 // momentum 20 (read p, g, buf; write p, buf), the gradient sums of squares
 // 4 (read g). Counters: GB/s of the pass, memcpy_GB/s of the interleaved
 // copies, x_memcpy = the pass's time over the copies' (1.0: at the
-// memcpy bound).
+// memcpy bound); same_traffic_GB/s and x_same_traffic likewise for a loop
+// with the pass's own reads and writes and next to no arithmetic (AdamW:
+// a += b, c *= k, d *= k), also interleaved.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <vector>
@@ -85,6 +88,59 @@ void ThreadedMemcpy(char* dst, const char* src, int64_t bytes, int threads) {
   });
 }
 
+// The passes' memory traffic with next to no arithmetic: AdamW's reads of
+// four streams and writes of three, SGD's three and two, one read.
+void AdamWTraffic(int64_t n, float* __restrict a, const float* __restrict b,
+                  float* __restrict c, float* __restrict d) {
+  for (int64_t i = 0; i < n; ++i) {
+    a[i] += b[i];
+    c[i] *= 0.5f;
+    d[i] *= 0.5f;
+  }
+}
+
+void SgdTraffic(int64_t n, float* __restrict a, const float* __restrict b,
+                float* __restrict c) {
+  for (int64_t i = 0; i < n; ++i) {
+    a[i] += b[i];
+    c[i] *= 0.5f;
+  }
+}
+
+float ReadTraffic(int64_t n, const float* b) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t i = 0; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lanes[j] += b[i + j];
+  }
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] +
+         lanes[6] + lanes[7];
+}
+
+// The pass's traffic over `bufs` (four [n] buffers), threaded in the
+// optimizer's 65536-element pieces.
+void SameTraffic(Pass pass, std::vector<std::vector<float>>* bufs) {
+  float* a = (*bufs)[0].data();
+  const float* b = (*bufs)[1].data();
+  float* c = (*bufs)[2].data();
+  float* d = (*bufs)[3].data();
+  const int64_t n = static_cast<int64_t>((*bufs)[0].size());
+  constexpr int64_t kPiece = int64_t{1} << 16;
+  ParallelFor(static_cast<int>((n + kPiece - 1) / kPiece), [&](int t) {
+    const int64_t begin = t * kPiece, len = std::min(n - begin, kPiece);
+    switch (pass) {
+      case Pass::kAdamW:
+        AdamWTraffic(len, a + begin, b + begin, c + begin, d + begin);
+        break;
+      case Pass::kSgd:
+        SgdTraffic(len, a + begin, b + begin, c + begin);
+        break;
+      case Pass::kSumsOfSquares:
+        benchmark::DoNotOptimize(ReadTraffic(len, b + begin));
+        break;
+    }
+  });
+}
+
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
       .count();
@@ -105,7 +161,8 @@ void BM_Optimizer(benchmark::State& state, Pass pass) {
   const int64_t bytes = BytesPerParam(pass) * n;
   std::vector<char> src(bytes / 2, 1), dst(bytes / 2, 2);
   opt->Step(params.data(), grads.data(), 1e-4, 1.0);  // first-step branches
-  double pass_s = 0, copy_s = 0;
+  std::vector<std::vector<float>> same(4, std::vector<float>(n, 1.0f));
+  double pass_s = 0, copy_s = 0, same_s = 0;
   for (auto _ : state) {
     auto start = std::chrono::steady_clock::now();
     if (pass == Pass::kSumsOfSquares) {
@@ -120,11 +177,17 @@ void BM_Optimizer(benchmark::State& state, Pass pass) {
     ThreadedMemcpy(dst.data(), src.data(), bytes / 2, threads);
     benchmark::ClobberMemory();
     copy_s += Seconds(start);
+    start = std::chrono::steady_clock::now();
+    SameTraffic(pass, &same);
+    benchmark::ClobberMemory();
+    same_s += Seconds(start);
   }
   const double iters = static_cast<double>(state.iterations());
   state.counters["GB/s"] = bytes * iters / pass_s * 1e-9;
   state.counters["memcpy_GB/s"] = bytes * iters / copy_s * 1e-9;
   state.counters["x_memcpy"] = pass_s / copy_s;
+  state.counters["same_traffic_GB/s"] = bytes * iters / same_s * 1e-9;
+  state.counters["x_same_traffic"] = pass_s / same_s;
   state.counters["params"] = static_cast<double>(n);
 }
 
