@@ -1,10 +1,12 @@
 #include "engine/optimizer.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/random.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/parallel.h"
 
 namespace trainyard {
 namespace {
@@ -126,6 +128,133 @@ TEST(StageOptimizerTest, LoadStateNamesMissingTensor) {
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(st.message(),
               HasSubstr("optimizer.blocks.0.fc1.weight.exp_avg is missing"));
+}
+
+// Segments over several of the optimizer's 65536-element chunks, with sizes
+// that are not multiples of a chunk, a vector or a prefetch block.
+std::vector<ParamSegment> ChunkedSegments(int64_t* total) {
+  ParamSegment w{"blocks.0.fc1.weight", {3, 70001}, 0, true};
+  ParamSegment b{"blocks.0.fc1.bias", {77}, w.size(), false};
+  ParamSegment w2{"blocks.0.fc2.weight", {65536}, b.offset + 77, true};
+  *total = w2.offset + w2.size();
+  return {w, b, w2};
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Parameters and state after `steps` updates on `threads` compute threads.
+std::vector<float> RunSteps(const trainyard::v1::OptimizerSpec& spec,
+                            int threads, int steps) {
+  const int saved = ComputeThreads();
+  SetComputeThreads(threads);
+  int64_t n = 0;
+  std::vector<ParamSegment> segs = ChunkedSegments(&n);
+  auto opt = StageOptimizer::Create(spec, std::move(segs), n);
+  EXPECT_TRUE(opt.ok()) << opt.status();
+  std::vector<float> p = Random(n, 7);
+  for (int t = 0; t < steps; ++t) {
+    opt->Step(p.data(), Random(n, 70 + t).data(), 1e-2, 0.75);
+  }
+  for (auto& [name, state] : opt->StateTensors()) {
+    p.insert(p.end(), state.data<float>(), state.data<float>() + state.numel());
+  }
+  SetComputeThreads(saved);
+  return p;
+}
+
+TEST(StageOptimizerTest, AdamWSameBitsOnOneAndTwoThreads) {
+  EXPECT_TRUE(SameBits(RunSteps(AdamW(1e-2, 0.1), 1, 3),
+                       RunSteps(AdamW(1e-2, 0.1), 2, 3)));
+}
+
+TEST(StageOptimizerTest, SgdSameBitsOnOneAndTwoThreads) {
+  trainyard::v1::OptimizerSpec s;
+  s.set_type("sgd");
+  s.set_momentum(0.9);
+  s.set_dampening(0.1);
+  s.set_weight_decay(0.01);
+  EXPECT_TRUE(SameBits(RunSteps(s, 1, 3), RunSteps(s, 2, 3)));
+}
+
+// The vectorised, prefetching update is bit for bit the scalar float
+// formula in torch's operation order.
+TEST(StageOptimizerTest, AdamWBitwiseScalarFormula) {
+  const double lr = 1e-2, wd = 0.1, b1 = 0.9, b2 = 0.999;
+  const float eps = 1e-8f;
+  int64_t n = 0;
+  const std::vector<ParamSegment> segs = ChunkedSegments(&n);
+  auto opt = StageOptimizer::Create(AdamW(lr, wd), segs, n);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  std::vector<float> p = Random(n, 8), want = p, m(n, 0), v(n, 0);
+  for (int t = 1; t <= 2; ++t) {
+    const std::vector<float> g = Random(n, 80 + t);
+    opt->Step(p.data(), g.data(), lr, 0.5);
+    const float step = static_cast<float>(-(lr / (1.0 - std::pow(b1, t))));
+    const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, t)));
+    for (const ParamSegment& s : segs) {
+      const float decay = static_cast<float>(1.0 - lr * (s.decay ? wd : 0.0));
+      for (int64_t i = s.offset; i < s.offset + s.size(); ++i) {
+        const float gi = g[i] * 0.5f;
+        const float pi = want[i] * decay;
+        m[i] =
+            m[i] * static_cast<float>(b1) + static_cast<float>(1.0 - b1) * gi;
+        v[i] = v[i] * static_cast<float>(b2) +
+               (static_cast<float>(1.0 - b2) * gi) * gi;
+        const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+        want[i] = pi + (step * m[i]) / denom;
+      }
+    }
+  }
+  EXPECT_TRUE(SameBits(p, want));
+}
+
+// The documented reduction: per segment, chunks of 65536 elements, each
+// summed in 8 double lanes (tail to lane 0, lanes added in order), chunks
+// added in order.
+double PinnedSumOfSquares(const float* x, int64_t n) {
+  double total = 0;
+  for (int64_t c = 0; c < n; c += 65536) {
+    const int64_t len = std::min<int64_t>(65536, n - c);
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i = 0; i < len; ++i) {
+      const double xi = x[c + i];
+      lanes[i < len / 8 * 8 ? i % 8 : 0] += xi * xi;
+    }
+    double chunk = 0;
+    for (double l : lanes) chunk += l;
+    total += chunk;
+  }
+  return total;
+}
+
+TEST(StageOptimizerTest, GradSumsOfSquaresPinnedOrderOnOneAndTwoThreads) {
+  int64_t n = 0;
+  const std::vector<ParamSegment> segs = ChunkedSegments(&n);
+  auto opt = StageOptimizer::Create(AdamW(1e-3, 0.0), segs, n);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  // Each lane and each element at its own scale, so that any other order of
+  // the additions rounds differently.
+  std::vector<float> g = Random(n, 9);
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = std::ldexp(g[i], static_cast<int>(i % 8 * 4 + i * 7919 % 9) - 20);
+  }
+  const int saved = ComputeThreads();
+  for (int threads : {1, 2}) {
+    SetComputeThreads(threads);
+    const std::vector<double> sums = opt->GradSumsOfSquares(g.data());
+    ASSERT_EQ(sums.size(), segs.size());
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const double want =
+          PinnedSumOfSquares(g.data() + segs[i].offset, segs[i].size());
+      EXPECT_EQ(std::memcmp(&sums[i], &want, sizeof(double)), 0)
+          << segs[i].name << " on " << threads << " threads: " << sums[i]
+          << " vs " << want;
+    }
+  }
+  SetComputeThreads(saved);
 }
 
 TEST(StageOptimizerTest, UnknownTypeFails) {
