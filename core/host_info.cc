@@ -3,6 +3,13 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace trainyard {
 
@@ -31,6 +38,25 @@ uint64_t UsableMemoryBytes() {
     }
   }
   return usable;
+}
+
+absl::StatusOr<uint64_t> ProcessStatusBytes(absl::string_view field) {
+  std::ifstream in("/proc/self/status");
+  const std::string prefix = absl::StrCat(field, ":");
+  for (std::string line; std::getline(in, line);) {
+    if (!absl::StartsWith(line, prefix)) continue;
+    absl::string_view value = absl::StripAsciiWhitespace(
+        absl::string_view(line).substr(prefix.size()));
+    uint64_t kib = 0;
+    if (!absl::ConsumeSuffix(&value, "kB") ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(value), &kib)) {
+      return absl::InternalError(
+          absl::StrCat("/proc/self/status: ", field, " is not a count of kB"));
+    }
+    return kib * 1024;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("/proc/self/status: no ", field, " line"));
 }
 
 }  // namespace trainyard

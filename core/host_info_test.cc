@@ -23,5 +23,20 @@ TEST(HostInfoTest, MemoryIsPhysicalCappedByTheCgroup) {
   EXPECT_LE(usable, physical);
 }
 
+TEST(HostInfoTest, ProcessStatusBytesReadsKiBFields) {
+  absl::StatusOr<uint64_t> rss = ProcessStatusBytes("VmRSS");
+  ASSERT_TRUE(rss.ok()) << rss.status();
+  EXPECT_GT(*rss, uint64_t{1} << 20);
+  EXPECT_EQ(*rss % 1024, 0u);
+  absl::StatusOr<uint64_t> peak = ProcessStatusBytes("VmHWM");
+  ASSERT_TRUE(peak.ok()) << peak.status();
+  EXPECT_GE(*peak, *rss);
+  EXPECT_EQ(ProcessStatusBytes("NoSuchField").status().code(),
+            absl::StatusCode::kNotFound);
+  // A line that is not a count of kB.
+  EXPECT_EQ(ProcessStatusBytes("Name").status().code(),
+            absl::StatusCode::kInternal);
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "core/bfloat16.h"
 #include "core/file_util.h"
+#include "core/host_info.h"
 #include "core/npy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -746,21 +747,9 @@ TEST(NpyShardsTest, FileReplacedIsDataLoss) {
 
 // A field of /proc/self/status in bytes (e.g. "VmRSS").
 int64_t ProcStatusBytes(absl::string_view field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (absl::string_view(line).substr(0, field.size() + 1) !=
-        absl::StrCat(field, ":")) {
-      continue;
-    }
-    std::string value = line.substr(field.size() + 1);
-    value = value.substr(0, value.find("kB"));
-    int64_t kib = 0;
-    EXPECT_TRUE(absl::SimpleAtoi(value, &kib)) << line;
-    return kib * 1024;
-  }
-  ADD_FAILURE() << "no " << field << " in /proc/self/status";
-  return 0;
+  absl::StatusOr<uint64_t> bytes = ProcessStatusBytes(field);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.ok() ? static_cast<int64_t>(*bytes) : 0;
 }
 
 // Float32 [rows, 256] features in `shards` shards (256 MiB when

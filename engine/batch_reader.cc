@@ -1,6 +1,5 @@
 #include "engine/batch_reader.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,21 +15,7 @@ Shape TargetShape(const NpyShards& source, int64_t rows) {
   return k > 0 ? Shape{rows, k} : Shape{rows};
 }
 
-DType FeatureDType(const NpyShards& source, bool stored_width) {
-  return stored_width ? source.feature_dtype() : DType::kFloat32;
-}
-
 }  // namespace
-
-int64_t BatchReader::SlotBytes(const NpyShards& source, int64_t rows,
-                               bool stored_width) {
-  const int64_t target_elems =
-      rows * std::max<int64_t>(1, source.target_width());
-  return rows * source.num_features() *
-             static_cast<int64_t>(
-                 DTypeSize(FeatureDType(source, stored_width))) +
-         target_elems * static_cast<int64_t>(DTypeSize(source.target_dtype()));
-}
 
 absl::StatusOr<std::unique_ptr<BatchReader>> BatchReader::Create(
     std::shared_ptr<const NpyShards> source, Options options) {
@@ -43,19 +28,19 @@ absl::StatusOr<std::unique_ptr<BatchReader>> BatchReader::Create(
                      "), depth ", options.depth, ")"));
   }
   const int64_t rows = options.slice_end - options.slice_begin;
+  const DType feature_dtype =
+      options.stored_width ? source->feature_dtype() : DType::kFloat32;
+  const Shape features = {rows, source->num_features()};
+  const Shape targets = TargetShape(*source, rows);
   std::unique_ptr<BatchReader> reader(
       new BatchReader(std::move(source), std::move(options)));
-  const BatchReader& r = *reader;
-  reader->slots_.resize(r.options_.depth + 1);
+  const Options& o = reader->options_;
+  reader->slots_.resize(o.depth + 1);
   for (size_t i = 0; i < reader->slots_.size(); ++i) {
     Slot& slot = reader->slots_[i];
-    ASSIGN_OR_RETURN(
-        slot.batch.features,
-        r.options_.allocate(FeatureDType(*r.source_, r.options_.stored_width),
-                            {rows, r.source_->num_features()}));
+    ASSIGN_OR_RETURN(slot.batch.features, o.allocate(feature_dtype, features));
     ASSIGN_OR_RETURN(slot.batch.targets,
-                     r.options_.allocate(r.source_->target_dtype(),
-                                         TargetShape(*r.source_, rows)));
+                     o.allocate(reader->source_->target_dtype(), targets));
     reader->free_.push_back(static_cast<int>(i));
   }
   reader->thread_ = std::thread([p = reader.get()] { p->Loop(); });

@@ -15,8 +15,7 @@
 // that needed those rows, not earlier.
 //
 // Memory: depth + 1 buffers of one batch each (this replica's part of it),
-// plus the pages one read maps (NpyShards drops them after each read);
-// SlotBytes says what one buffer takes.
+// plus the pages one read maps (NpyShards drops them after each read).
 //
 // Ownership: holds a reference to the source (NpyShards) and owns its
 // buffers and its thread, which the destructor stops and joins.
@@ -65,10 +64,6 @@ class BatchReader {
     Tensor features;
     Tensor targets;
   };
-
-  // Bytes one buffer takes for `rows` rows of `source`.
-  static int64_t SlotBytes(const NpyShards& source, int64_t rows,
-                           bool stored_width);
 
   // Allocates the buffers; reads nothing until the first Take. Errors:
   // InvalidArgument for options out of range; the allocator's errors.

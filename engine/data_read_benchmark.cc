@@ -27,7 +27,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,13 +35,10 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
-#include "absl/strings/strip.h"
+#include "core/host_info.h"
 #include "core/status_macros.h"
 #include "engine/batch_reader.h"
 #include "engine/dataset.h"
@@ -120,26 +116,10 @@ class JobBatches {
   std::unique_ptr<BatchReader> reader_;
 };
 
-// Field `name` of /proc/self/status ("VmHWM", "VmRSS": "<n> kB") in MiB.
+// Field `name` of /proc/self/status ("VmHWM", "VmRSS") in MiB.
 absl::StatusOr<double> ProcessMemoryMib(absl::string_view name) {
-  std::ifstream in("/proc/self/status");
-  const std::string prefix = absl::StrCat(name, ":");
-  for (std::string line; std::getline(in, line);) {
-    if (!absl::StartsWith(line, prefix)) continue;
-    absl::string_view value = absl::StripAsciiWhitespace(
-        absl::string_view(line).substr(prefix.size()));
-    if (absl::ConsumeSuffix(&value, "kB")) {
-      value = absl::StripAsciiWhitespace(value);
-    }
-    int64_t kib = 0;
-    if (!absl::SimpleAtoi(value, &kib)) {
-      return absl::InternalError(
-          absl::StrCat("/proc/self/status: ", name, " is not a count of kB"));
-    }
-    return static_cast<double>(kib) / 1024.0;
-  }
-  return absl::NotFoundError(
-      absl::StrCat("/proc/self/status: no ", name, " line"));
+  ASSIGN_OR_RETURN(const uint64_t bytes, ProcessStatusBytes(name));
+  return static_cast<double>(bytes) / 1048576.0;
 }
 
 absl::Status CheckFlags() {

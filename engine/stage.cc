@@ -249,8 +249,7 @@ absl::Status Stage::StartReader() {
   options.slice_end = ranges[(replica_ + 1) * mine - 1].second;
   options.depth = kReadAheadBatches;
   // Half-width features cross to the device as they are stored.
-  reader_stored_width_ = InputsPassThroughOnDevice();
-  options.stored_width = reader_stored_width_;
+  options.stored_width = InputsPassThroughOnDevice();
   const ExecContext* ctx = ctx_;
   options.allocate = [ctx](DType dtype, Shape shape) {
     return ctx->PinnedEmpty(dtype, std::move(shape));

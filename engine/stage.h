@@ -451,8 +451,8 @@ class Stage {
   std::unique_ptr<Task> task_;             // first and/or last stage
   std::unique_ptr<BatchSampler> sampler_;  // first stage
   // First stage of a training job over a sharded source (else null).
+  // Its batches keep the files' width when InputsPassThroughOnDevice().
   std::unique_ptr<BatchReader> reader_;
-  bool reader_stored_width_ = false;  // reader_'s batches widen on the device
   // Device stages: the step's small numbers, read once per step.
   std::optional<StepScalars> scalars_;
   std::optional<LossHead> loss_;  // last stage (may point into scalars_)

@@ -44,7 +44,7 @@ absl::Status Stage::PrepareBatch(const Dataset& data, std::vector<int64_t> rows,
     ASSIGN_OR_RETURN(const BatchReader::Batch raw,
                      ReadRows(data, rows, position));
     SpanTimer t(tracer_.get(), nullptr, v1::SPAN_PREPARE_BATCH);
-    ASSIGN_OR_RETURN(in, from_reader && reader_stored_width_
+    ASSIGN_OR_RETURN(in, from_reader && InputsPassThroughOnDevice()
                              ? InputsOnDevice(raw)
                              : BuildOnHost(raw, step, is_eval));
   }
