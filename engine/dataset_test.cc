@@ -410,7 +410,9 @@ TEST(BatchSamplerTest, ShuffledEpochsAreThePythonReference) {
       EXPECT_EQ(std::set<int64_t>(epoch.begin(), epoch.end()).size(),
                 static_cast<size_t>(n));  // every row once
     }
-    if (n >= 7) EXPECT_NE(want[0], want[1]) << n;
+    if (n >= 7) {
+      EXPECT_NE(want[0], want[1]) << n;
+    }
   }
 }
 

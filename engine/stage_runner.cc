@@ -264,9 +264,11 @@ namespace {
 // all stages take the same branches and call the all-reduce equally often.
 // A checkpoint still pending when the next one is due, or at the run's
 // end, is finished at once: wait for the file, a barrier, the commit. A
-// failure before the commit loses that checkpoint (a resume takes the one
-// before): the writer finishes its file writes before the stage returns
-// but drops a queued commit (see `abandoned_`).
+// commit is queued only once every stage's file is on disk, so a stage that
+// fails or is cancelled still runs its queued commit (and every queued
+// write) before it returns: nothing it saved is lost, and nothing changes
+// the folder after it returned. A checkpoint whose files were not all
+// counted is left uncommitted (a resume takes the one before).
 class AsyncCheckpoints {
  public:
   AsyncCheckpoints(Stage& stage, Transport* transport, const JobPlan& plan,
@@ -276,11 +278,8 @@ class AsyncCheckpoints {
         plan_(plan),
         options_(options),
         dir_(plan.spec.checkpoint().dir()) {}
-  // Unless Finish succeeded, a queued commit is dropped; then the writer
-  // finishes what is queued.
-  ~AsyncCheckpoints() {
-    if (!succeeded_) abandoned_.store(true);
-  }
+  // The writer's destructor finishes what is queued, commits included.
+  ~AsyncCheckpoints() = default;
 
   // Before a step: the writer's first error, if any; tells the stage
   // whether the pending checkpoint's file is on disk (for the step's
@@ -307,9 +306,7 @@ class AsyncCheckpoints {
   // write.
   absl::Status Finish() {
     if (pending_step_ > 0) RETURN_IF_ERROR(FinishNow());
-    RETURN_IF_ERROR(writer_.Drain());
-    succeeded_ = true;
-    return absl::OkStatus();
+    return writer_.Drain();
   }
 
  private:
@@ -328,18 +325,12 @@ class AsyncCheckpoints {
   const std::string dir_;
   int64_t pending_step_ = 0;  // 0: none
   int64_t pending_task_ = 0;  // the writer's sequence number of its file
-  bool succeeded_ = false;
-  // Set when the stage leaves with an error: a queued commit (and prune) is
-  // then dropped, so a failed or cancelled job never changes the checkpoint
-  // folder after it returned (a resubmitted job may be reading it).
-  std::atomic<bool> abandoned_{false};
   // Declared after what its tasks use: its destructor, which finishes the
   // queued tasks, runs first.
   CheckpointWriter writer_;
 };
 
 absl::Status AsyncCheckpoints::Commit(int64_t step) {
-  if (abandoned_.load()) return absl::OkStatus();
   if (options_.may_commit && !options_.may_commit()) {
     LOG(WARNING) << "stage " << stage_.index() << ": checkpoint after step "
                  << step << " left uncommitted (no controller)";

@@ -2,7 +2,10 @@
 // transport: the per-step span traces the stages report.
 #include "engine/stage_runner.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <map>
 #include <string>
 #include <thread>
@@ -12,6 +15,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "engine/checkpoint_store.h"
 #include "engine/test_jobs.h"
 #include "engine/test_paths.h"
 #include "gmock/gmock.h"
@@ -286,6 +291,55 @@ TEST(StageRunnerTest, MessagesThatArriveBeforeTheirReceiveAreHeld) {
   EXPECT_THAT(std::string(refused.status().message()),
               ::testing::HasSubstr("schedule \"1f1b\" is for 2 stages, 2 "
                                    "microbatches and 1 chunks"));
+}
+
+// A stage cancelled right after it queued a commit (every file of that
+// checkpoint on disk) still commits it before RunStage returns; the next
+// checkpoint, whose file was only queued, stays uncommitted. Checkpoint 2's
+// write is held back so that step 4 finishes it at once (wait, commit
+// queued, checkpoint 4's write queued), and the job is cancelled after
+// step 4.
+TEST(StageRunnerTest, CancelledStageKeepsTheCheckpointItQueuedACommitFor) {
+  const std::string dir = ::testing::TempDir() + "/cancel_after_queue";
+  v1::JobSpec spec = testing::ClassificationSpec();
+  spec.set_steps(10);
+  spec.mutable_checkpoint()->set_dir(dir);
+  spec.mutable_checkpoint()->set_every(2);
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, PlanOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  InProcessHub hub(1);
+  StageOptions options;
+  options.plugin_dir = testing::PluginDir();
+  absl::StatusOr<StartedStage> started =
+      StartStage(*plan, 0, hub.rank(0), options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::atomic<bool> cancel{false};
+  std::atomic<int> files{0};
+  std::vector<int64_t> committed;  // from the writer's thread, one at a time
+  StageRunOptions run;
+  run.cancel = &cancel;
+  run.on_step = [&](const StepReport& r, double) {
+    if (r.step == 4) cancel.store(true);
+  };
+  run.on_checkpoint_file = [&](double) {
+    if (files.fetch_add(1) == 0) absl::SleepFor(absl::Milliseconds(300));
+  };
+  run.on_checkpoint = [&](int64_t step, const std::string&) {
+    committed.push_back(step);
+  };
+  absl::Status st = RunStage(*started->stage, hub.rank(0), *plan, run);
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  EXPECT_EQ(files.load(), 2);
+  EXPECT_EQ(committed, (std::vector<int64_t>{2}));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointStepDir(dir, 2) +
+                                      "/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointStepDir(dir, 4) +
+                                      "/stage_0.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(CheckpointStepDir(dir, 4) +
+                                       "/manifest.json"));
+  absl::StatusOr<std::optional<int64_t>> latest = LatestCheckpoint(dir);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, std::optional<int64_t>(2));
 }
 
 }  // namespace

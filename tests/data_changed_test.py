@@ -65,10 +65,11 @@ assert last_step < changed_at + 8, (changed_at, last_step)
 steps = sorted(int(n[len("step_"):]) for n in os.listdir(ckpt) if n.startswith("step_"))
 complete = [s for s in steps
             if os.path.exists(os.path.join(ckpt, f"step_{s:08d}", "manifest.json"))]
-# Every checkpoint committed before the change is kept. (A checkpoint is
-# committed at the step after the one it saves, once every stage reported
-# its file, so the newest may be left uncommitted by the failure: a folder
-# without a manifest, which is no checkpoint.)
+# Every checkpoint saved before the change is kept. A checkpoint's commit is
+# queued once every stage's file is on disk (at the latest when the next
+# one is due), and a failing stage still runs it; the newest, whose file may
+# not have been counted yet, can be left uncommitted: a folder without a
+# manifest, which is no checkpoint.
 assert complete and complete[-1] >= changed_at // 10 * 10 - 10, (changed_at, steps, complete)
 assert complete == list(range(10, complete[-1] + 1, 10))[-3:], complete
 print(f"PASS: changed after step {changed_at}, failed after step {last_step}; "
