@@ -1,12 +1,13 @@
 // RunStage with every stage of a job as a thread over the in-process
-// transport: the per-step span traces the stages report.
+// transport: the per-step span traces the stages report, held messages,
+// and the checkpoints a cancelled stage leaves.
 #include "engine/stage_runner.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -331,12 +332,12 @@ TEST(StageRunnerTest, CancelledStageKeepsTheCheckpointItQueuedACommitFor) {
   EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
   EXPECT_EQ(files.load(), 2);
   EXPECT_EQ(committed, (std::vector<int64_t>{2}));
-  EXPECT_TRUE(std::filesystem::exists(CheckpointStepDir(dir, 2) +
-                                      "/manifest.json"));
+  EXPECT_TRUE(
+      std::filesystem::exists(CheckpointStepDir(dir, 2) + "/manifest.json"));
   EXPECT_TRUE(std::filesystem::exists(CheckpointStepDir(dir, 4) +
                                       "/stage_0.safetensors"));
-  EXPECT_FALSE(std::filesystem::exists(CheckpointStepDir(dir, 4) +
-                                       "/manifest.json"));
+  EXPECT_FALSE(
+      std::filesystem::exists(CheckpointStepDir(dir, 4) + "/manifest.json"));
   absl::StatusOr<std::optional<int64_t>> latest = LatestCheckpoint(dir);
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(*latest, std::optional<int64_t>(2));
