@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -176,22 +177,48 @@ void ScaleC(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
 absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                    float alpha, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float beta, float* c, int64_t ldc) {
+  return Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+               GemmEpilogue());
+}
+
+absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   float alpha, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float beta, float* c, int64_t ldc,
+                   const GemmEpilogue& epilogue) {
   RETURN_IF_ERROR(CheckSgemmArgs(trans_a, trans_b, m, n, k, lda, ldb, ldc));
   const Blas& blas = GetBlas();
   if (!blas.status.ok()) return blas.status;
   if (m == 0 || n == 0) return absl::OkStatus();
+  const Tiling tiling = TileGemm(m, n, k);
+  // Tile t's first row or column of C, and how many.
+  const auto span = [&](int t) {
+    const int64_t begin = t * tiling.tile;
+    return std::make_pair(
+        begin, std::min(tiling.tile, tiling.split_n ? n - begin : m - begin));
+  };
+  const auto finish = [&](int64_t begin, int64_t size) {
+    if (!epilogue) return;
+    if (tiling.split_n) {
+      epilogue(0, m, begin, size);
+    } else {
+      epilogue(begin, size, 0, n);
+    }
+  };
   if (k == 0 || alpha == 0.0f) {
     ScaleC(m, n, beta, c, ldc);
+    if (epilogue) {
+      ParallelFor(tiling.tiles, [&](int t) {
+        const auto [begin, size] = span(t);
+        finish(begin, size);
+      });
+    }
     return absl::OkStatus();
   }
   // A fixed tiling of C that depends only on the shape, each tile one
-  // single-threaded OpenBLAS call over the full k: the same bits for any
-  // thread count.
-  const Tiling tiling = TileGemm(m, n, k);
+  // single-threaded OpenBLAS call over the full k (then the epilogue on
+  // it): the same bits for any thread count.
   const std::function<void(int)> tile = [&](int t) {
-    const int64_t begin = t * tiling.tile;
-    const int64_t size =
-        std::min(tiling.tile, tiling.split_n ? n - begin : m - begin);
+    const auto [begin, size] = span(t);
     const float* ta = a;
     const float* tb = b;
     float* tc = c;
@@ -210,6 +237,7 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                static_cast<int>(tn), static_cast<int>(k), alpha, ta,
                static_cast<int>(lda), tb, static_cast<int>(ldb), beta, tc,
                static_cast<int>(ldc));
+    finish(begin, size);
   };
   ParallelFor(tiling.tiles, tile);
   return absl::OkStatus();

@@ -23,6 +23,7 @@
 #define TRAINYARD_KERNELS_BLAS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -39,6 +40,22 @@ namespace trainyard {
 absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                    float alpha, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Runs on a block of C right after Sgemm computed it, on the thread that
+// computed it (while the block is still in that core's cache): rows
+// [row, row + rows) and columns [col, col + cols) of C. The blocks
+// partition C and depend only on (m, n, k), so an element-wise epilogue
+// gives the same bits as a separate pass after the GEMM.
+using GemmEpilogue =
+    std::function<void(int64_t row, int64_t rows, int64_t col, int64_t cols)>;
+
+// Sgemm, then `epilogue` on each block of C (see GemmEpilogue): e.g. a
+// bias and activation fused into the GEMM's output pass, and threaded with
+// it.
+absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                   float alpha, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float beta, float* c, int64_t ldc,
+                   const GemmEpilogue& epilogue);
 
 // Sets the number of threads Sgemm uses (process-wide; default: the
 // hardware concurrency). n < 1 means 1. Never changes results.

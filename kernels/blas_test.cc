@@ -1,9 +1,11 @@
 #include "kernels/blas.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -195,6 +197,54 @@ TEST(SgemmTest, BitwiseIdenticalAcrossThreadCounts) {
 
 // Two threads calling Sgemm at once (one finds the pool busy and runs its
 // tiles itself) get the same bits as a lone call.
+// The epilogue sees each element of C exactly once, after the GEMM wrote
+// it (it reads the finished values), on shapes that split C by rows, by
+// columns, not at all, and with k = 0; the blocks are the same on 1 and 2
+// threads.
+TEST(SgemmTest, EpilogueBlocksPartitionCAfterTheGemm) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case& t : std::vector<Case>{
+           {200, 1000, 300}, {1000, 200, 300}, {7, 9, 5}, {300, 500, 0}}) {
+    std::vector<std::vector<int64_t>> blocks_by_threads;
+    for (int threads : {1, 2}) {
+      SetBlasThreads(threads);
+      std::vector<float> a(t.m * std::max<int64_t>(t.k, 1), 1.0f);
+      std::vector<float> b(std::max<int64_t>(t.k, 1) * t.n, 1.0f);
+      std::vector<float> c(t.m * t.n, 0.5f);
+      std::vector<int> seen(t.m * t.n, 0);
+      std::mutex mu;
+      std::vector<int64_t> blocks;
+      bool finished_values = true;
+      ASSERT_TRUE(
+          Sgemm(false, false, t.m, t.n, t.k, 1.0f, a.data(),
+                std::max<int64_t>(t.k, 1), b.data(), t.n, 0.0f, c.data(), t.n,
+                [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  blocks.insert(blocks.end(), {row, rows, col, cols});
+                  for (int64_t i = row; i < row + rows; ++i) {
+                    for (int64_t j = col; j < col + cols; ++j) {
+                      ++seen[i * t.n + j];
+                      if (c[i * t.n + j] != static_cast<float>(t.k)) {
+                        finished_values = false;
+                      }
+                    }
+                  }
+                })
+              .ok());
+      EXPECT_TRUE(finished_values) << t.m << "x" << t.n << "x" << t.k;
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1),
+                static_cast<int64_t>(seen.size()))
+          << t.m << "x" << t.n << "x" << t.k;
+      std::sort(blocks.begin(), blocks.end());
+      blocks_by_threads.push_back(blocks);
+    }
+    EXPECT_EQ(blocks_by_threads[0], blocks_by_threads[1]);
+  }
+  SetBlasThreads(2);
+}
+
 TEST(SgemmTest, ConcurrentCallersGetSameBits) {
   Rng rng(8);
   const int64_t m = 128, n = 1024, k = 512;

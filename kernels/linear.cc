@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kernels/fast_math.h"
+#include "kernels/parallel.h"
 
 namespace trainyard {
 
@@ -24,15 +25,21 @@ void AddBiasResidual(int64_t rows, int64_t cols, const float* bias,
   }
 }
 
+namespace {
+
+// Columns per range of ColumnSums' threaded loop (at most 8 ranges).
+constexpr int64_t kColumnsPerRange = 128;
+
+// ColumnSums over columns [0, cols) of g, whose rows are `ld` apart.
 TY_VECTOR_CLONES
-void ColumnSums(int64_t rows, int64_t cols, const float* g, bool accumulate,
-                float* out) {
+void ColumnSumsBlock(int64_t rows, int64_t cols, int64_t ld, const float* g,
+                     bool accumulate, float* out) {
   // Sum into a zeroed row first so that accumulate and overwrite give the
   // same sums (out + sum versus 0 + sum).
   std::vector<float> sum(cols, 0.0f);
   float* __restrict s = sum.data();
   for (int64_t r = 0; r < rows; ++r) {
-    const float* __restrict gr = g + r * cols;
+    const float* __restrict gr = g + r * ld;
     for (int64_t c = 0; c < cols; ++c) s[c] += gr[c];
   }
   float* __restrict o = out;
@@ -41,6 +48,18 @@ void ColumnSums(int64_t rows, int64_t cols, const float* g, bool accumulate,
   } else {
     for (int64_t c = 0; c < cols; ++c) o[c] = s[c];
   }
+}
+
+}  // namespace
+
+void ColumnSums(int64_t rows, int64_t cols, const float* g, bool accumulate,
+                float* out) {
+  // Each column is summed over the rows in row order, whichever range of
+  // columns it falls in: the same bits for any cut and thread count.
+  ParallelRanges(cols, kColumnsPerRange, [&](int64_t begin, int64_t end) {
+    ColumnSumsBlock(rows, end - begin, cols, g + begin, accumulate,
+                    out + begin);
+  });
 }
 
 }  // namespace trainyard

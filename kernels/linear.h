@@ -1,9 +1,9 @@
 // The element-wise parts of nn.Linear around its GEMM: adding the bias (and
 // a skip connection) to the output, and the bias gradient.
 //
-// Single-threaded loops summing rows in row order: results are the same
-// bits on every run and ISA. Stateless, thread-safe. Pointers must not
-// overlap.
+// Column sums add rows in row order, threaded over ranges of columns
+// (kernels/parallel.h): results are the same bits on every run, thread
+// count and ISA. Stateless, thread-safe. Pointers must not overlap.
 #ifndef TRAINYARD_KERNELS_LINEAR_H_
 #define TRAINYARD_KERNELS_LINEAR_H_
 

@@ -1,5 +1,7 @@
 #include "kernels/mlp_block.h"
 
+#include <algorithm>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +10,7 @@
 #include "kernels/blas.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
+#include "kernels/parallel.h"
 
 namespace trainyard {
 namespace {
@@ -51,6 +54,17 @@ absl::Status CheckParams(const MlpBlockConfig& c, const MlpBlockParams& p) {
   return absl::OkStatus();
 }
 
+// Runs fn(first row, rows) over [0, rows) in ranges of at least ~64K
+// elements (rows of `cols`), threaded: for row-wise kernels, whose rows do
+// not depend on each other, the same bits as one call.
+void ParallelRows(int64_t rows, int64_t cols,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kElementsPerRange = int64_t{1} << 16;
+  const int64_t grain = std::max<int64_t>(1, kElementsPerRange / cols);
+  ParallelRanges(rows, grain,
+                 [&](int64_t begin, int64_t end) { fn(begin, end - begin); });
+}
+
 float* F(Tensor& t) { return t.data<float>(); }
 const float* F(const Tensor& t) { return t.data<float>(); }
 const float* OrNull(bool use, const Tensor& t) {
@@ -84,59 +98,122 @@ void NormForward(const MlpBlockConfig& c, const MlpBlockParams& params,
       s->norm_out = Tensor::Empty(DType::kFloat32, {b, in});
       s->mean = Tensor::Empty(DType::kFloat32, {b});
       s->rstd = Tensor::Empty(DType::kFloat32, {b});
-      LayerNormForward(b, in, F(x), F(params.norm_weight), F(params.norm_bias),
-                       c.norm_eps, F(s->norm_out), F(s->mean), F(s->rstd));
+      ParallelRows(b, in, [&](int64_t r, int64_t n) {
+        LayerNormForward(n, in, F(x) + r * in, F(params.norm_weight),
+                         F(params.norm_bias), c.norm_eps,
+                         F(s->norm_out) + r * in, F(s->mean) + r,
+                         F(s->rstd) + r);
+      });
       break;
     case NormType::kRmsNorm:
       s->norm_out = Tensor::Empty(DType::kFloat32, {b, in});
       s->rstd = Tensor::Empty(DType::kFloat32, {b});
-      RmsNormForward(b, in, F(x), F(params.norm_weight), c.norm_eps,
-                     F(s->norm_out), F(s->rstd));
+      ParallelRows(b, in, [&](int64_t r, int64_t n) {
+        RmsNormForward(n, in, F(x) + r * in, F(params.norm_weight), c.norm_eps,
+                       F(s->norm_out) + r * in, F(s->rstd) + r);
+      });
       break;
   }
 }
 
-// act_out [b, ffn] = act(fc1_out (+ bias)); the bias is added into fc1_out.
-void ActivationForward(const MlpBlockConfig& c, const MlpBlockParams& params,
-                       int64_t b, MlpBlockSaved* s) {
+// fc1's epilogue: act_out = act(fc1_out (+ bias)) on a block of fc1_out,
+// the bias added into fc1_out. Null for SwiGLU, whose outputs need both
+// halves of a row (SwigluForwardOverRows).
+GemmEpilogue ActivationEpilogue(const MlpBlockConfig& c,
+                                const MlpBlockParams& params,
+                                MlpBlockSaved* s) {
+  using Kernel = void (*)(int64_t, int64_t, const float*, float*, float*);
+  Kernel kernel = nullptr;
+  switch (c.activation) {
+    case Activation::kRelu:
+      kernel = BiasReluForward;
+      break;
+    case Activation::kGelu:
+      kernel = BiasGeluForward;
+      break;
+    case Activation::kGeluTanh:
+      kernel = BiasGeluTanhForward;
+      break;
+    case Activation::kSwiglu:
+      return GemmEpilogue();
+  }
   const int64_t ffn = c.ffn_hidden_size;
   const float* b1 = OrNull(c.bias, params.fc1_bias);
-  switch (c.activation) {
-    case Activation::kRelu:
-      BiasReluForward(b, ffn, b1, F(s->fc1_out), F(s->act_out));
-      break;
-    case Activation::kGelu:
-      BiasGeluForward(b, ffn, b1, F(s->fc1_out), F(s->act_out));
-      break;
-    case Activation::kGeluTanh:
-      BiasGeluTanhForward(b, ffn, b1, F(s->fc1_out), F(s->act_out));
-      break;
-    case Activation::kSwiglu:
-      BiasSwigluForward(b, ffn, b1, F(s->fc1_out), F(s->act_out));
-      break;
-  }
+  float* pre = F(s->fc1_out);
+  float* out = F(s->act_out);
+  return [=](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+    for (int64_t r = row; r < row + rows; ++r) {
+      kernel(1, cols, b1 == nullptr ? nullptr : b1 + col, pre + r * ffn + col,
+             out + r * ffn + col);
+    }
+  };
 }
 
-// d(fc1_out) [b, f1] from d(act_out) [b, ffn]: d_act itself, overwritten,
-// for the element-wise activations.
-Tensor ActivationBackward(const MlpBlockConfig& c, int64_t b,
-                          const Tensor& fc1_out, Tensor d_act) {
+// The SwiGLU forward after fc1's GEMM, threaded over rows.
+void SwigluForwardOverRows(const MlpBlockConfig& c,
+                           const MlpBlockParams& params, int64_t b,
+                           MlpBlockSaved* s) {
   const int64_t ffn = c.ffn_hidden_size;
+  const float* b1 = OrNull(c.bias, params.fc1_bias);
+  ParallelRows(b, 2 * ffn, [&](int64_t r, int64_t n) {
+    BiasSwigluForward(n, ffn, b1, F(s->fc1_out) + r * 2 * ffn,
+                      F(s->act_out) + r * ffn);
+  });
+}
+
+// An epilogue adding bias [cols of C] (may be null) and residual (a
+// matrix shaped like C, may be null) to a block of C [*, ld].
+GemmEpilogue BiasResidualEpilogue(const float* bias, const float* residual,
+                                  float* y, int64_t ld) {
+  return [=](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+    for (int64_t r = row; r < row + rows; ++r) {
+      AddBiasResidual(1, cols, bias == nullptr ? nullptr : bias + col,
+                      residual == nullptr ? nullptr : residual + r * ld + col,
+                      y + r * ld + col);
+    }
+  };
+}
+
+// The d(act_out) GEMM's epilogue: d_act [b, ffn] becomes d(fc1_out), in
+// place, on each block, for the element-wise activations. Null for SwiGLU
+// (SwigluBackwardOverRows).
+GemmEpilogue ActivationBackwardEpilogue(const MlpBlockConfig& c,
+                                        const Tensor& fc1_out, Tensor& d_act) {
+  using Kernel = void (*)(int64_t, const float*, float*);
+  Kernel kernel = nullptr;
   switch (c.activation) {
     case Activation::kRelu:
-      ReluBackward(b * ffn, F(fc1_out), F(d_act));
-      return d_act;
-    case Activation::kGelu:
-      GeluBackward(b * ffn, F(fc1_out), F(d_act));
-      return d_act;
-    case Activation::kGeluTanh:
-      GeluTanhBackward(b * ffn, F(fc1_out), F(d_act));
-      return d_act;
-    case Activation::kSwiglu:
+      kernel = ReluBackward;
       break;
+    case Activation::kGelu:
+      kernel = GeluBackward;
+      break;
+    case Activation::kGeluTanh:
+      kernel = GeluTanhBackward;
+      break;
+    case Activation::kSwiglu:
+      return GemmEpilogue();
   }
+  const int64_t ffn = c.ffn_hidden_size;
+  const float* pre = F(fc1_out);
+  float* grad = F(d_act);
+  return [=](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+    for (int64_t r = row; r < row + rows; ++r) {
+      kernel(cols, pre + r * ffn + col, grad + r * ffn + col);
+    }
+  };
+}
+
+// d(fc1_out) [b, 2*ffn] from d(act_out) [b, ffn] for SwiGLU, threaded over
+// rows.
+Tensor SwigluBackwardOverRows(const MlpBlockConfig& c, int64_t b,
+                              const Tensor& fc1_out, const Tensor& d_act) {
+  const int64_t ffn = c.ffn_hidden_size;
   Tensor d_fc1 = Tensor::Empty(DType::kFloat32, {b, c.fc1_out()});
-  SwigluBackward(b, ffn, F(fc1_out), F(d_act), F(d_fc1));
+  ParallelRows(b, 2 * ffn, [&](int64_t r, int64_t n) {
+    SwigluBackward(n, ffn, F(fc1_out) + r * 2 * ffn, F(d_act) + r * ffn,
+                   F(d_fc1) + r * 2 * ffn);
+  });
   return d_fc1;
 }
 
@@ -149,23 +226,30 @@ void NormBackwardInput(const MlpBlockConfig& c, const MlpBlockParams& params,
   const float* residual = c.residual ? F(d_out) : nullptr;
   switch (c.norm) {
     case NormType::kNone:
-      AddBiasResidual(b, in, nullptr, residual, F(d_norm_out));
+      // The residual was added by the GEMM's epilogue.
       *dx = d_norm_out;
       return;
     case NormType::kLayerNorm:
       saved->d_norm_out = d_norm_out;
       if (dx == nullptr) return;
       *dx = Tensor::Empty(DType::kFloat32, {b, in});
-      LayerNormBackwardInput(b, in, F(saved->x), F(params.norm_weight),
-                             F(saved->mean), F(saved->rstd), F(d_norm_out),
-                             residual, F(*dx));
+      ParallelRows(b, in, [&](int64_t r, int64_t n) {
+        LayerNormBackwardInput(
+            n, in, F(saved->x) + r * in, F(params.norm_weight),
+            F(saved->mean) + r, F(saved->rstd) + r, F(d_norm_out) + r * in,
+            residual == nullptr ? nullptr : residual + r * in, F(*dx) + r * in);
+      });
       return;
     case NormType::kRmsNorm:
       saved->d_norm_out = d_norm_out;
       if (dx == nullptr) return;
       *dx = Tensor::Empty(DType::kFloat32, {b, in});
-      RmsNormBackwardInput(b, in, F(saved->x), F(params.norm_weight),
-                           F(saved->rstd), F(d_norm_out), residual, F(*dx));
+      ParallelRows(b, in, [&](int64_t r, int64_t n) {
+        RmsNormBackwardInput(n, in, F(saved->x) + r * in, F(params.norm_weight),
+                             F(saved->rstd) + r, F(d_norm_out) + r * in,
+                             residual == nullptr ? nullptr : residual + r * in,
+                             F(*dx) + r * in);
+      });
       return;
   }
 }
@@ -191,18 +275,24 @@ absl::Status MlpBlock::Forward(const MlpBlockParams& params, const Tensor& x,
   s.x = x;
   NormForward(c, params, x, &s);
   // fc1: [b, f1] = norm_out [b, in] @ fc1.weight^T [in, f1].
+  // The bias and activation run on each block of fc1_out as the GEMM
+  // finishes it.
   s.fc1_out = Tensor::Empty(DType::kFloat32, {b, f1});
-  RETURN_IF_ERROR(Sgemm(false, true, b, f1, in, 1.0f, F(s.norm_out), in,
-                        F(params.fc1_weight), in, 0.0f, F(s.fc1_out), f1));
   s.act_out = Tensor::Empty(DType::kFloat32, {b, ffn});
-  ActivationForward(c, params, b, &s);
+  RETURN_IF_ERROR(Sgemm(false, true, b, f1, in, 1.0f, F(s.norm_out), in,
+                        F(params.fc1_weight), in, 0.0f, F(s.fc1_out), f1,
+                        ActivationEpilogue(c, params, &s)));
+  if (c.activation == Activation::kSwiglu)
+    SwigluForwardOverRows(c, params, b, &s);
 
-  // fc2: [b, out] = act_out [b, ffn] @ fc2.weight^T [ffn, out].
+  // fc2: [b, out] = act_out [b, ffn] @ fc2.weight^T [ffn, out], then + bias
+  // (+ x) on each block.
   Tensor result = Tensor::Empty(DType::kFloat32, {b, out});
-  RETURN_IF_ERROR(Sgemm(false, true, b, out, ffn, 1.0f, F(s.act_out), ffn,
-                        F(params.fc2_weight), ffn, 0.0f, F(result), out));
-  AddBiasResidual(b, out, OrNull(c.bias, params.fc2_bias),
-                  c.residual ? F(x) : nullptr, F(result));
+  RETURN_IF_ERROR(
+      Sgemm(false, true, b, out, ffn, 1.0f, F(s.act_out), ffn,
+            F(params.fc2_weight), ffn, 0.0f, F(result), out,
+            BiasResidualEpilogue(OrNull(c.bias, params.fc2_bias),
+                                 c.residual ? F(x) : nullptr, F(result), out)));
   *y = std::move(result);
   *saved = std::move(s);
   return absl::OkStatus();
@@ -225,20 +315,30 @@ absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
   const Tensor g = d_out;  // keeps d_out alive if *dx aliases it
   RETURN_IF_ERROR(CheckTensor("block output gradient d_out", g, {b, out}));
 
-  // d(act_out) [b, ffn] = d_out [b, out] @ fc2.weight [out, ffn].
+  // d(act_out) [b, ffn] = d_out [b, out] @ fc2.weight [out, ffn]; each
+  // block becomes d(fc1_out) as the GEMM finishes it (element-wise
+  // activations), or after it (SwiGLU).
   Tensor d_act = Tensor::Empty(DType::kFloat32, {b, ffn});
   RETURN_IF_ERROR(Sgemm(false, false, b, ffn, out, 1.0f, F(g), out,
-                        F(params.fc2_weight), ffn, 0.0f, F(d_act), ffn));
-  const Tensor d_fc1 = ActivationBackward(c, b, saved->fc1_out, d_act);
+                        F(params.fc2_weight), ffn, 0.0f, F(d_act), ffn,
+                        ActivationBackwardEpilogue(c, saved->fc1_out, d_act)));
+  const Tensor d_fc1 = c.activation == Activation::kSwiglu
+                           ? SwigluBackwardOverRows(c, b, saved->fc1_out, d_act)
+                           : d_act;
   saved->d_out = g;
   saved->d_fc1_out = d_fc1;
 
-  // d(norm_out) [b, in] = d_fc1 [b, f1] @ fc1.weight [f1, in].
+  // d(norm_out) [b, in] = d_fc1 [b, f1] @ fc1.weight [f1, in]; without a
+  // norm that is dx, and the residual's gradient is added on each block.
   const bool need_d_norm_out = c.norm != NormType::kNone;
   if (!need_d_norm_out && dx == nullptr) return absl::OkStatus();
   Tensor d_norm_out = Tensor::Empty(DType::kFloat32, {b, in});
-  RETURN_IF_ERROR(Sgemm(false, false, b, in, f1, 1.0f, F(d_fc1), f1,
-                        F(params.fc1_weight), in, 0.0f, F(d_norm_out), in));
+  RETURN_IF_ERROR(Sgemm(
+      false, false, b, in, f1, 1.0f, F(d_fc1), f1, F(params.fc1_weight), in,
+      0.0f, F(d_norm_out), in,
+      BiasResidualEpilogue(nullptr,
+                           !need_d_norm_out && c.residual ? F(g) : nullptr,
+                           F(d_norm_out), in)));
   NormBackwardInput(c, params, g, d_norm_out, saved, dx);
   return absl::OkStatus();
 }

@@ -8,7 +8,9 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
+#include "kernels/activation.h"
 #include "kernels/blas.h"
+#include "kernels/linear.h"
 #include "kernels/reference.h"
 
 namespace trainyard {
@@ -262,47 +264,121 @@ TEST(MlpBlockTest, BackwardWeightAccumulatesMicrobatches) {
 }
 
 // Same inputs give the same bits, whatever the BLAS thread count.
+// Every activation x norm, with bias and residual, at a size where the
+// GEMM epilogues, the row-threaded norms and the column-threaded bias
+// gradients all split their work: the same bits on 1 and 2 threads and on
+// repeated runs.
 TEST(MlpBlockTest, BitwiseDeterministicAcrossRunsAndThreadCounts) {
-  Rng rng(44);
+  const int64_t b = 200, h = 512, ffn = 640;
+  for (const MlpBlockConfig& c : AllConfigs(h, h, ffn)) {
+    if (!c.bias || !c.residual) continue;
+    Rng rng(44);
+    MlpBlockParams params;
+    BlockParams ref;
+    RandomParams(c, &rng, &params, &ref);
+    const Tensor x = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
+    const Tensor dy = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
+    MlpBlock block(c);
+    std::vector<std::vector<float>> runs;
+    for (int threads : {2, 1, 2}) {
+      SetBlasThreads(threads);
+      Tensor y, dx;
+      MlpBlockSaved saved;
+      MlpBlockParams grads;
+      ASSERT_TRUE(block.Forward(params, x, &y, &saved).ok());
+      ASSERT_TRUE(block.BackwardInput(params, dy, &saved, &dx).ok());
+      ASSERT_TRUE(block.BackwardWeight(&saved, false, &grads).ok());
+      std::vector<float> all;
+      for (const Tensor* t : {&y, &dx}) {
+        all.insert(all.end(), t->data<float>(), t->data<float>() + t->numel());
+      }
+      for (Tensor* t : grads.InOrder(c)) {
+        all.insert(all.end(), t->data<float>(), t->data<float>() + t->numel());
+      }
+      runs.push_back(all);
+    }
+    SetBlasThreads(2);
+    for (size_t i = 1; i < runs.size(); ++i) {
+      ASSERT_EQ(runs[0].size(), runs[i].size());
+      EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[i].data(),
+                               runs[0].size() * sizeof(float)))
+          << Describe(c, b) << " run " << i;
+    }
+  }
+}
+
+// The block fuses the bias and activation into fc1's GEMM, the bias and
+// residual into fc2's, the activation's backward into the d(act) GEMM and
+// the residual's gradient into the dx GEMM, and threads the bias
+// gradients: every result is bitwise what separate, single-threaded
+// passes after each GEMM give.
+TEST(MlpBlockTest, FusedEpiloguesMatchSeparatePassesBitwise) {
+  const int64_t b = 200, h = 256, ffn = 1024;
   MlpBlockConfig c;
-  c.in_features = c.out_features = 128;
-  c.ffn_hidden_size = 512;
+  c.in_features = c.out_features = h;
+  c.ffn_hidden_size = ffn;
   c.activation = Activation::kGelu;
-  c.norm = NormType::kLayerNorm;
+  c.norm = NormType::kNone;
+  c.bias = true;
   c.residual = true;
-  MlpBlockParams params;
+  Rng rng(45);
+  MlpBlockParams p;
   BlockParams ref;
-  RandomParams(c, &rng, &params, &ref);
-  const Tensor x =
-      ToTensor(reference::RandomVec(&rng, 64 * 128, 1.0), {64, 128});
-  const Tensor dy =
-      ToTensor(reference::RandomVec(&rng, 64 * 128, 1.0), {64, 128});
+  RandomParams(c, &rng, &p, &ref);
+  const Tensor x = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
+  const Tensor dy = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
   MlpBlock block(c);
-  std::vector<std::vector<float>> runs;
-  for (int threads : {2, 1, 2}) {
-    SetBlasThreads(threads);
-    Tensor y, dx;
-    MlpBlockSaved saved;
-    MlpBlockParams grads;
-    ASSERT_TRUE(block.Forward(params, x, &y, &saved).ok());
-    ASSERT_TRUE(block.BackwardInput(params, dy, &saved, &dx).ok());
-    ASSERT_TRUE(block.BackwardWeight(&saved, false, &grads).ok());
-    std::vector<float> all;
-    for (const Tensor* t : {&y, &dx}) {
-      all.insert(all.end(), t->data<float>(), t->data<float>() + t->numel());
-    }
-    for (Tensor* t : grads.InOrder(c)) {
-      all.insert(all.end(), t->data<float>(), t->data<float>() + t->numel());
-    }
-    runs.push_back(all);
+  Tensor y, dx;
+  MlpBlockSaved saved;
+  MlpBlockParams grads;
+  ASSERT_TRUE(block.Forward(p, x, &y, &saved).ok());
+  const std::vector<float> fc1_out(saved.fc1_out.data<float>(),
+                                   saved.fc1_out.data<float>() + b * ffn);
+  const std::vector<float> act_out(saved.act_out.data<float>(),
+                                   saved.act_out.data<float>() + b * ffn);
+  ASSERT_TRUE(block.BackwardInput(p, dy, &saved, &dx).ok());
+  const std::vector<float> d_fc1(saved.d_fc1_out.data<float>(),
+                                 saved.d_fc1_out.data<float>() + b * ffn);
+  ASSERT_TRUE(block.BackwardWeight(&saved, false, &grads).ok());
+
+  // The same computation as separate passes over whole matrices.
+  const float* w1 = p.fc1_weight.data<float>();
+  const float* w2 = p.fc2_weight.data<float>();
+  std::vector<float> pre(b * ffn), act(b * ffn), out(b * h), d_act(b * ffn),
+      d_in(b * h);
+  ASSERT_TRUE(Sgemm(false, true, b, ffn, h, 1.0f, x.data<float>(), h, w1, h,
+                    0.0f, pre.data(), ffn)
+                  .ok());
+  BiasGeluForward(b, ffn, p.fc1_bias.data<float>(), pre.data(), act.data());
+  ASSERT_TRUE(Sgemm(false, true, b, h, ffn, 1.0f, act.data(), ffn, w2, ffn,
+                    0.0f, out.data(), h)
+                  .ok());
+  AddBiasResidual(b, h, p.fc2_bias.data<float>(), x.data<float>(), out.data());
+  ASSERT_TRUE(Sgemm(false, false, b, ffn, h, 1.0f, dy.data<float>(), h, w2, ffn,
+                    0.0f, d_act.data(), ffn)
+                  .ok());
+  GeluBackward(b * ffn, pre.data(), d_act.data());
+  ASSERT_TRUE(Sgemm(false, false, b, h, ffn, 1.0f, d_act.data(), ffn, w1, h,
+                    0.0f, d_in.data(), h)
+                  .ok());
+  AddBiasResidual(b, h, nullptr, dy.data<float>(), d_in.data());
+  // Bias gradients: each column summed over the rows in row order.
+  std::vector<float> d_b1(ffn, 0.0f), d_b2(h, 0.0f);
+  for (int64_t r = 0; r < b; ++r) {
+    for (int64_t j = 0; j < ffn; ++j) d_b1[j] += d_act[r * ffn + j];
+    for (int64_t j = 0; j < h; ++j) d_b2[j] += dy.data<float>()[r * h + j];
   }
-  SetBlasThreads(2);
-  for (size_t i = 1; i < runs.size(); ++i) {
-    ASSERT_EQ(runs[0].size(), runs[i].size());
-    EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[i].data(),
-                             runs[0].size() * sizeof(float)))
-        << "run " << i;
-  }
+
+  const auto same = [](const float* got, const std::vector<float>& want) {
+    return std::memcmp(got, want.data(), want.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same(fc1_out.data(), pre)) << "fc1 pre-activation";
+  EXPECT_TRUE(same(act_out.data(), act)) << "activation";
+  EXPECT_TRUE(same(y.data<float>(), out)) << "block output";
+  EXPECT_TRUE(same(d_fc1.data(), d_act)) << "d(fc1 out)";
+  EXPECT_TRUE(same(dx.data<float>(), d_in)) << "dx";
+  EXPECT_TRUE(same(grads.fc1_bias.data<float>(), d_b1)) << "grad fc1.bias";
+  EXPECT_TRUE(same(grads.fc2_bias.data<float>(), d_b2)) << "grad fc2.bias";
 }
 
 TEST(MlpBlockTest, NamesParseAndErrorsListAllowedValues) {

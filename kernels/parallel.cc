@@ -114,6 +114,24 @@ void ParallelFor(int tasks, const std::function<void(int)>& fn) {
   GetPool().Run(tasks, fn);
 }
 
+void ParallelRanges(int64_t n, int64_t grain,
+                    const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kMaxRanges = 8;
+  if (n <= 0) return;
+  const int64_t ranges = std::max<int64_t>(
+      1, std::min(kMaxRanges, n / std::max<int64_t>(grain, 1)));
+  const int64_t size = (n + ranges - 1) / ranges;
+  const int tasks = static_cast<int>((n + size - 1) / size);
+  if (tasks == 1) {
+    fn(0, n);
+    return;
+  }
+  ParallelFor(tasks, [&](int t) {
+    const int64_t begin = t * size;
+    fn(begin, std::min(n, begin + size));
+  });
+}
+
 void SetComputeThreads(int n) { GetPool().SetThreads(std::max(n, 1)); }
 
 int ComputeThreads() { return GetPool().threads(); }

@@ -13,11 +13,19 @@
 #ifndef TRAINYARD_KERNELS_PARALLEL_H_
 #define TRAINYARD_KERNELS_PARALLEL_H_
 
+#include <cstdint>
 #include <functional>
 
 namespace trainyard {
 
 void ParallelFor(int tasks, const std::function<void(int)>& fn);
+
+// Runs fn(begin, end) over [0, n) cut into at most 8 equal ranges of at
+// least `grain` each (one range when n < 2 * grain): the cut depends on n
+// and grain only, never on the thread count, so a loop whose ranges write
+// disjoint outputs gives the same bits on any number of threads.
+void ParallelRanges(int64_t n, int64_t grain,
+                    const std::function<void(int64_t, int64_t)>& fn);
 
 // Threads ParallelFor uses (default: the hardware concurrency); n < 1
 // means 1.
