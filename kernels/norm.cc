@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/fast_math.h"
+#include "kernels/parallel.h"
 
 namespace trainyard {
 namespace {
@@ -26,21 +27,28 @@ inline __attribute__((always_inline)) float LaneSum(int64_t n, F f) {
   return acc[0];
 }
 
-// out[c] (+)= sum over rows of f(r, c), rows in order.
+// out[c] (+)= sum over rows of f(r, c), rows in order, for c in
+// [begin, end).
 template <typename F>
 inline __attribute__((always_inline)) void RowSumsInto(
-    int64_t rows, int64_t cols, bool accumulate, float* __restrict out, F f) {
-  std::vector<float> sum(cols, 0.0f);
+    int64_t rows, int64_t begin, int64_t end, bool accumulate,
+    float* __restrict out, F f) {
+  std::vector<float> sum(end - begin, 0.0f);
   float* __restrict s = sum.data();
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) s[c] += f(r, c);
+    for (int64_t c = begin; c < end; ++c) s[c - begin] += f(r, c);
   }
   if (accumulate) {
-    for (int64_t c = 0; c < cols; ++c) out[c] += s[c];
+    for (int64_t c = begin; c < end; ++c) out[c] += s[c - begin];
   } else {
-    for (int64_t c = 0; c < cols; ++c) out[c] = s[c];
+    for (int64_t c = begin; c < end; ++c) out[c] = s[c - begin];
   }
 }
+
+// Columns per range of the parameter gradients' threaded loops (at most 8
+// ranges): each column sums its rows in order whichever range it is in,
+// so the cut never changes a bit.
+constexpr int64_t kColumnsPerRange = 128;
 
 // Row r of dx [rows, cols] for a backward-input pass: dx[r][c] = v(c),
 // plus residual[r][c] (a skip connection's gradient) when `residual` is not
@@ -113,20 +121,49 @@ void LayerNormBackwardInput(int64_t rows, int64_t cols, const float* x,
   }
 }
 
+namespace {
+
+// LayerNormBackwardParams over columns [begin, end).
 TY_VECTOR_CLONES
+void LayerNormParamsRange(int64_t rows, int64_t cols, int64_t begin,
+                          int64_t end, const float* x, const float* mean,
+                          const float* rstd, const float* dy, bool accumulate,
+                          float* d_weight, float* d_bias) {
+  const float* __restrict xp = x;
+  const float* __restrict g = dy;
+  RowSumsInto(
+      rows, begin, end, accumulate, d_weight, [=](int64_t r, int64_t c) {
+        return g[r * cols + c] * ((xp[r * cols + c] - mean[r]) * rstd[r]);
+      });
+  if (d_bias != nullptr) {
+    RowSumsInto(rows, begin, end, accumulate, d_bias,
+                [=](int64_t r, int64_t c) { return g[r * cols + c]; });
+  }
+}
+
+// RmsNormBackwardParams over columns [begin, end).
+TY_VECTOR_CLONES
+void RmsNormParamsRange(int64_t rows, int64_t cols, int64_t begin, int64_t end,
+                        const float* x, const float* rstd, const float* dy,
+                        bool accumulate, float* d_weight) {
+  const float* __restrict xp = x;
+  const float* __restrict g = dy;
+  RowSumsInto(rows, begin, end, accumulate, d_weight,
+              [=](int64_t r, int64_t c) {
+                return g[r * cols + c] * (xp[r * cols + c] * rstd[r]);
+              });
+}
+
+}  // namespace
+
 void LayerNormBackwardParams(int64_t rows, int64_t cols, const float* x,
                              const float* mean, const float* rstd,
                              const float* dy, bool accumulate, float* d_weight,
                              float* d_bias) {
-  const float* __restrict xp = x;
-  const float* __restrict g = dy;
-  RowSumsInto(rows, cols, accumulate, d_weight, [=](int64_t r, int64_t c) {
-    return g[r * cols + c] * ((xp[r * cols + c] - mean[r]) * rstd[r]);
+  ParallelRanges(cols, kColumnsPerRange, [&](int64_t begin, int64_t end) {
+    LayerNormParamsRange(rows, cols, begin, end, x, mean, rstd, dy, accumulate,
+                         d_weight, d_bias);
   });
-  if (d_bias != nullptr) {
-    RowSumsInto(rows, cols, accumulate, d_bias,
-                [=](int64_t r, int64_t c) { return g[r * cols + c]; });
-  }
 }
 
 TY_VECTOR_CLONES
@@ -164,14 +201,12 @@ void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x,
   }
 }
 
-TY_VECTOR_CLONES
 void RmsNormBackwardParams(int64_t rows, int64_t cols, const float* x,
                            const float* rstd, const float* dy, bool accumulate,
                            float* d_weight) {
-  const float* __restrict xp = x;
-  const float* __restrict g = dy;
-  RowSumsInto(rows, cols, accumulate, d_weight, [=](int64_t r, int64_t c) {
-    return g[r * cols + c] * (xp[r * cols + c] * rstd[r]);
+  ParallelRanges(cols, kColumnsPerRange, [&](int64_t begin, int64_t end) {
+    RmsNormParamsRange(rows, cols, begin, end, x, rstd, dy, accumulate,
+                       d_weight);
   });
 }
 

@@ -4,8 +4,10 @@
 //
 // Row reductions use 16 interleaved partial sums combined in a fixed tree,
 // so they vectorise and give the same bits on every ISA and run. Parameter
-// gradients sum over rows in row order. Stateless, no threads,
-// thread-safe. Pointers must not overlap.
+// gradients sum over rows in row order, threaded over ranges of columns
+// (kernels/parallel.h; the same bits on any thread count); the other
+// kernels run on the calling thread (the MLP block threads them over
+// rows). Stateless, thread-safe. Pointers must not overlap.
 #ifndef TRAINYARD_KERNELS_NORM_H_
 #define TRAINYARD_KERNELS_NORM_H_
 
