@@ -122,29 +122,33 @@ void NormForward(const MlpBlockConfig& c, const MlpBlockParams& params,
 GemmEpilogue ActivationEpilogue(const MlpBlockConfig& c,
                                 const MlpBlockParams& params,
                                 MlpBlockSaved* s) {
-  using Kernel = void (*)(int64_t, int64_t, const float*, float*, float*);
-  Kernel kernel = nullptr;
-  switch (c.activation) {
-    case Activation::kRelu:
-      kernel = BiasReluForward;
-      break;
-    case Activation::kGelu:
-      kernel = BiasGeluForward;
-      break;
-    case Activation::kGeluTanh:
-      kernel = BiasGeluTanhForward;
-      break;
-    case Activation::kSwiglu:
-      return GemmEpilogue();
-  }
+  // The kernels are called by name, never through pointers: taking an
+  // ifunc's address (TY_VECTOR_CLONES) would export it from a task plugin
+  // that links this block.
+  const Activation act = c.activation;
+  if (act == Activation::kSwiglu) return GemmEpilogue();
   const int64_t ffn = c.ffn_hidden_size;
   const float* b1 = OrNull(c.bias, params.fc1_bias);
   float* pre = F(s->fc1_out);
   float* out = F(s->act_out);
   return [=](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+    const float* bias = b1 == nullptr ? nullptr : b1 + col;
     for (int64_t r = row; r < row + rows; ++r) {
-      kernel(1, cols, b1 == nullptr ? nullptr : b1 + col, pre + r * ffn + col,
-             out + r * ffn + col);
+      float* p = pre + r * ffn + col;
+      float* o = out + r * ffn + col;
+      switch (act) {
+        case Activation::kRelu:
+          BiasReluForward(1, cols, bias, p, o);
+          break;
+        case Activation::kGelu:
+          BiasGeluForward(1, cols, bias, p, o);
+          break;
+        case Activation::kGeluTanh:
+          BiasGeluTanhForward(1, cols, bias, p, o);
+          break;
+        case Activation::kSwiglu:
+          break;
+      }
     }
   };
 }
@@ -179,27 +183,28 @@ GemmEpilogue BiasResidualEpilogue(const float* bias, const float* residual,
 // (SwigluBackwardOverRows).
 GemmEpilogue ActivationBackwardEpilogue(const MlpBlockConfig& c,
                                         const Tensor& fc1_out, Tensor& d_act) {
-  using Kernel = void (*)(int64_t, const float*, float*);
-  Kernel kernel = nullptr;
-  switch (c.activation) {
-    case Activation::kRelu:
-      kernel = ReluBackward;
-      break;
-    case Activation::kGelu:
-      kernel = GeluBackward;
-      break;
-    case Activation::kGeluTanh:
-      kernel = GeluTanhBackward;
-      break;
-    case Activation::kSwiglu:
-      return GemmEpilogue();
-  }
+  const Activation act = c.activation;
+  if (act == Activation::kSwiglu) return GemmEpilogue();
   const int64_t ffn = c.ffn_hidden_size;
   const float* pre = F(fc1_out);
   float* grad = F(d_act);
   return [=](int64_t row, int64_t rows, int64_t col, int64_t cols) {
     for (int64_t r = row; r < row + rows; ++r) {
-      kernel(cols, pre + r * ffn + col, grad + r * ffn + col);
+      const float* p = pre + r * ffn + col;
+      float* g = grad + r * ffn + col;
+      switch (act) {
+        case Activation::kRelu:
+          ReluBackward(cols, p, g);
+          break;
+        case Activation::kGelu:
+          GeluBackward(cols, p, g);
+          break;
+        case Activation::kGeluTanh:
+          GeluTanhBackward(cols, p, g);
+          break;
+        case Activation::kSwiglu:
+          break;
+      }
     }
   };
 }
