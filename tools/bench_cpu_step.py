@@ -21,8 +21,10 @@ Build, then run from the repository root with Debian's Python (torch 1.13):
         [--rounds 3] [--threads 2] [--min_time 2]
 
 PyTorch runs with OPENBLAS_CORETYPE set to --torch_coretype (default Zen,
-the fastest of its OpenBLAS kernels measured on the 2-vCPU EPYC); Trainyard
-picks its own from CPUID.
+the fastest of its OpenBLAS kernels measured on the 2-vCPU EPYC; a PyTorch
+built with MKL or oneDNN ignores it); Trainyard picks its own from CPUID.
+The GPU bundle's run.sh runs this on the GPU machine's CPU (its PyTorch,
+--bench and --ld_library_path pointing into the bundle).
 """
 import argparse
 import json
@@ -68,13 +70,30 @@ print(json.dumps({"step_ms": 1e3 * seconds, "samples_per_s": batch / seconds,
 """
 
 
+def machine():
+    """The CPU's model name and whether it has AVX-512 (/proc/cpuinfo)."""
+    model, flags = "unknown CPU", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    return f"{model}, {os.cpu_count()} CPUs, " + (
+        "AVX-512" if "avx512f" in flags else
+        "AVX2, no AVX-512" if "avx2" in flags else "no AVX2")
+
+
 def run_trainyard(args):
     """BM_StepBreakdown for M = 1, 4, 8: {M: counters}."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    if args.ld_library_path:
+        env["LD_LIBRARY_PATH"] = args.ld_library_path
     out = subprocess.run(
-        [BENCH, "--benchmark_filter=BM_StepBreakdown",
+        [args.bench, "--benchmark_filter=BM_StepBreakdown",
          f"--benchmark_min_time={args.min_time}", "--benchmark_format=json"],
-        check=True, capture_output=True, text=True,
-        env={k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"})
+        check=True, capture_output=True, text=True, env=env)
     result = {}
     for b in json.loads(out.stdout)["benchmarks"]:
         m = int(b["name"].split("/")[1][1:])
@@ -99,7 +118,13 @@ def main():
     p.add_argument("--min_time", type=float, default=2.0)
     p.add_argument("--torch_steps", type=int, default=8)
     p.add_argument("--torch_coretype", default="Zen")
+    p.add_argument("--bench", default=BENCH,
+                   help="the train_step_benchmark binary")
+    p.add_argument("--ld_library_path", default="",
+                   help="LD_LIBRARY_PATH for the benchmark binary only (the "
+                   "GPU bundle's lib/)")
     args = p.parse_args()
+    print(f"machine: {machine()}", flush=True)
     if args.threads != 2:
         sys.exit("BM_StepBreakdown runs 2 threads; use --threads 2")
     rows = []

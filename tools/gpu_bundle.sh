@@ -12,14 +12,16 @@
 # *gpu*benchmark* binary, //kernels/cuda:mlp_benchmark, the CLI, both daemons
 # and the three task plugins. The folder holds:
 #   bin/            trainyard, trainyard-controller, trainyard-worker,
-#                   mlp_benchmark (+ GPU benchmarks);
+#                   mlp_benchmark, train_step_benchmark (the CPU step)
+#                   (+ GPU benchmarks);
 #                   bin/tests/<package>/<test> with its runfiles (data only)
 #   plugins/        lib{mse,cross_entropy,logit_distillation}.so
 #   lib/            every shared library ldd lists, except glibc, libstdc++,
 #                   libgcc_s and CUDA's own (the GPU machine has those), plus
 #                   the OpenBLAS that kernels/blas.cc dlopen()s
 #   examples/       digits.json and digits/*.npy
-#   tools/          bench_gpu_mlp.py, bench_inference.py, gpu_compare.py
+#   tools/          bench_gpu_mlp.py, bench_inference.py, bench_cpu_step.py,
+#                   gpu_compare.py
 #   run.sh          tools/gpu_bundle_run.sh
 #   gpu_tests.txt, gpu_benchmarks.txt, MANIFEST.txt
 set -euo pipefail
@@ -54,7 +56,8 @@ mapfile -t TESTS < <(grep . <<<"$tests")
 mapfile -t BENCHES < <(grep . <<<"$benches")
 ((${#TESTS[@]} > 0)) || die "bazel query found no test tagged gpu"
 TOOLS=(//kernels/cuda:mlp_benchmark //cli:trainyard
-  //controller:trainyard-controller //worker:trainyard-worker "${BENCHES[@]}")
+  //controller:trainyard-controller //worker:trainyard-worker
+  //engine:train_step_benchmark "${BENCHES[@]}")
 PLUGINS=(//task_plugins:libmse.so //task_plugins:libcross_entropy.so
   //task_plugins:liblogit_distillation.so)
 
@@ -138,7 +141,8 @@ chmod -R u+w "$OUT"
 
 cp examples/digits.json "$OUT/examples/"
 cp examples/digits/*.npy "$OUT/examples/digits/"
-cp tools/bench_gpu_mlp.py tools/bench_inference.py tools/gpu_compare.py "$OUT/tools/"
+cp tools/bench_gpu_mlp.py tools/bench_inference.py tools/bench_cpu_step.py \
+  tools/gpu_compare.py "$OUT/tools/"
 cp tools/gpu_bundle_run.sh "$OUT/run.sh"
 chmod +x "$OUT/run.sh" "$OUT/tools/"*.py
 

@@ -36,6 +36,9 @@
 #                                 inference job's rows/s (2 blocks, h=8192,
 #                                 bf16) next to torch.inference_mode, same
 #                                 python
+#   bench_cpu_step                tools/bench_cpu_step.py: the CPU training
+#                                 step (M = 1, 4, 8; 2 threads) next to that
+#                                 python's torch on this machine's CPU
 # RESULTS_DIR gets summary.txt (one row per step: PASS/FAIL/SKIPPED, seconds,
 # detail; the benchmarks side by side) and gpu-results.tar.gz (every log,
 # metric file and spec). Exit: 0 when every step that ran passed, 1 otherwise,
@@ -375,6 +378,18 @@ bench_infer() {
   DETAIL=$(grep '^median' "$STEP_LOG" | last_line)
 }
 
+# The CPU step (engine/train_step_benchmark's breakdown at M = 1, 4, 8, 2
+# threads) against this machine's PyTorch on its CPU: the step's figures on
+# another CPU kind (the GPU machines' have AVX-512).
+bench_cpu_step() {
+  torch_python || { DETAIL=$WHY; return 3; }
+  run "$TY_BENCH_TIMEOUT" env LD_LIBRARY_PATH="$ORIG_LD" "$TORCH_PY" \
+    "$HERE/tools/bench_cpu_step.py" --rounds 2 --min_time 1 \
+    --bench "$HERE/bin/train_step_benchmark" \
+    --ld_library_path "$LD_LIBRARY_PATH" || return 1
+  DETAIL="$(grep '^machine' "$STEP_LOG" | last_line); $(grep 'M = 4' "$STEP_LOG" | last_line | cut -c1-120)"
+}
+
 finish() {
   ((FINISHED)) && return
   FINISHED=1
@@ -444,5 +459,6 @@ for t in "${BENCHES[@]}"; do
 done
 step bench_torch bench_torch
 step bench_infer bench_infer
+step bench_cpu_step bench_cpu_step
 finish
 exit "$FAILED"
