@@ -133,116 +133,151 @@ void BM_TrainStep(benchmark::State& state, const char* optimizer,
 // less GEMMs, element-wise and optimizer: the loss, copies, the framework, and
 // whatever the fused epilogues gain or lose against separate passes.
 //   bazel run //engine:train_step_benchmark -- --benchmark_filter=Breakdown
+// The step's parts on their own buffers: per block the weights, their
+// gradients and biases; per microbatch and block the saved activations and
+// the gradients flowing back (random values; only the time matters).
+class StepParts {
+ public:
+  explicit StepParts(int microbatches)
+      : mb_(kBatch / microbatches), n_(int64_t{microbatches} * kBlocks) {
+    const int64_t h = kHidden, f = kFfn;
+    for (int i = 0; i < kBlocks; ++i) {
+      w1_.push_back(Random(f * h));
+      w2_.push_back(Random(h * f));
+      gw1_.emplace_back(f * h);
+      gw2_.emplace_back(h * f);
+      b1_.push_back(Random(f));
+      b2_.push_back(Random(h));
+      gb1_.emplace_back(f);
+      gb2_.emplace_back(h);
+    }
+    for (int64_t i = 0; i < n_; ++i) {
+      x_.push_back(Random(mb_ * h));
+      pre_.push_back(Random(mb_ * f));
+      act_.push_back(Random(mb_ * f));
+      y_.emplace_back(mb_ * h);
+      dy_.push_back(Random(mb_ * h));
+      dact_.push_back(Random(mb_ * f));
+      dx_.emplace_back(mb_ * h);
+    }
+    ca_ = Random(kBatch * h);
+    cb_ = Random(f * h);
+    cc_.resize(kBatch * f);
+  }
+
+  // fc1 and fc2 of every block and microbatch.
+  void ForwardGemms() {
+    const int64_t mb = mb_, h = kHidden, f = kFfn;
+    for (int64_t i = 0; i < n_; ++i) {
+      const int64_t blk = i % kBlocks;
+      CHECK_OK(Sgemm(false, true, mb, f, h, 1.0f, x_[i].data(), h,
+                     w1_[blk].data(), h, 0.0f, pre_[i].data(), f));
+      CHECK_OK(Sgemm(false, true, mb, h, f, 1.0f, act_[i].data(), f,
+                     w2_[blk].data(), f, 0.0f, y_[i].data(), h));
+    }
+  }
+  // d(act) and dx (not block 0's: a first stage needs no input gradient).
+  void InputGradientGemms() {
+    const int64_t mb = mb_, h = kHidden, f = kFfn;
+    for (int64_t i = 0; i < n_; ++i) {
+      const int64_t blk = i % kBlocks;
+      CHECK_OK(Sgemm(false, false, mb, f, h, 1.0f, dy_[i].data(), h,
+                     w2_[blk].data(), f, 0.0f, dact_[i].data(), f));
+      if (blk == 0) continue;
+      CHECK_OK(Sgemm(false, false, mb, h, f, 1.0f, dact_[i].data(), f,
+                     w1_[blk].data(), h, 0.0f, dx_[i].data(), h));
+    }
+  }
+  // fc2.weight and fc1.weight, accumulated over the microbatches.
+  void WeightGradientGemms() {
+    const int64_t mb = mb_, h = kHidden, f = kFfn;
+    for (int64_t i = 0; i < n_; ++i) {
+      const int64_t blk = i % kBlocks;
+      const float beta = i < kBlocks ? 0.0f : 1.0f;
+      CHECK_OK(Sgemm(true, false, h, f, mb, 1.0f, dy_[i].data(), h,
+                     act_[i].data(), f, beta, gw2_[blk].data(), f));
+      CHECK_OK(Sgemm(true, false, f, h, mb, 1.0f, dact_[i].data(), f,
+                     x_[i].data(), h, beta, gw1_[blk].data(), h));
+    }
+  }
+  // Bias + GELU, fc2's bias, GELU's backward and the bias gradients, as
+  // separate passes threaded over rows (columns for the sums).
+  void Elementwise() {
+    const int64_t mb = mb_, h = kHidden, f = kFfn;
+    for (int64_t i = 0; i < n_; ++i) {
+      const int64_t blk = i % kBlocks;
+      Rows(mb, f, [&](int64_t r, int64_t k) {
+        BiasGeluForward(k, f, b1_[blk].data(), pre_[i].data() + r * f,
+                        act_[i].data() + r * f);
+      });
+      Rows(mb, h, [&](int64_t r, int64_t k) {
+        AddBiasResidual(k, h, b2_[blk].data(), nullptr, y_[i].data() + r * h);
+      });
+      Rows(mb, f, [&](int64_t r, int64_t k) {
+        GeluBackward(k * f, pre_[i].data() + r * f, dact_[i].data() + r * f);
+      });
+      ColumnSums(mb, h, dy_[i].data(), i >= kBlocks, gb2_[blk].data());
+      ColumnSums(mb, f, dact_[i].data(), i >= kBlocks, gb1_[blk].data());
+    }
+  }
+  // The full-batch forward fc1 GEMM; returns its flops.
+  double Ceiling() {
+    CHECK_OK(Sgemm(false, true, kBatch, kFfn, kHidden, 1.0f, ca_.data(),
+                   kHidden, cb_.data(), kHidden, 0.0f, cc_.data(), kFfn));
+    return 2.0 * kBatch * kHidden * kFfn;
+  }
+
+ private:
+  using Buffers = std::vector<std::vector<float>>;
+
+  std::vector<float> Random(int64_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = rng_.Uniform(-1, 1);
+    return v;
+  }
+  // As the MLP block cuts row-wise passes (~64K elements a range).
+  static void Rows(int64_t rows, int64_t cols,
+                   const std::function<void(int64_t, int64_t)>& fn) {
+    ParallelRanges(rows, std::max<int64_t>(1, (int64_t{1} << 16) / cols),
+                   [&](int64_t begin, int64_t end) { fn(begin, end - begin); });
+  }
+
+  Rng rng_{2};
+  const int64_t mb_, n_;
+  Buffers w1_, w2_, gw1_, gw2_, b1_, b2_, gb1_, gb2_;
+  Buffers x_, pre_, act_, y_, dy_, dact_, dx_;
+  std::vector<float> ca_, cb_, cc_;
+};
+
+double SecondsOf(const std::function<void()>& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
 void BM_StepBreakdown(benchmark::State& state, int microbatches) {
   // The ceiling GEMM runs this many times an iteration (~30 ms each on 2
   // threads), so that one slow call on a shared machine weighs less.
   constexpr int kCeilingRepeats = 4;
   SetBlasThreads(2);
   std::unique_ptr<Stage> stage = MakeStage("adamw", microbatches);
-  const int64_t mb = kBatch / microbatches, h = kHidden, f = kFfn;
-  Rng rng(2);
-  const auto random = [&rng](int64_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = rng.Uniform(-1, 1);
-    return v;
-  };
-  // Per block: weights, their gradients, biases; per microbatch and block:
-  // the saved activations and the gradients flowing back.
-  std::vector<std::vector<float>> w1, w2, gw1, gw2, b1, b2, gb1, gb2;
-  for (int i = 0; i < kBlocks; ++i) {
-    w1.push_back(random(f * h));
-    w2.push_back(random(h * f));
-    gw1.push_back(std::vector<float>(f * h));
-    gw2.push_back(std::vector<float>(h * f));
-    b1.push_back(random(f));
-    b2.push_back(random(h));
-    gb1.push_back(std::vector<float>(f));
-    gb2.push_back(std::vector<float>(h));
-  }
-  const int64_t n = int64_t{microbatches} * kBlocks;
-  std::vector<std::vector<float>> x, pre, act, y, dy, dact, dx;
-  for (int64_t i = 0; i < n; ++i) {
-    x.push_back(random(mb * h));
-    pre.push_back(random(mb * f));
-    act.push_back(random(mb * f));
-    y.push_back(std::vector<float>(mb * h));
-    dy.push_back(random(mb * h));
-    dact.push_back(random(mb * f));
-    dx.push_back(std::vector<float>(mb * h));
-  }
-  std::vector<float> ca = random(kBatch * h), cb = random(f * h),
-                     cc(kBatch * f);
-  const auto seconds_of = [](const std::function<void()>& fn) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                         start)
-        .count();
-  };
-  const auto rows = [](int64_t r, int64_t cols,
-                       const std::function<void(int64_t, int64_t)>& fn) {
-    ParallelRanges(r, std::max<int64_t>(1, (int64_t{1} << 16) / cols),
-                   [&](int64_t begin, int64_t end) { fn(begin, end - begin); });
-  };
-  double step = 0, opt = 0, fwd = 0, dgrad = 0, wgrad = 0, elem = 0, ceil = 0;
+  StepParts parts(microbatches);
+  double step = 0, opt = 0, fwd = 0, dgrad = 0, wgrad = 0, elem = 0;
+  double ceil_s = 0, ceil_flops = 0;
   for (auto _ : state) {
-    step += seconds_of([&] {
+    step += SecondsOf([&] {
       auto report = stage->RunStep();
       CHECK_OK(report.status());
       opt += report->times.optimizer;
     });
-    fwd += seconds_of([&] {
-      for (int64_t i = 0; i < n; ++i) {
-        const int blk = i % kBlocks;
-        CHECK_OK(Sgemm(false, true, mb, f, h, 1.0f, x[i].data(), h,
-                       w1[blk].data(), h, 0.0f, pre[i].data(), f));
-        CHECK_OK(Sgemm(false, true, mb, h, f, 1.0f, act[i].data(), f,
-                       w2[blk].data(), f, 0.0f, y[i].data(), h));
-      }
-    });
-    dgrad += seconds_of([&] {
-      for (int64_t i = 0; i < n; ++i) {
-        const int blk = i % kBlocks;
-        CHECK_OK(Sgemm(false, false, mb, f, h, 1.0f, dy[i].data(), h,
-                       w2[blk].data(), f, 0.0f, dact[i].data(), f));
-        // The first block's input gradient is not needed on a first stage.
-        if (blk == 0) continue;
-        CHECK_OK(Sgemm(false, false, mb, h, f, 1.0f, dact[i].data(), f,
-                       w1[blk].data(), h, 0.0f, dx[i].data(), h));
-      }
-    });
-    wgrad += seconds_of([&] {
-      for (int64_t i = 0; i < n; ++i) {
-        const int blk = i % kBlocks;
-        const float beta = i < kBlocks ? 0.0f : 1.0f;
-        CHECK_OK(Sgemm(true, false, h, f, mb, 1.0f, dy[i].data(), h,
-                       act[i].data(), f, beta, gw2[blk].data(), f));
-        CHECK_OK(Sgemm(true, false, f, h, mb, 1.0f, dact[i].data(), f,
-                       x[i].data(), h, beta, gw1[blk].data(), h));
-      }
-    });
-    elem += seconds_of([&] {
-      for (int64_t i = 0; i < n; ++i) {
-        const int blk = i % kBlocks;
-        const bool accumulate = i >= kBlocks;
-        rows(mb, f, [&](int64_t r, int64_t k) {
-          BiasGeluForward(k, f, b1[blk].data(), pre[i].data() + r * f,
-                          act[i].data() + r * f);
-        });
-        rows(mb, h, [&](int64_t r, int64_t k) {
-          AddBiasResidual(k, h, b2[blk].data(), nullptr, y[i].data() + r * h);
-        });
-        rows(mb, f, [&](int64_t r, int64_t k) {
-          GeluBackward(k * f, pre[i].data() + r * f, dact[i].data() + r * f);
-        });
-        ColumnSums(mb, h, dy[i].data(), accumulate, gb2[blk].data());
-        ColumnSums(mb, f, dact[i].data(), accumulate, gb1[blk].data());
-      }
-    });
-    ceil += seconds_of([&] {
+    fwd += SecondsOf([&] { parts.ForwardGemms(); });
+    dgrad += SecondsOf([&] { parts.InputGradientGemms(); });
+    wgrad += SecondsOf([&] { parts.WeightGradientGemms(); });
+    elem += SecondsOf([&] { parts.Elementwise(); });
+    ceil_s += SecondsOf([&] {
       for (int rep = 0; rep < kCeilingRepeats; ++rep) {
-        CHECK_OK(Sgemm(false, true, kBatch, f, h, 1.0f, ca.data(), h, cb.data(),
-                       h, 0.0f, cc.data(), f));
+        ceil_flops += parts.Ceiling();
       }
     });
   }
@@ -250,7 +285,7 @@ void BM_StepBreakdown(benchmark::State& state, int microbatches) {
   const double gemms = fwd + dgrad + wgrad;
   // The first stage skips block 0's dx GEMM: 23 of the 24 GEMMs' flops.
   const double gemm_flops = kStepFlops * 23.0 / 24.0;
-  const double ceiling = 2.0 * kBatch * h * f * kCeilingRepeats / (ceil / it);
+  const double ceiling = ceil_flops / ceil_s;
   state.counters["step_ms"] = 1e3 * step / it;
   state.counters["gemm_fwd_ms"] = 1e3 * fwd / it;
   state.counters["gemm_dgrad_ms"] = 1e3 * dgrad / it;
