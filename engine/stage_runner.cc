@@ -355,8 +355,16 @@ absl::Status AsyncCheckpoints::AllWritten() {
 absl::Status AsyncCheckpoints::FinishNow() {
   RETURN_IF_ERROR(writer_.WaitFor(pending_task_));
   if (plan_.num_stages() > 1) {
+    // Every stage comes here only with its own file written, so the sum is
+    // S; checked, since the commit that follows relies on it.
     std::vector<double> done = {1.0};
     RETURN_IF_ERROR(transport_->AllReduceSum(&done, options_.timeout));
+    if (done[0] != static_cast<double>(plan_.num_stages())) {
+      return absl::InternalError(absl::StrCat(
+          "stage ", stage_.index(), ": ", done[0], " of ", plan_.num_stages(),
+          " stages have their file of the checkpoint after step ",
+          pending_step_, " on disk; not committing it"));
+    }
   }
   return AllWritten();
 }

@@ -16,7 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
+#include "absl/synchronization/notification.h"
 #include "engine/checkpoint_store.h"
 #include "engine/test_jobs.h"
 #include "engine/test_paths.h"
@@ -297,11 +297,12 @@ TEST(StageRunnerTest, MessagesThatArriveBeforeTheirReceiveAreHeld) {
 // A stage cancelled right after it queued a commit (every file of that
 // checkpoint on disk) still commits it before RunStage returns; the next
 // checkpoint, whose file was only queued, stays uncommitted. Checkpoint 2's
-// write is held back so that step 4 finishes it at once (wait, commit
-// queued, checkpoint 4's write queued), and the job is cancelled after
-// step 4.
+// write is held until step 4 has run, so that step 4 finishes it at once
+// (wait, commit queued, checkpoint 4's write queued), and the job is
+// cancelled after step 4.
 TEST(StageRunnerTest, CancelledStageKeepsTheCheckpointItQueuedACommitFor) {
   const std::string dir = ::testing::TempDir() + "/cancel_after_queue";
+  std::filesystem::remove_all(dir);
   v1::JobSpec spec = testing::ClassificationSpec();
   spec.set_steps(10);
   spec.mutable_checkpoint()->set_dir(dir);
@@ -316,14 +317,18 @@ TEST(StageRunnerTest, CancelledStageKeepsTheCheckpointItQueuedACommitFor) {
   ASSERT_TRUE(started.ok()) << started.status();
   std::atomic<bool> cancel{false};
   std::atomic<int> files{0};
+  absl::Notification step_4_done;
   std::vector<int64_t> committed;  // from the writer's thread, one at a time
   StageRunOptions run;
   run.cancel = &cancel;
+  // on_step comes before the checkpoint due after the step is handled.
   run.on_step = [&](const StepReport& r, double) {
-    if (r.step == 4) cancel.store(true);
+    if (r.step != 4) return;
+    cancel.store(true);
+    step_4_done.Notify();
   };
   run.on_checkpoint_file = [&](double) {
-    if (files.fetch_add(1) == 0) absl::SleepFor(absl::Milliseconds(300));
+    if (files.fetch_add(1) == 0) step_4_done.WaitForNotification();
   };
   run.on_checkpoint = [&](int64_t step, const std::string&) {
     committed.push_back(step);

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -59,7 +60,7 @@ void BM_SgemmCeiling(benchmark::State& state) {
 // The benchmark's stage: the model above, batch 256 in `microbatches`
 // microbatches, the given optimizer, one warm-up step run.
 std::unique_ptr<Stage> MakeStage(const char* optimizer, int microbatches,
-                                 bool tree_accumulation = false) {
+                                 bool tree_accumulation) {
   trainyard::v1::JobSpec spec;
   spec.set_name("bench");
   spec.set_steps(1000000);
@@ -98,8 +99,12 @@ std::unique_ptr<Stage> MakeStage(const char* optimizer, int microbatches,
   return std::move(*stage);
 }
 
+// tree_accumulation defaults to true here, as in every figure recorded
+// with this benchmark's adamw, sgd and adamw_4_microbatches rows
+// (docs/BENCHMARKS.md); BM_StepBreakdown uses the spec's default,
+// sequential.
 void BM_TrainStep(benchmark::State& state, const char* optimizer,
-                  int microbatches, bool tree_accumulation = false) {
+                  int microbatches, bool tree_accumulation = true) {
   SetBlasThreads(static_cast<int>(state.range(0)));
   std::unique_ptr<Stage> stage =
       MakeStage(optimizer, microbatches, tree_accumulation);
@@ -126,8 +131,10 @@ void BM_TrainStep(benchmark::State& state, const char* optimizer,
 // the whole step (Stage::RunStep, AdamW, M microbatches of B/M rows), then
 // the same step's GEMMs alone (the 6 per block and microbatch, with the
 // step's shapes and accumulation, through Sgemm without epilogues), its
-// element-wise passes alone (bias + GELU, fc2's bias, GELU's backward, the
-// two bias gradients; threaded as the block threads them), and the
+// element-wise passes alone as separate passes (bias + GELU, fc2's bias,
+// GELU's backward, the two bias gradients; threaded over rows, columns for
+// the sums; the block itself runs the first three as GEMM epilogues on
+// column tiles), and the
 // ceiling: the full-batch SGEMM of the forward fc1 shape, 4 times. The
 // optimizer's time is the step's own (norm, clip, update); "other" is the step
 // less GEMMs, element-wise and optimizer: the loss, copies, the framework, and
@@ -141,27 +148,32 @@ class StepParts {
   explicit StepParts(int microbatches)
       : mb_(kBatch / microbatches), n_(int64_t{microbatches} * kBlocks) {
     const int64_t h = kHidden, f = kFfn;
+    // Weights as nn.Linear initialises them (U(+-1/sqrt(fan_in))), inputs
+    // and gradients of unit variance: the pre-activations the GEMMs write
+    // are O(1) as in training (wider ones would make GELU's backward meet
+    // subnormal numbers, which real steps do not).
+    const float unit = std::sqrt(3.0f);
     for (int i = 0; i < kBlocks; ++i) {
-      w1_.push_back(Random(f * h));
-      w2_.push_back(Random(h * f));
+      w1_.push_back(Random(f * h, 1.0f / std::sqrt(float{h})));
+      w2_.push_back(Random(h * f, 1.0f / std::sqrt(float{f})));
       gw1_.emplace_back(f * h);
       gw2_.emplace_back(h * f);
-      b1_.push_back(Random(f));
-      b2_.push_back(Random(h));
+      b1_.push_back(Random(f, 1.0f / std::sqrt(float{h})));
+      b2_.push_back(Random(h, 1.0f / std::sqrt(float{f})));
       gb1_.emplace_back(f);
       gb2_.emplace_back(h);
     }
     for (int64_t i = 0; i < n_; ++i) {
-      x_.push_back(Random(mb_ * h));
-      pre_.push_back(Random(mb_ * f));
-      act_.push_back(Random(mb_ * f));
+      x_.push_back(Random(mb_ * h, unit));
+      pre_.push_back(Random(mb_ * f, unit));
+      act_.push_back(Random(mb_ * f, unit));
       y_.emplace_back(mb_ * h);
-      dy_.push_back(Random(mb_ * h));
-      dact_.push_back(Random(mb_ * f));
+      dy_.push_back(Random(mb_ * h, unit));
+      dact_.push_back(Random(mb_ * f, unit));
       dx_.emplace_back(mb_ * h);
     }
-    ca_ = Random(kBatch * h);
-    cb_ = Random(f * h);
+    ca_ = Random(kBatch * h, unit);
+    cb_ = Random(f * h, 1.0f / std::sqrt(float{h}));
     cc_.resize(kBatch * f);
   }
 
@@ -230,9 +242,10 @@ class StepParts {
  private:
   using Buffers = std::vector<std::vector<float>>;
 
-  std::vector<float> Random(int64_t n) {
+  // n values uniform in [-bound, bound].
+  std::vector<float> Random(int64_t n, float bound) {
     std::vector<float> v(n);
-    for (float& x : v) x = rng_.Uniform(-1, 1);
+    for (float& x : v) x = rng_.Uniform(-bound, bound);
     return v;
   }
   // As the MLP block cuts row-wise passes (~64K elements a range).
@@ -261,7 +274,8 @@ void BM_StepBreakdown(benchmark::State& state, int microbatches) {
   // threads), so that one slow call on a shared machine weighs less.
   constexpr int kCeilingRepeats = 4;
   SetBlasThreads(2);
-  std::unique_ptr<Stage> stage = MakeStage("adamw", microbatches);
+  std::unique_ptr<Stage> stage =
+      MakeStage("adamw", microbatches, /*tree_accumulation=*/false);
   StepParts parts(microbatches);
   double step = 0, opt = 0, fwd = 0, dgrad = 0, wgrad = 0, elem = 0;
   double ceil_s = 0, ceil_flops = 0;
@@ -318,13 +332,7 @@ BENCHMARK_CAPTURE(BM_TrainStep, adamw_4_microbatches, "adamw", 4)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// The cost of summing weight gradients in engine/gradient_tree.h's fixed
-// tree (parallelism.accumulation "tree") against one after another inside
-// the GEMMs (the default), side by side (docs/BENCHMARKS.md, "Gradient
-// accumulation order"):
-//   bazel run //engine:train_step_benchmark --
-//       --benchmark_filter=accumulation --benchmark_repetitions=3
-//       --benchmark_enable_random_interleaving=true
+// The step by parts (tools/bench_cpu_step.py runs these next to PyTorch).
 BENCHMARK_CAPTURE(BM_StepBreakdown, m1, 1)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
@@ -335,6 +343,13 @@ BENCHMARK_CAPTURE(BM_StepBreakdown, m8, 8)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// The cost of summing weight gradients in engine/gradient_tree.h's fixed
+// tree (parallelism.accumulation "tree") against one after another inside
+// the GEMMs (the default), side by side (docs/BENCHMARKS.md, "Gradient
+// accumulation order"):
+//   bazel run //engine:train_step_benchmark --
+//       --benchmark_filter=accumulation --benchmark_repetitions=3
+//       --benchmark_enable_random_interleaving=true
 BENCHMARK_CAPTURE(BM_TrainStep, accumulation_sequential_m4, "adamw", 4, false)
     ->Arg(2)
     ->Unit(benchmark::kMillisecond)

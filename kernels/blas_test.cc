@@ -195,8 +195,6 @@ TEST(SgemmTest, BitwiseIdenticalAcrossThreadCounts) {
   SetBlasThreads(2);
 }
 
-// Two threads calling Sgemm at once (one finds the pool busy and runs its
-// tiles itself) get the same bits as a lone call.
 // The epilogue sees each element of C exactly once, after the GEMM wrote
 // it (it reads the finished values), on shapes that split C by rows, by
 // columns, not at all, and with k = 0; the blocks are the same on 1 and 2
@@ -245,6 +243,8 @@ TEST(SgemmTest, EpilogueBlocksPartitionCAfterTheGemm) {
   SetBlasThreads(2);
 }
 
+// Two threads calling Sgemm at once (one finds the pool busy and runs its
+// tiles itself) get the same bits as a lone call.
 TEST(SgemmTest, ConcurrentCallersGetSameBits) {
   Rng rng(8);
   const int64_t m = 128, n = 1024, k = 512;

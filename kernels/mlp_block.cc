@@ -169,6 +169,7 @@ void SwigluForwardOverRows(const MlpBlockConfig& c,
 // matrix shaped like C, may be null) to a block of C [*, ld].
 GemmEpilogue BiasResidualEpilogue(const float* bias, const float* residual,
                                   float* y, int64_t ld) {
+  if (bias == nullptr && residual == nullptr) return GemmEpilogue();
   return [=](int64_t row, int64_t rows, int64_t col, int64_t cols) {
     for (int64_t r = row; r < row + rows; ++r) {
       AddBiasResidual(1, cols, bias == nullptr ? nullptr : bias + col,

@@ -11,6 +11,7 @@
 #include "kernels/activation.h"
 #include "kernels/blas.h"
 #include "kernels/linear.h"
+#include "kernels/norm.h"
 #include "kernels/reference.h"
 
 namespace trainyard {
@@ -269,7 +270,7 @@ TEST(MlpBlockTest, BackwardWeightAccumulatesMicrobatches) {
 // gradients all split their work: the same bits on 1 and 2 threads and on
 // repeated runs.
 TEST(MlpBlockTest, BitwiseDeterministicAcrossRunsAndThreadCounts) {
-  const int64_t b = 200, h = 512, ffn = 640;
+  const int64_t b = 300, h = 512, ffn = 640;  // norms: 2 ranges of rows
   for (const MlpBlockConfig& c : AllConfigs(h, h, ffn)) {
     if (!c.bias || !c.residual) continue;
     Rng rng(44);
@@ -307,78 +308,143 @@ TEST(MlpBlockTest, BitwiseDeterministicAcrossRunsAndThreadCounts) {
   }
 }
 
-// The block fuses the bias and activation into fc1's GEMM, the bias and
-// residual into fc2's, the activation's backward into the d(act) GEMM and
-// the residual's gradient into the dx GEMM, and threads the bias
-// gradients: every result is bitwise what separate, single-threaded
-// passes after each GEMM give.
-TEST(MlpBlockTest, FusedEpiloguesMatchSeparatePassesBitwise) {
-  const int64_t b = 200, h = 256, ffn = 1024;
-  MlpBlockConfig c;
-  c.in_features = c.out_features = h;
-  c.ffn_hidden_size = ffn;
-  c.activation = Activation::kGelu;
-  c.norm = NormType::kNone;
-  c.bias = true;
-  c.residual = true;
-  Rng rng(45);
-  MlpBlockParams p;
-  BlockParams ref;
-  RandomParams(c, &rng, &p, &ref);
-  const Tensor x = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
-  const Tensor dy = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
-  MlpBlock block(c);
-  Tensor y, dx;
-  MlpBlockSaved saved;
-  MlpBlockParams grads;
-  ASSERT_TRUE(block.Forward(p, x, &y, &saved).ok());
-  const std::vector<float> fc1_out(saved.fc1_out.data<float>(),
-                                   saved.fc1_out.data<float>() + b * ffn);
-  const std::vector<float> act_out(saved.act_out.data<float>(),
-                                   saved.act_out.data<float>() + b * ffn);
-  ASSERT_TRUE(block.BackwardInput(p, dy, &saved, &dx).ok());
-  const std::vector<float> d_fc1(saved.d_fc1_out.data<float>(),
-                                 saved.d_fc1_out.data<float>() + b * ffn);
-  ASSERT_TRUE(block.BackwardWeight(&saved, false, &grads).ok());
-
-  // The same computation as separate passes over whole matrices.
+// What the block computes, as separate whole-matrix passes on one thread
+// after each GEMM: y, dx, then the gradients in InOrder's order.
+std::vector<std::vector<float>> SeparatePasses(const MlpBlockConfig& c,
+                                               MlpBlockParams& p,
+                                               const Tensor& xt,
+                                               const Tensor& dyt) {
+  const int64_t b = xt.dim(0), in = c.in_features, out = c.out_features,
+                ffn = c.ffn_hidden_size, f1 = c.fc1_out();
+  const float* x = xt.data<float>();
+  const float* dy = dyt.data<float>();
   const float* w1 = p.fc1_weight.data<float>();
   const float* w2 = p.fc2_weight.data<float>();
-  std::vector<float> pre(b * ffn), act(b * ffn), out(b * h), d_act(b * ffn),
-      d_in(b * h);
-  ASSERT_TRUE(Sgemm(false, true, b, ffn, h, 1.0f, x.data<float>(), h, w1, h,
-                    0.0f, pre.data(), ffn)
-                  .ok());
-  BiasGeluForward(b, ffn, p.fc1_bias.data<float>(), pre.data(), act.data());
-  ASSERT_TRUE(Sgemm(false, true, b, h, ffn, 1.0f, act.data(), ffn, w2, ffn,
-                    0.0f, out.data(), h)
-                  .ok());
-  AddBiasResidual(b, h, p.fc2_bias.data<float>(), x.data<float>(), out.data());
-  ASSERT_TRUE(Sgemm(false, false, b, ffn, h, 1.0f, dy.data<float>(), h, w2, ffn,
-                    0.0f, d_act.data(), ffn)
-                  .ok());
-  GeluBackward(b * ffn, pre.data(), d_act.data());
-  ASSERT_TRUE(Sgemm(false, false, b, h, ffn, 1.0f, d_act.data(), ffn, w1, h,
-                    0.0f, d_in.data(), h)
-                  .ok());
-  AddBiasResidual(b, h, nullptr, dy.data<float>(), d_in.data());
-  // Bias gradients: each column summed over the rows in row order.
-  std::vector<float> d_b1(ffn, 0.0f), d_b2(h, 0.0f);
-  for (int64_t r = 0; r < b; ++r) {
-    for (int64_t j = 0; j < ffn; ++j) d_b1[j] += d_act[r * ffn + j];
-    for (int64_t j = 0; j < h; ++j) d_b2[j] += dy.data<float>()[r * h + j];
+  const float* nw =
+      c.norm == NormType::kNone ? nullptr : p.norm_weight.data<float>();
+  std::vector<float> norm_out(x, x + b * in), mean(b), rstd(b);
+  if (c.norm == NormType::kLayerNorm) {
+    LayerNormForward(b, in, x, nw, p.norm_bias.data<float>(), c.norm_eps,
+                     norm_out.data(), mean.data(), rstd.data());
+  } else if (c.norm == NormType::kRmsNorm) {
+    RmsNormForward(b, in, x, nw, c.norm_eps, norm_out.data(), rstd.data());
   }
+  std::vector<float> pre(b * f1), act(b * ffn), y(b * out), d_act(b * ffn),
+      d_fc1(b * f1), d_norm(b * in), dx(b * in);
+  EXPECT_TRUE(Sgemm(false, true, b, f1, in, 1.0f, norm_out.data(), in, w1, in,
+                    0.0f, pre.data(), f1)
+                  .ok());
+  const float* b1 = p.fc1_bias.data<float>();
+  switch (c.activation) {
+    case Activation::kRelu:
+      BiasReluForward(b, ffn, b1, pre.data(), act.data());
+      break;
+    case Activation::kGelu:
+      BiasGeluForward(b, ffn, b1, pre.data(), act.data());
+      break;
+    case Activation::kGeluTanh:
+      BiasGeluTanhForward(b, ffn, b1, pre.data(), act.data());
+      break;
+    case Activation::kSwiglu:
+      BiasSwigluForward(b, ffn, b1, pre.data(), act.data());
+      break;
+  }
+  EXPECT_TRUE(Sgemm(false, true, b, out, ffn, 1.0f, act.data(), ffn, w2, ffn,
+                    0.0f, y.data(), out)
+                  .ok());
+  AddBiasResidual(b, out, p.fc2_bias.data<float>(), x, y.data());
+  EXPECT_TRUE(Sgemm(false, false, b, ffn, out, 1.0f, dy, out, w2, ffn, 0.0f,
+                    d_act.data(), ffn)
+                  .ok());
+  switch (c.activation) {
+    case Activation::kRelu:
+      ReluBackward(b * ffn, pre.data(), d_act.data());
+      break;
+    case Activation::kGelu:
+      GeluBackward(b * ffn, pre.data(), d_act.data());
+      break;
+    case Activation::kGeluTanh:
+      GeluTanhBackward(b * ffn, pre.data(), d_act.data());
+      break;
+    case Activation::kSwiglu:
+      SwigluBackward(b, ffn, pre.data(), d_act.data(), d_fc1.data());
+      break;
+  }
+  if (c.activation != Activation::kSwiglu) d_fc1 = d_act;
+  EXPECT_TRUE(Sgemm(false, false, b, in, f1, 1.0f, d_fc1.data(), f1, w1, in,
+                    0.0f, d_norm.data(), in)
+                  .ok());
+  if (c.norm == NormType::kLayerNorm) {
+    LayerNormBackwardInput(b, in, x, nw, mean.data(), rstd.data(),
+                           d_norm.data(), dy, dx.data());
+  } else if (c.norm == NormType::kRmsNorm) {
+    RmsNormBackwardInput(b, in, x, nw, rstd.data(), d_norm.data(), dy,
+                         dx.data());
+  } else {
+    dx = d_norm;
+    AddBiasResidual(b, in, nullptr, dy, dx.data());
+  }
+  // Gradients; each column summed over the rows in row order.
+  std::vector<float> g_nw(in, 0.0f), g_nb(in, 0.0f), g_w1(f1 * in),
+      g_b1(f1, 0.0f), g_w2(out * ffn), g_b2(out, 0.0f);
+  for (int64_t r = 0; r < b; ++r) {
+    for (int64_t j = 0; j < in; ++j) {
+      const float g = d_norm[r * in + j], xv = x[r * in + j];
+      g_nw[j] += c.norm == NormType::kLayerNorm ? g * ((xv - mean[r]) * rstd[r])
+                                                : g * (xv * rstd[r]);
+      g_nb[j] += g;
+    }
+    for (int64_t j = 0; j < f1; ++j) g_b1[j] += d_fc1[r * f1 + j];
+    for (int64_t j = 0; j < out; ++j) g_b2[j] += dy[r * out + j];
+  }
+  EXPECT_TRUE(Sgemm(true, false, out, ffn, b, 1.0f, dy, out, act.data(), ffn,
+                    0.0f, g_w2.data(), ffn)
+                  .ok());
+  EXPECT_TRUE(Sgemm(true, false, f1, in, b, 1.0f, d_fc1.data(), f1,
+                    norm_out.data(), in, 0.0f, g_w1.data(), in)
+                  .ok());
+  std::vector<std::vector<float>> all = {y, dx};
+  if (c.norm != NormType::kNone) all.push_back(g_nw);
+  if (c.norm == NormType::kLayerNorm) all.push_back(g_nb);
+  for (auto* g : {&g_w1, &g_b1, &g_w2, &g_b2}) all.push_back(*g);
+  return all;
+}
 
-  const auto same = [](const float* got, const std::vector<float>& want) {
-    return std::memcmp(got, want.data(), want.size() * sizeof(float)) == 0;
-  };
-  EXPECT_TRUE(same(fc1_out.data(), pre)) << "fc1 pre-activation";
-  EXPECT_TRUE(same(act_out.data(), act)) << "activation";
-  EXPECT_TRUE(same(y.data<float>(), out)) << "block output";
-  EXPECT_TRUE(same(d_fc1.data(), d_act)) << "d(fc1 out)";
-  EXPECT_TRUE(same(dx.data<float>(), d_in)) << "dx";
-  EXPECT_TRUE(same(grads.fc1_bias.data<float>(), d_b1)) << "grad fc1.bias";
-  EXPECT_TRUE(same(grads.fc2_bias.data<float>(), d_b2)) << "grad fc2.bias";
+// The block fuses bias + activation into fc1's GEMM, bias + residual into
+// fc2's, the activation's backward into the d(act) GEMM and the residual's
+// gradient into the dx GEMM, threads the norms over rows and the bias and
+// norm gradients over columns: for every activation and norm, at a size
+// where every one of those splits its work, each result is bitwise what
+// separate single-threaded passes after each GEMM give.
+TEST(MlpBlockTest, FusedEpiloguesMatchSeparatePassesBitwise) {
+  const int64_t b = 520, h = 256, ffn = 384;
+  for (const MlpBlockConfig& c : AllConfigs(h, h, ffn)) {
+    if (!c.bias || !c.residual) continue;
+    Rng rng(45);
+    MlpBlockParams p;
+    BlockParams ref;
+    RandomParams(c, &rng, &p, &ref);
+    const Tensor x = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
+    const Tensor dy = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
+    MlpBlock block(c);
+    Tensor y, dx;
+    MlpBlockSaved saved;
+    MlpBlockParams grads;
+    ASSERT_TRUE(block.Forward(p, x, &y, &saved).ok());
+    ASSERT_TRUE(block.BackwardInput(p, dy, &saved, &dx).ok());
+    ASSERT_TRUE(block.BackwardWeight(&saved, false, &grads).ok());
+    std::vector<const Tensor*> got = {&y, &dx};
+    for (Tensor* t : grads.InOrder(c)) got.push_back(t);
+    const std::vector<std::vector<float>> want = SeparatePasses(c, p, x, dy);
+    ASSERT_EQ(got.size(), want.size()) << Describe(c, b);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i]->numel(), static_cast<int64_t>(want[i].size()));
+      EXPECT_EQ(0, std::memcmp(got[i]->data<float>(), want[i].data(),
+                               want[i].size() * sizeof(float)))
+          << Describe(c, b) << ": output " << i
+          << " (y, dx, then the gradients in InOrder's order)";
+    }
+  }
 }
 
 TEST(MlpBlockTest, NamesParseAndErrorsListAllowedValues) {
