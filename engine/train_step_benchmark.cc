@@ -10,7 +10,6 @@
 // flops each: 51.5 GFLOP per step.
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -218,14 +217,14 @@ class StepParts {
     const int64_t mb = mb_, h = kHidden, f = kFfn;
     for (int64_t i = 0; i < n_; ++i) {
       const int64_t blk = i % kBlocks;
-      Rows(mb, f, [&](int64_t r, int64_t k) {
+      ParallelRows(mb, f, [&](int64_t r, int64_t k) {
         BiasGeluForward(k, f, b1_[blk].data(), pre_[i].data() + r * f,
                         act_[i].data() + r * f);
       });
-      Rows(mb, h, [&](int64_t r, int64_t k) {
+      ParallelRows(mb, h, [&](int64_t r, int64_t k) {
         AddBiasResidual(k, h, b2_[blk].data(), nullptr, y_[i].data() + r * h);
       });
-      Rows(mb, f, [&](int64_t r, int64_t k) {
+      ParallelRows(mb, f, [&](int64_t r, int64_t k) {
         GeluBackward(k * f, pre_[i].data() + r * f, dact_[i].data() + r * f);
       });
       ColumnSums(mb, h, dy_[i].data(), i >= kBlocks, gb2_[blk].data());
@@ -248,13 +247,6 @@ class StepParts {
     for (float& x : v) x = rng_.Uniform(-bound, bound);
     return v;
   }
-  // As the MLP block cuts row-wise passes (~64K elements a range).
-  static void Rows(int64_t rows, int64_t cols,
-                   const std::function<void(int64_t, int64_t)>& fn) {
-    ParallelRanges(rows, std::max<int64_t>(1, (int64_t{1} << 16) / cols),
-                   [&](int64_t begin, int64_t end) { fn(begin, end - begin); });
-  }
-
   Rng rng_{2};
   const int64_t mb_, n_;
   Buffers w1_, w2_, gw1_, gw2_, b1_, b2_, gb1_, gb2_;

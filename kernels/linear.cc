@@ -27,9 +27,6 @@ void AddBiasResidual(int64_t rows, int64_t cols, const float* bias,
 
 namespace {
 
-// Columns per range of ColumnSums' threaded loop (at most 8 ranges).
-constexpr int64_t kColumnsPerRange = 128;
-
 // ColumnSums over columns [0, cols) of g, whose rows are `ld` apart.
 TY_VECTOR_CLONES
 void ColumnSumsBlock(int64_t rows, int64_t cols, int64_t ld, const float* g,
@@ -56,7 +53,7 @@ void ColumnSums(int64_t rows, int64_t cols, const float* g, bool accumulate,
                 float* out) {
   // Each column is summed over the rows in row order, whichever range of
   // columns it falls in: the same bits for any cut and thread count.
-  ParallelRanges(cols, kColumnsPerRange, [&](int64_t begin, int64_t end) {
+  ParallelColumns(cols, [&](int64_t begin, int64_t end) {
     ColumnSumsBlock(rows, end - begin, cols, g + begin, accumulate,
                     out + begin);
   });

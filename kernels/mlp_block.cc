@@ -1,6 +1,5 @@
 #include "kernels/mlp_block.h"
 
-#include <algorithm>
 #include <functional>
 #include <utility>
 
@@ -52,17 +51,6 @@ absl::Status CheckParams(const MlpBlockConfig& c, const MlpBlockParams& p) {
     RETURN_IF_ERROR(CheckTensor("fc2.bias", p.fc2_bias, {c.out_features}));
   }
   return absl::OkStatus();
-}
-
-// Runs fn(first row, rows) over [0, rows) in ranges of at least ~64K
-// elements (rows of `cols`), threaded: for row-wise kernels, whose rows do
-// not depend on each other, the same bits as one call.
-void ParallelRows(int64_t rows, int64_t cols,
-                  const std::function<void(int64_t, int64_t)>& fn) {
-  constexpr int64_t kElementsPerRange = int64_t{1} << 16;
-  const int64_t grain = std::max<int64_t>(1, kElementsPerRange / cols);
-  ParallelRanges(rows, grain,
-                 [&](int64_t begin, int64_t end) { fn(begin, end - begin); });
 }
 
 float* F(Tensor& t) { return t.data<float>(); }

@@ -45,11 +45,6 @@ inline __attribute__((always_inline)) void RowSumsInto(
   }
 }
 
-// Columns per range of the parameter gradients' threaded loops (at most 8
-// ranges): each column sums its rows in order whichever range it is in,
-// so the cut never changes a bit.
-constexpr int64_t kColumnsPerRange = 128;
-
 // Row r of dx [rows, cols] for a backward-input pass: dx[r][c] = v(c),
 // plus residual[r][c] (a skip connection's gradient) when `residual` is not
 // null.
@@ -160,7 +155,7 @@ void LayerNormBackwardParams(int64_t rows, int64_t cols, const float* x,
                              const float* mean, const float* rstd,
                              const float* dy, bool accumulate, float* d_weight,
                              float* d_bias) {
-  ParallelRanges(cols, kColumnsPerRange, [&](int64_t begin, int64_t end) {
+  ParallelColumns(cols, [&](int64_t begin, int64_t end) {
     LayerNormParamsRange(rows, cols, begin, end, x, mean, rstd, dy, accumulate,
                          d_weight, d_bias);
   });
@@ -204,7 +199,7 @@ void RmsNormBackwardInput(int64_t rows, int64_t cols, const float* x,
 void RmsNormBackwardParams(int64_t rows, int64_t cols, const float* x,
                            const float* rstd, const float* dy, bool accumulate,
                            float* d_weight) {
-  ParallelRanges(cols, kColumnsPerRange, [&](int64_t begin, int64_t end) {
+  ParallelColumns(cols, [&](int64_t begin, int64_t end) {
     RmsNormParamsRange(rows, cols, begin, end, x, rstd, dy, accumulate,
                        d_weight);
   });

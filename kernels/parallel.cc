@@ -132,6 +132,21 @@ void ParallelRanges(int64_t n, int64_t grain,
   });
 }
 
+void ParallelRows(int64_t rows, int64_t cols,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kElementsPerRange = int64_t{1} << 16;
+  const int64_t grain =
+      std::max<int64_t>(1, kElementsPerRange / std::max<int64_t>(cols, 1));
+  ParallelRanges(rows, grain,
+                 [&](int64_t begin, int64_t end) { fn(begin, end - begin); });
+}
+
+void ParallelColumns(int64_t cols,
+                     const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kColumnsPerRange = 128;
+  ParallelRanges(cols, kColumnsPerRange, fn);
+}
+
 void SetComputeThreads(int n) { GetPool().SetThreads(std::max(n, 1)); }
 
 int ComputeThreads() { return GetPool().threads(); }

@@ -27,6 +27,18 @@ void ParallelFor(int tasks, const std::function<void(int)>& fn);
 void ParallelRanges(int64_t n, int64_t grain,
                     const std::function<void(int64_t, int64_t)>& fn);
 
+// The two cuts the element-wise kernels use, on top of ParallelRanges:
+// ParallelRows runs fn(first row, rows) over [0, rows) of a [rows, cols]
+// matrix in ranges of at least ~64K elements (for row-wise kernels, whose
+// rows do not depend on each other); ParallelColumns runs fn(begin, end)
+// over [0, cols) in ranges of at least 128 columns (for per-column sums,
+// each column summing its rows in order). Both give the same bits as one
+// call on the whole matrix, for any thread count.
+void ParallelRows(int64_t rows, int64_t cols,
+                  const std::function<void(int64_t, int64_t)>& fn);
+void ParallelColumns(int64_t cols,
+                     const std::function<void(int64_t, int64_t)>& fn);
+
 // Threads ParallelFor uses (default: the hardware concurrency); n < 1
 // means 1.
 void SetComputeThreads(int n);
