@@ -327,6 +327,12 @@ class Stage {
   bool InputsPassThroughOnDevice() const;
 
   // The step (stage_step.cc).
+  // Brackets the passes of `microbatches` microbatches over unchanged
+  // parameters (BlockKernel::BeginPasses: the CPU blocks keep their weights
+  // packed from one microbatch to the next in between): a step's passes,
+  // ended before its optimizer step; each eval or inference run.
+  void BeginPasses(int microbatches);
+  void EndPasses();
   // Checks that every block got a weight gradient and folds each chunk's
   // tree into the gradient buffer.
   absl::Status FinishGradients();

@@ -31,6 +31,8 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   if (task_ != nullptr) {
     RETURN_IF_ERROR(task_->OnEvent(TRAINYARD_EVENT_STEP_BEGIN, step, ""));
   }
+  BeginPasses(mine);
+  absl::Cleanup end_passes = [this] { EndPasses(); };
   if (is_first()) {
     const int64_t position = sampler_->position();
     RETURN_IF_ERROR(PrepareBatch(*data_.train, sampler_->Next(), position, step,
@@ -38,6 +40,8 @@ absl::StatusOr<StepReport> Stage::RunStep() {
                                  mine));
   }
   RETURN_IF_ERROR(RunSchedule(train_schedule_, step, false, M));
+  // The optimizer changes the weights the packs were made from.
+  std::move(end_passes).Invoke();
   RETURN_IF_ERROR(FinishGradients());
   if (replicas_ > 1) {
     SpanTimer t(tracer_.get(), &StageTimes::comm, v1::SPAN_ALL_REDUCE, -1,
@@ -56,6 +60,14 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   RETURN_IF_ERROR(tracer_->EndStep(scalars_.has_value(), &report));
   report.traffic = ctx_->traffic() - traffic_before;
   return report;
+}
+
+void Stage::BeginPasses(int microbatches) {
+  for (auto& block : blocks_) block->BeginPasses(microbatches);
+}
+
+void Stage::EndPasses() {
+  for (auto& block : blocks_) block->EndPasses();
 }
 
 absl::Status Stage::FinishGradients() {
@@ -104,6 +116,13 @@ absl::Status Stage::ForwardBatches(int64_t begin, int64_t end,
   const int M = plan_.spec.parallelism().microbatches();
   const bool loss_slots =
       infer_sink_ == nullptr && loss_.has_value() && loss_->on_device();
+  // Every microbatch of every batch of the run reads the same weights.
+  int64_t microbatches = 0;
+  for (int64_t b = begin; b < end; b += batch) {
+    microbatches += std::min<int64_t>(M, std::min(batch, end - b));
+  }
+  BeginPasses(static_cast<int>(std::min<int64_t>(microbatches, 1 << 20)));
+  absl::Cleanup end_passes = [this] { EndPasses(); };
   int64_t tag = first_tag;
   for (int64_t b = begin; b < end; b += batch, ++tag) {
     if (infer_cancel_ != nullptr && infer_cancel_->load()) {

@@ -24,6 +24,7 @@
 #include "kernels/activation.h"
 #include "kernels/blas.h"
 #include "kernels/linear.h"
+#include "kernels/packed_gemm.h"
 #include "kernels/parallel.h"
 #include "plan/job_plan.h"
 
@@ -129,7 +130,9 @@ void BM_TrainStep(benchmark::State& state, const char* optimizer,
 // Where a step's time goes, all measured in each iteration, side by side:
 // the whole step (Stage::RunStep, AdamW, M microbatches of B/M rows), then
 // the same step's GEMMs alone (the 6 per block and microbatch, with the
-// step's shapes and accumulation, through Sgemm without epilogues), its
+// step's shapes and accumulation, through Sgemm or, where the block uses it,
+// the packed GEMM packing the weights in the first microbatch, without
+// epilogues), its
 // element-wise passes alone as separate passes (bias + GELU, fc2's bias,
 // GELU's backward, the two bias gradients; threaded over rows, columns for
 // the sums; the block itself runs the first three as GEMM epilogues on
@@ -174,17 +177,26 @@ class StepParts {
     ca_ = Random(kBatch * h, unit);
     cb_ = Random(f * h, 1.0f / std::sqrt(float{h}));
     cc_.resize(kBatch * f);
+    // Allocates the packs (the stage's are warm too).
+    ForwardGemms();
+    InputGradientGemms();
   }
 
-  // fc1 and fc2 of every block and microbatch.
+  // The forward and input-gradient GEMMs as the block runs them: with the
+  // packed GEMM (kernels/packed_gemm.h), the first microbatch's GEMMs pack
+  // each weight as they go and keep the packs, which the other
+  // microbatches read (one microbatch packs into a small buffer); else
+  // OpenBLAS. The packs of the previous iteration are dropped first, as a
+  // stage drops them after the optimizer step.
   void ForwardGemms() {
+    for (auto& p : packed_) p.Reset();
     const int64_t mb = mb_, h = kHidden, f = kFfn;
     for (int64_t i = 0; i < n_; ++i) {
       const int64_t blk = i % kBlocks;
-      CHECK_OK(Sgemm(false, true, mb, f, h, 1.0f, x_[i].data(), h,
-                     w1_[blk].data(), h, 0.0f, pre_[i].data(), f));
-      CHECK_OK(Sgemm(false, true, mb, h, f, 1.0f, act_[i].data(), f,
-                     w2_[blk].data(), f, 0.0f, y_[i].data(), h));
+      WeightGemm(true, mb, f, h, x_[i].data(), w1_[blk].data(),
+                 &packed_[blk].fc1_forward, pre_[i].data());
+      WeightGemm(true, mb, h, f, act_[i].data(), w2_[blk].data(),
+                 &packed_[blk].fc2_forward, y_[i].data());
     }
   }
   // d(act) and dx (not block 0's: a first stage needs no input gradient).
@@ -192,11 +204,11 @@ class StepParts {
     const int64_t mb = mb_, h = kHidden, f = kFfn;
     for (int64_t i = 0; i < n_; ++i) {
       const int64_t blk = i % kBlocks;
-      CHECK_OK(Sgemm(false, false, mb, f, h, 1.0f, dy_[i].data(), h,
-                     w2_[blk].data(), f, 0.0f, dact_[i].data(), f));
+      WeightGemm(false, mb, f, h, dy_[i].data(), w2_[blk].data(),
+                 &packed_[blk].fc2_input_grad, dact_[i].data());
       if (blk == 0) continue;
-      CHECK_OK(Sgemm(false, false, mb, h, f, 1.0f, dact_[i].data(), f,
-                     w1_[blk].data(), h, 0.0f, dx_[i].data(), h));
+      WeightGemm(false, mb, h, f, dact_[i].data(), w1_[blk].data(),
+                 &packed_[blk].fc1_input_grad, dx_[i].data());
     }
   }
   // fc2.weight and fc1.weight, accumulated over the microbatches.
@@ -251,7 +263,26 @@ class StepParts {
   const int64_t mb_, n_;
   Buffers w1_, w2_, gw1_, gw2_, b1_, b2_, gb1_, gb2_;
   Buffers x_, pre_, act_, y_, dy_, dact_, dx_;
+  // out [mb, n] = x [mb, k] @ op(w): w [n, k] transposed (forward) or
+  // [k, n] (input gradient), as kernels/mlp_block.cc's WeightGemm.
+  void WeightGemm(bool transposed, int64_t mb, int64_t n, int64_t k,
+                  const float* x, const float* w, MlpBlockPacked::Weight* slot,
+                  float* out) {
+    const int64_t ldw = transposed ? k : n;
+    if (!PackedGemmEnabled()) {
+      CHECK_OK(
+          Sgemm(false, transposed, mb, n, k, 1.0f, x, k, w, ldw, 0.0f, out, n));
+    } else if (slot->ready) {
+      CHECK_OK(SgemmPacked(mb, x, k, slot->matrix, false, out, n));
+    } else {
+      CHECK_OK(SgemmPacking(mb, n, k, x, k, transposed, w, ldw, false, out, n,
+                            {}, n_ > kBlocks ? &slot->matrix : nullptr));
+      slot->ready = n_ > kBlocks;
+    }
+  }
+
   std::vector<float> ca_, cb_, cc_;
+  MlpBlockPacked packed_[kBlocks];
 };
 
 double SecondsOf(const std::function<void()>& fn) {
@@ -299,6 +330,7 @@ void BM_StepBreakdown(benchmark::State& state, int microbatches) {
   state.counters["elementwise_ms"] = 1e3 * elem / it;
   state.counters["optimizer_ms"] = 1e3 * opt / it;
   state.counters["other_ms"] = 1e3 * (step - gemms - elem - opt) / it;
+  state.counters["packed_gemm"] = PackedGemmEnabled() ? 1 : 0;
   state.counters["ceiling_GFLOPs"] = 1e-9 * ceiling;
   state.counters["gemms_of_ceiling"] = gemm_flops / (gemms / it) / ceiling;
   state.counters["step_of_ceiling"] = gemm_flops / (step / it) / ceiling;

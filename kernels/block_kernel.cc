@@ -7,6 +7,7 @@
 #include "core/sim_device.h"
 #include "core/status_macros.h"
 #include "kernels/cuda/cuda_mlp_block.h"
+#include "kernels/packed_gemm.h"
 
 namespace trainyard {
 namespace {
@@ -40,6 +41,34 @@ Out MapParams(Params& p, F f) {
   return out;
 }
 
+// Where a CPU block keeps its weights packed for the packed GEMM between
+// BeginPasses and EndPasses, when more than one microbatch reads them: the
+// first microbatch's GEMMs pack them for the others as they go (one
+// microbatch alone packs into a small buffer, not writing packs nobody
+// reads; the same bits). Nothing when the packed GEMM is off. The buffers
+// stay allocated from one run of passes to the next.
+class PassWeights {
+ public:
+  void Begin(int microbatches) {
+    packed_.Reset();
+    active_ = PackedGemmEnabled() && microbatches >= 2;
+  }
+  void End() {
+    packed_.Reset();
+    active_ = false;
+  }
+  // `params` with the packs attached between Begin and End.
+  MlpBlockParams With(const MlpBlockParams& params) {
+    MlpBlockParams p = params;
+    p.packed = active_ ? &packed_ : nullptr;
+    return p;
+  }
+
+ private:
+  MlpBlockPacked packed_;
+  bool active_ = false;
+};
+
 class CpuBlockKernel final : public BlockKernel {
  public:
   explicit CpuBlockKernel(const MlpBlockConfig& config) : block_(config) {}
@@ -52,16 +81,19 @@ class CpuBlockKernel final : public BlockKernel {
   absl::Status Forward(const MlpBlockParams& params, const Tensor& x, Tensor* y,
                        std::unique_ptr<BlockSaved>* saved) override {
     auto keep = std::make_unique<Saved>();
-    RETURN_IF_ERROR(block_.Forward(params, x, y, &keep->s));
+    RETURN_IF_ERROR(block_.Forward(packed_.With(params), x, y, &keep->s));
     if (saved != nullptr) *saved = std::move(keep);
     return absl::OkStatus();
   }
 
   absl::Status BackwardInput(const MlpBlockParams& params, const Tensor& d_out,
                              BlockSaved* saved, Tensor* dx) override {
-    return block_.BackwardInput(params, d_out, &static_cast<Saved*>(saved)->s,
-                                dx);
+    return block_.BackwardInput(packed_.With(params), d_out,
+                                &static_cast<Saved*>(saved)->s, dx);
   }
+
+  void BeginPasses(int microbatches) override { packed_.Begin(microbatches); }
+  void EndPasses() override { packed_.End(); }
 
   absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
                               MlpBlockParams* grads) override {
@@ -71,6 +103,7 @@ class CpuBlockKernel final : public BlockKernel {
 
  private:
   MlpBlock block_;
+  PassWeights packed_;
 };
 
 // The simulated device (core/sim_device.h): the CPU block on host views of
@@ -92,8 +125,8 @@ class SimBlockKernel final : public BlockKernel {
     RETURN_IF_ERROR(CheckActivation(*ctx_, "x", x, config().in_features));
     auto keep = std::make_unique<Saved>();
     Tensor host_y;
-    RETURN_IF_ERROR(
-        block_.Forward(HostParams(params), Widened(x), &host_y, &keep->s));
+    RETURN_IF_ERROR(block_.Forward(packed_.With(HostParams(params)), Widened(x),
+                                   &host_y, &keep->s));
     ASSIGN_OR_RETURN(*y, ToDevice(host_y));
     if (saved != nullptr) *saved = std::move(keep);
     return absl::OkStatus();
@@ -104,9 +137,9 @@ class SimBlockKernel final : public BlockKernel {
     RETURN_IF_ERROR(
         CheckActivation(*ctx_, "d_out", d_out, config().out_features));
     Tensor host_dx;
-    RETURN_IF_ERROR(block_.BackwardInput(HostParams(params), Widened(d_out),
-                                         &static_cast<Saved*>(saved)->s,
-                                         dx != nullptr ? &host_dx : nullptr));
+    RETURN_IF_ERROR(block_.BackwardInput(
+        packed_.With(HostParams(params)), Widened(d_out),
+        &static_cast<Saved*>(saved)->s, dx != nullptr ? &host_dx : nullptr));
     if (dx != nullptr) {
       ASSIGN_OR_RETURN(*dx, ToDevice(host_dx));
     }
@@ -119,6 +152,9 @@ class SimBlockKernel final : public BlockKernel {
     return block_.BackwardWeight(&static_cast<Saved*>(saved)->s, accumulate,
                                  &host);
   }
+
+  void BeginPasses(int microbatches) override { packed_.Begin(microbatches); }
+  void EndPasses() override { packed_.End(); }
 
  private:
   static MlpBlockParams HostParams(const MlpBlockParams& p) {
@@ -150,6 +186,7 @@ class SimBlockKernel final : public BlockKernel {
 
   const ExecContext* ctx_;
   MlpBlock block_;
+  PassWeights packed_;
 };
 
 // gpu::CudaMlpBlock on Tensors. x and d_out are kept in Saved because the

@@ -51,6 +51,17 @@ class BlockKernel {
   // grads (+)= dL/dparams of the microbatch in `saved`.
   virtual absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
                                       MlpBlockParams* grads) = 0;
+
+  // Bracket a run of passes over parameters that do not change in between
+  // (a training step's forward and backward passes, an eval pass, an
+  // inference run), of `microbatches` microbatches or more: in between, the
+  // kernel may keep what it derives from the parameters from one pass to
+  // the next (the CPU blocks keep their weights packed for the packed GEMM,
+  // kernels/packed_gemm.h, when more than one microbatch reads them).
+  // Results are bitwise the same with and without the calls; the parameters
+  // must not change between them.
+  virtual void BeginPasses(int microbatches) {}
+  virtual void EndPasses() {}
 };
 
 // The block for `config` on ctx's device. `ctx` must outlive it. Errors:

@@ -28,8 +28,11 @@
 #include "absl/status/statusor.h"
 #include "core/block_config.h"
 #include "core/tensor.h"
+#include "kernels/packed_gemm.h"
 
 namespace trainyard {
+
+struct MlpBlockPacked;
 
 // Parameters (or their gradients), in BlockParamInfos order; tensors that
 // the config does not use stay undefined.
@@ -46,6 +49,13 @@ struct MlpBlockParams {
   // Not parameters: InOrder does not list them.
   Tensor fc1_weight_bf16;  // [fc1_out, in]
   Tensor fc2_weight_bf16;  // [out, ffn]
+  // Optional, CPU, not owned: where a block using the packed GEMM
+  // (PackedGemmEnabled()) keeps fc1_weight and fc2_weight packed from one
+  // microbatch to the next (each pack is made by the first GEMM that reads
+  // it). The caller Resets it after every change of the weights; a stale
+  // pack gives wrong results. Without it, each GEMM packs as it goes. The
+  // same bits either way.
+  MlpBlockPacked* packed = nullptr;
 
   // Pointers to the tensors above in BlockParamInfos order.
   std::vector<Tensor*> InOrder(const MlpBlockConfig& config);
@@ -63,6 +73,29 @@ struct MlpBlockSaved {
   Tensor d_out;       // [b, out]  gradient of the block output
   Tensor d_fc1_out;   // [b, fc1_out]
   Tensor d_norm_out;  // [b, in]   (norm weight/bias gradients)
+};
+
+// fc1's and fc2's weights in the layout of kernels/packed_gemm.h, one copy
+// for each GEMM that reads them: the forward's op(B) = W^T and the input
+// gradient's op(B) = W. Twice the weights' memory.
+struct MlpBlockPacked {
+  struct Weight {
+    PackedMatrix matrix;
+    bool ready = false;  // holds the current weights
+  };
+  Weight fc1_forward;     // fc1.weight^T [in, fc1_out]
+  Weight fc1_input_grad;  // fc1.weight [fc1_out, in]
+  Weight fc2_forward;     // fc2.weight^T [ffn, out]
+  Weight fc2_input_grad;  // fc2.weight [out, ffn]
+
+  // The weights changed: each pack is made again by the next GEMM that
+  // reads it (the buffers stay allocated).
+  void Reset() {
+    for (Weight* w :
+         {&fc1_forward, &fc1_input_grad, &fc2_forward, &fc2_input_grad}) {
+      w->ready = false;
+    }
+  }
 };
 
 class MlpBlock {

@@ -12,6 +12,7 @@
 #include "kernels/blas.h"
 #include "kernels/linear.h"
 #include "kernels/norm.h"
+#include "kernels/packed_gemm.h"
 #include "kernels/reference.h"
 
 namespace trainyard {
@@ -308,6 +309,23 @@ TEST(MlpBlockTest, BitwiseDeterministicAcrossRunsAndThreadCounts) {
   }
 }
 
+// out [b, n] = x [b, k] @ op(w) through the GEMM the block uses for its
+// weights: the packed GEMM when enabled (w packed for this call), else
+// OpenBLAS; w is [n, k] when transposed, else [k, n].
+void WeightGemm(bool transposed, int64_t b, int64_t n, int64_t k,
+                const float* x, const float* w, float* out) {
+  const int64_t ldw = transposed ? k : n;
+  if (!PackedGemmEnabled()) {
+    EXPECT_TRUE(
+        Sgemm(false, transposed, b, n, k, 1.0f, x, k, w, ldw, 0.0f, out, n)
+            .ok());
+    return;
+  }
+  PackedMatrix packed;
+  ASSERT_TRUE(packed.Pack(transposed, k, n, w, ldw).ok());
+  EXPECT_TRUE(SgemmPacked(b, x, k, packed, false, out, n).ok());
+}
+
 // What the block computes, as separate whole-matrix passes on one thread
 // after each GEMM: y, dx, then the gradients in InOrder's order.
 std::vector<std::vector<float>> SeparatePasses(const MlpBlockConfig& c,
@@ -331,9 +349,7 @@ std::vector<std::vector<float>> SeparatePasses(const MlpBlockConfig& c,
   }
   std::vector<float> pre(b * f1), act(b * ffn), y(b * out), d_act(b * ffn),
       d_fc1(b * f1), d_norm(b * in), dx(b * in);
-  EXPECT_TRUE(Sgemm(false, true, b, f1, in, 1.0f, norm_out.data(), in, w1, in,
-                    0.0f, pre.data(), f1)
-                  .ok());
+  WeightGemm(true, b, f1, in, norm_out.data(), w1, pre.data());
   const float* b1 = p.fc1_bias.data<float>();
   switch (c.activation) {
     case Activation::kRelu:
@@ -349,13 +365,9 @@ std::vector<std::vector<float>> SeparatePasses(const MlpBlockConfig& c,
       BiasSwigluForward(b, ffn, b1, pre.data(), act.data());
       break;
   }
-  EXPECT_TRUE(Sgemm(false, true, b, out, ffn, 1.0f, act.data(), ffn, w2, ffn,
-                    0.0f, y.data(), out)
-                  .ok());
+  WeightGemm(true, b, out, ffn, act.data(), w2, y.data());
   AddBiasResidual(b, out, p.fc2_bias.data<float>(), x, y.data());
-  EXPECT_TRUE(Sgemm(false, false, b, ffn, out, 1.0f, dy, out, w2, ffn, 0.0f,
-                    d_act.data(), ffn)
-                  .ok());
+  WeightGemm(false, b, ffn, out, dy, w2, d_act.data());
   switch (c.activation) {
     case Activation::kRelu:
       ReluBackward(b * ffn, pre.data(), d_act.data());
@@ -371,9 +383,7 @@ std::vector<std::vector<float>> SeparatePasses(const MlpBlockConfig& c,
       break;
   }
   if (c.activation != Activation::kSwiglu) d_fc1 = d_act;
-  EXPECT_TRUE(Sgemm(false, false, b, in, f1, 1.0f, d_fc1.data(), f1, w1, in,
-                    0.0f, d_norm.data(), in)
-                  .ok());
+  WeightGemm(false, b, in, f1, d_fc1.data(), w1, d_norm.data());
   if (c.norm == NormType::kLayerNorm) {
     LayerNormBackwardInput(b, in, x, nw, mean.data(), rstd.data(),
                            d_norm.data(), dy, dx.data());
@@ -445,6 +455,86 @@ TEST(MlpBlockTest, FusedEpiloguesMatchSeparatePassesBitwise) {
           << " (y, dx, then the gradients in InOrder's order)";
     }
   }
+}
+
+// y and dx of one microbatch.
+struct Outputs {
+  Tensor y, dx;
+};
+Outputs RunForwardBackward(const MlpBlock& block, const MlpBlockParams& p,
+                           const Tensor& x, const Tensor& dy) {
+  Outputs out;
+  MlpBlockSaved saved;
+  EXPECT_TRUE(block.Forward(p, x, &out.y, &saved).ok());
+  EXPECT_TRUE(block.BackwardInput(p, dy, &saved, &out.dx).ok());
+  return out;
+}
+bool SameBits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(),
+                                               a.numel() * sizeof(float)) == 0;
+}
+
+// A block keeping its packs (MlpBlockParams::packed, as a stage's CPU
+// blocks do over a step's microbatches: the first microbatch packs, the
+// others read the packs) gives the bits of packing in every GEMM; after the
+// weights change, Reset makes the next microbatch pack again (without it
+// the stale packs are used: they really are read). Packs of another
+// block's shapes are refused.
+TEST(MlpBlockTest, KeptPacksGiveThePerGemmBits) {
+  if (!PackedGemmEnabled()) GTEST_SKIP() << "OpenBLAS: no packs";
+  const MlpBlockConfig c = AllConfigs(48, 48, 80)[0];
+  Rng rng(12);
+  MlpBlockParams p;
+  BlockParams ref;
+  RandomParams(c, &rng, &p, &ref);
+  MlpBlock block(c);
+  MlpBlockPacked packed;
+  MlpBlockParams keeping = p;
+  keeping.packed = &packed;
+  const auto rows = [&](int64_t b) {
+    return ToTensor(reference::RandomVec(&rng, b * 48, 1.0), {b, 48});
+  };
+  for (int64_t b : {7, 32, 1}) {
+    const Tensor x = rows(b), dy = rows(b);
+    const Outputs fresh = RunForwardBackward(block, p, x, dy);
+    const Outputs kept = RunForwardBackward(block, keeping, x, dy);
+    EXPECT_TRUE(SameBits(fresh.y, kept.y)) << "rows " << b;
+    EXPECT_TRUE(SameBits(fresh.dx, kept.dx)) << "rows " << b;
+    EXPECT_TRUE(packed.fc1_forward.ready && packed.fc2_forward.ready &&
+                packed.fc1_input_grad.ready && packed.fc2_input_grad.ready);
+  }
+  // New weights, in place.
+  for (Tensor* t : {&p.fc1_weight, &p.fc2_weight}) {
+    float* w = t->data<float>();
+    for (int64_t i = 0; i < t->numel(); ++i) w[i] *= 0.5f + (i % 3) * 0.25f;
+  }
+  keeping = p;
+  keeping.packed = &packed;
+  const Tensor x = rows(9), dy = rows(9);
+  const Outputs fresh = RunForwardBackward(block, p, x, dy);
+  const Outputs stale = RunForwardBackward(block, keeping, x, dy);
+  EXPECT_FALSE(SameBits(fresh.y, stale.y));
+  packed.Reset();
+  const Outputs repacked = RunForwardBackward(block, keeping, x, dy);
+  EXPECT_TRUE(SameBits(fresh.y, repacked.y));
+  EXPECT_TRUE(SameBits(fresh.dx, repacked.dx));
+
+  MlpBlockConfig wider = c;
+  wider.ffn_hidden_size = 96;
+  MlpBlockParams wide;
+  BlockParams wide_ref;
+  RandomParams(wider, &rng, &wide, &wide_ref);
+  MlpBlockPacked other;
+  wide.packed = &other;
+  RunForwardBackward(MlpBlock(wider), wide, x, dy);
+  keeping.packed = &other;
+  Tensor y;
+  MlpBlockSaved saved;
+  const absl::Status st = block.Forward(keeping, x, &y, &saved);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("packed fc1.weight holds [48, 96]"),
+            std::string::npos)
+      << st.message();
 }
 
 TEST(MlpBlockTest, NamesParseAndErrorsListAllowedValues) {

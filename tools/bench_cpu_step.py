@@ -10,10 +10,15 @@ PyTorch: the same model, batch and update (nn.Linear/GELU, MSELoss, AdamW,
 clip_grad_norm_ 1.0), one step per batch of 256 (PyTorch has no
 microbatches: its figure is the M = 1 step every row compares with).
 
-Rounds alternate (Trainyard's three M, then PyTorch) on the same threads,
-so both see the same machine; the table gives each round and the medians.
-"share of ceiling" is the step's GEMM flops over its time, over that
-round's ceiling.
+Rounds alternate (Trainyard's three M with each GEMM variant, then
+PyTorch) on the same threads, so all see the same machine; the table gives
+each round and the medians. "share of ceiling" is the step's GEMM flops
+over its time, over that round's ceiling. The variants (--gemm): "packed"
+runs the benchmark with TRAINYARD_PACKED_GEMM=1 (forward and
+input-gradient GEMMs on kernels/packed_gemm.h, the weights packed by the
+first microbatch's GEMMs for the others), "openblas" with =0 (every GEMM on OpenBLAS), "default" as the
+process would choose; "both" (the default) runs packed and openblas
+side by side.
 
 Build, then run from the repository root with Debian's Python (torch 1.13):
     bazel build //engine:train_step_benchmark
@@ -85,9 +90,15 @@ def machine():
         "AVX2, no AVX-512" if "avx2" in flags else "no AVX2")
 
 
-def run_trainyard(args):
+VARIANTS = {"packed": "1", "openblas": "0", "default": None}
+
+
+def run_trainyard(args, variant):
     """BM_StepBreakdown for M = 1, 4, 8: {M: counters}."""
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "TRAINYARD_PACKED_GEMM")}
+    if VARIANTS[variant] is not None:
+        env["TRAINYARD_PACKED_GEMM"] = VARIANTS[variant]
     if args.ld_library_path:
         env["LD_LIBRARY_PATH"] = args.ld_library_path
     out = subprocess.run(
@@ -118,6 +129,8 @@ def main():
     p.add_argument("--min_time", type=float, default=2.0)
     p.add_argument("--torch_steps", type=int, default=8)
     p.add_argument("--torch_coretype", default="Zen")
+    p.add_argument("--gemm", default="both",
+                   choices=["both"] + sorted(VARIANTS))
     p.add_argument("--bench", default=BENCH,
                    help="the train_step_benchmark binary")
     p.add_argument("--ld_library_path", default="",
@@ -127,16 +140,23 @@ def main():
     print(f"machine: {machine()}", flush=True)
     if args.threads != 2:
         sys.exit("BM_StepBreakdown runs 2 threads; use --threads 2")
+    variants = ["packed", "openblas"] if args.gemm == "both" else [args.gemm]
     rows = []
     for r in range(args.rounds):
-        ty = run_trainyard(args)
+        ty = {}
+        # Rotate the variants' order per round.
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+            ty[v] = run_trainyard(args, v)
         pt = run_torch(args)
         rows.append((ty, pt))
         line = {"round": r + 1, "torch_samples_per_s": round(pt["samples_per_s"], 1)}
-        for m, b in sorted(ty.items()):
-            line[f"m{m}_samples_per_s"] = round(b["samples/s"], 1)
-            line[f"m{m}_of_ceiling"] = round(b["step_of_ceiling"], 3)
-            line[f"m{m}_x_torch"] = round(b["samples/s"] / pt["samples_per_s"], 2)
+        for v in variants:
+            for m, b in sorted(ty[v].items()):
+                key = f"{v}_m{m}"
+                line[f"{key}_samples_per_s"] = round(b["samples/s"], 1)
+                line[f"{key}_of_ceiling"] = round(b["step_of_ceiling"], 3)
+                line[f"{key}_x_torch"] = round(
+                    b["samples/s"] / pt["samples_per_s"], 2)
         print(json.dumps(line), flush=True)
 
     print(f"\ntorch {rows[0][1]['torch']} (BLAS {rows[0][1]['blas']}), "
@@ -149,24 +169,26 @@ def main():
     torch_sps = med(pt["samples_per_s"] for _, pt in rows)
     print(f"| PyTorch, batch 256 | {med(pt['step_ms'] for _, pt in rows):.0f} ms "
           f"| {torch_sps:.0f} | 1.00 | | | |")
-    for m in sorted(rows[0][0]):
-        bs = [ty[m] for ty, _ in rows]
-        ratios = [ty[m]["samples/s"] / pt["samples_per_s"] for ty, pt in rows]
-        print(f"| Trainyard, M = {m} ({256 // m} rows) | "
-              f"{med(b['step_ms'] for b in bs):.0f} ms "
-              f"(GEMMs fwd {med(b['gemm_fwd_ms'] for b in bs):.0f}, "
-              f"dgrad {med(b['gemm_dgrad_ms'] for b in bs):.0f}, "
-              f"wgrad {med(b['gemm_wgrad_ms'] for b in bs):.0f}; "
-              f"element-wise {med(b['elementwise_ms'] for b in bs):.0f}; "
-              f"optimizer {med(b['optimizer_ms'] for b in bs):.0f}; "
-              f"other {med(b['other_ms'] for b in bs):.0f}) "
-              f"| {med(b['samples/s'] for b in bs):.0f} "
-              f"| {med(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
-              f"| {100 * med(b['gemms_of_ceiling'] for b in bs):.0f}% "
-              f"| {100 * med(b['step_of_ceiling'] for b in bs):.0f}% "
-              f"({100 * min(b['step_of_ceiling'] for b in bs):.0f}-"
-              f"{100 * max(b['step_of_ceiling'] for b in bs):.0f}%) "
-              f"| {med(b['ceiling_GFLOPs'] for b in bs):.0f} |")
+    for v in variants:
+        for m in sorted(rows[0][0][v]):
+            bs = [ty[v][m] for ty, _ in rows]
+            ratios = [ty[v][m]["samples/s"] / pt["samples_per_s"]
+                      for ty, pt in rows]
+            print(f"| Trainyard {v}, M = {m} ({256 // m} rows) | "
+                  f"{med(b['step_ms'] for b in bs):.0f} ms "
+                  f"(GEMMs fwd {med(b['gemm_fwd_ms'] for b in bs):.0f}, "
+                  f"dgrad {med(b['gemm_dgrad_ms'] for b in bs):.0f}, "
+                  f"wgrad {med(b['gemm_wgrad_ms'] for b in bs):.0f}; "
+                  f"element-wise {med(b['elementwise_ms'] for b in bs):.0f}; "
+                  f"optimizer {med(b['optimizer_ms'] for b in bs):.0f}; "
+                  f"other {med(b['other_ms'] for b in bs):.0f}) "
+                  f"| {med(b['samples/s'] for b in bs):.0f} "
+                  f"| {med(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
+                  f"| {100 * med(b['gemms_of_ceiling'] for b in bs):.0f}% "
+                  f"| {100 * med(b['step_of_ceiling'] for b in bs):.0f}% "
+                  f"({100 * min(b['step_of_ceiling'] for b in bs):.0f}-"
+                  f"{100 * max(b['step_of_ceiling'] for b in bs):.0f}%) "
+                  f"| {med(b['ceiling_GFLOPs'] for b in bs):.0f} |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,467 @@
+#include "kernels/packed_gemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "kernels/parallel.h"
+
+namespace trainyard {
+namespace {
+
+// The loop nest (BLIS's, for a small A): k in blocks of kKc; within a
+// block, rows of A in blocks of at most kMc packed into panels of at most
+// kMr rows ([k][row] interleaved, <= 256 KiB: the core's L2); for each
+// 16-column panel of B (16 KiB: L1) every row panel runs the kMr x 16
+// micro-kernel over the block's k. Each element of C stays one fma chain in
+// ascending k whatever the blocking: a block starts from C's value as the
+// previous block left it.
+constexpr int64_t kNr = 16;
+constexpr int64_t kKc = 256;
+constexpr int64_t kMr = 6;
+constexpr int64_t kMc = 256;
+
+// Rows of A per row block: m cut into ceil(m / kMc) near-equal blocks (a
+// batch of 256 is one block, 300 rows two of 150, not 256 and 44).
+int64_t RowBlock(int64_t m) {
+  const int64_t blocks = (m + kMc - 1) / kMc;
+  return (m + blocks - 1) / blocks;
+}
+
+bool CpuHasAvx2Fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+std::atomic<bool> portable_for_testing{false};
+
+bool UseAvx2Kernel() {
+  static const bool avx2 = CpuHasAvx2Fma();
+  return avx2 && !portable_for_testing.load(std::memory_order_relaxed);
+}
+
+int64_t Panels(int64_t n) { return (n + kNr - 1) / kNr; }
+
+// rows x 16 block of C (row stride ldc) from `rows` interleaved rows of A
+// (ap[k * rows + i]) and one panel of B (bp[k * 16 + j]).
+template <int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
+    int64_t kb, const float* ap, const float* bp, float* c, int64_t ldc,
+    bool load, const float* prefetch) {
+  __m256 lo[R], hi[R];
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    if (load) {
+      lo[i] = _mm256_loadu_ps(c + i * ldc);
+      hi[i] = _mm256_loadu_ps(c + i * ldc + 8);
+    } else {
+      lo[i] = _mm256_setzero_ps();
+      hi[i] = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t k = 0; k < kb; ++k) {
+    // One line of the next panel a step: it is in L1 when its turn comes.
+    if (prefetch != nullptr) {
+      _mm_prefetch(reinterpret_cast<const char*>(prefetch + k * kNr),
+                   _MM_HINT_T0);
+    }
+    const __m256 b0 = _mm256_loadu_ps(bp);
+    const __m256 b1 = _mm256_loadu_ps(bp + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+      const __m256 av = _mm256_broadcast_ss(ap + i);
+      lo[i] = _mm256_fmadd_ps(av, b0, lo[i]);
+      hi[i] = _mm256_fmadd_ps(av, b1, hi[i]);
+    }
+    ap += R;
+    bp += kNr;
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    _mm256_storeu_ps(c + i * ldc, lo[i]);
+    _mm256_storeu_ps(c + i * ldc + 8, hi[i]);
+  }
+}
+
+__attribute__((target("avx2,fma"))) void Avx2Panel(int rows, int64_t kb,
+                                                   const float* ap,
+                                                   const float* bp, float* c,
+                                                   int64_t ldc, bool load,
+                                                   const float* prefetch) {
+  switch (rows) {
+    case 6:
+      return Avx2Kernel<6>(kb, ap, bp, c, ldc, load, prefetch);
+    case 5:
+      return Avx2Kernel<5>(kb, ap, bp, c, ldc, load, prefetch);
+    case 4:
+      return Avx2Kernel<4>(kb, ap, bp, c, ldc, load, prefetch);
+    case 3:
+      return Avx2Kernel<3>(kb, ap, bp, c, ldc, load, prefetch);
+    case 2:
+      return Avx2Kernel<2>(kb, ap, bp, c, ldc, load, prefetch);
+    default:
+      return Avx2Kernel<1>(kb, ap, bp, c, ldc, load, prefetch);
+  }
+}
+
+// The same chains, one element at a time (any x86-64; std::fma rounds once
+// as the vector instruction does).
+void PortablePanel(int rows, int64_t kb, const float* ap, const float* bp,
+                   float* c, int64_t ldc, bool load) {
+  for (int i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < kNr; ++j) {
+      float acc = load ? c[i * ldc + j] : 0.0f;
+      for (int64_t k = 0; k < kb; ++k) {
+        acc = std::fma(ap[k * rows + i], bp[k * kNr + j], acc);
+      }
+      c[i * ldc + j] = acc;
+    }
+  }
+}
+
+void Panel(int rows, int64_t kb, const float* ap, const float* bp, float* c,
+           int64_t ldc, bool load, const float* prefetch) {
+  if (UseAvx2Kernel()) {
+    Avx2Panel(rows, kb, ap, bp, c, ldc, load, prefetch);
+  } else {
+    PortablePanel(rows, kb, ap, bp, c, ldc, load);
+  }
+}
+
+// Cuts `rows` into ceil(rows / kMr) panels of near-equal size (5 and 6
+// rows rather than 6s and a last 2, which would run at a third of the
+// speed). fn(first row, rows).
+template <typename F>
+void ForEachRowPanel(int64_t rows, F fn) {
+  const int64_t panels = (rows + kMr - 1) / kMr;
+  const int64_t base = rows / panels, extra = rows % panels;
+  int64_t r = 0;
+  for (int64_t q = 0; q < panels; ++q) {
+    const int64_t n = base + (q < extra ? 1 : 0);
+    fn(r, n);
+    r += n;
+  }
+}
+
+// Rows [0, rows) x k [0, kb) of A into row panels, each [k][its rows].
+void PackABlock(int64_t rows, int64_t kb, const float* a, int64_t lda,
+                float* ap) {
+  ForEachRowPanel(rows, [&](int64_t r0, int64_t n) {
+    float* dst = ap + r0 * kb;
+    const float* src = a + r0 * lda;
+    for (int64_t k = 0; k < kb; ++k) {
+      for (int64_t i = 0; i < n; ++i) dst[k * n + i] = src[i * lda + k];
+    }
+  });
+}
+
+// All of A [m, k], once for every column block: the (k block at k0, row
+// block at i0) piece at ap + k0 * m + i0 * kb.
+void PackA(int64_t m, int64_t k, const float* a, int64_t lda, float* ap) {
+  const int64_t kblocks = (k + kKc - 1) / kKc;
+  const int64_t rows = RowBlock(m);
+  const int64_t mblocks = (m + rows - 1) / rows;
+  ParallelFor(static_cast<int>(kblocks * mblocks), [&](int t) {
+    const int64_t k0 = t / mblocks * kKc, i0 = t % mblocks * rows;
+    const int64_t kb = std::min(kKc, k - k0), mb = std::min(rows, m - i0);
+    PackABlock(mb, kb, a + i0 * lda + k0, lda, ap + k0 * m + i0 * kb);
+  });
+}
+
+// dst[q * 16 + j] = src[j * ld + q] for j < 8 (one 8 x 8 block).
+__attribute__((target("avx2"))) void Transpose8x8(const float* src, int64_t ld,
+                                                  float* dst) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * kNr,
+                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * kNr,
+                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+
+// One panel of op(B) = b^T: dst[q * 16 + j] = src[j * ld + q] for q < kb,
+// j < cols (16 rows of b read along k), zeros for j >= cols.
+void PackTransposed(const float* src, int64_t ld, int64_t kb, int64_t cols,
+                    float* dst) {
+  int64_t q0 = 0;
+  if (cols == kNr && UseAvx2Kernel()) {
+    for (; q0 + 8 <= kb; q0 += 8) {
+      Transpose8x8(src + q0, ld, dst + q0 * kNr);
+      Transpose8x8(src + 8 * ld + q0, ld, dst + q0 * kNr + 8);
+    }
+  }
+  for (int64_t q = q0; q < kb; ++q) {
+    for (int64_t j = 0; j < kNr; ++j) {
+      dst[q * kNr + j] = j < cols ? src[j * ld + q] : 0.0f;
+    }
+  }
+}
+
+// One panel of op(B) [k, n], rows [k0, k0 + kb) and columns [col, col +
+// cols), cols <= 16, into dst [kb][16], zero-padded: from b [n, k] (trans)
+// or [k, n].
+void PackPanel(bool trans, const float* b, int64_t ldb, int64_t k0, int64_t kb,
+               int64_t col, int64_t cols, float* dst) {
+  if (trans) {
+    PackTransposed(b + col * ldb + k0, ldb, kb, cols, dst);
+    return;
+  }
+  if (cols < kNr) std::memset(dst, 0, kb * kNr * sizeof(float));
+  const float* src = b + k0 * ldb + col;
+  for (int64_t q = 0; q < kb; ++q) {
+    std::memcpy(dst + q * kNr, src + q * ldb, cols * sizeof(float));
+  }
+}
+
+// Where the GEMM's op(B) comes from: a PackedMatrix, or a row-major matrix
+// packed panel by panel as the GEMM reaches it.
+struct BSource {
+  const float* packed = nullptr;  // PackedMatrix::data(), or null
+  bool trans = false;             // else: b [n, k] (trans) or [k, n]
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float* keep = nullptr;  // where to leave the packed panels, or null
+};
+
+// Columns [p0, p1) panels of C [m, n] for all rows, from A packed by PackA.
+void RunColumnPanels(int64_t m, int64_t n, int64_t k, const float* a_packed,
+                     const BSource& source, bool accumulate, float* c,
+                     int64_t ldc, int64_t p0, int64_t p1) {
+  const int64_t panels = Panels(n);
+  alignas(64) thread_local float panel[kKc * kNr];
+  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+    const int64_t kb = std::min(kKc, k - k0);
+    const float* block =
+        source.packed == nullptr ? nullptr : source.packed + k0 * panels * kNr;
+    const bool load = accumulate || k0 > 0;
+    for (int64_t i0 = 0, rows = RowBlock(m); i0 < m; i0 += rows) {
+      const int64_t mb = std::min(rows, m - i0);
+      const float* ap = a_packed + k0 * m + i0 * kb;
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t col = p * kNr;
+        const int64_t cols = std::min(kNr, n - col);
+        const float* bp = panel;
+        const float* next = nullptr;
+        if (block != nullptr) {
+          bp = block + p * kb * kNr;
+          if (p + 1 < p1) next = bp + kb * kNr;
+        } else if (source.keep != nullptr) {
+          // Packed into its place in the kept matrix by the first row block.
+          float* dst = source.keep + k0 * panels * kNr + p * kb * kNr;
+          if (i0 == 0) {
+            PackPanel(source.trans, source.b, source.ldb, k0, kb, col, cols,
+                      dst);
+          }
+          bp = dst;
+        } else {
+          PackPanel(source.trans, source.b, source.ldb, k0, kb, col, cols,
+                    panel);
+        }
+        bool first = true;
+        ForEachRowPanel(mb, [&](int64_t r0, int64_t rows) {
+          float* cp = c + (i0 + r0) * ldc + col;
+          const float* pf = first ? next : nullptr;
+          first = false;
+          if (cols == kNr) {
+            Panel(static_cast<int>(rows), kb, ap + r0 * kb, bp, cp, ldc, load,
+                  pf);
+            return;
+          }
+          // The last panel, narrower than 16: through a full-width tile.
+          alignas(32) float tile[kMr * kNr] = {};
+          for (int64_t i = 0; i < rows; ++i) {
+            if (load) std::memcpy(tile + i * kNr, cp + i * ldc, cols * 4);
+          }
+          Panel(static_cast<int>(rows), kb, ap + r0 * kb, bp, tile, kNr, load,
+                pf);
+          for (int64_t i = 0; i < rows; ++i) {
+            std::memcpy(cp + i * ldc, tile + i * kNr, cols * 4);
+          }
+        });
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void PackedMatrix::Free::operator()(float* p) const { std::free(p); }
+
+absl::Status PackedMatrix::Reserve(int64_t k, int64_t n) {
+  if (k < 0 || n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackedMatrix: negative size k=", k, " n=", n));
+  }
+  const int64_t need = k * Panels(n) * kNr;
+  if (need > capacity_) {
+    const int64_t bytes = (need * 4 + 63) / 64 * 64;
+    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("PackedMatrix: cannot allocate ", bytes,
+                       " bytes for a [", k, ", ", n, "] operand"));
+    }
+    data_.reset(p);
+    capacity_ = need;
+  }
+  k_ = k;
+  n_ = n;
+  return absl::OkStatus();
+}
+
+absl::Status PackedMatrix::Pack(bool trans, int64_t k, int64_t n,
+                                const float* b, int64_t ldb) {
+  const int64_t b_cols = trans ? k : n;
+  if (k >= 0 && n >= 0 && ldb < std::max<int64_t>(1, b_cols)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackedMatrix::Pack: ldb=", ldb, " needs >= ", b_cols));
+  }
+  RETURN_IF_ERROR(Reserve(k, n));
+  const int64_t panels = Panels(n);
+  float* out = data_.get();
+  // Groups of 16 panels (256 columns), threaded: each reads 256 rows of b
+  // 1 KiB at a time (trans: 256 of k along 16 rows) and writes 16 panels.
+  constexpr int64_t kGroup = 16;
+  const int64_t groups = (panels + kGroup - 1) / kGroup;
+  const int64_t kblocks = (k + kKc - 1) / kKc;
+  ParallelFor(static_cast<int>(groups * kblocks), [&](int t) {
+    const int64_t k0 = t / groups * kKc, g = t % groups;
+    const int64_t kb = std::min(kKc, k - k0);
+    const int64_t p_end = std::min(panels, (g + 1) * kGroup);
+    for (int64_t p = g * kGroup; p < p_end; ++p) {
+      const int64_t col = p * kNr;
+      PackPanel(trans, b, ldb, k0, kb, col, std::min(kNr, n - col),
+                out + k0 * panels * kNr + p * kb * kNr);
+    }
+  });
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status Run(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                 const BSource& source, bool accumulate, float* c, int64_t ldc,
+                 const GemmEpilogue& epilogue) {
+  if (m < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SgemmPacked: negative m=", m));
+  }
+  if (lda < std::max<int64_t>(1, k) || ldc < std::max<int64_t>(1, n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SgemmPacked: leading dimension too small: lda=", lda,
+                     " (needs >= ", k, "), ldc=", ldc, " (needs >= ", n, ")"));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  // Column blocks of whole panels, cut by the shape only (at most 8, each
+  // at least 4M multiply-adds): any thread count gives the same blocks.
+  const int64_t panels = Panels(n);
+  const int64_t work = m * n * std::max<int64_t>(k, 1);
+  const int64_t want = std::max<int64_t>(
+      1, std::min<int64_t>({8, panels, work / (int64_t{1} << 22)}));
+  const int64_t per = (panels + want - 1) / want;
+  const int tiles = static_cast<int>((panels + per - 1) / per);
+  // A packed once, into this thread's buffer (the pool's threads read it
+  // through the pointer: a thread_local named in the lambda would be
+  // theirs).
+  thread_local std::vector<float> a_buffer;
+  const float* a_packed = nullptr;
+  if (k > 0) {
+    a_buffer.resize(m * k);
+    PackA(m, k, a, lda, a_buffer.data());
+    a_packed = a_buffer.data();
+  }
+  ParallelFor(tiles, [&](int t) {
+    const int64_t p0 = t * per, p1 = std::min(panels, p0 + per);
+    if (k == 0) {
+      if (!accumulate) {
+        for (int64_t i = 0; i < m; ++i) {
+          std::fill(c + i * ldc + p0 * kNr, c + i * ldc + std::min(n, p1 * kNr),
+                    0.0f);
+        }
+      }
+    } else {
+      RunColumnPanels(m, n, k, a_packed, source, accumulate, c, ldc, p0, p1);
+    }
+    if (epilogue) {
+      const int64_t col = p0 * kNr;
+      epilogue(0, m, col, std::min(n, p1 * kNr) - col);
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SgemmPacked(int64_t m, const float* a, int64_t lda,
+                         const PackedMatrix& b, bool accumulate, float* c,
+                         int64_t ldc, const GemmEpilogue& epilogue) {
+  BSource source;
+  source.packed = b.data();
+  return Run(m, b.n(), b.k(), a, lda, source, accumulate, c, ldc, epilogue);
+}
+
+absl::Status SgemmPacking(int64_t m, int64_t n, int64_t k, const float* a,
+                          int64_t lda, bool trans_b, const float* b,
+                          int64_t ldb, bool accumulate, float* c, int64_t ldc,
+                          const GemmEpilogue& epilogue, PackedMatrix* keep) {
+  if (n < 0 || k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SgemmPacking: negative size n=", n, " k=", k));
+  }
+  const int64_t b_cols = trans_b ? k : n;
+  if (ldb < std::max<int64_t>(1, b_cols)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SgemmPacking: ldb=", ldb, " needs >= ", b_cols));
+  }
+  BSource source;
+  source.trans = trans_b;
+  source.b = b;
+  source.ldb = ldb;
+  if (keep != nullptr) {
+    RETURN_IF_ERROR(keep->Reserve(k, n));
+    // With no rows the panels would not be packed.
+    if (m == 0) return keep->Pack(trans_b, k, n, b, ldb);
+    source.keep = keep->mutable_data();
+  }
+  return Run(m, n, k, a, lda, source, accumulate, c, ldc, epilogue);
+}
+
+bool PackedGemmEnabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("TRAINYARD_PACKED_GEMM");
+    if (env != nullptr && env[0] != '\0') return std::strcmp(env, "0") != 0;
+    __builtin_cpu_init();
+    return CpuHasAvx2Fma() && !__builtin_cpu_supports("avx512f");
+  }();
+  return enabled;
+}
+
+std::string PackedGemmDescription() {
+  if (!PackedGemmEnabled()) return "packed GEMM: off";
+  return UseAvx2Kernel() ? "packed GEMM: AVX2" : "packed GEMM: portable";
+}
+
+void UsePortablePackedKernelForTesting(bool portable) {
+  portable_for_testing.store(portable, std::memory_order_relaxed);
+}
+
+}  // namespace trainyard

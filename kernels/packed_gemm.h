@@ -1,0 +1,113 @@
+// A single-precision GEMM of our own whose right-hand operand is packed once
+// and then used by many calls: a layer's weights, packed at the start of a
+// training step and read by every microbatch's forward and input-gradient
+// GEMMs. OpenBLAS packs the weights again inside each call, which at 32 or
+// 64 rows a microbatch costs up to a third of the GEMM's time.
+//
+// The rounding is defined, not just repeatable: every element of C is one
+// fused multiply-add chain over k in ascending order,
+//
+//   c = accumulate ? C[i][j] : 0;
+//   for k in 0..K-1: c = fma(A[i][k], B[k][j], c)
+//
+// so its bits depend on that row of A and that column of B only: not on the
+// number of rows (a microbatch's size), the thread count, the tiling or the
+// CPU's vector width. The AVX2 kernel and the portable one (any x86-64)
+// give the same bits; packed_gemm_test checks both against that loop.
+//
+// Thread safety: a PackedMatrix may be read by any number of concurrent
+// SgemmPacked calls; Pack must not run concurrently with them.
+#ifndef TRAINYARD_KERNELS_PACKED_GEMM_H_
+#define TRAINYARD_KERNELS_PACKED_GEMM_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/blas.h"
+
+namespace trainyard {
+
+// op(B) [k, n] in the layout SgemmPacked reads: 256-row blocks of k, each
+// cut into 16-column panels (the last one padded with zeros).
+class PackedMatrix {
+ public:
+  PackedMatrix() = default;
+  PackedMatrix(PackedMatrix&&) = default;
+  PackedMatrix& operator=(PackedMatrix&&) = default;
+
+  // Packs op(B) [k, n] from row-major b: b is [n, k] (ldb >= k) and op(B) =
+  // b^T when trans (a [out, in] weight for y = x W^T), else b is [k, n]
+  // (ldb >= n). Reuses the buffer when it is big enough. Threaded over
+  // panels. Errors: InvalidArgument for negative sizes or a leading
+  // dimension too small; ResourceExhausted when the buffer cannot be
+  // allocated (naming its size).
+  absl::Status Pack(bool trans, int64_t k, int64_t n, const float* b,
+                    int64_t ldb);
+
+  // Sizes the buffer for op(B) [k, n] without filling it (SgemmPacking
+  // fills it). Errors as Pack's.
+  absl::Status Reserve(int64_t k, int64_t n);
+
+  int64_t k() const { return k_; }
+  int64_t n() const { return n_; }
+  // Bytes held (capacity of the buffer).
+  int64_t bytes() const {
+    return capacity_ * static_cast<int64_t>(sizeof(float));
+  }
+  const float* data() const { return data_.get(); }
+  float* mutable_data() { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  std::unique_ptr<float[], Free> data_;
+  int64_t capacity_ = 0;  // floats
+  int64_t k_ = 0, n_ = 0;
+};
+
+// C [m, n] = A [m, k] * op(B) (accumulate = false) or C + A * op(B)
+// (accumulate = true), with the rounding in the header comment; then
+// `epilogue` (may be empty) on each block of C as it is finished, on the
+// thread that finished it (blas.h's GemmEpilogue: the blocks partition C and
+// depend on (m, n, k) only). A is row-major with lda >= k. Threaded over
+// column blocks on the compute pool (kernels/parallel.h). Errors:
+// InvalidArgument for a negative m, lda < k, or ldc < n.
+absl::Status SgemmPacked(int64_t m, const float* a, int64_t lda,
+                         const PackedMatrix& b, bool accumulate, float* c,
+                         int64_t ldc, const GemmEpilogue& epilogue = {});
+
+// SgemmPacked with op(B) [k, n] read from row-major b ([n, k] when trans_b,
+// else [k, n]) and packed panel by panel as the GEMM reaches it (no
+// separate pass over b), into a 16 KiB buffer, or, with `keep`, into *keep
+// (sized by Reserve), which then holds all of op(B) for later SgemmPacked
+// calls: the first microbatch packs the weights for the others while it
+// computes. The same bits as packing b first. Errors: as SgemmPacked, and
+// as PackedMatrix::Pack for n, k and ldb.
+absl::Status SgemmPacking(int64_t m, int64_t n, int64_t k, const float* a,
+                          int64_t lda, bool trans_b, const float* b,
+                          int64_t ldb, bool accumulate, float* c, int64_t ldc,
+                          const GemmEpilogue& epilogue = {},
+                          PackedMatrix* keep = nullptr);
+
+// Whether the MLP blocks use SgemmPacked for their forward and
+// input-gradient GEMMs (weight gradients stay on OpenBLAS). Default: on
+// CPUs with AVX2 and FMA but not AVX-512, where it was measured faster than
+// OpenBLAS (docs/BENCHMARKS.md); OpenBLAS's AVX-512 kernels are wider than
+// ours. The environment variable TRAINYARD_PACKED_GEMM=1 or =0 overrides
+// it; it is read once per process. Changes rounding, so the bits of a
+// job depend on it (as on OpenBLAS's kernels).
+bool PackedGemmEnabled();
+
+// E.g. "packed GEMM: AVX2" or "packed GEMM: off".
+std::string PackedGemmDescription();
+
+// Tests only: run the portable kernel instead of the AVX2 one (same bits,
+// slower), or go back.
+void UsePortablePackedKernelForTesting(bool portable);
+
+}  // namespace trainyard
+
+#endif  // TRAINYARD_KERNELS_PACKED_GEMM_H_

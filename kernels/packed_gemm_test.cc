@@ -1,0 +1,209 @@
+#include "kernels/packed_gemm.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "core/random.h"
+#include "gtest/gtest.h"
+#include "kernels/parallel.h"
+
+namespace trainyard {
+namespace {
+
+// Values spread over 2^-8 .. 2^8 with both signs, so a sum in any other
+// order than the documented one rounds differently.
+std::vector<float> Values(Rng& rng, int64_t n) {
+  std::vector<float> v(n);
+  for (float& x : v) {
+    x = std::ldexp(rng.Uniform(-1.0f, 1.0f),
+                   static_cast<int>(rng.Uniform(-8, 8)));
+  }
+  return v;
+}
+
+// The definition in packed_gemm.h, one element at a time over the unpacked
+// operands: b is [n, k] (trans) or [k, n].
+std::vector<float> Reference(int64_t m, int64_t n, int64_t k,
+                             const std::vector<float>& a, int64_t lda,
+                             bool trans, const std::vector<float>& b,
+                             int64_t ldb, bool accumulate, std::vector<float> c,
+                             int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = accumulate ? c[i * ldc + j] : 0.0f;
+      for (int64_t q = 0; q < k; ++q) {
+        const float bv = trans ? b[j * ldb + q] : b[q * ldb + j];
+        acc = std::fma(a[i * lda + q], bv, acc);
+      }
+      c[i * ldc + j] = acc;
+    }
+  }
+  return c;
+}
+
+struct Case {
+  int64_t m, n, k;
+};
+
+// Shapes across every edge of the blocking: rows around the 6-row panels
+// and the 240-row blocks, columns around the 16-column panels, k around
+// the 256-row blocks (and k = 0).
+const Case kCases[] = {
+    {1, 1, 1},     {5, 15, 7},    {7, 16, 256},  {31, 17, 257},
+    {32, 40, 255}, {64, 33, 600}, {250, 48, 31}, {481, 20, 300},
+    {13, 300, 64}, {2, 5, 0},     {300, 1, 513},
+};
+
+void ExpectMatchesReference(const Case& cs, bool trans, bool accumulate) {
+  Rng rng(cs.m * 1000003 + cs.n * 1009 + cs.k * 7 + trans * 2 + accumulate);
+  const int64_t lda = cs.k + 3, ldc = cs.n + 5;
+  const int64_t ldb = (trans ? cs.k : cs.n) + 2;
+  const std::vector<float> a = Values(rng, cs.m * lda);
+  const std::vector<float> b = Values(rng, (trans ? cs.n : cs.k) * ldb);
+  const std::vector<float> c0 = Values(rng, cs.m * ldc);
+  PackedMatrix packed;
+  ASSERT_TRUE(packed.Pack(trans, cs.k, cs.n, b.data(), ldb).ok());
+  std::vector<float> got = c0;
+  ASSERT_TRUE(
+      SgemmPacked(cs.m, a.data(), lda, packed, accumulate, got.data(), ldc)
+          .ok());
+  const std::vector<float> want =
+      Reference(cs.m, cs.n, cs.k, a, lda, trans, b, ldb, accumulate, c0, ldc);
+  // Bitwise, padding between rows of C included (it must stay untouched).
+  ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+      << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " trans=" << trans
+      << " accumulate=" << accumulate;
+  // Packed on the fly: the same bits.
+  std::vector<float> fly = c0;
+  ASSERT_TRUE(SgemmPacking(cs.m, cs.n, cs.k, a.data(), lda, trans, b.data(),
+                           ldb, accumulate, fly.data(), ldc)
+                  .ok());
+  ASSERT_EQ(0, std::memcmp(fly.data(), want.data(), fly.size() * 4))
+      << "on the fly: m=" << cs.m << " n=" << cs.n << " k=" << cs.k
+      << " trans=" << trans << " accumulate=" << accumulate;
+}
+
+// Packed first or on the fly, every element is the header's chain.
+TEST(SgemmPackedTest, EveryElementIsTheDocumentedFmaChain) {
+  for (const Case& cs : kCases) {
+    for (bool trans : {false, true}) {
+      for (bool accumulate : {false, true}) {
+        ExpectMatchesReference(cs, trans, accumulate);
+      }
+    }
+  }
+}
+
+TEST(SgemmPackedTest, PortableKernelGivesTheSameBits) {
+  UsePortablePackedKernelForTesting(true);
+  for (const Case& cs : kCases) {
+    for (bool trans : {false, true}) ExpectMatchesReference(cs, trans, true);
+  }
+  UsePortablePackedKernelForTesting(false);
+}
+
+// A row's result does not depend on which call, how many rows or how many
+// threads computed it: a microbatch's rows are the full batch's rows.
+TEST(SgemmPackedTest, RowsAreTheSameInAnyBatchAndThreadCount) {
+  const int64_t m = 97, n = 70, k = 530;
+  Rng rng(5);
+  const std::vector<float> a = Values(rng, m * k);
+  const std::vector<float> w = Values(rng, n * k);
+  PackedMatrix packed;
+  ASSERT_TRUE(packed.Pack(true, k, n, w.data(), k).ok());
+  const int threads = ComputeThreads();
+  std::vector<float> whole(m * n);
+  SetComputeThreads(3);
+  ASSERT_TRUE(SgemmPacked(m, a.data(), k, packed, false, whole.data(), n).ok());
+  SetComputeThreads(1);
+  for (int64_t begin = 0; begin < m; begin += 11) {
+    const int64_t rows = std::min<int64_t>(11, m - begin);
+    std::vector<float> part(rows * n);
+    ASSERT_TRUE(SgemmPacked(rows, a.data() + begin * k, k, packed, false,
+                            part.data(), n)
+                    .ok());
+    EXPECT_EQ(
+        0, std::memcmp(part.data(), whole.data() + begin * n, part.size() * 4))
+        << "rows from " << begin;
+  }
+  SetComputeThreads(threads);
+}
+
+// The epilogue sees each block of C once, after it is final.
+TEST(SgemmPackedTest, EpilogueBlocksPartitionFinishedC) {
+  const int64_t m = 40, n = 1000, k = 300;
+  Rng rng(9);
+  const std::vector<float> a = Values(rng, m * k);
+  const std::vector<float> w = Values(rng, k * n);
+  PackedMatrix packed;
+  ASSERT_TRUE(packed.Pack(false, k, n, w.data(), n).ok());
+  const std::vector<float> want = Reference(m, n, k, a, k, false, w, n, false,
+                                            std::vector<float>(m * n), n);
+  std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
+  std::vector<int> seen(m * n, 0);
+  int blocks = 0;
+  std::mutex mu;
+  ASSERT_TRUE(
+      SgemmPacked(m, a.data(), k, packed, false, c.data(), n,
+                  [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+                    std::lock_guard<std::mutex> lock(mu);
+                    ++blocks;
+                    for (int64_t i = row; i < row + rows; ++i) {
+                      for (int64_t j = col; j < col + cols; ++j) {
+                        ++seen[i * n + j];
+                        EXPECT_EQ(c[i * n + j], want[i * n + j]);
+                      }
+                    }
+                  })
+          .ok());
+  EXPECT_GT(blocks, 1);
+  for (int s : seen) ASSERT_EQ(s, 1);
+}
+
+TEST(SgemmPackedTest, RepackingReusesOrGrowsTheBuffer) {
+  Rng rng(3);
+  PackedMatrix packed;
+  for (const Case& cs :
+       {Case{9, 100, 700}, Case{9, 20, 30}, Case{9, 400, 900}}) {
+    const std::vector<float> a = Values(rng, cs.m * cs.k);
+    const std::vector<float> w = Values(rng, cs.n * cs.k);
+    ASSERT_TRUE(packed.Pack(true, cs.k, cs.n, w.data(), cs.k).ok());
+    EXPECT_EQ(packed.k(), cs.k);
+    EXPECT_EQ(packed.n(), cs.n);
+    std::vector<float> c(cs.m * cs.n);
+    ASSERT_TRUE(
+        SgemmPacked(cs.m, a.data(), cs.k, packed, false, c.data(), cs.n).ok());
+    EXPECT_EQ(c, Reference(cs.m, cs.n, cs.k, a, cs.k, true, w, cs.k, false,
+                           std::vector<float>(cs.m * cs.n), cs.n));
+  }
+  EXPECT_GE(packed.bytes(), 900 * 400 * 4);
+}
+
+TEST(SgemmPackedTest, RejectsBadArguments) {
+  PackedMatrix packed;
+  std::vector<float> w(64, 1.0f), c(64);
+  EXPECT_EQ(packed.Pack(true, -1, 4, w.data(), 4).code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::Status st = packed.Pack(true, 8, 4, w.data(), 4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("ldb=4 needs >= 8"), std::string::npos)
+      << st.message();
+  ASSERT_TRUE(packed.Pack(false, 4, 8, w.data(), 8).ok());
+  EXPECT_EQ(SgemmPacked(-1, w.data(), 4, packed, false, c.data(), 8).code(),
+            absl::StatusCode::kInvalidArgument);
+  st = SgemmPacked(2, w.data(), 3, packed, false, c.data(), 8);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("lda=3 (needs >= 4)"), std::string::npos)
+      << st.message();
+  st =
+      SgemmPacking(2, 8, 4, w.data(), 4, true, w.data(), 3, false, c.data(), 8);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("ldb=3 needs >= 4"), std::string::npos)
+      << st.message();
+}
+
+}  // namespace
+}  // namespace trainyard
