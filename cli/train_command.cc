@@ -22,6 +22,7 @@
 #include "engine/local_job.h"
 #include "engine/task_loader.h"
 #include "kernels/blas.h"
+#include "kernels/packed_gemm.h"
 #include "plan/job_plan.h"
 #include "proto/job_spec.pb.h"
 
@@ -126,7 +127,10 @@ void PrintJobSummary(const std::string& command, const JobPlan& plan,
             << " on " << device.ToString() << " in " << plan.spec.precision()
             << "; "
             << "memory estimate " << plan.memory.description << "; BLAS "
-            << BlasDescription() << "\n";
+            << BlasDescription()
+            << (device.is_cpu() ? absl::StrCat("; ", PackedGemmDescription())
+                                : "")
+            << "\n";
 }
 
 }  // namespace

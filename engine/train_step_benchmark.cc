@@ -183,7 +183,8 @@ class StepParts {
   }
 
   // The forward and input-gradient GEMMs as the block runs them: with the
-  // packed GEMM (kernels/packed_gemm.h), the first microbatch's GEMMs pack
+  // packed GEMM (kernels/packed_gemm.h, microbatches of less than 64
+  // rows), the first microbatch's GEMMs pack
   // each weight as they go and keep the packs, which the other
   // microbatches read (one microbatch packs into a small buffer); else
   // OpenBLAS. The packs of the previous iteration are dropped first, as a
@@ -269,7 +270,7 @@ class StepParts {
                   const float* x, const float* w, MlpBlockPacked::Weight* slot,
                   float* out) {
     const int64_t ldw = transposed ? k : n;
-    if (!PackedGemmEnabled()) {
+    if (!UsePackedGemm(mb)) {
       CHECK_OK(
           Sgemm(false, transposed, mb, n, k, 1.0f, x, k, w, ldw, 0.0f, out, n));
     } else if (slot->ready) {

@@ -63,14 +63,15 @@ const float* OrNull(bool use, const Tensor& t) {
 // out [b, n] = x [b, k] @ op(W), with W a [n, k] weight read transposed
 // (forward: op(W) = W^T) or a [k, n] one read as is (input gradient), then
 // the epilogue on each block of out. Through the packed GEMM when it is
-// enabled: from `slot`'s pack when ready, else packing W as it goes (into
-// `slot` when there is one); else through OpenBLAS.
+// enabled for b rows (UsePackedGemm): from `slot`'s pack when ready, else
+// packing W as it goes (into `slot` when there is one); else through
+// OpenBLAS.
 absl::Status WeightGemm(const char* name, bool transposed, int64_t b, int64_t n,
                         int64_t k, const float* x, const Tensor& w,
                         MlpBlockPacked::Weight* slot, float* out,
                         const GemmEpilogue& epilogue) {
   const int64_t ldw = transposed ? k : n;
-  if (!PackedGemmEnabled()) {
+  if (!UsePackedGemm(b)) {
     return Sgemm(false, transposed, b, n, k, 1.0f, x, k, F(w), ldw, 0.0f, out,
                  n, epilogue);
   }

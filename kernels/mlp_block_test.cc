@@ -311,11 +311,11 @@ TEST(MlpBlockTest, BitwiseDeterministicAcrossRunsAndThreadCounts) {
 
 // out [b, n] = x [b, k] @ op(w) through the GEMM the block uses for its
 // weights: the packed GEMM when enabled (w packed for this call), else
-// OpenBLAS; w is [n, k] when transposed, else [k, n].
+// OpenBLAS (UsePackedGemm); w is [n, k] when transposed, else [k, n].
 void WeightGemm(bool transposed, int64_t b, int64_t n, int64_t k,
                 const float* x, const float* w, float* out) {
   const int64_t ldw = transposed ? k : n;
-  if (!PackedGemmEnabled()) {
+  if (!UsePackedGemm(b)) {
     EXPECT_TRUE(
         Sgemm(false, transposed, b, n, k, 1.0f, x, k, w, ldw, 0.0f, out, n)
             .ok());
@@ -427,32 +427,36 @@ std::vector<std::vector<float>> SeparatePasses(const MlpBlockConfig& c,
 // where every one of those splits its work, each result is bitwise what
 // separate single-threaded passes after each GEMM give.
 TEST(MlpBlockTest, FusedEpiloguesMatchSeparatePassesBitwise) {
-  const int64_t b = 520, h = 256, ffn = 384;
-  for (const MlpBlockConfig& c : AllConfigs(h, h, ffn)) {
-    if (!c.bias || !c.residual) continue;
-    Rng rng(45);
-    MlpBlockParams p;
-    BlockParams ref;
-    RandomParams(c, &rng, &p, &ref);
-    const Tensor x = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
-    const Tensor dy = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
-    MlpBlock block(c);
-    Tensor y, dx;
-    MlpBlockSaved saved;
-    MlpBlockParams grads;
-    ASSERT_TRUE(block.Forward(p, x, &y, &saved).ok());
-    ASSERT_TRUE(block.BackwardInput(p, dy, &saved, &dx).ok());
-    ASSERT_TRUE(block.BackwardWeight(&saved, false, &grads).ok());
-    std::vector<const Tensor*> got = {&y, &dx};
-    for (Tensor* t : grads.InOrder(c)) got.push_back(t);
-    const std::vector<std::vector<float>> want = SeparatePasses(c, p, x, dy);
-    ASSERT_EQ(got.size(), want.size()) << Describe(c, b);
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_EQ(got[i]->numel(), static_cast<int64_t>(want[i].size()));
-      EXPECT_EQ(0, std::memcmp(got[i]->data<float>(), want[i].data(),
-                               want[i].size() * sizeof(float)))
-          << Describe(c, b) << ": output " << i
-          << " (y, dx, then the gradients in InOrder's order)";
+  const int64_t h = 256, ffn = 384;
+  // 60 rows: the packed GEMM where enabled; 520: OpenBLAS.
+  for (const int64_t b : {60, 520}) {
+    for (const MlpBlockConfig& c : AllConfigs(h, h, ffn)) {
+      if (!c.bias || !c.residual) continue;
+      Rng rng(45);
+      MlpBlockParams p;
+      BlockParams ref;
+      RandomParams(c, &rng, &p, &ref);
+      const Tensor x = ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
+      const Tensor dy =
+          ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
+      MlpBlock block(c);
+      Tensor y, dx;
+      MlpBlockSaved saved;
+      MlpBlockParams grads;
+      ASSERT_TRUE(block.Forward(p, x, &y, &saved).ok());
+      ASSERT_TRUE(block.BackwardInput(p, dy, &saved, &dx).ok());
+      ASSERT_TRUE(block.BackwardWeight(&saved, false, &grads).ok());
+      std::vector<const Tensor*> got = {&y, &dx};
+      for (Tensor* t : grads.InOrder(c)) got.push_back(t);
+      const std::vector<std::vector<float>> want = SeparatePasses(c, p, x, dy);
+      ASSERT_EQ(got.size(), want.size()) << Describe(c, b);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i]->numel(), static_cast<int64_t>(want[i].size()));
+        EXPECT_EQ(0, std::memcmp(got[i]->data<float>(), want[i].data(),
+                                 want[i].size() * sizeof(float)))
+            << Describe(c, b) << ": output " << i
+            << " (y, dx, then the gradients in InOrder's order)";
+      }
     }
   }
 }
@@ -481,7 +485,7 @@ bool SameBits(const Tensor& a, const Tensor& b) {
 // the stale packs are used: they really are read). Packs of another
 // block's shapes are refused.
 TEST(MlpBlockTest, KeptPacksGiveThePerGemmBits) {
-  if (!PackedGemmEnabled()) GTEST_SKIP() << "OpenBLAS: no packs";
+  if (!UsePackedGemm(32)) GTEST_SKIP() << "OpenBLAS: no packs";
   const MlpBlockConfig c = AllConfigs(48, 48, 80)[0];
   Rng rng(12);
   MlpBlockParams p;

@@ -49,12 +49,23 @@ bool UseAvx2Kernel() {
 
 int64_t Panels(int64_t n) { return (n + kNr - 1) / kNr; }
 
+// What the micro-kernel prefetches while it runs, one cache line a k step:
+// line q at base + (q >> shift) * stride + (q & (2^shift - 1)) * 16 floats.
+// The next packed panel is one run of lines (shift 30); the next panel
+// still to be packed is 16 lines of each of 16 rows of b (shift 4) or one
+// line of each of kb rows (shift 0).
+struct Prefetch {
+  const float* base = nullptr;
+  int shift = 30;
+  int64_t stride = 0;
+};
+
 // rows x 16 block of C (row stride ldc) from `rows` interleaved rows of A
 // (ap[k * rows + i]) and one panel of B (bp[k * 16 + j]).
 template <int R>
 __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
     int64_t kb, const float* ap, const float* bp, float* c, int64_t ldc,
-    bool load, const float* prefetch) {
+    bool load, Prefetch prefetch) {
   __m256 lo[R], hi[R];
 #pragma GCC unroll 6
   for (int i = 0; i < R; ++i) {
@@ -67,9 +78,12 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
     }
   }
   for (int64_t k = 0; k < kb; ++k) {
-    // One line of the next panel a step: it is in L1 when its turn comes.
-    if (prefetch != nullptr) {
-      _mm_prefetch(reinterpret_cast<const char*>(prefetch + k * kNr),
+    // One line of the next panel a step: it is in cache when its turn comes.
+    if (prefetch.base != nullptr) {
+      const int64_t mask = (int64_t{1} << prefetch.shift) - 1;
+      _mm_prefetch(reinterpret_cast<const char*>(
+                       prefetch.base + (k >> prefetch.shift) * prefetch.stride +
+                       (k & mask) * kNr),
                    _MM_HINT_T0);
     }
     const __m256 b0 = _mm256_loadu_ps(bp);
@@ -94,7 +108,7 @@ __attribute__((target("avx2,fma"))) void Avx2Panel(int rows, int64_t kb,
                                                    const float* ap,
                                                    const float* bp, float* c,
                                                    int64_t ldc, bool load,
-                                                   const float* prefetch) {
+                                                   Prefetch prefetch) {
   switch (rows) {
     case 6:
       return Avx2Kernel<6>(kb, ap, bp, c, ldc, load, prefetch);
@@ -127,7 +141,7 @@ void PortablePanel(int rows, int64_t kb, const float* ap, const float* bp,
 }
 
 void Panel(int rows, int64_t kb, const float* ap, const float* bp, float* c,
-           int64_t ldc, bool load, const float* prefetch) {
+           int64_t ldc, bool load, Prefetch prefetch) {
   if (UseAvx2Kernel()) {
     Avx2Panel(rows, kb, ap, bp, c, ldc, load, prefetch);
   } else {
@@ -260,26 +274,31 @@ void RunColumnPanels(int64_t m, int64_t n, int64_t k, const float* a_packed,
         const int64_t col = p * kNr;
         const int64_t cols = std::min(kNr, n - col);
         const float* bp = panel;
-        const float* next = nullptr;
-        if (block != nullptr) {
-          bp = block + p * kb * kNr;
-          if (p + 1 < p1) next = bp + kb * kNr;
-        } else if (source.keep != nullptr) {
-          // Packed into its place in the kept matrix by the first row block.
-          float* dst = source.keep + k0 * panels * kNr + p * kb * kNr;
-          if (i0 == 0) {
-            PackPanel(source.trans, source.b, source.ldb, k0, kb, col, cols,
-                      dst);
-          }
-          bp = dst;
+        Prefetch next;
+        const bool last = p + 1 == p1;
+        if (block != nullptr || (source.keep != nullptr && i0 > 0)) {
+          bp = block != nullptr
+                   ? block + p * kb * kNr
+                   : source.keep + k0 * panels * kNr + p * kb * kNr;
+          if (!last) next.base = bp + kb * kNr;
         } else {
-          PackPanel(source.trans, source.b, source.ldb, k0, kb, col, cols,
-                    panel);
+          // Packed here (into its place in the kept matrix, by the first row
+          // block); the next panel's source lines are fetched meanwhile.
+          float* dst = source.keep != nullptr
+                           ? source.keep + k0 * panels * kNr + p * kb * kNr
+                           : panel;
+          PackPanel(source.trans, source.b, source.ldb, k0, kb, col, cols, dst);
+          bp = dst;
+          if (!last && source.trans) {
+            next = {source.b + (col + kNr) * source.ldb + k0, 4, source.ldb};
+          } else if (!last) {
+            next = {source.b + k0 * source.ldb + col + kNr, 0, source.ldb};
+          }
         }
         bool first = true;
         ForEachRowPanel(mb, [&](int64_t r0, int64_t rows) {
           float* cp = c + (i0 + r0) * ldc + col;
-          const float* pf = first ? next : nullptr;
+          const Prefetch pf = first ? next : Prefetch();
           first = false;
           if (cols == kNr) {
             Panel(static_cast<int>(rows), kb, ap + r0 * kb, bp, cp, ldc, load,
@@ -455,9 +474,14 @@ bool PackedGemmEnabled() {
   return enabled;
 }
 
+bool UsePackedGemm(int64_t rows) {
+  return rows <= kPackedGemmMaxRows && PackedGemmEnabled();
+}
+
 std::string PackedGemmDescription() {
   if (!PackedGemmEnabled()) return "packed GEMM: off";
-  return UseAvx2Kernel() ? "packed GEMM: AVX2" : "packed GEMM: portable";
+  return absl::StrCat("packed GEMM: ", UseAvx2Kernel() ? "AVX2" : "portable",
+                      ", up to ", kPackedGemmMaxRows, " rows");
 }
 
 void UsePortablePackedKernelForTesting(bool portable) {

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/blas.h"
+#include "kernels/packed_gemm_rows.h"
 
 namespace trainyard {
 
@@ -92,14 +93,18 @@ absl::Status SgemmPacking(int64_t m, int64_t n, int64_t k, const float* a,
                           const GemmEpilogue& epilogue = {},
                           PackedMatrix* keep = nullptr);
 
-// Whether the MLP blocks use SgemmPacked for their forward and
+// Whether the MLP blocks may use the packed GEMM for their forward and
 // input-gradient GEMMs (weight gradients stay on OpenBLAS). Default: on
-// CPUs with AVX2 and FMA but not AVX-512, where it was measured faster than
-// OpenBLAS (docs/BENCHMARKS.md); OpenBLAS's AVX-512 kernels are wider than
-// ours. The environment variable TRAINYARD_PACKED_GEMM=1 or =0 overrides
-// it; it is read once per process. Changes rounding, so the bits of a
-// job depend on it (as on OpenBLAS's kernels).
+// CPUs with AVX2 and FMA but not AVX-512; OpenBLAS's AVX-512 kernels are
+// twice as wide as ours and were not measured against it. The environment
+// variable TRAINYARD_PACKED_GEMM=1 or =0 overrides it; it is read once per
+// process. It changes rounding, so a job's bits depend on it (as on
+// OpenBLAS's kernels).
 bool PackedGemmEnabled();
+
+// Whether the block's GEMMs over `rows` rows use the packed GEMM:
+// PackedGemmEnabled() && rows <= kPackedGemmMaxRows (packed_gemm_rows.h).
+bool UsePackedGemm(int64_t rows);
 
 // E.g. "packed GEMM: AVX2" or "packed GEMM: off".
 std::string PackedGemmDescription();

@@ -119,6 +119,10 @@ struct MemoryEstimate {
   // in-memory snapshots (two steps, own and a neighbour's copy).
   uint64_t state_copies = 0;
   uint64_t activations = 0;
+  // CPU jobs with microbatches of less than 64 rows: fc1's and fc2's
+  // weights packed twice each for the packed GEMM (kernels/packed_gemm.h),
+  // counted whether or not the worker's CPU uses it.
+  uint64_t packed_weights = 0;
   uint64_t data = 0;
   uint64_t total = 0;
   // "12.0 GiB (params 3.0 GiB, grads 3.0 GiB, optimizer state 6.0 GiB,

@@ -1,6 +1,7 @@
 #include "plan/memory_estimate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -9,6 +10,7 @@
 #include "core/block_config.h"
 #include "core/host_info.h"
 #include "core/tensor.h"
+#include "kernels/packed_gemm_rows.h"
 #include "schedule/schedule.h"
 
 namespace trainyard {
@@ -118,16 +120,44 @@ double ActivationBytes(const JobPlan& plan) {
   return act;
 }
 
+// The packs of fc1's and fc2's weights a CPU stage keeps while more than
+// one microbatch of at most kPackedGemmMaxRows rows reads them: each weight
+// [rows, cols] once as op(B) = W^T and once as W, in 16-column panels.
+double PackedWeightBytes(const JobPlan& plan) {
+  const JobSpec& spec = plan.spec;
+  const int M = spec.parallelism().microbatches();
+  const int per_replica = M / std::max(1, spec.parallelism().replicas());
+  const int64_t B = spec.data().batch_size();
+  const int64_t b = (B + M - 1) / M;  // largest microbatch
+  // A training step packs when it runs two microbatches or more; eval and
+  // inference runs read the weights over all their batches.
+  const bool several = spec.kind() != "train" || per_replica >= 2;
+  if (spec.device() != "cpu" || b > kPackedGemmMaxRows || !several) return 0;
+  const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
+  const auto packs = [&](double rows, double cols) {
+    return 4 * (cols * pad(rows) + rows * pad(cols));
+  };
+  double bytes = 0;
+  for (const MlpBlockConfig& c : plan.blocks) {
+    bytes += packs(c.fc1_out(), c.in_features) +
+             packs(c.out_features, c.ffn_hidden_size);
+  }
+  return bytes;
+}
+
 std::string Describe(const MemoryEstimate& m) {
-  return absl::StrCat(FormatBytes(m.total), " (params ", FormatBytes(m.params),
-                      ", grads ", FormatBytes(m.grads), ", optimizer state ",
-                      FormatBytes(m.optimizer_state),
-                      m.state_copies > 0
-                          ? absl::StrCat(", checkpoint/snapshot copies ",
-                                         FormatBytes(m.state_copies))
-                          : "",
-                      ", activations ", FormatBytes(m.activations), ", data ",
-                      FormatBytes(m.data), ")");
+  return absl::StrCat(
+      FormatBytes(m.total), " (params ", FormatBytes(m.params), ", grads ",
+      FormatBytes(m.grads), ", optimizer state ",
+      FormatBytes(m.optimizer_state),
+      m.state_copies > 0 ? absl::StrCat(", checkpoint/snapshot copies ",
+                                        FormatBytes(m.state_copies))
+                         : "",
+      ", activations ", FormatBytes(m.activations),
+      m.packed_weights > 0
+          ? absl::StrCat(", packed weights ", FormatBytes(m.packed_weights))
+          : "",
+      ", data ", FormatBytes(m.data), ")");
 }
 
 }  // namespace
@@ -190,10 +220,11 @@ MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {
   MemoryEstimate m;
   EstimateState(plan.spec, n_params, &m);
   m.activations = SaturatingBytes(ActivationBytes(plan));
+  m.packed_weights = SaturatingBytes(PackedWeightBytes(plan));
   m.data = data_bytes;
   const double total = static_cast<double>(m.params) + m.grads +
                        m.optimizer_state + m.state_copies + m.activations +
-                       m.data;
+                       m.packed_weights + m.data;
   m.total = SaturatingBytes(total);
   m.description = Describe(m);
   return m;

@@ -1,6 +1,7 @@
 // The memory estimate and the memory limit.
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,10 +37,27 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
   // stage 0: 2 * (2 * 88 + 88); stage 1: 2 * (1 * (114 + 35) + 112)
   EXPECT_EQ(m.activations, 4u * (2 * (2 * 88 + 88) + 2 * (149 + 112)));
   EXPECT_EQ(m.data, 10u * 8 * 4 + 10u * 3 * 4);
+  // A CPU job with microbatches of 2 rows keeps each fc weight [r, c]
+  // packed twice, 4 * (c * pad16(r) + r * pad16(c)) bytes:
+  // block 0: fc1 [32, 8] 4*(8*32 + 32*16), fc2 [16, 32] 4*(32*16 + 16*32)
+  // block 1: fc1 [32, 16] 4*(16*32 + 32*16), fc2 [16, 32] as block 0's
+  // block 2: fc1 [8, 16] 4*(16*16 + 8*16), fc2 [3, 8] 4*(8*16 + 3*16)
+  EXPECT_EQ(m.packed_weights, 3072u + 4096 + 4096 + 4096 + 1536 + 704);
+  EXPECT_THAT(m.description, HasSubstr("packed weights 17.2 KiB"));
   EXPECT_EQ(m.total, m.params + m.grads + m.optimizer_state + m.state_copies +
-                         m.activations + m.data);
+                         m.activations + m.packed_weights + m.data);
   EXPECT_THAT(m.description, HasSubstr("(params 8.1 KiB, grads 8.1 KiB"));
   EXPECT_EQ(m.state_copies, 0u);  // no checkpoints, no snapshots
+
+  // No packs for one microbatch a step, nor for microbatches of 64 rows.
+  for (const auto& [batch, microbatches] : {std::pair{10, 1}, {128, 2}}) {
+    JobSpec other = spec;
+    other.mutable_data()->set_batch_size(batch);
+    other.mutable_parallelism()->set_microbatches(microbatches);
+    absl::StatusOr<JobPlan> p = PlanJob(other, Options(dir));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->memory.packed_weights, 0u) << batch << "/" << microbatches;
+  }
 
   // A checkpoint being written holds one copy of params and optimizer
   // state; snapshots four more.

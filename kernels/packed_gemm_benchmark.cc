@@ -1,0 +1,183 @@
+// The forward and input-gradient GEMMs of a training step (4 blocks, h =
+// 1024, ffn = 4096; batch 256 in M microbatches of 256 / M rows) through
+// OpenBLAS (kernels/blas.h, as the block runs it for larger microbatches)
+// and through the packed GEMM (kernels/packed_gemm.h) as the block runs it
+// for small ones (the first microbatch's GEMMs pack each weight while they
+// compute, the others read the packs), alternating in one process, the
+// order swapped every round. One line per M: medians and the median of the
+// per-round ratios packed / OpenBLAS.
+//
+//   bazel build //kernels:packed_gemm_benchmark
+//   bazel-bin/kernels/packed_gemm_benchmark --microbatches=1,4,5,6,8
+//
+// --prepacked packs every weight before timing instead (the kernel alone).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "core/random.h"
+#include "kernels/blas.h"
+#include "kernels/packed_gemm.h"
+#include "kernels/parallel.h"
+
+ABSL_FLAG(std::vector<std::string>, microbatches,
+          std::vector<std::string>({"1", "4", "8"}),
+          "microbatch counts M (rows 256 / M).");
+ABSL_FLAG(int, rounds, 9, "timed rounds per M and library.");
+ABSL_FLAG(int, threads, 2, "compute threads.");
+ABSL_FLAG(bool, prepacked, false,
+          "time the packed GEMM with every weight packed beforehand.");
+
+namespace trainyard {
+namespace {
+
+constexpr int64_t kHidden = 1024, kFfn = 4096, kBatch = 256, kBlocks = 4;
+
+#define CHECK_OK(expr)                                      \
+  do {                                                      \
+    const absl::Status _st = (expr);                        \
+    if (!_st.ok()) {                                        \
+      std::fprintf(stderr, "%s\n", _st.ToString().c_str()); \
+      std::abort();                                         \
+    }                                                       \
+  } while (0)
+
+std::vector<float> Random(int64_t n, Rng& rng) {
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.Uniform(-1.0f, 1.0f);
+  return v;
+}
+
+double Seconds(const std::function<void()>& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void RunM(int microbatches, int rounds, bool prepacked) {
+  const int64_t h = kHidden, f = kFfn, mb = kBatch / microbatches;
+  Rng rng(1);
+  using Buffers = std::vector<std::vector<float>>;
+  Buffers w1, w2, x, act, dy, pre, y, dact, dx;
+  for (int l = 0; l < kBlocks; ++l) {
+    w1.push_back(Random(f * h, rng));
+    w2.push_back(Random(h * f, rng));
+  }
+  for (int i = 0; i < microbatches; ++i) {
+    x.push_back(Random(mb * h, rng));
+    act.push_back(Random(mb * f, rng));
+    dy.push_back(Random(mb * h, rng));
+    pre.emplace_back(mb * f);
+    y.emplace_back(mb * h);
+    dact.emplace_back(mb * f);
+    dx.emplace_back(mb * h);
+  }
+  // Per block: fc1 forward, fc2 forward, fc2 input gradient, fc1 input
+  // gradient.
+  std::vector<PackedMatrix> packs(4 * kBlocks);
+  const auto openblas = [&] {
+    for (int i = 0; i < microbatches; ++i) {
+      for (int l = 0; l < kBlocks; ++l) {
+        CHECK_OK(Sgemm(false, true, mb, f, h, 1, x[i].data(), h, w1[l].data(),
+                       h, 0, pre[i].data(), f));
+        CHECK_OK(Sgemm(false, true, mb, h, f, 1, act[i].data(), f, w2[l].data(),
+                       f, 0, y[i].data(), h));
+        CHECK_OK(Sgemm(false, false, mb, f, h, 1, dy[i].data(), h, w2[l].data(),
+                       f, 0, dact[i].data(), f));
+        CHECK_OK(Sgemm(false, false, mb, h, f, 1, dact[i].data(), f,
+                       w1[l].data(), h, 0, dx[i].data(), h));
+      }
+    }
+  };
+  struct Gemm {
+    bool trans;
+    int64_t n, k;
+  };
+  const Gemm shapes[4] = {
+      {true, f, h}, {true, h, f}, {false, f, h}, {false, h, f}};
+  const auto packed = [&] {
+    for (int i = 0; i < microbatches; ++i) {
+      for (int l = 0; l < kBlocks; ++l) {
+        const float* in[4] = {x[i].data(), act[i].data(), dy[i].data(),
+                              dact[i].data()};
+        float* out[4] = {pre[i].data(), y[i].data(), dact[i].data(),
+                         dx[i].data()};
+        const float* w[4] = {w1[l].data(), w2[l].data(), w2[l].data(),
+                             w1[l].data()};
+        for (int g = 0; g < 4; ++g) {
+          const Gemm& s = shapes[g];
+          PackedMatrix& pack = packs[4 * l + g];
+          if (prepacked || i > 0) {
+            CHECK_OK(SgemmPacked(mb, in[g], s.k, pack, false, out[g], s.n));
+          } else {
+            CHECK_OK(SgemmPacking(mb, s.n, s.k, in[g], s.k, s.trans, w[g],
+                                  s.trans ? s.k : s.n, false, out[g], s.n, {},
+                                  microbatches > 1 ? &pack : nullptr));
+          }
+        }
+      }
+    }
+  };
+  if (prepacked) {
+    for (int l = 0; l < kBlocks; ++l) {
+      const float* w[4] = {w1[l].data(), w2[l].data(), w2[l].data(),
+                           w1[l].data()};
+      for (int g = 0; g < 4; ++g) {
+        const Gemm& s = shapes[g];
+        CHECK_OK(packs[4 * l + g].Pack(s.trans, s.k, s.n, w[g],
+                                       s.trans ? s.k : s.n));
+      }
+    }
+  }
+  openblas();  // warm up both, allocating every buffer
+  packed();
+  std::vector<double> a, b, ratio;
+  for (int r = 0; r < rounds; ++r) {
+    double ta, tb;
+    if (r % 2 == 0) {
+      ta = Seconds(openblas);
+      tb = Seconds(packed);
+    } else {
+      tb = Seconds(packed);
+      ta = Seconds(openblas);
+    }
+    a.push_back(ta);
+    b.push_back(tb);
+    ratio.push_back(tb / ta);
+  }
+  const double flops = 4.0 * 2 * kBatch * h * f * kBlocks;
+  std::sort(ratio.begin(), ratio.end());
+  std::printf(
+      "M=%d (%lld rows)%s: OpenBLAS %.1f ms (%.0f GFLOP/s), packed %.1f ms "
+      "(%.0f GFLOP/s), packed/OpenBLAS median %.3f (range %.3f-%.3f)\n",
+      microbatches, static_cast<long long>(mb), prepacked ? ", prepacked" : "",
+      1e3 * Median(a), 1e-9 * flops / Median(a), 1e3 * Median(b),
+      1e-9 * flops / Median(b), Median(ratio), ratio.front(), ratio.back());
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace trainyard
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  trainyard::SetComputeThreads(absl::GetFlag(FLAGS_threads));
+  std::printf("%s; %s\n", trainyard::BlasDescription().c_str(),
+              trainyard::PackedGemmDescription().c_str());
+  for (const std::string& m : absl::GetFlag(FLAGS_microbatches)) {
+    trainyard::RunM(std::stoi(m), absl::GetFlag(FLAGS_rounds),
+                    absl::GetFlag(FLAGS_prepacked));
+  }
+  return 0;
+}
