@@ -1,5 +1,6 @@
 #include "kernels/block_kernel.h"
 
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,11 +48,14 @@ Out MapParams(Params& p, F f) {
 // microbatch alone packs into a small buffer, not writing packs nobody
 // reads; the same bits). Nothing when the packed GEMM is off. The buffers
 // stay allocated from one run of passes to the next.
+std::atomic<bool> keep_packed_weights{true};
+
 class PassWeights {
  public:
   void Begin(int microbatches) {
     packed_.Reset();
-    active_ = PackedGemmEnabled() && microbatches >= 2;
+    active_ = PackedGemmEnabled() && microbatches >= 2 &&
+              keep_packed_weights.load(std::memory_order_relaxed);
   }
   void End() {
     packed_.Reset();
@@ -273,6 +277,10 @@ class CudaBlockKernel final : public BlockKernel {
 };
 
 }  // namespace
+
+void KeepPackedWeightsForTesting(bool keep) {
+  keep_packed_weights.store(keep, std::memory_order_relaxed);
+}
 
 absl::StatusOr<std::unique_ptr<BlockKernel>> CreateBlockKernel(
     const MlpBlockConfig& config, const ExecContext* ctx) {

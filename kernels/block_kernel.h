@@ -64,6 +64,11 @@ class BlockKernel {
   virtual void EndPasses() {}
 };
 
+// Tests only: with `keep` false, CPU blocks pack their weights in every
+// GEMM instead of keeping the first microbatch's packs (BeginPasses); the
+// same bits. Process-wide; read at each BeginPasses.
+void KeepPackedWeightsForTesting(bool keep);
+
 // The block for `config` on ctx's device. `ctx` must outlive it. Errors:
 // the config is invalid, or the device cannot run it (built without CUDA,
 // no such GPU).
