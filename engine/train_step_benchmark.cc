@@ -264,22 +264,13 @@ class StepParts {
   const int64_t mb_, n_;
   Buffers w1_, w2_, gw1_, gw2_, b1_, b2_, gb1_, gb2_;
   Buffers x_, pre_, act_, y_, dy_, dact_, dx_;
-  // out [mb, n] = x [mb, k] @ op(w): w [n, k] transposed (forward) or
-  // [k, n] (input gradient), as kernels/mlp_block.cc's WeightGemm.
+  // The block's own weight GEMM; the packs are kept only when a step has
+  // several microbatches, as the stage keeps them.
   void WeightGemm(bool transposed, int64_t mb, int64_t n, int64_t k,
                   const float* x, const float* w, MlpBlockPacked::Weight* slot,
                   float* out) {
-    const int64_t ldw = transposed ? k : n;
-    if (!UsePackedGemm(mb)) {
-      CHECK_OK(
-          Sgemm(false, transposed, mb, n, k, 1.0f, x, k, w, ldw, 0.0f, out, n));
-    } else if (slot->ready) {
-      CHECK_OK(SgemmPacked(mb, x, k, slot->matrix, false, out, n));
-    } else {
-      CHECK_OK(SgemmPacking(mb, n, k, x, k, transposed, w, ldw, false, out, n,
-                            {}, n_ > kBlocks ? &slot->matrix : nullptr));
-      slot->ready = n_ > kBlocks;
-    }
+    CHECK_OK(MlpWeightGemm("weight", transposed, mb, n, k, x, w,
+                           n_ > kBlocks ? slot : nullptr, out));
   }
 
   std::vector<float> ca_, cb_, cc_;

@@ -60,25 +60,20 @@ const float* OrNull(bool use, const Tensor& t) {
   return use ? t.data<float>() : nullptr;
 }
 
-// out [b, n] = x [b, k] @ op(W), with W a [n, k] weight read transposed
-// (forward: op(W) = W^T) or a [k, n] one read as is (input gradient), then
-// the epilogue on each block of out. Through the packed GEMM when it is
-// enabled for b rows (UsePackedGemm): from `slot`'s pack when ready, else
-// packing W as it goes (into `slot` when there is one); else through
-// OpenBLAS.
-absl::Status WeightGemm(const char* name, bool transposed, int64_t b, int64_t n,
-                        int64_t k, const float* x, const Tensor& w,
-                        MlpBlockPacked::Weight* slot, float* out,
-                        const GemmEpilogue& epilogue) {
+}  // namespace
+
+absl::Status MlpWeightGemm(const char* name, bool transposed, int64_t b,
+                           int64_t n, int64_t k, const float* x, const float* w,
+                           MlpBlockPacked::Weight* slot, float* out,
+                           const GemmEpilogue& epilogue) {
   const int64_t ldw = transposed ? k : n;
   if (!UsePackedGemm(b)) {
-    return Sgemm(false, transposed, b, n, k, 1.0f, x, k, F(w), ldw, 0.0f, out,
-                 n, epilogue);
+    return Sgemm(false, transposed, b, n, k, 1.0f, x, k, w, ldw, 0.0f, out, n,
+                 epilogue);
   }
   if (slot == nullptr || !slot->ready) {
-    RETURN_IF_ERROR(SgemmPacking(b, n, k, x, k, transposed, F(w), ldw, false,
-                                 out, n, epilogue,
-                                 slot ? &slot->matrix : nullptr));
+    RETURN_IF_ERROR(SgemmPacking(b, n, k, x, k, transposed, w, ldw, false, out,
+                                 n, epilogue, slot ? &slot->matrix : nullptr));
     if (slot != nullptr) slot->ready = true;
     return absl::OkStatus();
   }
@@ -90,8 +85,6 @@ absl::Status WeightGemm(const char* name, bool transposed, int64_t b, int64_t n,
   }
   return SgemmPacked(b, x, k, packed, false, out, n, epilogue);
 }
-
-}  // namespace
 
 std::vector<Tensor*> MlpBlockParams::InOrder(const MlpBlockConfig& c) {
   std::vector<Tensor*> out;
@@ -306,18 +299,18 @@ absl::Status MlpBlock::Forward(const MlpBlockParams& params, const Tensor& x,
   s.fc1_out = Tensor::Empty(DType::kFloat32, {b, f1});
   s.act_out = Tensor::Empty(DType::kFloat32, {b, ffn});
   MlpBlockPacked* packed = params.packed;
-  RETURN_IF_ERROR(WeightGemm("fc1.weight", true, b, f1, in, F(s.norm_out),
-                             params.fc1_weight,
-                             packed ? &packed->fc1_forward : nullptr,
-                             F(s.fc1_out), ActivationEpilogue(c, params, &s)));
+  RETURN_IF_ERROR(MlpWeightGemm(
+      "fc1.weight", true, b, f1, in, F(s.norm_out), F(params.fc1_weight),
+      packed ? &packed->fc1_forward : nullptr, F(s.fc1_out),
+      ActivationEpilogue(c, params, &s)));
   if (c.activation == Activation::kSwiglu)
     SwigluForwardOverRows(c, params, b, &s);
 
   // fc2: [b, out] = act_out [b, ffn] @ fc2.weight^T [ffn, out], then + bias
   // (+ x) on each block.
   Tensor result = Tensor::Empty(DType::kFloat32, {b, out});
-  RETURN_IF_ERROR(WeightGemm(
-      "fc2.weight", true, b, out, ffn, F(s.act_out), params.fc2_weight,
+  RETURN_IF_ERROR(MlpWeightGemm(
+      "fc2.weight", true, b, out, ffn, F(s.act_out), F(params.fc2_weight),
       packed ? &packed->fc2_forward : nullptr, F(result),
       BiasResidualEpilogue(OrNull(c.bias, params.fc2_bias),
                            c.residual ? F(x) : nullptr, F(result), out)));
@@ -348,10 +341,10 @@ absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
   // activations), or after it (SwiGLU).
   Tensor d_act = Tensor::Empty(DType::kFloat32, {b, ffn});
   MlpBlockPacked* packed = params.packed;
-  RETURN_IF_ERROR(
-      WeightGemm("fc2.weight", false, b, ffn, out, F(g), params.fc2_weight,
-                 packed ? &packed->fc2_input_grad : nullptr, F(d_act),
-                 ActivationBackwardEpilogue(c, saved->fc1_out, d_act)));
+  RETURN_IF_ERROR(MlpWeightGemm(
+      "fc2.weight", false, b, ffn, out, F(g), F(params.fc2_weight),
+      packed ? &packed->fc2_input_grad : nullptr, F(d_act),
+      ActivationBackwardEpilogue(c, saved->fc1_out, d_act)));
   const Tensor d_fc1 = c.activation == Activation::kSwiglu
                            ? SwigluBackwardOverRows(c, b, saved->fc1_out, d_act)
                            : d_act;
@@ -363,8 +356,8 @@ absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
   const bool need_d_norm_out = c.norm != NormType::kNone;
   if (!need_d_norm_out && dx == nullptr) return absl::OkStatus();
   Tensor d_norm_out = Tensor::Empty(DType::kFloat32, {b, in});
-  RETURN_IF_ERROR(WeightGemm(
-      "fc1.weight", false, b, in, f1, F(d_fc1), params.fc1_weight,
+  RETURN_IF_ERROR(MlpWeightGemm(
+      "fc1.weight", false, b, in, f1, F(d_fc1), F(params.fc1_weight),
       packed ? &packed->fc1_input_grad : nullptr, F(d_norm_out),
       BiasResidualEpilogue(nullptr,
                            !need_d_norm_out && c.residual ? F(g) : nullptr,

@@ -98,6 +98,18 @@ struct MlpBlockPacked {
   }
 };
 
+// One of the block's weight GEMMs: out [b, n] = x [b, k] @ op(W), with W a
+// [n, k] weight read transposed (forward: op(W) = W^T) or a [k, n] one read
+// as is (input gradient), then `epilogue` on each block of out. On the
+// packed GEMM when UsePackedGemm(b): from `slot`'s pack when it is ready,
+// else packing W as it goes (into `slot`, then ready, when there is one);
+// else on OpenBLAS. `name` names the weight in errors: FailedPrecondition
+// for a ready pack of another shape.
+absl::Status MlpWeightGemm(const char* name, bool transposed, int64_t b,
+                           int64_t n, int64_t k, const float* x, const float* w,
+                           MlpBlockPacked::Weight* slot, float* out,
+                           const GemmEpilogue& epilogue = {});
+
 class MlpBlock {
  public:
   explicit MlpBlock(const MlpBlockConfig& config) : config_(config) {}

@@ -246,6 +246,22 @@ void PackPanel(bool trans, const float* b, int64_t ldb, int64_t k0, int64_t kb,
   }
 }
 
+// OK when op(B) [k, n] can be read from b with leading dimension ldb
+// ([n, k] when trans, else [k, n]); `what` names the caller.
+absl::Status CheckB(const char* what, bool trans, int64_t k, int64_t n,
+                    int64_t ldb) {
+  if (k < 0 || n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": negative size k=", k, " n=", n));
+  }
+  const int64_t b_cols = trans ? k : n;
+  if (ldb < std::max<int64_t>(1, b_cols)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ldb=", ldb, " needs >= ", b_cols));
+  }
+  return absl::OkStatus();
+}
+
 // Where the GEMM's op(B) comes from: a PackedMatrix, or a row-major matrix
 // packed panel by panel as the GEMM reaches it.
 struct BSource {
@@ -264,8 +280,6 @@ void RunColumnPanels(int64_t m, int64_t n, int64_t k, const float* a_packed,
   alignas(64) thread_local float panel[kKc * kNr];
   for (int64_t k0 = 0; k0 < k; k0 += kKc) {
     const int64_t kb = std::min(kKc, k - k0);
-    const float* block =
-        source.packed == nullptr ? nullptr : source.packed + k0 * panels * kNr;
     const bool load = accumulate || k0 > 0;
     for (int64_t i0 = 0, rows = RowBlock(m); i0 < m; i0 += rows) {
       const int64_t mb = std::min(rows, m - i0);
@@ -273,20 +287,19 @@ void RunColumnPanels(int64_t m, int64_t n, int64_t k, const float* a_packed,
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t col = p * kNr;
         const int64_t cols = std::min(kNr, n - col);
+        // The panel's place in a packed matrix.
+        const int64_t offset = k0 * panels * kNr + p * kb * kNr;
         const float* bp = panel;
         Prefetch next;
         const bool last = p + 1 == p1;
-        if (block != nullptr || (source.keep != nullptr && i0 > 0)) {
-          bp = block != nullptr
-                   ? block + p * kb * kNr
-                   : source.keep + k0 * panels * kNr + p * kb * kNr;
+        if (source.packed != nullptr || (source.keep != nullptr && i0 > 0)) {
+          bp =
+              (source.packed != nullptr ? source.packed : source.keep) + offset;
           if (!last) next.base = bp + kb * kNr;
         } else {
           // Packed here (into its place in the kept matrix, by the first row
           // block); the next panel's source lines are fetched meanwhile.
-          float* dst = source.keep != nullptr
-                           ? source.keep + k0 * panels * kNr + p * kb * kNr
-                           : panel;
+          float* dst = source.keep != nullptr ? source.keep + offset : panel;
           PackPanel(source.trans, source.b, source.ldb, k0, kb, col, cols, dst);
           bp = dst;
           if (!last && source.trans) {
@@ -349,11 +362,7 @@ absl::Status PackedMatrix::Reserve(int64_t k, int64_t n) {
 
 absl::Status PackedMatrix::Pack(bool trans, int64_t k, int64_t n,
                                 const float* b, int64_t ldb) {
-  const int64_t b_cols = trans ? k : n;
-  if (k >= 0 && n >= 0 && ldb < std::max<int64_t>(1, b_cols)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PackedMatrix::Pack: ldb=", ldb, " needs >= ", b_cols));
-  }
+  RETURN_IF_ERROR(CheckB("PackedMatrix::Pack", trans, k, n, ldb));
   RETURN_IF_ERROR(Reserve(k, n));
   const int64_t panels = Panels(n);
   float* out = data_.get();
@@ -442,15 +451,7 @@ absl::Status SgemmPacking(int64_t m, int64_t n, int64_t k, const float* a,
                           int64_t lda, bool trans_b, const float* b,
                           int64_t ldb, bool accumulate, float* c, int64_t ldc,
                           const GemmEpilogue& epilogue, PackedMatrix* keep) {
-  if (n < 0 || k < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SgemmPacking: negative size n=", n, " k=", k));
-  }
-  const int64_t b_cols = trans_b ? k : n;
-  if (ldb < std::max<int64_t>(1, b_cols)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SgemmPacking: ldb=", ldb, " needs >= ", b_cols));
-  }
+  RETURN_IF_ERROR(CheckB("SgemmPacking", trans_b, k, n, ldb));
   BSource source;
   source.trans = trans_b;
   source.b = b;

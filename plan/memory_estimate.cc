@@ -35,6 +35,18 @@ uint64_t SaturatingBytes(double bytes) {
   return static_cast<uint64_t>(bytes);
 }
 
+// The microbatches one pipeline runs a step (m = M / R in docs/SPEC.md).
+int MicrobatchesPerReplica(const JobSpec& spec) {
+  return spec.parallelism().microbatches() /
+         std::max(1, spec.parallelism().replicas());
+}
+
+// Rows of the largest microbatch (b = ceil(batch_size / M)).
+int64_t LargestMicrobatch(const JobSpec& spec) {
+  const int64_t M = spec.parallelism().microbatches();
+  return (spec.data().batch_size() + M - 1) / M;
+}
+
 // Params, grads, optimizer state and the copies of the state kept outside
 // the step, for `n_params` parameters.
 void EstimateState(const JobSpec& spec, double n_params, MemoryEstimate* m) {
@@ -48,8 +60,7 @@ void EstimateState(const JobSpec& spec, double n_params, MemoryEstimate* m) {
   const bool trains = spec.kind() == "train";
   int tree_buffers = 0;
   if (trains && spec.parallelism().accumulation() == "tree") {
-    const int per_replica = spec.parallelism().microbatches() /
-                            std::max(1, spec.parallelism().replicas());
+    const int per_replica = MicrobatchesPerReplica(spec);
     for (int n = std::max(1, per_replica); n > 0; n /= 2) ++tree_buffers;
   }
   m->grads = trains ? SaturatingBytes(n_params * 4 * (1 + tree_buffers)) : 0;
@@ -101,11 +112,9 @@ StageActivations ActivationsOfStage(const JobPlan& plan, int stage) {
 double ActivationBytes(const JobPlan& plan) {
   const JobSpec& spec = plan.spec;
   const int S = plan.num_stages();
-  const int M = spec.parallelism().microbatches();
   // Each replica runs its own M / R microbatches through the schedule.
-  const int per_replica = M / std::max(1, spec.parallelism().replicas());
-  const int64_t B = spec.data().batch_size();
-  const double b = static_cast<double>((B + M - 1) / M);  // largest microbatch
+  const int per_replica = MicrobatchesPerReplica(spec);
+  const double b = static_cast<double>(LargestMicrobatch(spec));
   const double act_elem = spec.precision() == "bf16" ? 2 : 4;
   double act = 0;
   for (int s = 0; s < S; ++s) {
@@ -125,14 +134,14 @@ double ActivationBytes(const JobPlan& plan) {
 // [rows, cols] once as op(B) = W^T and once as W, in 16-column panels.
 double PackedWeightBytes(const JobPlan& plan) {
   const JobSpec& spec = plan.spec;
-  const int M = spec.parallelism().microbatches();
-  const int per_replica = M / std::max(1, spec.parallelism().replicas());
-  const int64_t B = spec.data().batch_size();
-  const int64_t b = (B + M - 1) / M;  // largest microbatch
   // A training step packs when it runs two microbatches or more; eval and
   // inference runs read the weights over all their batches.
-  const bool several = spec.kind() != "train" || per_replica >= 2;
-  if (spec.device() != "cpu" || b > kPackedGemmMaxRows || !several) return 0;
+  const bool several =
+      spec.kind() != "train" || MicrobatchesPerReplica(spec) >= 2;
+  if (spec.device() != "cpu" || LargestMicrobatch(spec) > kPackedGemmMaxRows ||
+      !several) {
+    return 0;
+  }
   const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
   const auto packs = [&](double rows, double cols) {
     return 4 * (cols * pad(rows) + rows * pad(cols));
