@@ -39,6 +39,12 @@ std::optional<PassCosts> MeanPassCosts(
       sum[k] += static_cast<double>(span.end_us() - span.start_us()) / 1e3;
       microbatches[k].insert(span.microbatch());
     }
+    // A stage that chains its weight passes (plan/job_plan.h,
+    // ChainsWeightPasses) traces them as one span of no microbatch: it
+    // counts for each microbatch the stage ran forward.
+    if (microbatches[2].erase(-1) > 0) {
+      microbatches[2].insert(microbatches[0].begin(), microbatches[0].end());
+    }
     for (int k = 0; k < 3; ++k) n[k] += microbatches[k].size();
   }
   if (n[0] == 0 || n[1] == 0 || n[2] == 0) return std::nullopt;

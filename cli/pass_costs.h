@@ -16,8 +16,9 @@ std::optional<PassCosts> ParseCosts(const std::string& text);
 
 // Whole-stage costs per microbatch (ms) from a step's spans: a stage with v
 // chunks has v spans of each kind per microbatch, so each kind's time is
-// divided by the microbatches it ran. nullopt when the step has no forward,
-// input- or weight-gradient span.
+// divided by the microbatches it ran (chained weight passes, one span of
+// microbatch -1, by those it ran forward). nullopt when the step has no
+// forward, input- or weight-gradient span.
 std::optional<PassCosts> MeanPassCosts(
     const trainyard::v1::GetTraceResponse& trace);
 

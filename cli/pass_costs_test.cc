@@ -63,6 +63,21 @@ TEST(MeanPassCostsTest, MillisecondsPerMicrobatchOverStages) {
   EXPECT_DOUBLE_EQ(c->backward_weight, (1.0 + 4.0) / 3);
 }
 
+// A stage that chains its weight passes traces them as one span of no
+// microbatch (-1): its time is shared by the microbatches run forward.
+TEST(MeanPassCostsTest, ChainedWeightPassesCountForEveryMicrobatch) {
+  v1::GetTraceResponse trace;
+  v1::StageTrace* s0 = trace.add_stages();
+  for (int m = 0; m < 4; ++m) {
+    AddSpan(s0, v1::SPAN_FORWARD, m, 1000 * m, 1000 * m + 1000);
+    AddSpan(s0, v1::SPAN_BACKWARD_INPUT, m, 5000, 6000);
+  }
+  AddSpan(s0, v1::SPAN_BACKWARD_WEIGHT, -1, 9000, 15000);
+  std::optional<PassCosts> c = MeanPassCosts(trace);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_DOUBLE_EQ(c->backward_weight, 6.0 / 4);
+}
+
 TEST(MeanPassCostsTest, NoneWithoutEveryKindOfPass) {
   v1::GetTraceResponse trace;
   EXPECT_FALSE(MeanPassCosts(trace).has_value());

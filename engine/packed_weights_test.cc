@@ -4,6 +4,11 @@
 // before its optimizer step changes the weights (and an eval packs anew):
 // the same bits as packing in every GEMM, over steps, evals, stage splits
 // and schedules. Packs kept across an optimizer step would change them.
+// Its weight gradients chain exactly: a one-stage job that runs them all at
+// the end of the step gets the bits of running one a microbatch.
+#include <map>
+
+#include "engine/stage_report.h"
 #include "engine/test_jobs.h"
 #include "gtest/gtest.h"
 #include "kernels/block_kernel.h"
@@ -36,6 +41,41 @@ TEST(PackedWeightsTest, KeptPacksAreBitwiseThePackingInEveryGemm) {
       EXPECT_EQ(kept.eval_loss, fresh.eval_loss);
       EXPECT_EQ(kept.params, fresh.params);
     }
+  }
+}
+
+// The backward-weight spans of one stage's first step: (microbatch, count).
+std::map<int, int> WeightSpans(const RunResult& r, int stage) {
+  std::map<int, int> spans;
+  for (const Span& span : r.stage_reports.at(stage).at(0).trace.spans) {
+    if (span.kind == v1::SPAN_BACKWARD_WEIGHT) ++spans[span.microbatch];
+  }
+  return spans;
+}
+
+// A CPU job of one stage runs its weight passes at the step's end, its
+// microbatches chained into one accumulation per weight (one span of no
+// microbatch); two stages run one pass a microbatch where the schedule
+// puts it. The packed GEMM's weight gradients make them the same bits.
+TEST(PackedWeightsTest, ChainedWeightPassesAreBitwiseOnePassAMicrobatch) {
+  ASSERT_TRUE(UsePackedGemm(8)) << "TRAINYARD_PACKED_GEMM=1 expected";
+  for (const char* schedule : {"gpipe", "1f1b", "zbh1"}) {
+    SCOPED_TRACE(schedule);
+    const RunResult one =
+        RunJob(WithPipeline(ClassificationSpec(), 1, 4, schedule));
+    const RunResult two =
+        RunJob(WithPipeline(ClassificationSpec(), 2, 4, schedule));
+    ASSERT_TRUE(one.status.ok()) << one.status;
+    ASSERT_TRUE(two.status.ok()) << two.status;
+    EXPECT_EQ(WeightSpans(one, 0), (std::map<int, int>{{-1, 1}}));
+    const std::map<int, int> each = {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
+    EXPECT_EQ(WeightSpans(two, 0), each);
+    EXPECT_EQ(WeightSpans(two, 1), each);
+    ASSERT_EQ(one.losses.size(), 30u);
+    EXPECT_EQ(one.losses, two.losses);  // exact
+    EXPECT_EQ(one.grad_norms, two.grad_norms);
+    EXPECT_EQ(one.eval_loss, two.eval_loss);
+    EXPECT_EQ(one.params, two.params);
   }
 }
 

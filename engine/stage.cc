@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kernels/packed_gemm.h"
 
 namespace trainyard {
 
@@ -114,6 +115,7 @@ absl::Status Stage::CreateParamStore() {
   if (tree_accumulation_) {
     for (Chunk& chunk : chunks_) chunk.tree.emplace(ctx_, chunk.grad_size);
   }
+  chain_weight_passes_ = ChainsWeightPasses(plan_) && PackedGemmEnabled();
   return absl::OkStatus();
 }
 

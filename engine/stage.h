@@ -333,6 +333,11 @@ class Stage {
   // ended before its optimizer step; each eval or inference run.
   void BeginPasses(int microbatches);
   void EndPasses();
+  // The weight passes the schedule asked for this step, chained (plan/
+  // job_plan.h, ChainsWeightPasses): one BlockKernel::BackwardWeights per
+  // block over the microbatches in order, traced as one "backward weight"
+  // span of no microbatch (-1).
+  absl::Status RunChainedWeightPasses();
   // Checks that every block got a weight gradient and folds each chunk's
   // tree into the gradient buffer.
   absl::Status FinishGradients();
@@ -440,6 +445,11 @@ class Stage {
   std::optional<ParamStore> store_;
   std::vector<bool> grads_written_;  // per local block, this step
   bool tree_accumulation_ = false;   // parallelism.accumulation "tree"
+  // ChainsWeightPasses(plan_) on a CPU that runs the packed GEMM: the
+  // schedule's weight passes only queue their microbatch in
+  // chained_weight_passes_, run by RunChainedWeightPasses.
+  bool chain_weight_passes_ = false;
+  std::vector<Microbatch*> chained_weight_passes_;
   // Data parallelism (StageOptions::replica, replica_group).
   int replicas_ = 1;
   int replica_ = 0;

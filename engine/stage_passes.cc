@@ -215,4 +215,33 @@ absl::Status Stage::BackwardWeight(Microbatch* mb) {
   return absl::OkStatus();
 }
 
+absl::Status Stage::RunChainedWeightPasses() {
+  if (chained_weight_passes_.empty()) return absl::OkStatus();
+  SpanTimer t(tracer_.get(), &StageTimes::backward, v1::SPAN_BACKWARD_WEIGHT);
+  // One chunk (ChainsWeightPasses), no tree: the blocks' gradients start
+  // from the first microbatch's.
+  const Chunk& chunk = chunks_[0];
+  std::vector<BlockSaved*> saved(chained_weight_passes_.size());
+  for (int b = chunk.local_begin; b < chunk.local_end; ++b) {
+    const int i = b - chunk.local_begin;
+    for (size_t m = 0; m < saved.size(); ++m) {
+      saved[m] = chained_weight_passes_[m]->saved[i].get();
+    }
+    absl::Status st = blocks_[b]->BackwardWeights(saved, grads_written_[b],
+                                                  &store_->block_grads(b));
+    if (!st.ok()) {
+      return Prefixed(st,
+                      absl::StrCat(Where(), " block ", chunk.first_block + i,
+                                   " weight gradients: "));
+    }
+    grads_written_[b] = true;
+  }
+  for (Microbatch* mb : chained_weight_passes_) {
+    mb->saved.clear();
+    mb->input = Tensor();
+  }
+  chained_weight_passes_.clear();
+  return absl::OkStatus();
+}
+
 }  // namespace trainyard

@@ -57,6 +57,10 @@ absl::Status Stage::RunAction(const Action& a, int64_t step, bool is_eval,
     case ActionKind::kSendGradient:
       return SendGradient(mb, step);
     case ActionKind::kBackwardWeight: {
+      if (chain_weight_passes_) {
+        chained_weight_passes_.push_back(mb);
+        return absl::OkStatus();
+      }
       SpanTimer t(tracer_.get(), &StageTimes::backward,
                   v1::SPAN_BACKWARD_WEIGHT, mb->index);
       return BackwardWeight(mb);

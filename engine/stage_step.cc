@@ -39,7 +39,9 @@ absl::StatusOr<StepReport> Stage::RunStep() {
                                  /*is_eval=*/false, M, first_microbatch_,
                                  mine));
   }
+  chained_weight_passes_.clear();
   RETURN_IF_ERROR(RunSchedule(train_schedule_, step, false, M));
+  RETURN_IF_ERROR(RunChainedWeightPasses());
   // The optimizer changes the weights the packs were made from.
   std::move(end_passes).Invoke();
   RETURN_IF_ERROR(FinishGradients());

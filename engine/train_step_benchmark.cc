@@ -212,9 +212,24 @@ class StepParts {
                  &packed_[blk].fc1_input_grad, dx_[i].data());
     }
   }
-  // fc2.weight and fc1.weight, accumulated over the microbatches.
+  // fc2.weight and fc1.weight, accumulated over the microbatches as the
+  // one-stage step does: chained on the packed GEMM (the step runs its
+  // weight passes at its end, plan/job_plan.h ChainsWeightPasses), else
+  // one OpenBLAS GEMM a microbatch.
   void WeightGradientGemms() {
     const int64_t mb = mb_, h = kHidden, f = kFfn;
+    if (UsePackedGemm(mb)) {
+      for (int64_t blk = 0; blk < kBlocks; ++blk) {
+        std::vector<GradientRows> fc2, fc1;
+        for (int64_t i = blk; i < n_; i += kBlocks) {
+          fc2.push_back({mb, dy_[i].data(), h, act_[i].data(), f});
+          fc1.push_back({mb, dact_[i].data(), f, x_[i].data(), h});
+        }
+        CHECK_OK(SgemmWeightGradient(h, f, fc2, false, gw2_[blk].data(), f));
+        CHECK_OK(SgemmWeightGradient(f, h, fc1, false, gw1_[blk].data(), h));
+      }
+      return;
+    }
     for (int64_t i = 0; i < n_; ++i) {
       const int64_t blk = i % kBlocks;
       const float beta = i < kBlocks ? 0.0f : 1.0f;

@@ -11,7 +11,27 @@
 #include "kernels/packed_gemm.h"
 
 namespace trainyard {
+
+absl::Status BlockKernel::BackwardWeights(absl::Span<BlockSaved* const> saved,
+                                          bool accumulate,
+                                          MlpBlockParams* grads) {
+  for (size_t i = 0; i < saved.size(); ++i) {
+    RETURN_IF_ERROR(BackwardWeight(saved[i], accumulate || i > 0, grads));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
+
+// The MlpBlockSaved of each of a CPU kernel's BlockSaved (`Saved`, whose
+// member s is one).
+template <typename Saved>
+std::vector<MlpBlockSaved*> Unwrapped(absl::Span<BlockSaved* const> saved) {
+  std::vector<MlpBlockSaved*> out;
+  out.reserve(saved.size());
+  for (BlockSaved* s : saved) out.push_back(&static_cast<Saved*>(s)->s);
+  return out;
+}
 
 // An activation a block takes: [rows, width] in the context's activation
 // dtype on its device.
@@ -105,6 +125,12 @@ class CpuBlockKernel final : public BlockKernel {
                                  grads);
   }
 
+  absl::Status BackwardWeights(absl::Span<BlockSaved* const> saved,
+                               bool accumulate,
+                               MlpBlockParams* grads) override {
+    return block_.BackwardWeights(Unwrapped<Saved>(saved), accumulate, grads);
+  }
+
  private:
   MlpBlock block_;
   PassWeights packed_;
@@ -155,6 +181,13 @@ class SimBlockKernel final : public BlockKernel {
     MlpBlockParams host = HostParams(*grads);
     return block_.BackwardWeight(&static_cast<Saved*>(saved)->s, accumulate,
                                  &host);
+  }
+
+  absl::Status BackwardWeights(absl::Span<BlockSaved* const> saved,
+                               bool accumulate,
+                               MlpBlockParams* grads) override {
+    MlpBlockParams host = HostParams(*grads);
+    return block_.BackwardWeights(Unwrapped<Saved>(saved), accumulate, &host);
   }
 
   void BeginPasses(int microbatches) override { packed_.Begin(microbatches); }

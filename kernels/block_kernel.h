@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/tensor.h"
 #include "kernels/exec_context.h"
 #include "kernels/mlp_block.h"
@@ -51,6 +52,12 @@ class BlockKernel {
   // grads (+)= dL/dparams of the microbatch in `saved`.
   virtual absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
                                       MlpBlockParams* grads) = 0;
+  // BackwardWeight for several microbatches in order, the first with
+  // `accumulate`, the others accumulating: the same bits as one call each.
+  // The CPU blocks chain them (MlpBlock::BackwardWeights); the default
+  // calls BackwardWeight for each.
+  virtual absl::Status BackwardWeights(absl::Span<BlockSaved* const> saved,
+                                       bool accumulate, MlpBlockParams* grads);
 
   // Bracket a run of passes over parameters that do not change in between
   // (a training step's forward and backward passes, an eval pass, an

@@ -328,7 +328,7 @@ absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
   if (!saved->fc1_out.defined() || !saved->act_out.defined()) {
     return absl::FailedPreconditionError(
         "MlpBlock::BackwardInput: saved tensors are empty (Forward not run, "
-        "or BackwardWeight already released them)");
+        "or the backward already ran)");
   }
   const int64_t b = saved->x.dim(0);
   const int64_t in = c.in_features, out = c.out_features,
@@ -350,6 +350,7 @@ absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
                            : d_act;
   saved->d_out = g;
   saved->d_fc1_out = d_fc1;
+  saved->fc1_out = Tensor();
 
   // d(norm_out) [b, in] = d_fc1 [b, f1] @ fc1.weight [f1, in]; without a
   // norm that is dx, and the residual's gradient is added on each block.
@@ -382,14 +383,47 @@ absl::Status PrepareGrad(const char* name, bool accumulate, const Shape& shape,
 
 absl::Status MlpBlock::BackwardWeight(MlpBlockSaved* saved, bool accumulate,
                                       MlpBlockParams* grads) const {
+  MlpBlockSaved* const one[] = {saved};
+  return BackwardWeights(one, accumulate, grads);
+}
+
+namespace {
+
+// One microbatch's bias and norm parameter gradients.
+void SmallGradients(const MlpBlockConfig& c, const MlpBlockSaved& s,
+                    bool accumulate, MlpBlockParams* grads) {
+  const int64_t b = s.x.dim(0);
+  const int64_t in = c.in_features, out = c.out_features, f1 = c.fc1_out();
+  if (c.bias) {
+    ColumnSums(b, out, F(s.d_out), accumulate, F(grads->fc2_bias));
+    ColumnSums(b, f1, F(s.d_fc1_out), accumulate, F(grads->fc1_bias));
+  }
+  if (c.norm == NormType::kLayerNorm) {
+    LayerNormBackwardParams(b, in, F(s.x), F(s.mean), F(s.rstd),
+                            F(s.d_norm_out), accumulate, F(grads->norm_weight),
+                            F(grads->norm_bias));
+  } else if (c.norm == NormType::kRmsNorm) {
+    RmsNormBackwardParams(b, in, F(s.x), F(s.rstd), F(s.d_norm_out), accumulate,
+                          F(grads->norm_weight));
+  }
+}
+
+}  // namespace
+
+absl::Status MlpBlock::BackwardWeights(absl::Span<MlpBlockSaved* const> saved,
+                                       bool accumulate,
+                                       MlpBlockParams* grads) const {
   const MlpBlockConfig& c = config_;
   RETURN_IF_ERROR(ValidateBlockConfig(c));
-  if (!saved->d_fc1_out.defined() || !saved->d_out.defined()) {
-    return absl::FailedPreconditionError(
-        "MlpBlock::BackwardWeight: no gradients saved (BackwardInput not run "
-        "for this microbatch, or BackwardWeight already ran)");
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (!saved[i]->d_fc1_out.defined() || !saved[i]->d_out.defined()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "MlpBlock::BackwardWeight: no gradients saved for microbatch ", i,
+          " of ", saved.size(),
+          " (BackwardInput not run for it, or BackwardWeight already ran)"));
+    }
   }
-  const int64_t b = saved->x.dim(0);
+  if (saved.empty()) return absl::OkStatus();
   const int64_t in = c.in_features, out = c.out_features,
                 ffn = c.ffn_hidden_size, f1 = c.fc1_out();
   if (c.norm != NormType::kNone) {
@@ -410,30 +444,42 @@ absl::Status MlpBlock::BackwardWeight(MlpBlockSaved* saved, bool accumulate,
     RETURN_IF_ERROR(
         PrepareGrad("grad fc2.bias", accumulate, {out}, &grads->fc2_bias));
   }
-  const float beta = accumulate ? 1.0f : 0.0f;
-
-  // fc2.weight [out, ffn] (+)= d_out^T [out, b] @ act_out [b, ffn].
-  RETURN_IF_ERROR(Sgemm(true, false, out, ffn, b, 1.0f, F(saved->d_out), out,
-                        F(saved->act_out), ffn, beta, F(grads->fc2_weight),
-                        ffn));
-  // fc1.weight [f1, in] (+)= d_fc1_out^T [f1, b] @ norm_out [b, in].
-  RETURN_IF_ERROR(Sgemm(true, false, f1, in, b, 1.0f, F(saved->d_fc1_out), f1,
-                        F(saved->norm_out), in, beta, F(grads->fc1_weight),
-                        in));
-  if (c.bias) {
-    ColumnSums(b, out, F(saved->d_out), accumulate, F(grads->fc2_bias));
-    ColumnSums(b, f1, F(saved->d_fc1_out), accumulate, F(grads->fc1_bias));
+  const auto rows = [&](size_t i) { return saved[i]->x.dim(0); };
+  for (size_t i = 0; i < saved.size();) {
+    // Microbatches [i, end): a run on the packed GEMM, or one on OpenBLAS.
+    const bool packed = UsePackedGemm(rows(i));
+    size_t end = i + 1;
+    while (packed && end < saved.size() && UsePackedGemm(rows(end))) ++end;
+    const bool acc = accumulate || i > 0;
+    if (packed) {
+      std::vector<GradientRows> fc2, fc1;
+      for (size_t j = i; j < end; ++j) {
+        const MlpBlockSaved& s = *saved[j];
+        fc2.push_back({rows(j), F(s.d_out), out, F(s.act_out), ffn});
+        fc1.push_back({rows(j), F(s.d_fc1_out), f1, F(s.norm_out), in});
+      }
+      // fc2.weight [out, ffn] (+)= d_out^T @ act_out, fc1.weight [f1, in]
+      // (+)= d_fc1_out^T @ norm_out, over the run.
+      RETURN_IF_ERROR(
+          SgemmWeightGradient(out, ffn, fc2, acc, F(grads->fc2_weight), ffn));
+      RETURN_IF_ERROR(
+          SgemmWeightGradient(f1, in, fc1, acc, F(grads->fc1_weight), in));
+    } else {
+      const MlpBlockSaved& s = *saved[i];
+      const float beta = acc ? 1.0f : 0.0f;
+      RETURN_IF_ERROR(Sgemm(true, false, out, ffn, rows(i), 1.0f, F(s.d_out),
+                            out, F(s.act_out), ffn, beta, F(grads->fc2_weight),
+                            ffn));
+      RETURN_IF_ERROR(Sgemm(true, false, f1, in, rows(i), 1.0f, F(s.d_fc1_out),
+                            f1, F(s.norm_out), in, beta, F(grads->fc1_weight),
+                            in));
+    }
+    for (size_t j = i; j < end; ++j) {
+      SmallGradients(c, *saved[j], accumulate || j > 0, grads);
+    }
+    i = end;
   }
-  if (c.norm == NormType::kLayerNorm) {
-    LayerNormBackwardParams(b, in, F(saved->x), F(saved->mean), F(saved->rstd),
-                            F(saved->d_norm_out), accumulate,
-                            F(grads->norm_weight), F(grads->norm_bias));
-  } else if (c.norm == NormType::kRmsNorm) {
-    RmsNormBackwardParams(b, in, F(saved->x), F(saved->rstd),
-                          F(saved->d_norm_out), accumulate,
-                          F(grads->norm_weight));
-  }
-  *saved = MlpBlockSaved();
+  for (MlpBlockSaved* s : saved) *s = MlpBlockSaved();
   return absl::OkStatus();
 }
 

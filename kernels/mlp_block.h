@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/block_config.h"
 #include "core/tensor.h"
 #include "kernels/packed_gemm.h"
@@ -69,7 +70,8 @@ struct MlpBlockSaved {
   Tensor rstd;      // [b]      LayerNorm/RMSNorm
   Tensor fc1_out;   // [b, fc1_out] pre-activation
   Tensor act_out;   // [b, ffn]
-  // Filled by BackwardInput for BackwardWeight:
+  // Filled by BackwardInput for BackwardWeight (BackwardInput releases
+  // fc1_out, which the weight gradients do not read):
   Tensor d_out;       // [b, out]  gradient of the block output
   Tensor d_fc1_out;   // [b, fc1_out]
   Tensor d_norm_out;  // [b, in]   (norm weight/bias gradients)
@@ -126,9 +128,19 @@ class MlpBlock {
 
   // grads += dL/dparams for the microbatch in `saved`. With accumulate =
   // false the gradients are overwritten instead (first microbatch of a step;
-  // saves zeroing the buffers). Releases the saved tensors.
+  // saves zeroing the buffers). Releases the saved tensors. The weight
+  // gradients run on the packed GEMM (SgemmWeightGradient) when
+  // UsePackedGemm(rows), else on OpenBLAS.
   absl::Status BackwardWeight(MlpBlockSaved* saved, bool accumulate,
                               MlpBlockParams* grads) const;
+
+  // BackwardWeight for several microbatches in order, the first with
+  // `accumulate`, the others accumulating: the same bits as one call each.
+  // Consecutive microbatches on the packed GEMM are chained: each weight
+  // gradient is one SgemmWeightGradient over them, which reads and writes
+  // the gradient once instead of once a microbatch. Releases every saved.
+  absl::Status BackwardWeights(absl::Span<MlpBlockSaved* const> saved,
+                               bool accumulate, MlpBlockParams* grads) const;
 
  private:
   MlpBlockConfig config_;

@@ -270,6 +270,74 @@ TEST(MlpBlockTest, BackwardWeightAccumulatesMicrobatches) {
 // GEMM epilogues, the row-threaded norms and the column-threaded bias
 // gradients all split their work: the same bits on 1 and 2 threads and on
 // repeated runs.
+// BackwardWeights over a step's microbatches gives the bits of one
+// BackwardWeight each, in order: chained on the packed GEMM (consecutive
+// microbatches of at most kPackedGemmMaxRows rows), per microbatch on
+// OpenBLAS (the 64-row one, where the packed GEMM is on), mixed in a run.
+TEST(MlpBlockTest, BackwardWeightsGiveTheBitsOfOneCallEach) {
+  const int64_t h = 40, ffn = 72;
+  const std::vector<int64_t> rows = {7, 32, 1, 64, 63, 5};
+  for (const MlpBlockConfig& c : AllConfigs(h, h, ffn)) {
+    if (!c.bias) continue;
+    for (bool accumulate : {false, true}) {
+      Rng rng(77);
+      MlpBlockParams p;
+      BlockParams ref;
+      RandomParams(c, &rng, &p, &ref);
+      MlpBlock block(c);
+      std::vector<MlpBlockSaved> one(rows.size()), chained(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const int64_t b = rows[i];
+        const Tensor x =
+            ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
+        const Tensor dy =
+            ToTensor(reference::RandomVec(&rng, b * h, 1.0), {b, h});
+        Tensor y, dx;
+        ASSERT_TRUE(block.Forward(p, x, &y, &one[i]).ok());
+        ASSERT_TRUE(block.BackwardInput(p, dy, &one[i], &dx).ok());
+        EXPECT_FALSE(one[i].fc1_out.defined())
+            << "BackwardInput keeps fc1_out, which nothing reads after it";
+        chained[i] = one[i];  // shares the tensors
+      }
+      // Starting values: garbage when overwriting, a gradient when not.
+      MlpBlockParams want, got;
+      std::vector<Tensor*> wt = want.InOrder(c), gt = got.InOrder(c);
+      const std::vector<ParamInfo> infos = BlockParamInfos(c);
+      for (size_t i = 0; i < wt.size(); ++i) {
+        const Shape& shape = infos[i].shape;
+        *wt[i] = Tensor::Empty(DType::kFloat32, shape);
+        *gt[i] = Tensor::Empty(DType::kFloat32, shape);
+        const Vec v = reference::RandomVec(&rng, wt[i]->numel(), 1.0);
+        for (int64_t j = 0; j < wt[i]->numel(); ++j) {
+          wt[i]->data<float>()[j] = gt[i]->data<float>()[j] =
+              accumulate ? static_cast<float>(v[j]) : 1e30f;
+        }
+      }
+      for (size_t i = 0; i < rows.size(); ++i) {
+        ASSERT_TRUE(
+            block.BackwardWeight(&one[i], accumulate || i > 0, &want).ok());
+      }
+      std::vector<MlpBlockSaved*> saved;
+      for (MlpBlockSaved& s : chained) saved.push_back(&s);
+      ASSERT_TRUE(block.BackwardWeights(saved, accumulate, &got).ok());
+      for (size_t i = 0; i < wt.size(); ++i) {
+        EXPECT_EQ(0, std::memcmp(gt[i]->data<float>(), wt[i]->data<float>(),
+                                 wt[i]->numel() * sizeof(float)))
+            << Describe(c, 0) << " accumulate=" << accumulate << ": "
+            << infos[i].name;
+      }
+      for (const MlpBlockSaved& s : chained) {
+        EXPECT_FALSE(s.d_out.defined()) << "saved tensors not released";
+      }
+      // Released: a second call is refused, naming the microbatch.
+      absl::Status st = block.BackwardWeights(saved, true, &got);
+      EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(st.message().find("microbatch 0 of 6"), std::string::npos)
+          << st.message();
+    }
+  }
+}
+
 TEST(MlpBlockTest, BitwiseDeterministicAcrossRunsAndThreadCounts) {
   const int64_t b = 300, h = 512, ffn = 640;  // norms: 2 ranges of rows
   for (const MlpBlockConfig& c : AllConfigs(h, h, ffn)) {
@@ -324,6 +392,18 @@ void WeightGemm(bool transposed, int64_t b, int64_t n, int64_t k,
   PackedMatrix packed;
   ASSERT_TRUE(packed.Pack(transposed, k, n, w, ldw).ok());
   EXPECT_TRUE(SgemmPacked(b, x, k, packed, false, out, n).ok());
+}
+
+// g [m, n] = dy^T [m, b] @ x [b, n], a weight gradient, through the GEMM
+// the block uses: SgemmWeightGradient when UsePackedGemm(b), else OpenBLAS.
+void WeightGradientGemm(int64_t b, int64_t m, int64_t n, const float* dy,
+                        const float* x, float* g) {
+  if (!UsePackedGemm(b)) {
+    EXPECT_TRUE(
+        Sgemm(true, false, m, n, b, 1.0f, dy, m, x, n, 0.0f, g, n).ok());
+    return;
+  }
+  EXPECT_TRUE(SgemmWeightGradient(m, n, {{b, dy, m, x, n}}, false, g, n).ok());
 }
 
 // What the block computes, as separate whole-matrix passes on one thread
@@ -407,12 +487,8 @@ std::vector<std::vector<float>> SeparatePasses(const MlpBlockConfig& c,
     for (int64_t j = 0; j < f1; ++j) g_b1[j] += d_fc1[r * f1 + j];
     for (int64_t j = 0; j < out; ++j) g_b2[j] += dy[r * out + j];
   }
-  EXPECT_TRUE(Sgemm(true, false, out, ffn, b, 1.0f, dy, out, act.data(), ffn,
-                    0.0f, g_w2.data(), ffn)
-                  .ok());
-  EXPECT_TRUE(Sgemm(true, false, f1, in, b, 1.0f, d_fc1.data(), f1,
-                    norm_out.data(), in, 0.0f, g_w1.data(), in)
-                  .ok());
+  WeightGradientGemm(b, out, ffn, dy, act.data(), g_w2.data());
+  WeightGradientGemm(b, f1, in, d_fc1.data(), norm_out.data(), g_w1.data());
   std::vector<std::vector<float>> all = {y, dx};
   if (c.norm != NormType::kNone) all.push_back(g_nw);
   if (c.norm == NormType::kLayerNorm) all.push_back(g_nb);

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/blas.h"
 #include "kernels/packed_gemm_rows.h"
 
@@ -93,8 +94,33 @@ absl::Status SgemmPacking(int64_t m, int64_t n, int64_t k, const float* a,
                           const GemmEpilogue& epilogue = {},
                           PackedMatrix* keep = nullptr);
 
-// Whether the MLP blocks may use the packed GEMM for their forward and
-// input-gradient GEMMs (weight gradients stay on OpenBLAS). Default: on
+// One microbatch's rows of a weight gradient: dy [rows, m] (ld_dy >= m),
+// the gradient of the layer's output, and x [rows, n] (ld_x >= n), its
+// input.
+struct GradientRows {
+  int64_t rows = 0;
+  const float* dy = nullptr;
+  int64_t ld_dy = 0;
+  const float* x = nullptr;
+  int64_t ld_x = 0;
+};
+
+// A layer's weight gradient over microbatches: C [m, n] = (accumulate ? C :
+// 0) + sum over the parts of dy^T x, with the rounding in the header
+// comment for A = dy^T and B = x stacked over the parts in order (k = all
+// their rows). So one call over several parts gives the bits of one call
+// per part, in order, each after the first accumulating: a step's
+// microbatches chained into one accumulation, the gradient read and
+// written once instead of once a microbatch. Threaded as SgemmPacked.
+// Errors: InvalidArgument naming the part for negative rows, a null
+// pointer or a leading dimension too small, and for ldc < n;
+// ResourceExhausted when the packing buffers cannot be allocated.
+absl::Status SgemmWeightGradient(int64_t m, int64_t n,
+                                 absl::Span<const GradientRows> parts,
+                                 bool accumulate, float* c, int64_t ldc);
+
+// Whether the MLP blocks may use the packed GEMM: for their forward and
+// input-gradient GEMMs and their weight gradients. Default: on
 // CPUs with AVX2 and FMA but not AVX-512; OpenBLAS's AVX-512 kernels are
 // twice as wide as ours and were not measured against it. The environment
 // variable TRAINYARD_PACKED_GEMM=1 or =0 overrides it; it is read once per

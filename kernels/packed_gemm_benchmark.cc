@@ -11,6 +11,11 @@
 //   bazel-bin/kernels/packed_gemm_benchmark --microbatches=1,4,5,6,8
 //
 // --prepacked packs every weight before timing instead (the kernel alone).
+// --weight_gradients times the step's weight-gradient GEMMs instead (fc1's
+// and fc2's per block): OpenBLAS once a microbatch, accumulating, as the
+// block runs it for larger microbatches, against SgemmWeightGradient over
+// all microbatches in one call per weight (the chained accumulation), or,
+// with --per_microbatch, one call a microbatch.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +37,11 @@ ABSL_FLAG(int, rounds, 9, "timed rounds per M and library.");
 ABSL_FLAG(int, threads, 2, "compute threads.");
 ABSL_FLAG(bool, prepacked, false,
           "time the packed GEMM with every weight packed beforehand.");
+ABSL_FLAG(bool, weight_gradients, false,
+          "time the weight-gradient GEMMs instead.");
+ABSL_FLAG(bool, per_microbatch, false,
+          "with --weight_gradients: the packed GEMM once a microbatch, not "
+          "chained.");
 
 namespace trainyard {
 namespace {
@@ -64,6 +74,10 @@ double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+void Compare(int microbatches, int rounds, const char* what,
+             const std::function<void()>& openblas,
+             const std::function<void()>& packed);
 
 void RunM(int microbatches, int rounds, bool prepacked) {
   const int64_t h = kHidden, f = kFfn, mb = kBatch / microbatches;
@@ -140,6 +154,69 @@ void RunM(int microbatches, int rounds, bool prepacked) {
       }
     }
   }
+  Compare(microbatches, rounds, prepacked ? ", prepacked" : "", openblas,
+          packed);
+}
+
+// The step's weight gradients: per block fc2.weight [h, f] += dy^T act and
+// fc1.weight [f, h] += d(pre)^T x, over the microbatches.
+void RunWeightGradients(int microbatches, int rounds, bool per_microbatch) {
+  const int64_t h = kHidden, f = kFfn, mb = kBatch / microbatches;
+  Rng rng(2);
+  std::vector<std::vector<float>> x, act, dy, dpre, g1, g2;
+  for (int i = 0; i < microbatches; ++i) {
+    x.push_back(Random(mb * h, rng));
+    act.push_back(Random(mb * f, rng));
+    dy.push_back(Random(mb * h, rng));
+    dpre.push_back(Random(mb * f, rng));
+  }
+  for (int l = 0; l < kBlocks; ++l) {
+    g1.emplace_back(f * h);
+    g2.emplace_back(h * f);
+  }
+  const auto openblas = [&] {
+    for (int i = 0; i < microbatches; ++i) {
+      for (int l = 0; l < kBlocks; ++l) {
+        const float beta = i > 0 ? 1.0f : 0.0f;
+        CHECK_OK(Sgemm(true, false, h, f, mb, 1, dy[i].data(), h, act[i].data(),
+                       f, beta, g2[l].data(), f));
+        CHECK_OK(Sgemm(true, false, f, h, mb, 1, dpre[i].data(), f, x[i].data(),
+                       h, beta, g1[l].data(), h));
+      }
+    }
+  };
+  std::vector<GradientRows> fc2_parts, fc1_parts;
+  for (int i = 0; i < microbatches; ++i) {
+    fc2_parts.push_back({mb, dy[i].data(), h, act[i].data(), f});
+    fc1_parts.push_back({mb, dpre[i].data(), f, x[i].data(), h});
+  }
+  const auto packed = [&] {
+    const int calls = per_microbatch ? microbatches : 1;
+    const int per = microbatches / calls;
+    for (int i = 0; i < calls; ++i) {
+      for (int l = 0; l < kBlocks; ++l) {
+        const absl::Span<const GradientRows> p2(fc2_parts.data() + i * per,
+                                                per);
+        const absl::Span<const GradientRows> p1(fc1_parts.data() + i * per,
+                                                per);
+        CHECK_OK(SgemmWeightGradient(h, f, p2, i > 0, g2[l].data(), f));
+        CHECK_OK(SgemmWeightGradient(f, h, p1, i > 0, g1[l].data(), h));
+      }
+    }
+  };
+  Compare(microbatches, rounds,
+          per_microbatch ? ", weight gradients, per microbatch"
+                         : ", weight gradients, chained",
+          openblas, packed);
+}
+
+// Times the two alternately, the order swapped every round; prints
+// medians, GFLOP/s over the step's flops of one GEMM kind set (16 or 8
+// GEMMs: taken from the caller's batch) and the ratio.
+void Compare(int microbatches, int rounds, const char* what,
+             const std::function<void()>& openblas,
+             const std::function<void()>& packed) {
+  const int64_t h = kHidden, f = kFfn, mb = kBatch / microbatches;
   openblas();  // warm up both, allocating every buffer
   packed();
   std::vector<double> a, b, ratio;
@@ -156,14 +233,16 @@ void RunM(int microbatches, int rounds, bool prepacked) {
     b.push_back(tb);
     ratio.push_back(tb / ta);
   }
-  const double flops = 4.0 * 2 * kBatch * h * f * kBlocks;
+  const double gemms =
+      std::string(what).find("weight") != std::string::npos ? 2.0 : 4.0;
+  const double flops = gemms * 2 * kBatch * h * f * kBlocks;
   std::sort(ratio.begin(), ratio.end());
   std::printf(
       "M=%d (%lld rows)%s: OpenBLAS %.1f ms (%.0f GFLOP/s), packed %.1f ms "
       "(%.0f GFLOP/s), packed/OpenBLAS median %.3f (range %.3f-%.3f)\n",
-      microbatches, static_cast<long long>(mb), prepacked ? ", prepacked" : "",
-      1e3 * Median(a), 1e-9 * flops / Median(a), 1e3 * Median(b),
-      1e-9 * flops / Median(b), Median(ratio), ratio.front(), ratio.back());
+      microbatches, static_cast<long long>(mb), what, 1e3 * Median(a),
+      1e-9 * flops / Median(a), 1e3 * Median(b), 1e-9 * flops / Median(b),
+      Median(ratio), ratio.front(), ratio.back());
   std::fflush(stdout);
 }
 
@@ -176,8 +255,13 @@ int main(int argc, char** argv) {
   std::printf("%s; %s\n", trainyard::BlasDescription().c_str(),
               trainyard::PackedGemmDescription().c_str());
   for (const std::string& m : absl::GetFlag(FLAGS_microbatches)) {
-    trainyard::RunM(std::stoi(m), absl::GetFlag(FLAGS_rounds),
-                    absl::GetFlag(FLAGS_prepacked));
+    if (absl::GetFlag(FLAGS_weight_gradients)) {
+      trainyard::RunWeightGradients(std::stoi(m), absl::GetFlag(FLAGS_rounds),
+                                    absl::GetFlag(FLAGS_per_microbatch));
+    } else {
+      trainyard::RunM(std::stoi(m), absl::GetFlag(FLAGS_rounds),
+                      absl::GetFlag(FLAGS_prepacked));
+    }
   }
   return 0;
 }

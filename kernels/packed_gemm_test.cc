@@ -205,5 +205,98 @@ TEST(SgemmPackedTest, RejectsBadArguments) {
       << st.message();
 }
 
+// A weight gradient dy^T x over parts (microbatches) of `rows` rows each:
+// every element is the header's chain over all the parts' rows in order,
+// and one call over all parts gives the bits of one call per part.
+TEST(SgemmWeightGradientTest, PartsChainIntoOneFmaChain) {
+  struct GradCase {
+    int64_t m, n;
+    std::vector<int64_t> rows;
+  };
+  // Around the 6-row panels and 256-row blocks of A (here m), the
+  // 16-column panels (n) and the 256-row k blocks, which the parts cross.
+  const GradCase cases[] = {
+      {1, 1, {1}},
+      {7, 17, {3, 0, 5}},
+      {300, 33, {32, 32, 32}},
+      {40, 257, {100, 200}},
+      {13, 16, {256, 1, 255, 7}},
+      {258, 5, {64, 64, 64, 64, 1}},
+  };
+  for (const GradCase& cs : cases) {
+    for (bool accumulate : {false, true}) {
+      Rng rng(cs.m * 31 + cs.n * 7 + cs.rows.size() + accumulate);
+      const int64_t ld_dy = cs.m + 3, ld_x = cs.n + 1, ldc = cs.n + 2;
+      std::vector<std::vector<float>> dy, x;
+      std::vector<GradientRows> parts;
+      // The parts stacked, for the reference: A = dy^T [m, k], B = x [k, n].
+      int64_t k = 0;
+      for (int64_t r : cs.rows) k += r;
+      std::vector<float> a(cs.m * k), b(k * cs.n);
+      int64_t q = 0;
+      for (int64_t r : cs.rows) {
+        dy.push_back(Values(rng, std::max<int64_t>(1, r * ld_dy)));
+        x.push_back(Values(rng, std::max<int64_t>(1, r * ld_x)));
+        parts.push_back({r, dy.back().data(), ld_dy, x.back().data(), ld_x});
+        for (int64_t i = 0; i < r; ++i, ++q) {
+          for (int64_t j = 0; j < cs.m; ++j) {
+            a[j * k + q] = dy.back()[i * ld_dy + j];
+          }
+          for (int64_t j = 0; j < cs.n; ++j) {
+            b[q * cs.n + j] = x.back()[i * ld_x + j];
+          }
+        }
+      }
+      const std::vector<float> c0 = Values(rng, cs.m * ldc);
+      const std::vector<float> want =
+          Reference(cs.m, cs.n, k, a, k, false, b, cs.n, accumulate, c0, ldc);
+      std::vector<float> chained = c0;
+      ASSERT_TRUE(SgemmWeightGradient(cs.m, cs.n, parts, accumulate,
+                                      chained.data(), ldc)
+                      .ok());
+      // Bitwise, padding between rows of C included.
+      ASSERT_EQ(0, std::memcmp(chained.data(), want.data(), want.size() * 4))
+          << "m=" << cs.m << " n=" << cs.n << " parts=" << parts.size()
+          << " accumulate=" << accumulate;
+      std::vector<float> one_by_one = c0;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        ASSERT_TRUE(SgemmWeightGradient(cs.m, cs.n, {parts[i]},
+                                        accumulate || i > 0, one_by_one.data(),
+                                        ldc)
+                        .ok());
+      }
+      ASSERT_EQ(0, std::memcmp(one_by_one.data(), want.data(), want.size() * 4))
+          << "one part a call: m=" << cs.m << " n=" << cs.n;
+    }
+  }
+}
+
+TEST(SgemmWeightGradientTest, RejectsBadParts) {
+  std::vector<float> v(64, 1.0f), c(64);
+  GradientRows good{2, v.data(), 4, v.data(), 8};
+  absl::Status st = SgemmWeightGradient(4, 8, {good, {-1}}, false, c.data(), 8);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("part 1: negative rows=-1"), std::string::npos)
+      << st.message();
+  st = SgemmWeightGradient(4, 8, {{2, v.data(), 3, v.data(), 8}}, false,
+                           c.data(), 8);
+  EXPECT_NE(st.message().find("part 0: leading dimension too small: ld_dy=3"),
+            std::string::npos)
+      << st.message();
+  st = SgemmWeightGradient(4, 8, {{2, nullptr, 4, v.data(), 8}}, false,
+                           c.data(), 8);
+  EXPECT_NE(st.message().find("part 0: null dy or x"), std::string::npos)
+      << st.message();
+  st = SgemmWeightGradient(4, 8, {good}, false, c.data(), 7);
+  EXPECT_NE(st.message().find("ldc=7 needs >= 8"), std::string::npos)
+      << st.message();
+  // No rows: C is zeroed, or kept when accumulating.
+  std::fill(c.begin(), c.end(), 2.0f);
+  ASSERT_TRUE(SgemmWeightGradient(4, 8, {}, true, c.data(), 8).ok());
+  EXPECT_EQ(c[31], 2.0f);
+  ASSERT_TRUE(SgemmWeightGradient(4, 8, {}, false, c.data(), 8).ok());
+  EXPECT_EQ(c[31], 0.0f);
+}
+
 }  // namespace
 }  // namespace trainyard

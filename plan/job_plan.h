@@ -232,6 +232,18 @@ struct JobPlan {
 absl::StatusOr<JobPlan> PlanJob(const trainyard::v1::JobSpec& spec,
                                 const PlanOptions& options);
 
+// Whether a training job's stage runs its weight-gradient passes at the
+// end of each step, all its microbatches chained into one accumulation per
+// weight (kernels/mlp_block.h, BackwardWeights), instead of where the
+// schedule puts them: a CPU job of one stage and one chunk with
+// accumulation "sequential" and at least two microbatches of at most
+// kPackedGemmMaxRows rows, whose weight gradients the packed GEMM computes
+// with the same bits either way. The stage then holds every microbatch's
+// saved tensors until the step's end (the memory estimate counts them).
+// The stage chains only where its CPU runs the packed GEMM
+// (PackedGemmEnabled()); the estimate counts it on every CPU.
+bool ChainsWeightPasses(const JobPlan& plan);
+
 // task.config as the JSON text a plugin's create() / validate_config()
 // takes ("{}" when unset). InvalidArgument naming task.config when the
 // Struct cannot be written as JSON.

@@ -121,8 +121,11 @@ double ActivationBytes(const JobPlan& plan) {
     // (Microbatch, chunk) pairs whose saved tensors a stage holds at once
     // (forward to weight pass; schedule/schedule.h, PeakChunkActivations),
     // each counted at the stage's largest chunk.
-    const int in_flight = PeakChunkActivations(spec.parallelism().schedule(), S,
-                                               per_replica, plan.num_chunks, s);
+    const int in_flight =
+        ChainsWeightPasses(plan)
+            ? per_replica
+            : PeakChunkActivations(spec.parallelism().schedule(), S,
+                                   per_replica, plan.num_chunks, s);
     const StageActivations a = ActivationsOfStage(plan, s);
     act += b * (in_flight * a.fwd_max + a.bwd_max) * act_elem;
   }
@@ -219,6 +222,15 @@ void CheckDataMemory(const JobPlan& plan, const DataMemory& memory,
                       memory.in_memory > memory.read_ahead
                           ? ": raise it, or stream the data from npy_shards"
                           : ": raise it, or make the batch smaller"));
+}
+
+bool ChainsWeightPasses(const JobPlan& plan) {
+  const JobSpec& spec = plan.spec;
+  return plan.trains() && spec.device() == "cpu" && plan.num_stages() == 1 &&
+         plan.num_chunks == 1 &&
+         spec.parallelism().accumulation() == "sequential" &&
+         MicrobatchesPerReplica(spec) >= 2 &&
+         LargestMicrobatch(spec) <= kPackedGemmMaxRows;
 }
 
 MemoryEstimate EstimateMemory(const JobPlan& plan, uint64_t data_bytes) {

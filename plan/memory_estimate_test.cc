@@ -83,6 +83,47 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
             4u * (2 * (2 * 88 + 88) + 2 * (2 * 149 + 112)));
 }
 
+// A CPU job of one stage with several microbatches of at most 63 rows and
+// sequential accumulation runs its weight passes at the end of the step
+// (ChainsWeightPasses): it holds all its microbatches, whatever the
+// schedule.
+TEST(PlanJobTest, ChainedWeightPassesHoldEveryMicrobatch) {
+  const std::string dir = TestDir();
+  JobSpec spec = ValidNpySpec(dir);
+  spec.mutable_parallelism()->set_stages(1);
+  spec.mutable_parallelism()->set_microbatches(4);  // b = 1
+  absl::StatusOr<JobPlan> plan = PlanJob(spec, Options(dir));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(ChainsWeightPasses(*plan));
+  // The blocks of MemoryEstimateFollowsTheDocumentedFormula on one stage:
+  // saved 88 + 149 per sample, backward scratch 112; 4 microbatches held
+  // instead of 1F1B's 1.
+  EXPECT_EQ(plan->memory.activations, 4u * (4 * 237 + 112));
+
+  // Not chained: accumulation "tree", one microbatch, two stages, or
+  // microbatches of 64 rows.
+  const auto not_chained = [&](JobSpec other, const char* what) -> uint64_t {
+    absl::StatusOr<JobPlan> p = PlanJob(other, Options(dir));
+    EXPECT_TRUE(p.ok()) << what << ": " << p.status();
+    if (!p.ok()) return 0;
+    EXPECT_FALSE(ChainsWeightPasses(*p)) << what;
+    return p->memory.activations;
+  };
+  JobSpec tree = spec;
+  tree.mutable_parallelism()->set_accumulation("tree");
+  EXPECT_EQ(not_chained(tree, "tree"), 4u * (1 * 237 + 112));
+  JobSpec one = spec;
+  one.mutable_parallelism()->set_microbatches(1);
+  not_chained(one, "one microbatch");
+  JobSpec two = spec;
+  two.mutable_parallelism()->set_stages(2);
+  not_chained(two, "two stages");
+  JobSpec big = spec;
+  big.mutable_data()->set_batch_size(128);
+  big.mutable_parallelism()->set_microbatches(2);
+  not_chained(big, "64 rows");
+}
+
 TEST(PlanJobTest, SpecOverTheMemoryLimitIsRejectedWithTheEstimate) {
   const std::string dir = TestDir();
   JobSpec spec = ValidNpySpec(dir);
