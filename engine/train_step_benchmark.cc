@@ -183,7 +183,7 @@ class StepParts {
   }
 
   // The forward and input-gradient GEMMs as the block runs them: with the
-  // packed GEMM (kernels/packed_gemm.h, microbatches of less than 64
+  // packed GEMM (kernels/packed_gemm.h, microbatches of at most 64
   // rows), the first microbatch's GEMMs pack
   // each weight as they go and keep the packs, which the other
   // microbatches read (one microbatch packs into a small buffer); else

@@ -50,15 +50,31 @@ bool UseAvx2Kernel() {
 int64_t Panels(int64_t n) { return (n + kNr - 1) / kNr; }
 
 // What the micro-kernel prefetches while it runs, one cache line a k step:
-// line q at base + (q >> shift) * stride + (q & (2^shift - 1)) * 16 floats.
-// The next packed panel is one run of lines (shift 30); the next panel
-// still to be packed is 16 lines of each of 16 rows of b (shift 4) or one
-// line of each of kb rows (shift 0).
+// runs of `run` lines `step` floats apart, the runs `stride` apart (line q
+// at base + (q / run) * stride + (q % run) * step). The next packed panel
+// is one run of 16-float lines; the next panel still to be packed is 16
+// lines of each of 16 rows of b (runs of 16) or one line of each of kb
+// rows (one run, step ldb).
 struct Prefetch {
   const float* base = nullptr;
-  int shift = 30;
+  int64_t run = int64_t{1} << 40;
+  int64_t step = kNr;
   int64_t stride = 0;
 };
+
+// One k step of Avx2Kernel: row k of the B panel times R values of A.
+template <int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void Avx2Step(
+    int64_t k, const float* ap, const float* bp, __m256* lo, __m256* hi) {
+  const __m256 b0 = _mm256_loadu_ps(bp + k * kNr);
+  const __m256 b1 = _mm256_loadu_ps(bp + k * kNr + 8);
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    const __m256 av = _mm256_broadcast_ss(ap + k * R + i);
+    lo[i] = _mm256_fmadd_ps(av, b0, lo[i]);
+    hi[i] = _mm256_fmadd_ps(av, b1, hi[i]);
+  }
+}
 
 // rows x 16 block of C (row stride ldc) from `rows` interleaved rows of A
 // (ap[k * rows + i]) and one panel of B (bp[k * 16 + j]).
@@ -77,25 +93,24 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
       hi[i] = _mm256_setzero_ps();
     }
   }
-  for (int64_t k = 0; k < kb; ++k) {
-    // One line of the next panel a step: it is in cache when its turn comes.
-    if (prefetch.base != nullptr) {
-      const int64_t mask = (int64_t{1} << prefetch.shift) - 1;
-      _mm_prefetch(reinterpret_cast<const char*>(
-                       prefetch.base + (k >> prefetch.shift) * prefetch.stride +
-                       (k & mask) * kNr),
-                   _MM_HINT_T0);
+  if (prefetch.base == nullptr) {
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kb; ++k) Avx2Step<R>(k, ap, bp, lo, hi);
+  } else {
+    // One line of the next panel a step: it is in cache when its turn
+    // comes.
+    for (int64_t k0 = 0; k0 < kb; k0 += prefetch.run) {
+      const int64_t k1 = std::min(kb, k0 + prefetch.run);
+      const char* line = reinterpret_cast<const char*>(
+          prefetch.base + k0 / prefetch.run * prefetch.stride);
+      const int64_t step = prefetch.step * sizeof(float);
+#pragma GCC unroll 4
+      for (int64_t k = k0; k < k1; ++k) {
+        _mm_prefetch(line, _MM_HINT_T0);
+        line += step;
+        Avx2Step<R>(k, ap, bp, lo, hi);
+      }
     }
-    const __m256 b0 = _mm256_loadu_ps(bp);
-    const __m256 b1 = _mm256_loadu_ps(bp + 8);
-#pragma GCC unroll 6
-    for (int i = 0; i < R; ++i) {
-      const __m256 av = _mm256_broadcast_ss(ap + i);
-      lo[i] = _mm256_fmadd_ps(av, b0, lo[i]);
-      hi[i] = _mm256_fmadd_ps(av, b1, hi[i]);
-    }
-    ap += R;
-    bp += kNr;
   }
 #pragma GCC unroll 6
   for (int i = 0; i < R; ++i) {
@@ -376,9 +391,11 @@ void RunColumnPanels(int64_t m, int64_t n, int64_t k, const float* a_packed,
           PackPanel(source.trans, source.b, source.ldb, k0, kb, col, cols, dst);
           bp = dst;
           if (!last && source.trans) {
-            next = {source.b + (col + kNr) * source.ldb + k0, 4, source.ldb};
+            next = {source.b + (col + kNr) * source.ldb + k0, 16, kNr,
+                    source.ldb};
           } else if (!last) {
-            next = {source.b + k0 * source.ldb + col + kNr, 0, source.ldb};
+            next.base = source.b + k0 * source.ldb + col + kNr;
+            next.step = source.ldb;
           }
         }
         bool first = true;

@@ -8,12 +8,13 @@
 
 namespace trainyard {
 
-// Below 64 rows OpenBLAS, packing the weights inside every call, was
-// measured 11-24% slower than the packed GEMM with weights packed once a
-// step; at 64 and 256 rows it was 6-17% faster (docs/BENCHMARKS.md, 2
-// threads, AVX2). The choice depends on the row count only, so every
+// Measured on 2 threads, AVX2 (docs/BENCHMARKS.md): at 32 and 64 rows the
+// packed GEMM, with weights packed once a step and a step's weight
+// gradients chained, took 5-35% less time than OpenBLAS, which packs the
+// weights inside every call; at 128 rows its forward and input-gradient
+// GEMMs were 6% slower. The choice depends on the row count only, so every
 // layout of a job (stages, replicas, schedule) makes the same one.
-inline constexpr int64_t kPackedGemmMaxRows = 63;
+inline constexpr int64_t kPackedGemmMaxRows = 64;
 
 }  // namespace trainyard
 
