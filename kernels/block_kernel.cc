@@ -121,8 +121,7 @@ class CpuBlockKernel final : public BlockKernel {
 
   absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
                               MlpBlockParams* grads) override {
-    return block_.BackwardWeight(&static_cast<Saved*>(saved)->s, accumulate,
-                                 grads);
+    return BackwardWeights({&saved, 1}, accumulate, grads);
   }
 
   absl::Status BackwardWeights(absl::Span<BlockSaved* const> saved,
@@ -178,9 +177,7 @@ class SimBlockKernel final : public BlockKernel {
 
   absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
                               MlpBlockParams* grads) override {
-    MlpBlockParams host = HostParams(*grads);
-    return block_.BackwardWeight(&static_cast<Saved*>(saved)->s, accumulate,
-                                 &host);
+    return BackwardWeights({&saved, 1}, accumulate, grads);
   }
 
   absl::Status BackwardWeights(absl::Span<BlockSaved* const> saved,

@@ -164,6 +164,25 @@ void Panel(int rows, int64_t kb, const float* ap, const float* bp, float* c,
   }
 }
 
+// Panel() on a rows x cols block of C, cols <= 16: the last panel of C,
+// narrower than 16, goes through a full-width tile.
+void PanelOfC(int64_t rows, int64_t cols, int64_t kb, const float* ap,
+              const float* bp, float* c, int64_t ldc, bool load,
+              Prefetch prefetch) {
+  if (cols == kNr) {
+    Panel(static_cast<int>(rows), kb, ap, bp, c, ldc, load, prefetch);
+    return;
+  }
+  alignas(32) float tile[kMr * kNr] = {};
+  for (int64_t i = 0; i < rows; ++i) {
+    if (load) std::memcpy(tile + i * kNr, c + i * ldc, cols * sizeof(float));
+  }
+  Panel(static_cast<int>(rows), kb, ap, bp, tile, kNr, load, prefetch);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(c + i * ldc, tile + i * kNr, cols * sizeof(float));
+  }
+}
+
 // Cuts `rows` into ceil(rows / kMr) panels of near-equal size (5 and 6
 // rows rather than 6s and a last 2, which would run at a third of the
 // speed). fn(first row, rows).
@@ -338,21 +357,8 @@ void RunRowsOuter(int64_t m, int64_t n, int64_t k, const float* a_packed,
             const int64_t col = p * kNr;
             const int64_t cols = std::min(kNr, n - col);
             const float* bp = b_packed + k0 * panels * kNr + p * kb * kNr;
-            float* cp = c + (i0 + r0) * ldc + col;
-            if (cols == kNr) {
-              Panel(static_cast<int>(rows), kb, ap + r0 * kb, bp, cp, ldc, load,
-                    Prefetch());
-              continue;
-            }
-            alignas(32) float tile[kMr * kNr] = {};
-            for (int64_t i = 0; i < rows; ++i) {
-              if (load) std::memcpy(tile + i * kNr, cp + i * ldc, cols * 4);
-            }
-            Panel(static_cast<int>(rows), kb, ap + r0 * kb, bp, tile, kNr, load,
-                  Prefetch());
-            for (int64_t i = 0; i < rows; ++i) {
-              std::memcpy(cp + i * ldc, tile + i * kNr, cols * 4);
-            }
+            PanelOfC(rows, cols, kb, ap + r0 * kb, bp,
+                     c + (i0 + r0) * ldc + col, ldc, load, Prefetch());
           }
         });
       }
@@ -403,21 +409,7 @@ void RunColumnPanels(int64_t m, int64_t n, int64_t k, const float* a_packed,
           float* cp = c + (i0 + r0) * ldc + col;
           const Prefetch pf = first ? next : Prefetch();
           first = false;
-          if (cols == kNr) {
-            Panel(static_cast<int>(rows), kb, ap + r0 * kb, bp, cp, ldc, load,
-                  pf);
-            return;
-          }
-          // The last panel, narrower than 16: through a full-width tile.
-          alignas(32) float tile[kMr * kNr] = {};
-          for (int64_t i = 0; i < rows; ++i) {
-            if (load) std::memcpy(tile + i * kNr, cp + i * ldc, cols * 4);
-          }
-          Panel(static_cast<int>(rows), kb, ap + r0 * kb, bp, tile, kNr, load,
-                pf);
-          for (int64_t i = 0; i < rows; ++i) {
-            std::memcpy(cp + i * ldc, tile + i * kNr, cols * 4);
-          }
+          PanelOfC(rows, cols, kb, ap + r0 * kb, bp, cp, ldc, load, pf);
         });
       }
     }
@@ -586,19 +578,16 @@ absl::Status SgemmWeightGradient(int64_t m, int64_t n,
   int64_t k = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const GradientRows& p = parts[i];
-    const std::string part = absl::StrCat("SgemmWeightGradient: part ", i);
-    if (p.rows < 0) {
+    const auto bad = [&](const auto&... what) {
       return absl::InvalidArgumentError(
-          absl::StrCat(part, ": negative rows=", p.rows));
-    }
+          absl::StrCat("SgemmWeightGradient: part ", i, ": ", what...));
+    };
+    if (p.rows < 0) return bad("negative rows=", p.rows);
     if (p.rows == 0) continue;
-    if (p.dy == nullptr || p.x == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(part, ": null dy or x"));
-    }
+    if (p.dy == nullptr || p.x == nullptr) return bad("null dy or x");
     if (p.ld_dy < std::max<int64_t>(1, m) || p.ld_x < std::max<int64_t>(1, n)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          part, ": leading dimension too small: ld_dy=", p.ld_dy,
-          " (needs >= ", m, "), ld_x=", p.ld_x, " (needs >= ", n, ")"));
+      return bad("leading dimension too small: ld_dy=", p.ld_dy,
+                 " (needs >= ", m, "), ld_x=", p.ld_x, " (needs >= ", n, ")");
     }
     k += p.rows;
   }
