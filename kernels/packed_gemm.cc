@@ -336,11 +336,12 @@ struct BSource {
 // Each tile of C that RunRowsOuter accumulates into comes from memory (a
 // weight gradient is far bigger than the caches) and is needed after only
 // kb k steps: with one microbatch's 32 or 64 rows, fewer cycles than a
-// miss takes. So the tile kCAhead panels on is prefetched: one
-// microbatch's weight gradients (packed_gemm_benchmark --weight_gradients
-// --per_microbatch, 2 threads) went from 1.16-1.41 to 1.04-1.10 times
-// OpenBLAS's time at 32 rows and from 1.07-1.14 to 1.00-1.06 at 64;
-// chained over 4 or 8 microbatches, no change beyond the noise.
+// miss takes. So the tile kCAhead panels on (in the sweep, into the next
+// row panel) is prefetched: one microbatch's weight gradients
+// (packed_gemm_benchmark --weight_gradients --per_microbatch, 2 threads,
+// the binaries before and after alternating, 4 runs each) went from
+// 1.16-1.41 to 1.04-1.10 times OpenBLAS's time at 32 rows and from
+// 1.08-1.14 to 1.04-1.06 at 64; chained, no change beyond the noise.
 constexpr int64_t kCAhead = 2;
 
 // The first line of each of `rows` rows, `ld` floats apart.
