@@ -263,6 +263,12 @@ class Stage {
     Tensor grad_output;  // [b, out] dLoss/dOutput (scaled)
     Tensor grad_input;   // [b, in]  to send back
     std::vector<std::unique_ptr<BlockSaved>> saved;  // per block of the chunk
+    // After its weight pass: what the backward passes kept is no longer
+    // needed.
+    void ReleaseSaved() {
+      saved.clear();
+      input = Tensor();
+    }
   };
   // One of the stage's model chunks: a virtual stage.
   struct Chunk {

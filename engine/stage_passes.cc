@@ -210,8 +210,7 @@ absl::Status Stage::BackwardWeight(Microbatch* mb) {
                                        " gradient sum: "));
     }
   }
-  mb->saved.clear();
-  mb->input = Tensor();
+  mb->ReleaseSaved();
   return absl::OkStatus();
 }
 
@@ -236,10 +235,7 @@ absl::Status Stage::RunChainedWeightPasses() {
     }
     grads_written_[b] = true;
   }
-  for (Microbatch* mb : chained_weight_passes_) {
-    mb->saved.clear();
-    mb->input = Tensor();
-  }
+  for (Microbatch* mb : chained_weight_passes_) mb->ReleaseSaved();
   chained_weight_passes_.clear();
   return absl::OkStatus();
 }
