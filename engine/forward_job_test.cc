@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -143,8 +144,10 @@ TEST(ForwardJobTest, PredictionsAreBitwiseTheSameForAnyLayout) {
     const std::string out = TempDir(
         absl::StrCat("infer-", l.stages, "-", l.replicas, "-", l.schedule));
     std::vector<int64_t> shards;
+    std::mutex mu;  // replicas' last stages call on_shard concurrently
     LocalJobOptions options;
     options.on_shard = [&](int64_t shard, int64_t, double) {
+      std::lock_guard<std::mutex> lock(mu);
       shards.push_back(shard);
     };
     JobSpec spec = ForwardSpec("infer", l.stages, l.replicas, out);
@@ -272,8 +275,10 @@ TEST(ForwardJobTest, AResumedJobWritesOnlyTheMissingShards) {
   struct stat before;
   ASSERT_EQ(stat(JoinPath(out, "shard-00000").c_str(), &before), 0);
   std::vector<int64_t> shards;
+  std::mutex mu;
   LocalJobOptions options;
   options.on_shard = [&](int64_t shard, int64_t, double) {
+    std::lock_guard<std::mutex> lock(mu);
     shards.push_back(shard);
   };
   // Another stage count continues the same outputs.
