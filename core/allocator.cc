@@ -1,9 +1,13 @@
 #include "core/allocator.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -13,6 +17,11 @@
 
 namespace trainyard {
 namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// -1: not decided yet (the environment decides), else 0 or 1.
+std::atomic<int> huge_pages_override{-1};
 
 // 64-byte aligned host memory that keeps freed blocks of 64 KiB to 256 MiB
 // for reuse by the next request of the same (4 KiB-rounded) size. A step
@@ -45,11 +54,11 @@ class CachingHostAllocator final : public Allocator {
         return p;
       }
     }
-    void* p = std::aligned_alloc(64, size);
+    void* p = AllocateHostBlock(size);
     if (p == nullptr) {
       // Give the cache back and try once more before refusing.
       EmptyCache();
-      p = std::aligned_alloc(64, size);
+      p = AllocateHostBlock(size);
       if (p == nullptr) return Exhausted(bytes);
     }
     if (Cached(size)) {
@@ -81,8 +90,8 @@ class CachingHostAllocator final : public Allocator {
   static constexpr size_t kMinCached = size_t{64} << 10;
   static constexpr size_t kMaxCached = size_t{256} << 20;
 
-  // aligned_alloc needs a multiple of the alignment; cached sizes are
-  // rounded to 4 KiB so that near-equal requests share a free list.
+  // Cached sizes are rounded to 4 KiB so that near-equal requests share a
+  // free list; small ones to the alignment.
   static size_t RoundSize(size_t bytes) {
     const size_t align = bytes >= kMinCached ? 4096 : 64;
     return (bytes + align - 1) / align * align;
@@ -118,6 +127,35 @@ class CachingHostAllocator final : public Allocator {
 }  // namespace
 
 void Allocator::EmptyCache() {}
+
+void* AllocateHostBlock(size_t bytes) {
+  if (bytes < kHugePage) {
+    // aligned_alloc wants a multiple of the alignment.
+    return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  }
+  void* p = nullptr;
+  if (posix_memalign(&p, kHugePage, bytes) != 0) return nullptr;
+  if (HostHugePages()) {
+    // A hint: where the kernel has no transparent huge pages the call fails
+    // and the block stays on small pages, as it would be without it.
+    (void)madvise(p, bytes / kHugePage * kHugePage, MADV_HUGEPAGE);
+  }
+  return p;
+}
+
+bool HostHugePages() {
+  const int set = huge_pages_override.load(std::memory_order_relaxed);
+  if (set >= 0) return set == 1;
+  static const bool from_env = [] {
+    const char* env = std::getenv("TRAINYARD_HUGE_PAGES");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return from_env;
+}
+
+void SetHostHugePagesForTesting(bool on) {
+  huge_pages_override.store(on ? 1 : 0, std::memory_order_relaxed);
+}
 
 Allocator* HostAllocator() {
   static Allocator* const kHost = new CachingHostAllocator();

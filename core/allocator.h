@@ -36,12 +36,32 @@ class Allocator {
   virtual void EmptyCache();
 };
 
-// The process-wide host allocator: 64-byte aligned memory; freed blocks of
-// 64 KiB to 256 MiB are kept (up to max(256 MiB, usable memory / 8), where
-// usable is physical memory or the cgroup's limit if lower) for the next
-// request of the same size, so a step loop does not fault its activations'
-// pages in again every step.
+// The process-wide host allocator: blocks from AllocateHostBlock; freed
+// blocks of 64 KiB to 256 MiB are kept (up to max(256 MiB, usable memory /
+// 8), where usable is physical memory or the cgroup's limit if lower) for
+// the next request of the same size, so a step loop does not fault its
+// activations' pages in again every step.
 Allocator* HostAllocator();
+
+// Host memory straight from the system, for the host allocator's blocks
+// and for large buffers kept outside an Allocator (the packed GEMM's
+// weight panels): 64-byte aligned; a block of 2 MiB or more starts on a
+// 2 MiB boundary and, while HostHugePages() is on, its whole 2 MiB pages
+// are marked for transparent huge pages (madvise MADV_HUGEPAGE; the kernel
+// honours it when /sys/kernel/mm/transparent_hugepage/enabled is "always"
+// or "madvise"). A training step streams every weight once a microbatch
+// and the optimizer its 28 bytes a parameter: on 4 KiB pages a 16 MiB
+// weight is 4096 TLB misses a pass, on 2 MiB pages 8 (the step's gain is
+// in docs/BENCHMARKS.md). Returns nullptr when the memory cannot be had;
+// release with std::free.
+void* AllocateHostBlock(size_t bytes);
+
+// Whether AllocateHostBlock asks for huge pages: yes unless the
+// environment variable TRAINYARD_HUGE_PAGES is "0" (read once per process).
+bool HostHugePages();
+
+// Tests and benchmarks only: overrides HostHugePages() for later blocks.
+void SetHostHugePagesForTesting(bool on);
 
 }  // namespace trainyard
 

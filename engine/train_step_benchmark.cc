@@ -10,6 +10,7 @@
 // flops each: 51.5 GFLOP per step.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -18,7 +19,9 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "core/allocator.h"
 #include "core/random.h"
+#include "core/tensor.h"
 #include "engine/stage.h"
 #include "glog/logging.h"
 #include "kernels/activation.h"
@@ -40,10 +43,25 @@ namespace {
 constexpr int64_t kHidden = 1024, kFfn = 4096, kBatch = 256, kBlocks = 4;
 constexpr double kStepFlops = 6.0 * 2.0 * kBatch * kHidden * kFfn * kBlocks;
 
+// n floats from the host allocator, as a stage's tensors are, so that the
+// ceiling and the step's parts run on the same kind of pages as the step
+// (core/allocator.h: huge pages for large blocks).
+class Buffer {
+ public:
+  explicit Buffer(int64_t n) : t_(Tensor::Zeros(DType::kFloat32, {n})) {}
+  float* data() { return t_.data<float>(); }
+  int64_t size() const { return t_.numel(); }
+  float* begin() { return data(); }
+  float* end() { return data() + size(); }
+
+ private:
+  Tensor t_;
+};
+
 void BM_SgemmCeiling(benchmark::State& state) {
   SetBlasThreads(static_cast<int>(state.range(0)));
   // The forward fc1 shape: [B, h] x [h, ffn]^T.
-  std::vector<float> a(kBatch * kHidden), b(kFfn * kHidden), c(kBatch * kFfn);
+  Buffer a(kBatch * kHidden), b(kFfn * kHidden), c(kBatch * kFfn);
   Rng rng(1);
   for (float& x : a) x = rng.Uniform(-1, 1);
   for (float& x : b) x = rng.Uniform(-1, 1);
@@ -176,7 +194,7 @@ class StepParts {
     }
     ca_ = Random(kBatch * h, unit);
     cb_ = Random(f * h, 1.0f / std::sqrt(float{h}));
-    cc_.resize(kBatch * f);
+    cc_ = Buffer(kBatch * f);
     // Allocates the packs (the stage's are warm too).
     ForwardGemms();
     InputGradientGemms();
@@ -267,11 +285,11 @@ class StepParts {
   }
 
  private:
-  using Buffers = std::vector<std::vector<float>>;
+  using Buffers = std::vector<Buffer>;
 
   // n values uniform in [-bound, bound].
-  std::vector<float> Random(int64_t n, float bound) {
-    std::vector<float> v(n);
+  Buffer Random(int64_t n, float bound) {
+    Buffer v(n);
     for (float& x : v) x = rng_.Uniform(-bound, bound);
     return v;
   }
@@ -288,7 +306,7 @@ class StepParts {
                            n_ > kBlocks ? slot : nullptr, out));
   }
 
-  std::vector<float> ca_, cb_, cc_;
+  Buffer ca_{0}, cb_{0}, cc_{0};
   MlpBlockPacked packed_[kBlocks];
 };
 
@@ -344,6 +362,52 @@ void BM_StepBreakdown(benchmark::State& state, int microbatches) {
   state.counters["samples/s"] = kBatch / (step / it);
 }
 
+// Huge pages or not, side by side in one process: two stages of the same
+// job, the first made (parameters, gradients, optimizer state, the packed
+// GEMM's weight panels, and its warm-up step's activations) with
+// core/allocator.h's huge pages off, the second with them on; their steps
+// alternate, the order swapped every iteration. Activations are shared
+// through the host allocator's cache, so from the second step on both
+// stages draw theirs from the same blocks: only blocks of 2 MiB or more
+// get huge pages, and at M = 4 and 8 no activation is that large (at
+// M = 1 some are, so there the comparison covers the stage's own memory
+// only). Reports each stage's mean step and the median of the per-iteration
+// ratios huge / small pages.
+//   bazel run //engine:train_step_benchmark --
+//       --benchmark_filter=HugePages --benchmark_min_time=20
+void BM_HugePages(benchmark::State& state, int microbatches) {
+  SetBlasThreads(2);
+  SetHostHugePagesForTesting(false);
+  HostAllocator()->EmptyCache();
+  std::unique_ptr<Stage> small =
+      MakeStage("adamw", microbatches, /*tree_accumulation=*/false);
+  SetHostHugePagesForTesting(true);
+  HostAllocator()->EmptyCache();
+  std::unique_ptr<Stage> huge =
+      MakeStage("adamw", microbatches, /*tree_accumulation=*/false);
+  double total[2] = {0, 0};
+  std::vector<double> ratios;
+  int iteration = 0;
+  for (auto _ : state) {
+    double seconds[2] = {0, 0};
+    for (int turn = 0; turn < 2; ++turn) {
+      const int which = (iteration + turn) % 2;
+      seconds[which] = SecondsOf(
+          [&] { CHECK_OK((which == 0 ? small : huge)->RunStep().status()); });
+      total[which] += seconds[which];
+    }
+    ratios.push_back(seconds[1] / seconds[0]);
+    ++iteration;
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const double it = static_cast<double>(state.iterations());
+  state.counters["small_pages_ms"] = 1e3 * total[0] / it;
+  state.counters["huge_pages_ms"] = 1e3 * total[1] / it;
+  state.counters["huge_over_small"] = ratios[ratios.size() / 2];
+  state.counters["ratio_min"] = ratios.front();
+  state.counters["ratio_max"] = ratios.back();
+}
+
 BENCHMARK(BM_SgemmCeiling)
     ->Arg(1)
     ->Arg(2)
@@ -371,6 +435,16 @@ BENCHMARK_CAPTURE(BM_StepBreakdown, m4, 4)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_StepBreakdown, m8, 8)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK_CAPTURE(BM_HugePages, m1, 1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_HugePages, m4, 4)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_HugePages, m8, 8)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/allocator.h"
 #include "core/status_macros.h"
 #include "kernels/parallel.h"
 
@@ -474,7 +475,7 @@ absl::Status PackedMatrix::Reserve(int64_t k, int64_t n) {
   const int64_t need = k * Panels(n) * kNr;
   if (need > capacity_) {
     const int64_t bytes = (need * 4 + 63) / 64 * 64;
-    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    float* p = static_cast<float*>(AllocateHostBlock(bytes));
     if (p == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("PackedMatrix: cannot allocate ", bytes,

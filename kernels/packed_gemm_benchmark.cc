@@ -26,6 +26,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "core/random.h"
+#include "core/tensor.h"
 #include "kernels/blas.h"
 #include "kernels/packed_gemm.h"
 #include "kernels/parallel.h"
@@ -57,10 +58,16 @@ constexpr int64_t kHidden = 1024, kFfn = 4096, kBatch = 256, kBlocks = 4;
     }                                                       \
   } while (0)
 
-std::vector<float> Random(int64_t n, Rng& rng) {
-  std::vector<float> v(n);
-  for (float& x : v) x = rng.Uniform(-1.0f, 1.0f);
-  return v;
+// Buffers come from the host allocator, as a stage's tensors do (large
+// ones on huge pages, core/allocator.h), so the GEMMs read memory as in a
+// step.
+Tensor Zeros(int64_t n) { return Tensor::Zeros(DType::kFloat32, {n}); }
+
+Tensor Random(int64_t n, Rng& rng) {
+  Tensor t = Zeros(n);
+  float* v = t.data<float>();
+  for (int64_t i = 0; i < n; ++i) v[i] = rng.Uniform(-1.0f, 1.0f);
+  return t;
 }
 
 double Seconds(const std::function<void()>& fn) {
@@ -82,7 +89,7 @@ void Compare(int microbatches, int rounds, const char* what,
 void RunM(int microbatches, int rounds, bool prepacked) {
   const int64_t h = kHidden, f = kFfn, mb = kBatch / microbatches;
   Rng rng(1);
-  using Buffers = std::vector<std::vector<float>>;
+  using Buffers = std::vector<Tensor>;
   Buffers w1, w2, x, act, dy, pre, y, dact, dx;
   for (int l = 0; l < kBlocks; ++l) {
     w1.push_back(Random(f * h, rng));
@@ -92,10 +99,10 @@ void RunM(int microbatches, int rounds, bool prepacked) {
     x.push_back(Random(mb * h, rng));
     act.push_back(Random(mb * f, rng));
     dy.push_back(Random(mb * h, rng));
-    pre.emplace_back(mb * f);
-    y.emplace_back(mb * h);
-    dact.emplace_back(mb * f);
-    dx.emplace_back(mb * h);
+    pre.push_back(Zeros(mb * f));
+    y.push_back(Zeros(mb * h));
+    dact.push_back(Zeros(mb * f));
+    dx.push_back(Zeros(mb * h));
   }
   // Per block: fc1 forward, fc2 forward, fc2 input gradient, fc1 input
   // gradient.
@@ -103,14 +110,14 @@ void RunM(int microbatches, int rounds, bool prepacked) {
   const auto openblas = [&] {
     for (int i = 0; i < microbatches; ++i) {
       for (int l = 0; l < kBlocks; ++l) {
-        CHECK_OK(Sgemm(false, true, mb, f, h, 1, x[i].data(), h, w1[l].data(),
-                       h, 0, pre[i].data(), f));
-        CHECK_OK(Sgemm(false, true, mb, h, f, 1, act[i].data(), f, w2[l].data(),
-                       f, 0, y[i].data(), h));
-        CHECK_OK(Sgemm(false, false, mb, f, h, 1, dy[i].data(), h, w2[l].data(),
-                       f, 0, dact[i].data(), f));
-        CHECK_OK(Sgemm(false, false, mb, h, f, 1, dact[i].data(), f,
-                       w1[l].data(), h, 0, dx[i].data(), h));
+        CHECK_OK(Sgemm(false, true, mb, f, h, 1, x[i].data<float>(), h,
+                       w1[l].data<float>(), h, 0, pre[i].data<float>(), f));
+        CHECK_OK(Sgemm(false, true, mb, h, f, 1, act[i].data<float>(), f,
+                       w2[l].data<float>(), f, 0, y[i].data<float>(), h));
+        CHECK_OK(Sgemm(false, false, mb, f, h, 1, dy[i].data<float>(), h,
+                       w2[l].data<float>(), f, 0, dact[i].data<float>(), f));
+        CHECK_OK(Sgemm(false, false, mb, h, f, 1, dact[i].data<float>(), f,
+                       w1[l].data<float>(), h, 0, dx[i].data<float>(), h));
       }
     }
   };
@@ -123,12 +130,12 @@ void RunM(int microbatches, int rounds, bool prepacked) {
   const auto packed = [&] {
     for (int i = 0; i < microbatches; ++i) {
       for (int l = 0; l < kBlocks; ++l) {
-        const float* in[4] = {x[i].data(), act[i].data(), dy[i].data(),
-                              dact[i].data()};
-        float* out[4] = {pre[i].data(), y[i].data(), dact[i].data(),
-                         dx[i].data()};
-        const float* w[4] = {w1[l].data(), w2[l].data(), w2[l].data(),
-                             w1[l].data()};
+        const float* in[4] = {x[i].data<float>(), act[i].data<float>(),
+                              dy[i].data<float>(), dact[i].data<float>()};
+        float* out[4] = {pre[i].data<float>(), y[i].data<float>(),
+                         dact[i].data<float>(), dx[i].data<float>()};
+        const float* w[4] = {w1[l].data<float>(), w2[l].data<float>(),
+                             w2[l].data<float>(), w1[l].data<float>()};
         for (int g = 0; g < 4; ++g) {
           const Gemm& s = shapes[g];
           PackedMatrix& pack = packs[4 * l + g];
@@ -145,8 +152,8 @@ void RunM(int microbatches, int rounds, bool prepacked) {
   };
   if (prepacked) {
     for (int l = 0; l < kBlocks; ++l) {
-      const float* w[4] = {w1[l].data(), w2[l].data(), w2[l].data(),
-                           w1[l].data()};
+      const float* w[4] = {w1[l].data<float>(), w2[l].data<float>(),
+                           w2[l].data<float>(), w1[l].data<float>()};
       for (int g = 0; g < 4; ++g) {
         const Gemm& s = shapes[g];
         CHECK_OK(packs[4 * l + g].Pack(s.trans, s.k, s.n, w[g],
@@ -163,7 +170,7 @@ void RunM(int microbatches, int rounds, bool prepacked) {
 void RunWeightGradients(int microbatches, int rounds, bool per_microbatch) {
   const int64_t h = kHidden, f = kFfn, mb = kBatch / microbatches;
   Rng rng(2);
-  std::vector<std::vector<float>> x, act, dy, dpre, g1, g2;
+  std::vector<Tensor> x, act, dy, dpre, g1, g2;
   for (int i = 0; i < microbatches; ++i) {
     x.push_back(Random(mb * h, rng));
     act.push_back(Random(mb * f, rng));
@@ -171,24 +178,24 @@ void RunWeightGradients(int microbatches, int rounds, bool per_microbatch) {
     dpre.push_back(Random(mb * f, rng));
   }
   for (int l = 0; l < kBlocks; ++l) {
-    g1.emplace_back(f * h);
-    g2.emplace_back(h * f);
+    g1.push_back(Zeros(f * h));
+    g2.push_back(Zeros(h * f));
   }
   const auto openblas = [&] {
     for (int i = 0; i < microbatches; ++i) {
       for (int l = 0; l < kBlocks; ++l) {
         const float beta = i > 0 ? 1.0f : 0.0f;
-        CHECK_OK(Sgemm(true, false, h, f, mb, 1, dy[i].data(), h, act[i].data(),
-                       f, beta, g2[l].data(), f));
-        CHECK_OK(Sgemm(true, false, f, h, mb, 1, dpre[i].data(), f, x[i].data(),
-                       h, beta, g1[l].data(), h));
+        CHECK_OK(Sgemm(true, false, h, f, mb, 1, dy[i].data<float>(), h,
+                       act[i].data<float>(), f, beta, g2[l].data<float>(), f));
+        CHECK_OK(Sgemm(true, false, f, h, mb, 1, dpre[i].data<float>(), f,
+                       x[i].data<float>(), h, beta, g1[l].data<float>(), h));
       }
     }
   };
   std::vector<GradientRows> fc2_parts, fc1_parts;
   for (int i = 0; i < microbatches; ++i) {
-    fc2_parts.push_back({mb, dy[i].data(), h, act[i].data(), f});
-    fc1_parts.push_back({mb, dpre[i].data(), f, x[i].data(), h});
+    fc2_parts.push_back({mb, dy[i].data<float>(), h, act[i].data<float>(), f});
+    fc1_parts.push_back({mb, dpre[i].data<float>(), f, x[i].data<float>(), h});
   }
   const auto packed = [&] {
     const int calls = per_microbatch ? microbatches : 1;
@@ -199,8 +206,8 @@ void RunWeightGradients(int microbatches, int rounds, bool per_microbatch) {
                                                 per);
         const absl::Span<const GradientRows> p1(fc1_parts.data() + i * per,
                                                 per);
-        CHECK_OK(SgemmWeightGradient(h, f, p2, i > 0, g2[l].data(), f));
-        CHECK_OK(SgemmWeightGradient(f, h, p1, i > 0, g1[l].data(), h));
+        CHECK_OK(SgemmWeightGradient(h, f, p2, i > 0, g2[l].data<float>(), f));
+        CHECK_OK(SgemmWeightGradient(f, h, p1, i > 0, g1[l].data<float>(), h));
       }
     }
   };
