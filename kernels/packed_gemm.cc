@@ -192,12 +192,15 @@ void PanelOfC(int64_t rows, int64_t cols, int64_t kb, const float* ap,
   }
 }
 
-// Cuts `rows` into ceil(rows / kMr) panels of near-equal size (5 and 6
+// How many row panels ForEachRowPanel cuts `rows` into.
+int64_t RowPanels(int64_t rows) { return (rows + kMr - 1) / kMr; }
+
+// Cuts `rows` into RowPanels(rows) panels of near-equal size (5 and 6
 // rows rather than 6s and a last 2, which would run at a third of the
 // speed). fn(first row, rows).
 template <typename F>
 void ForEachRowPanel(int64_t rows, F fn) {
-  const int64_t panels = (rows + kMr - 1) / kMr;
+  const int64_t panels = RowPanels(rows);
   const int64_t base = rows / panels, extra = rows % panels;
   int64_t r = 0;
   for (int64_t q = 0; q < panels; ++q) {
@@ -450,7 +453,7 @@ void RunColumnPanels(int64_t m, int64_t n, int64_t k, const float* a_packed,
         // beforehand 0.85-0.87 -> 0.80-0.81 at 64 rows and 0.77-0.83 ->
         // 0.69-0.78 at 32; packing in the first microbatch as the step
         // does, 0.92-0.99 -> 0.90-0.95 and 0.89-0.90 -> 0.79-0.81.
-        const int64_t row_panels = (mb + kMr - 1) / kMr;
+        const int64_t row_panels = RowPanels(mb);
         int64_t panel_index = 0;
         ForEachRowPanel(mb, [&](int64_t r0, int64_t rows) {
           float* cp = c + (i0 + r0) * ldc + col;
