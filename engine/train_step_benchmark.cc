@@ -201,21 +201,21 @@ class StepParts {
   }
 
   // The forward and input-gradient GEMMs as the block runs them: with the
-  // packed GEMM (kernels/packed_gemm.h, microbatches of at most 64
-  // rows), the first microbatch's GEMMs pack
-  // each weight as they go and keep the packs, which the other
-  // microbatches read (one microbatch packs into a small buffer); else
-  // OpenBLAS. The packs of the previous iteration are dropped first, as a
-  // stage drops them after the optimizer step.
+  // packed GEMM (kernels/packed_gemm.h, microbatches of at most 64 rows),
+  // the first microbatch's forward GEMMs pack each weight (W^T) as they go
+  // and keep the packs, which every later GEMM reads, the input gradients
+  // included (one microbatch packs into a small buffer); else OpenBLAS.
+  // The packs of the previous iteration are dropped first, as a stage
+  // drops them after the optimizer step.
   void ForwardGemms() {
     for (auto& p : packed_) p.Reset();
     const int64_t mb = mb_, h = kHidden, f = kFfn;
     for (int64_t i = 0; i < n_; ++i) {
       const int64_t blk = i % kBlocks;
       WeightGemm(true, mb, f, h, x_[i].data(), w1_[blk].data(),
-                 &packed_[blk].fc1_forward, pre_[i].data());
+                 &packed_[blk].fc1, pre_[i].data());
       WeightGemm(true, mb, h, f, act_[i].data(), w2_[blk].data(),
-                 &packed_[blk].fc2_forward, y_[i].data());
+                 &packed_[blk].fc2, y_[i].data());
     }
   }
   // d(act) and dx (not block 0's: a first stage needs no input gradient).
@@ -224,10 +224,10 @@ class StepParts {
     for (int64_t i = 0; i < n_; ++i) {
       const int64_t blk = i % kBlocks;
       WeightGemm(false, mb, f, h, dy_[i].data(), w2_[blk].data(),
-                 &packed_[blk].fc2_input_grad, dact_[i].data());
+                 &packed_[blk].fc2, dact_[i].data());
       if (blk == 0) continue;
       WeightGemm(false, mb, h, f, dact_[i].data(), w1_[blk].data(),
-                 &packed_[blk].fc1_input_grad, dx_[i].data());
+                 &packed_[blk].fc1, dx_[i].data());
     }
   }
   // fc2.weight and fc1.weight, accumulated over the microbatches as the

@@ -72,16 +72,25 @@ absl::Status MlpWeightGemm(const char* name, bool transposed, int64_t b,
                  epilogue);
   }
   if (slot == nullptr || !slot->ready) {
+    // Only the forward's orientation is kept.
+    PackedMatrix* keep =
+        transposed && slot != nullptr ? &slot->matrix : nullptr;
     RETURN_IF_ERROR(SgemmPacking(b, n, k, x, k, transposed, w, ldw, false, out,
-                                 n, epilogue, slot ? &slot->matrix : nullptr));
-    if (slot != nullptr) slot->ready = true;
+                                 n, epilogue, keep));
+    if (keep != nullptr) slot->ready = true;
     return absl::OkStatus();
   }
+  // The pack is W^T: [k, n] for the forward, [n, k] for the input gradient.
   const PackedMatrix& packed = slot->matrix;
-  if (packed.k() != k || packed.n() != n) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "packed ", name, " holds [", packed.k(), ", ", packed.n(),
-        "], the GEMM needs [", k, ", ", n, "] (packed for another block?)"));
+  const int64_t pack_k = transposed ? k : n, pack_n = transposed ? n : k;
+  if (packed.k() != pack_k || packed.n() != pack_n) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("packed ", name, " holds [", packed.k(), ", ", packed.n(),
+                     "], the GEMM needs [", pack_k, ", ", pack_n,
+                     "] (packed for another block?)"));
+  }
+  if (!transposed) {
+    return SgemmPackedTransposed(b, x, k, packed, false, out, n, epilogue);
   }
   return SgemmPacked(b, x, k, packed, false, out, n, epilogue);
 }
@@ -299,10 +308,10 @@ absl::Status MlpBlock::Forward(const MlpBlockParams& params, const Tensor& x,
   s.fc1_out = Tensor::Empty(DType::kFloat32, {b, f1});
   s.act_out = Tensor::Empty(DType::kFloat32, {b, ffn});
   MlpBlockPacked* packed = params.packed;
-  RETURN_IF_ERROR(MlpWeightGemm(
-      "fc1.weight", true, b, f1, in, F(s.norm_out), F(params.fc1_weight),
-      packed ? &packed->fc1_forward : nullptr, F(s.fc1_out),
-      ActivationEpilogue(c, params, &s)));
+  RETURN_IF_ERROR(MlpWeightGemm("fc1.weight", true, b, f1, in, F(s.norm_out),
+                                F(params.fc1_weight),
+                                packed ? &packed->fc1 : nullptr, F(s.fc1_out),
+                                ActivationEpilogue(c, params, &s)));
   if (c.activation == Activation::kSwiglu)
     SwigluForwardOverRows(c, params, b, &s);
 
@@ -311,7 +320,7 @@ absl::Status MlpBlock::Forward(const MlpBlockParams& params, const Tensor& x,
   Tensor result = Tensor::Empty(DType::kFloat32, {b, out});
   RETURN_IF_ERROR(MlpWeightGemm(
       "fc2.weight", true, b, out, ffn, F(s.act_out), F(params.fc2_weight),
-      packed ? &packed->fc2_forward : nullptr, F(result),
+      packed ? &packed->fc2 : nullptr, F(result),
       BiasResidualEpilogue(OrNull(c.bias, params.fc2_bias),
                            c.residual ? F(x) : nullptr, F(result), out)));
   *y = std::move(result);
@@ -343,7 +352,7 @@ absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
   MlpBlockPacked* packed = params.packed;
   RETURN_IF_ERROR(MlpWeightGemm(
       "fc2.weight", false, b, ffn, out, F(g), F(params.fc2_weight),
-      packed ? &packed->fc2_input_grad : nullptr, F(d_act),
+      packed ? &packed->fc2 : nullptr, F(d_act),
       ActivationBackwardEpilogue(c, saved->fc1_out, d_act)));
   const Tensor d_fc1 = c.activation == Activation::kSwiglu
                            ? SwigluBackwardOverRows(c, b, saved->fc1_out, d_act)
@@ -359,7 +368,7 @@ absl::Status MlpBlock::BackwardInput(const MlpBlockParams& params,
   Tensor d_norm_out = Tensor::Empty(DType::kFloat32, {b, in});
   RETURN_IF_ERROR(MlpWeightGemm(
       "fc1.weight", false, b, in, f1, F(d_fc1), F(params.fc1_weight),
-      packed ? &packed->fc1_input_grad : nullptr, F(d_norm_out),
+      packed ? &packed->fc1 : nullptr, F(d_norm_out),
       BiasResidualEpilogue(nullptr,
                            !need_d_norm_out && c.residual ? F(g) : nullptr,
                            F(d_norm_out), in)));

@@ -77,36 +77,34 @@ struct MlpBlockSaved {
   Tensor d_norm_out;  // [b, in]   (norm weight/bias gradients)
 };
 
-// fc1's and fc2's weights in the layout of kernels/packed_gemm.h, one copy
-// for each GEMM that reads them: the forward's op(B) = W^T and the input
-// gradient's op(B) = W. Twice the weights' memory.
+// fc1's and fc2's weights in the layout of kernels/packed_gemm.h, one pack
+// each: the forward's op(B) = W^T, which the input gradient reads too
+// (SgemmPackedTransposed). As much memory as the weights.
 struct MlpBlockPacked {
   struct Weight {
     PackedMatrix matrix;
     bool ready = false;  // holds the current weights
   };
-  Weight fc1_forward;     // fc1.weight^T [in, fc1_out]
-  Weight fc1_input_grad;  // fc1.weight [fc1_out, in]
-  Weight fc2_forward;     // fc2.weight^T [ffn, out]
-  Weight fc2_input_grad;  // fc2.weight [out, ffn]
+  Weight fc1;  // fc1.weight^T [in, fc1_out]
+  Weight fc2;  // fc2.weight^T [ffn, out]
 
-  // The weights changed: each pack is made again by the next GEMM that
-  // reads it (the buffers stay allocated).
+  // The weights changed: each pack is made again by the next forward GEMM
+  // (the buffers stay allocated).
   void Reset() {
-    for (Weight* w :
-         {&fc1_forward, &fc1_input_grad, &fc2_forward, &fc2_input_grad}) {
-      w->ready = false;
-    }
+    fc1.ready = false;
+    fc2.ready = false;
   }
 };
 
 // One of the block's weight GEMMs: out [b, n] = x [b, k] @ op(W), with W a
 // [n, k] weight read transposed (forward: op(W) = W^T) or a [k, n] one read
 // as is (input gradient), then `epilogue` on each block of out. On the
-// packed GEMM when UsePackedGemm(b): from `slot`'s pack when it is ready,
-// else packing W as it goes (into `slot`, then ready, when there is one);
-// else on OpenBLAS. `name` names the weight in errors: FailedPrecondition
-// for a ready pack of another shape.
+// packed GEMM when UsePackedGemm(b): `slot` (may be null) holds W^T, the
+// forward's pack. The forward reads it when it is ready, else packs W as it
+// goes (into `slot`, then ready); the input gradient reads it when it is
+// ready, else packs W into a small buffer as it goes. Else on OpenBLAS.
+// `name` names the weight in errors: FailedPrecondition for a ready pack of
+// another shape.
 absl::Status MlpWeightGemm(const char* name, bool transposed, int64_t b,
                            int64_t n, int64_t k, const float* x, const float* w,
                            MlpBlockPacked::Weight* slot, float* out,

@@ -12,29 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/status_macros.h"
+#include "kernels/packed_gemm_internal.h"
 #include "kernels/parallel.h"
 
 namespace trainyard {
-namespace {
 
-// The loop nest (BLIS's, for a small A): k in blocks of kKc; within a
-// block, rows of A in blocks of at most kMc packed into panels of at most
-// kMr rows ([k][row] interleaved, <= 256 KiB: the core's L2); for each
-// 16-column panel of B (16 KiB: L1) every row panel runs the kMr x 16
-// micro-kernel over the block's k. Each element of C stays one fma chain in
-// ascending k whatever the blocking: a block starts from C's value as the
-// previous block left it.
-constexpr int64_t kNr = 16;
-constexpr int64_t kKc = 256;
-constexpr int64_t kMr = 6;
-constexpr int64_t kMc = 256;
-
-// Rows of A per row block: m cut into ceil(m / kMc) near-equal blocks (a
-// batch of 256 is one block, 300 rows two of 150, not 256 and 44).
-int64_t RowBlock(int64_t m) {
-  const int64_t blocks = (m + kMc - 1) / kMc;
-  return (m + blocks - 1) / blocks;
-}
+namespace packed_internal {
 
 bool CpuHasAvx2Fma() {
   __builtin_cpu_init();
@@ -48,7 +31,71 @@ bool UseAvx2Kernel() {
   return avx2 && !portable_for_testing.load(std::memory_order_relaxed);
 }
 
-int64_t Panels(int64_t n) { return (n + kNr - 1) / kNr; }
+namespace {
+
+// dst[q * 16 + j] = src[j * ld + q] for j < 8 (one 8 x 8 block).
+__attribute__((target("avx2"))) void Transpose8x8(const float* src, int64_t ld,
+                                                  float* dst) {
+  __m256 r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * kNr,
+                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * kNr,
+                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+
+}  // namespace
+
+void PackTransposed(const float* src, int64_t ld, int64_t kb, int64_t cols,
+                    float* dst) {
+  int64_t q0 = 0;
+  if (cols == kNr && UseAvx2Kernel()) {
+    for (; q0 + 8 <= kb; q0 += 8) {
+      Transpose8x8(src + q0, ld, dst + q0 * kNr);
+      Transpose8x8(src + 8 * ld + q0, ld, dst + q0 * kNr + 8);
+    }
+  }
+  for (int64_t q = q0; q < kb; ++q) {
+    for (int64_t j = 0; j < kNr; ++j) {
+      dst[q * kNr + j] = j < cols ? src[j * ld + q] : 0.0f;
+    }
+  }
+}
+
+}  // namespace packed_internal
+
+namespace {
+
+using packed_internal::CpuHasAvx2Fma;
+using packed_internal::ForEachRowPanel;
+using packed_internal::kKc;
+using packed_internal::kMr;
+using packed_internal::kNr;
+using packed_internal::PackTransposed;
+using packed_internal::Panels;
+using packed_internal::RowPanels;
+using packed_internal::UseAvx2Kernel;
+
+constexpr int64_t kMc = 256;  // rows of A in a row block
+
+// Rows of A per row block: m cut into ceil(m / kMc) near-equal blocks (a
+// batch of 256 is one block, 300 rows two of 150, not 256 and 44).
+int64_t RowBlock(int64_t m) {
+  const int64_t blocks = (m + kMc - 1) / kMc;
+  return (m + blocks - 1) / blocks;
+}
 
 // What the micro-kernel prefetches while it runs, one cache line a k step:
 // runs of `run` lines `step` floats apart, the runs `stride` apart (line q
@@ -192,24 +239,6 @@ void PanelOfC(int64_t rows, int64_t cols, int64_t kb, const float* ap,
   }
 }
 
-// How many row panels ForEachRowPanel cuts `rows` into.
-int64_t RowPanels(int64_t rows) { return (rows + kMr - 1) / kMr; }
-
-// Cuts `rows` into RowPanels(rows) panels of near-equal size (5 and 6
-// rows rather than 6s and a last 2, which would run at a third of the
-// speed). fn(first row, rows).
-template <typename F>
-void ForEachRowPanel(int64_t rows, F fn) {
-  const int64_t panels = RowPanels(rows);
-  const int64_t base = rows / panels, extra = rows % panels;
-  int64_t r = 0;
-  for (int64_t q = 0; q < panels; ++q) {
-    const int64_t n = base + (q < extra ? 1 : 0);
-    fn(r, n);
-    r += n;
-  }
-}
-
 // Where A [m, k] comes from: row-major a (lda >= k), or, when t_rows is
 // set, A = t^T with t's row q at t_rows[q] (a weight gradient's dy^T).
 struct ASource {
@@ -248,47 +277,6 @@ void PackA(int64_t m, int64_t k, const ASource& a, float* ap) {
     const int64_t kb = std::min(kKc, k - k0), mb = std::min(rows, m - i0);
     PackABlock(a, i0, mb, k0, kb, ap + k0 * m + i0 * kb);
   });
-}
-
-// dst[q * 16 + j] = src[j * ld + q] for j < 8 (one 8 x 8 block).
-__attribute__((target("avx2"))) void Transpose8x8(const float* src, int64_t ld,
-                                                  float* dst) {
-  __m256 r[8], t[8], u[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld);
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst + i * kNr,
-                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-    _mm256_storeu_ps(dst + (i + 4) * kNr,
-                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
-  }
-}
-
-// One panel of op(B) = b^T: dst[q * 16 + j] = src[j * ld + q] for q < kb,
-// j < cols (16 rows of b read along k), zeros for j >= cols.
-void PackTransposed(const float* src, int64_t ld, int64_t kb, int64_t cols,
-                    float* dst) {
-  int64_t q0 = 0;
-  if (cols == kNr && UseAvx2Kernel()) {
-    for (; q0 + 8 <= kb; q0 += 8) {
-      Transpose8x8(src + q0, ld, dst + q0 * kNr);
-      Transpose8x8(src + 8 * ld + q0, ld, dst + q0 * kNr + 8);
-    }
-  }
-  for (int64_t q = q0; q < kb; ++q) {
-    for (int64_t j = 0; j < kNr; ++j) {
-      dst[q * kNr + j] = j < cols ? src[j * ld + q] : 0.0f;
-    }
-  }
 }
 
 // One panel from kb rows of op(B) as they are stored: row q's columns
@@ -719,7 +707,8 @@ std::string PackedGemmDescription() {
 }
 
 void UsePortablePackedKernelForTesting(bool portable) {
-  portable_for_testing.store(portable, std::memory_order_relaxed);
+  packed_internal::portable_for_testing.store(portable,
+                                              std::memory_order_relaxed);
 }
 
 }  // namespace trainyard

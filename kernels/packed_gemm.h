@@ -94,6 +94,19 @@ absl::Status SgemmPacking(int64_t m, int64_t n, int64_t k, const float* a,
                           const GemmEpilogue& epilogue = {},
                           PackedMatrix* keep = nullptr);
 
+// C [m, b.k()] = A [m, b.n()] * op(B)^T (accumulate = false) or C + that
+// (accumulate = true): a layer's input gradient dx = dy W read from the
+// pack its forward GEMM made (op(B) = W^T), so a layer needs one pack, not
+// one a GEMM. Every element of C is one fma chain over the pack's n in
+// ascending order, c = fma(A[i][q], op(B)[j][q], c): the bits of
+// SgemmPacked on W packed as is. `epilogue` as SgemmPacked's, on column
+// blocks that depend on (m, b.k(), b.n()) only. Errors: InvalidArgument for
+// a negative m, lda < b.n(), or ldc < b.k().
+absl::Status SgemmPackedTransposed(int64_t m, const float* a, int64_t lda,
+                                   const PackedMatrix& b, bool accumulate,
+                                   float* c, int64_t ldc,
+                                   const GemmEpilogue& epilogue = {});
+
 // One microbatch's rows of a weight gradient: dy [rows, m] (ld_dy >= m),
 // the gradient of the layer's output, and x [rows, n] (ld_x >= n), its
 // input.

@@ -2,8 +2,9 @@
 // 1024, ffn = 4096; batch 256 in M microbatches of 256 / M rows) through
 // OpenBLAS (kernels/blas.h, as the block runs it for larger microbatches)
 // and through the packed GEMM (kernels/packed_gemm.h) as the block runs it
-// for small ones (the first microbatch's GEMMs pack each weight while they
-// compute, the others read the packs), alternating in one process, the
+// for small ones (the first microbatch's forward GEMMs pack each weight,
+// W^T, while they compute; every other GEMM reads the packs, the input
+// gradients through SgemmPackedTransposed), alternating in one process, the
 // order swapped every round. One line per M: medians and the median of the
 // per-round ratios packed / OpenBLAS.
 //
@@ -28,6 +29,7 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/blas.h"
+#include "kernels/mlp_block.h"
 #include "kernels/packed_gemm.h"
 #include "kernels/parallel.h"
 
@@ -106,7 +108,6 @@ void RunM(int microbatches, int rounds, bool prepacked) {
   }
   // Per block: fc1 forward, fc2 forward, fc2 input gradient, fc1 input
   // gradient.
-  std::vector<PackedMatrix> packs(4 * kBlocks);
   const auto openblas = [&] {
     for (int i = 0; i < microbatches; ++i) {
       for (int l = 0; l < kBlocks; ++l) {
@@ -127,7 +128,14 @@ void RunM(int microbatches, int rounds, bool prepacked) {
   };
   const Gemm shapes[4] = {
       {true, f, h}, {true, h, f}, {false, f, h}, {false, h, f}};
+  // As the block runs them (MlpWeightGemm): one pack a weight, W^T, made
+  // by the first microbatch's forward GEMM and read by every later GEMM of
+  // the step, the input gradients included.
+  std::vector<MlpBlockPacked> packs(kBlocks);
   const auto packed = [&] {
+    if (!prepacked) {
+      for (MlpBlockPacked& p : packs) p.Reset();
+    }
     for (int i = 0; i < microbatches; ++i) {
       for (int l = 0; l < kBlocks; ++l) {
         const float* in[4] = {x[i].data<float>(), act[i].data<float>(),
@@ -136,29 +144,34 @@ void RunM(int microbatches, int rounds, bool prepacked) {
                          dact[i].data<float>(), dx[i].data<float>()};
         const float* w[4] = {w1[l].data<float>(), w2[l].data<float>(),
                              w2[l].data<float>(), w1[l].data<float>()};
+        MlpBlockPacked::Weight* slot[4] = {&packs[l].fc1, &packs[l].fc2,
+                                           &packs[l].fc2, &packs[l].fc1};
+        // MlpWeightGemm's calls, at any row count (M = 1 included).
         for (int g = 0; g < 4; ++g) {
           const Gemm& s = shapes[g];
-          PackedMatrix& pack = packs[4 * l + g];
-          if (prepacked || i > 0) {
-            CHECK_OK(SgemmPacked(mb, in[g], s.k, pack, false, out[g], s.n));
-          } else {
-            CHECK_OK(SgemmPacking(mb, s.n, s.k, in[g], s.k, s.trans, w[g],
-                                  s.trans ? s.k : s.n, false, out[g], s.n, {},
-                                  microbatches > 1 ? &pack : nullptr));
+          MlpBlockPacked::Weight& pack = *slot[g];
+          if (pack.ready) {
+            CHECK_OK(s.trans
+                         ? SgemmPacked(mb, in[g], s.k, pack.matrix, false,
+                                       out[g], s.n)
+                         : SgemmPackedTransposed(mb, in[g], s.k, pack.matrix,
+                                                 false, out[g], s.n));
+            continue;
           }
+          const bool keep = s.trans && microbatches > 1;
+          CHECK_OK(SgemmPacking(mb, s.n, s.k, in[g], s.k, s.trans, w[g],
+                                s.trans ? s.k : s.n, false, out[g], s.n, {},
+                                keep ? &pack.matrix : nullptr));
+          pack.ready = keep;
         }
       }
     }
   };
   if (prepacked) {
     for (int l = 0; l < kBlocks; ++l) {
-      const float* w[4] = {w1[l].data<float>(), w2[l].data<float>(),
-                           w2[l].data<float>(), w1[l].data<float>()};
-      for (int g = 0; g < 4; ++g) {
-        const Gemm& s = shapes[g];
-        CHECK_OK(packs[4 * l + g].Pack(s.trans, s.k, s.n, w[g],
-                                       s.trans ? s.k : s.n));
-      }
+      CHECK_OK(packs[l].fc1.matrix.Pack(true, h, f, w1[l].data<float>(), h));
+      CHECK_OK(packs[l].fc2.matrix.Pack(true, f, h, w2[l].data<float>(), f));
+      packs[l].fc1.ready = packs[l].fc2.ready = true;
     }
   }
   Compare(microbatches, rounds, prepacked ? ", prepacked" : "", openblas,

@@ -205,6 +205,130 @@ TEST(SgemmPackedTest, RejectsBadArguments) {
       << st.message();
 }
 
+// SgemmPackedTransposed: C [m, n] = A [m, k] * op(B)^T with op(B) [n, k]
+// packed (an input gradient read from the forward's pack): every element
+// is the chain of SgemmPacked on op(B)^T, so the reference is the same loop
+// with b read the other way.
+void ExpectTransposedMatchesReference(const Case& cs, bool trans,
+                                      bool accumulate) {
+  Rng rng(cs.m * 999983 + cs.n * 1013 + cs.k * 11 + trans * 2 + accumulate);
+  const int64_t lda = cs.k + 3, ldc = cs.n + 5;
+  // op(B) [cs.n, cs.k] from b [cs.k, cs.n] (trans) or [cs.n, cs.k].
+  const int64_t ldb = (trans ? cs.n : cs.k) + 2;
+  const std::vector<float> a = Values(rng, cs.m * lda);
+  const std::vector<float> b = Values(rng, (trans ? cs.k : cs.n) * ldb);
+  const std::vector<float> c0 = Values(rng, cs.m * ldc);
+  PackedMatrix packed;
+  ASSERT_TRUE(packed.Pack(trans, cs.n, cs.k, b.data(), ldb).ok());
+  std::vector<float> got = c0;
+  ASSERT_TRUE(SgemmPackedTransposed(cs.m, a.data(), lda, packed, accumulate,
+                                    got.data(), ldc)
+                  .ok());
+  const std::vector<float> want =
+      Reference(cs.m, cs.n, cs.k, a, lda, !trans, b, ldb, accumulate, c0, ldc);
+  ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+      << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " trans=" << trans
+      << " accumulate=" << accumulate;
+}
+
+TEST(SgemmPackedTransposedTest, EveryElementIsTheDocumentedFmaChain) {
+  for (const Case& cs : kCases) {
+    for (bool trans : {false, true}) {
+      for (bool accumulate : {false, true}) {
+        ExpectTransposedMatchesReference(cs, trans, accumulate);
+      }
+    }
+  }
+  // Long products (several groups of 16 panels, a short last panel) and
+  // several k blocks of the pack cut into column blocks.
+  ExpectTransposedMatchesReference({37, 700, 1000}, true, false);
+  ExpectTransposedMatchesReference({64, 1030, 4100}, true, true);
+}
+
+TEST(SgemmPackedTransposedTest, PortableKernelGivesTheSameBits) {
+  UsePortablePackedKernelForTesting(true);
+  for (const Case& cs : kCases) {
+    for (bool trans : {false, true}) {
+      ExpectTransposedMatchesReference(cs, trans, true);
+    }
+  }
+  UsePortablePackedKernelForTesting(false);
+}
+
+// The forward's pack of a weight W [n, k] (op(B) = W^T) gives the input
+// gradient dy W with the bits of SgemmPacked on W packed as is, on any
+// number of threads.
+TEST(SgemmPackedTransposedTest, ForwardPackGivesTheInputGradientsBits) {
+  const int64_t m = 45, n = 300, k = 530;  // W [k, n]: out k, in n
+  Rng rng(12);
+  const std::vector<float> dy = Values(rng, m * k);
+  const std::vector<float> w = Values(rng, k * n);
+  PackedMatrix forward, input_grad;
+  ASSERT_TRUE(forward.Pack(true, n, k, w.data(), n).ok());
+  ASSERT_TRUE(input_grad.Pack(false, k, n, w.data(), n).ok());
+  std::vector<float> want(m * n);
+  ASSERT_TRUE(
+      SgemmPacked(m, dy.data(), k, input_grad, false, want.data(), n).ok());
+  const int threads = ComputeThreads();
+  for (int t : {1, 3}) {
+    SetComputeThreads(t);
+    std::vector<float> got(m * n);
+    ASSERT_TRUE(
+        SgemmPackedTransposed(m, dy.data(), k, forward, false, got.data(), n)
+            .ok());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+        << t << " threads";
+  }
+  SetComputeThreads(threads);
+}
+
+TEST(SgemmPackedTransposedTest, EpilogueBlocksPartitionFinishedC) {
+  const int64_t m = 40, n = 1000, k = 300;
+  Rng rng(19);
+  const std::vector<float> a = Values(rng, m * k);
+  const std::vector<float> w = Values(rng, k * n);  // op(B) = w^T [n, k]
+  PackedMatrix packed;
+  ASSERT_TRUE(packed.Pack(true, n, k, w.data(), n).ok());
+  const std::vector<float> want = Reference(m, n, k, a, k, false, w, n, false,
+                                            std::vector<float>(m * n), n);
+  std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
+  std::vector<int> seen(m * n, 0);
+  int blocks = 0;
+  std::mutex mu;
+  ASSERT_TRUE(SgemmPackedTransposed(
+                  m, a.data(), k, packed, false, c.data(), n,
+                  [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+                    std::lock_guard<std::mutex> lock(mu);
+                    ++blocks;
+                    for (int64_t i = row; i < row + rows; ++i) {
+                      for (int64_t j = col; j < col + cols; ++j) {
+                        ++seen[i * n + j];
+                        EXPECT_EQ(c[i * n + j], want[i * n + j]);
+                      }
+                    }
+                  })
+                  .ok());
+  EXPECT_GT(blocks, 1);
+  for (int s : seen) ASSERT_EQ(s, 1);
+}
+
+TEST(SgemmPackedTransposedTest, RejectsBadArguments) {
+  PackedMatrix packed;
+  std::vector<float> w(64, 1.0f), c(64);
+  ASSERT_TRUE(packed.Pack(false, 4, 8, w.data(), 8).ok());  // op(B) [4, 8]
+  EXPECT_EQ(
+      SgemmPackedTransposed(-1, w.data(), 8, packed, false, c.data(), 4).code(),
+      absl::StatusCode::kInvalidArgument);
+  absl::Status st =
+      SgemmPackedTransposed(2, w.data(), 7, packed, false, c.data(), 4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("lda=7 (needs >= 8)"), std::string::npos)
+      << st.message();
+  st = SgemmPackedTransposed(2, w.data(), 8, packed, false, c.data(), 3);
+  EXPECT_NE(st.message().find("ldc=3 (needs >= 4)"), std::string::npos)
+      << st.message();
+}
+
 // A weight gradient dy^T x over parts (microbatches) of `rows` rows each:
 // every element is the header's chain over all the parts' rows in order,
 // and one call over all parts gives the bits of one call per part.

@@ -120,8 +120,9 @@ struct MemoryEstimate {
   uint64_t state_copies = 0;
   uint64_t activations = 0;
   // CPU jobs with microbatches of at most 64 rows: fc1's and fc2's
-  // weights packed twice each for the packed GEMM (kernels/packed_gemm.h),
-  // counted whether or not the worker's CPU uses it.
+  // weights packed once each (as W^T) for the packed GEMM
+  // (kernels/packed_gemm.h), counted whether or not the worker's CPU uses
+  // it.
   uint64_t packed_weights = 0;
   uint64_t data = 0;
   uint64_t total = 0;

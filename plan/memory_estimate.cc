@@ -134,7 +134,8 @@ double ActivationBytes(const JobPlan& plan) {
 
 // The packs of fc1's and fc2's weights a CPU stage keeps while more than
 // one microbatch of at most kPackedGemmMaxRows rows reads them: each weight
-// [rows, cols] once as op(B) = W^T and once as W, in 16-column panels.
+// [rows, cols] once, as op(B) = W^T [cols, rows] in 16-column panels (the
+// forward and the input gradient read the same pack).
 double PackedWeightBytes(const JobPlan& plan) {
   const JobSpec& spec = plan.spec;
   // A training step packs when it runs two microbatches or more; eval and
@@ -147,7 +148,7 @@ double PackedWeightBytes(const JobPlan& plan) {
   }
   const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
   const auto packs = [&](double rows, double cols) {
-    return 4 * (cols * pad(rows) + rows * pad(cols));
+    return 4 * cols * pad(rows);
   };
   double bytes = 0;
   for (const MlpBlockConfig& c : plan.blocks) {

@@ -38,12 +38,12 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
   EXPECT_EQ(m.activations, 4u * (2 * (2 * 88 + 88) + 2 * (149 + 112)));
   EXPECT_EQ(m.data, 10u * 8 * 4 + 10u * 3 * 4);
   // A CPU job with microbatches of 2 rows keeps each fc weight [r, c]
-  // packed twice, 4 * (c * pad16(r) + r * pad16(c)) bytes:
-  // block 0: fc1 [32, 8] 4*(8*32 + 32*16), fc2 [16, 32] 4*(32*16 + 16*32)
-  // block 1: fc1 [32, 16] 4*(16*32 + 32*16), fc2 [16, 32] as block 0's
-  // block 2: fc1 [8, 16] 4*(16*16 + 8*16), fc2 [3, 8] 4*(8*16 + 3*16)
-  EXPECT_EQ(m.packed_weights, 3072u + 4096 + 4096 + 4096 + 1536 + 704);
-  EXPECT_THAT(m.description, HasSubstr("packed weights 17.2 KiB"));
+  // packed once, as W^T: 4 * c * pad16(r) bytes:
+  // block 0: fc1 [32, 8] 4*8*32, fc2 [16, 32] 4*32*16
+  // block 1: fc1 [32, 16] 4*16*32, fc2 [16, 32] as block 0's
+  // block 2: fc1 [8, 16] 4*16*16, fc2 [3, 8] 4*8*16
+  EXPECT_EQ(m.packed_weights, 1024u + 2048 + 2048 + 2048 + 1024 + 512);
+  EXPECT_THAT(m.description, HasSubstr("packed weights 8.5 KiB"));
   EXPECT_EQ(m.total, m.params + m.grads + m.optimizer_state + m.state_copies +
                          m.activations + m.packed_weights + m.data);
   EXPECT_THAT(m.description, HasSubstr("(params 8.1 KiB, grads 8.1 KiB"));

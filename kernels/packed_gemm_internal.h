@@ -1,0 +1,60 @@
+// The packed GEMM's layout and the pieces its two source files share
+// (packed_gemm.cc: SgemmPacked, SgemmPacking, SgemmWeightGradient;
+// packed_gemm_transposed.cc: SgemmPackedTransposed). Internal to the
+// packed_gemm library.
+#ifndef TRAINYARD_KERNELS_PACKED_GEMM_INTERNAL_H_
+#define TRAINYARD_KERNELS_PACKED_GEMM_INTERNAL_H_
+
+#include <atomic>
+#include <cstdint>
+
+namespace trainyard {
+namespace packed_internal {
+
+// The loop nest (BLIS's, for a small A): k in blocks of kKc; within a
+// block, rows of A in blocks of at most kMc (256, packed_gemm.cc) packed
+// into panels of at most kMr rows ([k][row] interleaved, <= 256 KiB: the
+// core's L2); for each 16-column panel of B (16 KiB: L1) every row panel
+// runs the kMr x 16 micro-kernel over the block's k. Each element of C stays one fma chain in
+// ascending k whatever the blocking: a block starts from C's value as the
+// previous block left it.
+constexpr int64_t kNr = 16;
+constexpr int64_t kKc = 256;
+constexpr int64_t kMr = 6;
+
+// Panels of kNr columns for n columns.
+inline int64_t Panels(int64_t n) { return (n + kNr - 1) / kNr; }
+
+// How many row panels ForEachRowPanel cuts `rows` into.
+inline int64_t RowPanels(int64_t rows) { return (rows + kMr - 1) / kMr; }
+
+// Cuts `rows` into RowPanels(rows) panels of near-equal size (5 and 6
+// rows rather than 6s and a last 2, which would run at a third of the
+// speed). fn(first row, rows).
+template <typename F>
+void ForEachRowPanel(int64_t rows, F fn) {
+  const int64_t panels = RowPanels(rows);
+  const int64_t base = rows / panels, extra = rows % panels;
+  int64_t r = 0;
+  for (int64_t q = 0; q < panels; ++q) {
+    const int64_t n = base + (q < extra ? 1 : 0);
+    fn(r, n);
+    r += n;
+  }
+}
+
+bool CpuHasAvx2Fma();
+// The AVX2 micro-kernels, unless the CPU lacks AVX2 or FMA or a test asked
+// for the portable ones (portable_for_testing; the same bits).
+bool UseAvx2Kernel();
+extern std::atomic<bool> portable_for_testing;
+
+// One panel of op(B) = b^T: dst[q * 16 + j] = src[j * ld + q] for q < kb,
+// j < cols (16 rows of b read along k), zeros for j >= cols.
+void PackTransposed(const float* src, int64_t ld, int64_t kb, int64_t cols,
+                    float* dst);
+
+}  // namespace packed_internal
+}  // namespace trainyard
+
+#endif  // TRAINYARD_KERNELS_PACKED_GEMM_INTERNAL_H_
