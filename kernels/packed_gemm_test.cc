@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -57,25 +58,42 @@ const Case kCases[] = {
     {13, 300, 64}, {2, 5, 0},     {300, 1, 513},
 };
 
-void ExpectMatchesReference(const Case& cs, bool trans, bool accumulate) {
-  Rng rng(cs.m * 1000003 + cs.n * 1009 + cs.k * 7 + trans * 2 + accumulate);
+// Which GEMM computes C = A op(B) from b: SgemmPacked on op(B) packed
+// (and SgemmPacking on the fly), or SgemmPackedTransposed on op(B)^T
+// packed (an input gradient read from the forward's pack).
+enum class Path { kPacked, kTransposed };
+
+void ExpectMatchesReference(const Case& cs, bool trans, bool accumulate,
+                            Path path = Path::kPacked) {
+  Rng rng(cs.m * 1000003 + cs.n * 1009 + cs.k * 7 + trans * 2 + accumulate +
+          (path == Path::kTransposed ? 17 : 0));
   const int64_t lda = cs.k + 3, ldc = cs.n + 5;
   const int64_t ldb = (trans ? cs.k : cs.n) + 2;
   const std::vector<float> a = Values(rng, cs.m * lda);
   const std::vector<float> b = Values(rng, (trans ? cs.n : cs.k) * ldb);
   const std::vector<float> c0 = Values(rng, cs.m * ldc);
   PackedMatrix packed;
-  ASSERT_TRUE(packed.Pack(trans, cs.k, cs.n, b.data(), ldb).ok());
   std::vector<float> got = c0;
-  ASSERT_TRUE(
-      SgemmPacked(cs.m, a.data(), lda, packed, accumulate, got.data(), ldc)
-          .ok());
+  if (path == Path::kPacked) {
+    ASSERT_TRUE(packed.Pack(trans, cs.k, cs.n, b.data(), ldb).ok());
+    ASSERT_TRUE(
+        SgemmPacked(cs.m, a.data(), lda, packed, accumulate, got.data(), ldc)
+            .ok());
+  } else {
+    // op(B)^T [n, k] is b read the other way.
+    ASSERT_TRUE(packed.Pack(!trans, cs.n, cs.k, b.data(), ldb).ok());
+    ASSERT_TRUE(SgemmPackedTransposed(cs.m, a.data(), lda, packed, accumulate,
+                                      got.data(), ldc)
+                    .ok());
+  }
   const std::vector<float> want =
       Reference(cs.m, cs.n, cs.k, a, lda, trans, b, ldb, accumulate, c0, ldc);
   // Bitwise, padding between rows of C included (it must stay untouched).
   ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
       << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " trans=" << trans
-      << " accumulate=" << accumulate;
+      << " accumulate=" << accumulate
+      << (path == Path::kTransposed ? " transposed" : "");
+  if (path == Path::kTransposed) return;
   // Packed on the fly: the same bits.
   std::vector<float> fly = c0;
   ASSERT_TRUE(SgemmPacking(cs.m, cs.n, cs.k, a.data(), lda, trans, b.data(),
@@ -132,6 +150,31 @@ TEST(SgemmPackedTest, RowsAreTheSameInAnyBatchAndThreadCount) {
   SetComputeThreads(threads);
 }
 
+// Runs gemm(c, epilogue) on C [m, n] (NaN before) and checks that the
+// epilogue's blocks partition C, more than one, each seen once and only
+// after it holds its final values `want`.
+void ExpectEpilogueSeesFinishedBlocks(
+    int64_t m, int64_t n, const std::vector<float>& want,
+    const std::function<absl::Status(float*, const GemmEpilogue&)>& gemm) {
+  std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
+  std::vector<int> seen(m * n, 0);
+  int blocks = 0;
+  std::mutex mu;
+  ASSERT_TRUE(
+      gemm(c.data(), [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++blocks;
+        for (int64_t i = row; i < row + rows; ++i) {
+          for (int64_t j = col; j < col + cols; ++j) {
+            ++seen[i * n + j];
+            EXPECT_EQ(c[i * n + j], want[i * n + j]);
+          }
+        }
+      }).ok());
+  EXPECT_GT(blocks, 1);
+  for (int s : seen) ASSERT_EQ(s, 1);
+}
+
 // The epilogue sees each block of C once, after it is final.
 TEST(SgemmPackedTest, EpilogueBlocksPartitionFinishedC) {
   const int64_t m = 40, n = 1000, k = 300;
@@ -142,25 +185,10 @@ TEST(SgemmPackedTest, EpilogueBlocksPartitionFinishedC) {
   ASSERT_TRUE(packed.Pack(false, k, n, w.data(), n).ok());
   const std::vector<float> want = Reference(m, n, k, a, k, false, w, n, false,
                                             std::vector<float>(m * n), n);
-  std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
-  std::vector<int> seen(m * n, 0);
-  int blocks = 0;
-  std::mutex mu;
-  ASSERT_TRUE(
-      SgemmPacked(m, a.data(), k, packed, false, c.data(), n,
-                  [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
-                    std::lock_guard<std::mutex> lock(mu);
-                    ++blocks;
-                    for (int64_t i = row; i < row + rows; ++i) {
-                      for (int64_t j = col; j < col + cols; ++j) {
-                        ++seen[i * n + j];
-                        EXPECT_EQ(c[i * n + j], want[i * n + j]);
-                      }
-                    }
-                  })
-          .ok());
-  EXPECT_GT(blocks, 1);
-  for (int s : seen) ASSERT_EQ(s, 1);
+  ExpectEpilogueSeesFinishedBlocks(
+      m, n, want, [&](float* c, const GemmEpilogue& epilogue) {
+        return SgemmPacked(m, a.data(), k, packed, false, c, n, epilogue);
+      });
 }
 
 TEST(SgemmPackedTest, RepackingReusesOrGrowsTheBuffer) {
@@ -205,51 +233,27 @@ TEST(SgemmPackedTest, RejectsBadArguments) {
       << st.message();
 }
 
-// SgemmPackedTransposed: C [m, n] = A [m, k] * op(B)^T with op(B) [n, k]
-// packed (an input gradient read from the forward's pack): every element
-// is the chain of SgemmPacked on op(B)^T, so the reference is the same loop
-// with b read the other way.
-void ExpectTransposedMatchesReference(const Case& cs, bool trans,
-                                      bool accumulate) {
-  Rng rng(cs.m * 999983 + cs.n * 1013 + cs.k * 11 + trans * 2 + accumulate);
-  const int64_t lda = cs.k + 3, ldc = cs.n + 5;
-  // op(B) [cs.n, cs.k] from b [cs.k, cs.n] (trans) or [cs.n, cs.k].
-  const int64_t ldb = (trans ? cs.n : cs.k) + 2;
-  const std::vector<float> a = Values(rng, cs.m * lda);
-  const std::vector<float> b = Values(rng, (trans ? cs.k : cs.n) * ldb);
-  const std::vector<float> c0 = Values(rng, cs.m * ldc);
-  PackedMatrix packed;
-  ASSERT_TRUE(packed.Pack(trans, cs.n, cs.k, b.data(), ldb).ok());
-  std::vector<float> got = c0;
-  ASSERT_TRUE(SgemmPackedTransposed(cs.m, a.data(), lda, packed, accumulate,
-                                    got.data(), ldc)
-                  .ok());
-  const std::vector<float> want =
-      Reference(cs.m, cs.n, cs.k, a, lda, !trans, b, ldb, accumulate, c0, ldc);
-  ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
-      << "m=" << cs.m << " n=" << cs.n << " k=" << cs.k << " trans=" << trans
-      << " accumulate=" << accumulate;
-}
-
+// SgemmPackedTransposed: every element is the chain of SgemmPacked on the
+// pack's op(B)^T.
 TEST(SgemmPackedTransposedTest, EveryElementIsTheDocumentedFmaChain) {
   for (const Case& cs : kCases) {
     for (bool trans : {false, true}) {
       for (bool accumulate : {false, true}) {
-        ExpectTransposedMatchesReference(cs, trans, accumulate);
+        ExpectMatchesReference(cs, trans, accumulate, Path::kTransposed);
       }
     }
   }
   // Long products (several groups of 16 panels, a short last panel) and
   // several k blocks of the pack cut into column blocks.
-  ExpectTransposedMatchesReference({37, 700, 1000}, true, false);
-  ExpectTransposedMatchesReference({64, 1030, 4100}, true, true);
+  ExpectMatchesReference({37, 700, 1000}, false, false, Path::kTransposed);
+  ExpectMatchesReference({64, 1030, 4100}, false, true, Path::kTransposed);
 }
 
 TEST(SgemmPackedTransposedTest, PortableKernelGivesTheSameBits) {
   UsePortablePackedKernelForTesting(true);
   for (const Case& cs : kCases) {
     for (bool trans : {false, true}) {
-      ExpectTransposedMatchesReference(cs, trans, true);
+      ExpectMatchesReference(cs, trans, true, Path::kTransposed);
     }
   }
   UsePortablePackedKernelForTesting(false);
@@ -291,25 +295,11 @@ TEST(SgemmPackedTransposedTest, EpilogueBlocksPartitionFinishedC) {
   ASSERT_TRUE(packed.Pack(true, n, k, w.data(), n).ok());
   const std::vector<float> want = Reference(m, n, k, a, k, false, w, n, false,
                                             std::vector<float>(m * n), n);
-  std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
-  std::vector<int> seen(m * n, 0);
-  int blocks = 0;
-  std::mutex mu;
-  ASSERT_TRUE(SgemmPackedTransposed(
-                  m, a.data(), k, packed, false, c.data(), n,
-                  [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
-                    std::lock_guard<std::mutex> lock(mu);
-                    ++blocks;
-                    for (int64_t i = row; i < row + rows; ++i) {
-                      for (int64_t j = col; j < col + cols; ++j) {
-                        ++seen[i * n + j];
-                        EXPECT_EQ(c[i * n + j], want[i * n + j]);
-                      }
-                    }
-                  })
-                  .ok());
-  EXPECT_GT(blocks, 1);
-  for (int s : seen) ASSERT_EQ(s, 1);
+  ExpectEpilogueSeesFinishedBlocks(
+      m, n, want, [&](float* c, const GemmEpilogue& epilogue) {
+        return SgemmPackedTransposed(m, a.data(), k, packed, false, c, n,
+                                     epilogue);
+      });
 }
 
 TEST(SgemmPackedTransposedTest, RejectsBadArguments) {

@@ -12,15 +12,8 @@
 #include "kernels/parallel.h"
 
 namespace trainyard {
+namespace packed_internal {
 namespace {
-
-using packed_internal::ForEachRowPanel;
-using packed_internal::kKc;
-using packed_internal::kMr;
-using packed_internal::kNr;
-using packed_internal::PackTransposed;
-using packed_internal::Panels;
-using packed_internal::UseAvx2Kernel;
 
 // SgemmPackedTransposed computes C^T [b.k(), m] = op(B) [b.k(), b.n()] *
 // A^T: tiles of R rows of op(B) (R of the pack's k, read along a panel's
@@ -195,10 +188,10 @@ void RunTransposedTile(int64_t m, int64_t kk, const float* at,
 
 }  // namespace
 
-absl::Status SgemmPackedTransposed(int64_t m, const float* a, int64_t lda,
-                                   const PackedMatrix& b, bool accumulate,
-                                   float* c, int64_t ldc,
-                                   const GemmEpilogue& epilogue) {
+// SgemmPackedTransposed's body, here for the layout's names.
+absl::Status TransposedGemm(int64_t m, const float* a, int64_t lda,
+                            const PackedMatrix& b, bool accumulate, float* c,
+                            int64_t ldc, const GemmEpilogue& epilogue) {
   const int64_t n = b.k(), kk = b.n();
   if (m < 0) {
     return absl::InvalidArgumentError(
@@ -248,6 +241,16 @@ absl::Status SgemmPackedTransposed(int64_t m, const float* a, int64_t lda,
     if (epilogue) epilogue(0, m, k0 + r0, r1 - r0);
   });
   return absl::OkStatus();
+}
+
+}  // namespace packed_internal
+
+absl::Status SgemmPackedTransposed(int64_t m, const float* a, int64_t lda,
+                                   const PackedMatrix& b, bool accumulate,
+                                   float* c, int64_t ldc,
+                                   const GemmEpilogue& epilogue) {
+  return packed_internal::TransposedGemm(m, a, lda, b, accumulate, c, ldc,
+                                         epilogue);
 }
 
 }  // namespace trainyard
