@@ -19,7 +19,10 @@ namespace {
 // A^T: tiles of R rows of op(B) (R of the pack's k, read along a panel's
 // row, 16 floats apart) by 16 rows of A (A^T packed [q][16]), over the
 // pack's n.
-//
+
+// Panels of the pack in a group: 256 of the product's k.
+constexpr int64_t kGroup = kKc / kNr;
+
 // The next tile's rows of op(B), fetched a panel at a time while this tile
 // runs: `rows` lines (of 16 floats) from w, in each of `panels` panels.
 struct TPrefetch {
@@ -136,7 +139,7 @@ void RunTransposedTile(int64_t m, int64_t kk, const float* at,
                        const float* block, int64_t kb, int64_t row,
                        int64_t rows, bool accumulate, float* c, int64_t ldc,
                        int64_t col) {
-  const int64_t a_panels = (m + kNr - 1) / kNr;
+  const int64_t a_panels = Panels(m);
   const int64_t panels = Panels(kk), stride = kb * kNr;
   const int64_t ldct = a_panels * kNr;
   thread_local std::vector<float> ct_buffer;
@@ -147,38 +150,33 @@ void RunTransposedTile(int64_t m, int64_t kk, const float* at,
       for (int64_t i = 0; i < m; ++i) ct[r * ldct + i] = c[i * ldc + col + r];
     }
   }
-  // The row panels' starts (and the end): a row panel's kernel prefetches
-  // the next one's lines. Measured (a scratch program, SgemmPackedTransposed
-  // on the forward packs of 8 weights [4096, 1024] or [1024, 4096], 2
-  // threads, with and without, alternating in one process, 15 rounds, 2
-  // runs): the time with it was 0.79-0.93 of the time without at 32 rows
-  // and 0.88-0.97 at 64.
-  thread_local std::vector<int64_t> starts;
-  starts.clear();
-  ForEachRowPanel(rows, [&](int64_t r0, int64_t) { starts.push_back(r0); });
-  starts.push_back(rows);
-  constexpr int64_t kGroup = kKc / kNr;
+  // Each row panel's kernel prefetches the next one's lines (the next
+  // group's first, after the last). Measured (a scratch program,
+  // SgemmPackedTransposed on the forward packs of 8 weights [4096, 1024] or
+  // [1024, 4096], 2 threads, with and without, alternating in one process,
+  // 15 rounds, 2 runs): the time with it was 0.79-0.93 of the time without
+  // at 32 rows and 0.88-0.97 at 64. Row panels shrink by at most one row
+  // along the tile, so the next one has at most n rows.
+  const int64_t first_rows = (rows + RowPanels(rows) - 1) / RowPanels(rows);
   for (int64_t g = 0; g < panels; g += kGroup) {
     const int64_t gp = std::min(kGroup, panels - g);
     const int64_t last = g + gp == panels ? kk - (panels - 1) * kNr : kNr;
     const bool load = accumulate || g > 0;
     const int64_t next_gp = std::min(kGroup, panels - g - kGroup);
-    for (size_t t = 0; t + 1 < starts.size(); ++t) {
-      const int64_t r0 = starts[t], n = starts[t + 1] - r0;
+    ForEachRowPanel(rows, [&](int64_t r0, int64_t n) {
       const float* w = block + g * stride + (row + r0) * kNr;
-      // The next row panel's lines, or the next group's first.
       TPrefetch next;
-      if (t + 2 < starts.size()) {
-        next = {w + n * kNr, starts[t + 2] - starts[t + 1], gp};
+      if (r0 + n < rows) {
+        next = {w + n * kNr, std::min(n, rows - r0 - n), gp};
       } else if (next_gp > 0) {
-        next = {block + (g + kGroup) * stride + row * kNr, starts[1], next_gp};
+        next = {block + (g + kGroup) * stride + row * kNr, first_rows, next_gp};
       }
       for (int64_t q = 0; q < a_panels; ++q) {
         TPanel(static_cast<int>(n), gp, last, w, stride,
                at + (q * panels + g) * kNr * kNr, ct + r0 * ldct + q * kNr,
                ldct, load, q == 0 ? next : TPrefetch());
       }
-    }
+    });
   }
   for (int64_t i = 0; i < m; ++i) {
     float* dst = c + i * ldc + col;
@@ -205,12 +203,12 @@ absl::Status TransposedGemm(int64_t m, const float* a, int64_t lda,
   if (m == 0 || n == 0) return absl::OkStatus();
   // A^T, a panel of 16 rows of A at a time: [panels * 16][16], rows of A
   // past m zero.
-  const int64_t a_panels = (m + kNr - 1) / kNr;
+  const int64_t a_panels = Panels(m);
   const int64_t panels = Panels(kk);
   thread_local std::vector<float> at_buffer;
   at_buffer.resize(a_panels * panels * kNr * kNr);
   float* at = at_buffer.data();
-  const int64_t groups = (panels + 15) / 16;
+  const int64_t groups = (panels + kGroup - 1) / kGroup;
   ParallelFor(static_cast<int>(a_panels * groups), [&](int t) {
     const int64_t q = t / groups, c0 = t % groups * kKc;
     const int64_t len = std::min(kKc, kk - c0);
