@@ -235,7 +235,9 @@ void ControllerStream::HeartbeatLoop(Session* session) {
       if (session->done) return;
     }
     if (!session->Write(HeartbeatMessage(/*draining=*/false))) {
-      session->context.TryCancel();
+      // A broken stream is cancelled, so the reader stops waiting; a
+      // half-closed one is left to end when the controller has read it.
+      if (!session->closed_writes()) session->context.TryCancel();
       return;
     }
   }

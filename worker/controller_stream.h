@@ -37,6 +37,7 @@ struct Session {
       stream;
 
   absl::Mutex write_mu;  // gRPC allows one writer at a time
+  bool writes_closed ABSL_GUARDED_BY(write_mu) = false;
 
   absl::Mutex mu;
   absl::CondVar cv;
@@ -44,10 +45,24 @@ struct Session {
   bool done ABSL_GUARDED_BY(mu) = false;  // the reader saw the stream end
   int64_t heartbeat_interval_ms ABSL_GUARDED_BY(mu) = 1000;
 
-  // False once the stream is broken; the reader notices it too.
+  // False once the stream is broken (the reader notices it too) or its
+  // writes are closed (nothing is written after the half-close).
   bool Write(const v1::WorkerMessage& message) {
     absl::MutexLock lock(&write_mu);
-    return stream->Write(message);
+    return !writes_closed && stream->Write(message);
+  }
+  // Half-closes the stream: the controller reads what was written, then
+  // its end. Later writes are refused, so none can break the stream while
+  // the controller is still reading.
+  void CloseWrites() {
+    absl::MutexLock lock(&write_mu);
+    if (writes_closed) return;
+    writes_closed = true;
+    stream->WritesDone();
+  }
+  bool closed_writes() {
+    absl::MutexLock lock(&write_mu);
+    return writes_closed;
   }
 };
 

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace trainyard {
 namespace testing {
@@ -28,7 +29,8 @@ void FakeController::Stop() {
   server_.reset();
 }
 
-grpc::Status FakeController::Connect(grpc::ServerContext*, Stream* stream) {
+grpc::Status FakeController::Connect(grpc::ServerContext* context,
+                                     Stream* stream) {
   WorkerMessage first;
   if (!stream->Read(&first) || !first.has_register_()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -56,11 +58,18 @@ grpc::Status FakeController::Connect(grpc::ServerContext*, Stream* stream) {
   }
   WorkerMessage message;
   while (stream->Read(&message)) {
-    absl::MutexLock lock(&mu_);
-    heard_.push_back({id, message});
+    absl::Duration pause;
+    {
+      absl::MutexLock lock(&mu_);
+      heard_.push_back({id, message});
+      if (message.has_done()) pause = pause_after_done_;
+    }
+    absl::SleepFor(pause);
   }
   absl::MutexLock lock(&mu_);
   streams_.erase(id);
+  ends_[id] =
+      context->IsCancelled() ? StreamEnd::kCancelled : StreamEnd::kWritesClosed;
   return grpc::Status::OK;
 }
 
@@ -126,6 +135,13 @@ int FakeController::Heartbeats(const std::string& worker_id) {
     n += h.worker_id == worker_id && h.message.has_heartbeat();
   }
   return n;
+}
+
+FakeController::StreamEnd FakeController::stream_end(
+    const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = ends_.find(worker_id);
+  return it == ends_.end() ? StreamEnd::kOpen : it->second;
 }
 
 std::vector<Heard> FakeController::heard() {

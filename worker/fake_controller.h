@@ -45,6 +45,12 @@ class FakeController final : public v1::WorkerService::Service {
   bool ok() const { return server_ != nullptr && port_ > 0; }
   // Sent in WorkerRegistered (0: workers never give up their stage).
   void set_adopt_timeout_ms(int64_t ms) { adopt_timeout_ms_ = ms; }
+  // After reading a StageDone, waits this long before reading on (a
+  // controller busy elsewhere): what the worker writes meanwhile queues up.
+  void set_pause_after_done(absl::Duration pause) {
+    absl::MutexLock lock(&mu_);
+    pause_after_done_ = pause;
+  }
   std::string address() const;
 
   // Ends every stream at once, like a controller that dies.
@@ -65,6 +71,10 @@ class FakeController final : public v1::WorkerService::Service {
                     absl::Duration timeout = absl::Seconds(20));
 
   int Heartbeats(const std::string& worker_id);
+  // How the stream of `worker_id` ended: by the worker closing its writes,
+  // or cancelled (either end, or a broken connection).
+  enum class StreamEnd { kOpen, kWritesClosed, kCancelled };
+  StreamEnd stream_end(const std::string& worker_id);
   std::vector<Heard> heard();
   // In registration order, matching worker_ids().
   std::vector<v1::RegisterWorker> registered();
@@ -81,6 +91,8 @@ class FakeController final : public v1::WorkerService::Service {
   std::vector<v1::RegisterWorker> registered_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Stream*> streams_ ABSL_GUARDED_BY(mu_);
   std::vector<Heard> heard_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, StreamEnd> ends_ ABSL_GUARDED_BY(mu_);
+  absl::Duration pause_after_done_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> adopt_timeout_ms_{0};
 };
 

@@ -70,10 +70,7 @@ void ReportOutbox::CloseLive(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   Session* const session = live_;
   if (session == nullptr) return;
-  {
-    absl::MutexLock wlock(&session->write_mu);
-    session->stream->WritesDone();
-  }
+  session->CloseWrites();
   auto ended = [this, session]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return live_ != session;
   };

@@ -232,6 +232,36 @@ TEST_F(WorkerDaemonTest, CancelStopsTheStageQuicklyAndBusyWorkerRefuses) {
   EXPECT_TRUE(after->ok()) << after->error();
 }
 
+// Asked to stop (SIGTERM), the worker lets its stage finish the step, tells
+// the controller why, then closes its writes: the controller reads the
+// StageDone and then a clean end of the stream, even when it reads slowly
+// and heartbeats fall due meanwhile.
+TEST_F(WorkerDaemonTest, DrainReportsWhyThenClosesItsStreamCleanly) {
+  controller_->set_pause_after_done(absl::Milliseconds(6 * kHeartbeatMs));
+  auto worker = StartWorker(TestOptions(controller_->address()));
+  ASSERT_NE(worker, nullptr);
+  const std::string id = controller_->WaitForRegistration(1);
+  ASSERT_TRUE(controller_->Send(id, Assign("long", SmallSpec(1000000))));
+  ASSERT_TRUE(controller_->WaitForSteps("long", 2));
+
+  const absl::Time start = absl::Now();
+  worker->Drain(absl::Seconds(10));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  auto done = controller_->WaitForDone("long", absl::ZeroDuration());
+  ASSERT_TRUE(done.has_value()) << "no StageDone before the drain returned";
+  EXPECT_FALSE(done->ok());
+  EXPECT_FALSE(done->cancelled());
+  EXPECT_THAT(done->error(), HasSubstr("is shutting down (asked to stop)"));
+  EXPECT_EQ(controller_->stream_end(id),
+            FakeController::StreamEnd::kWritesClosed);
+  bool draining = false;
+  for (const Heard& h : controller_->heard()) {
+    if (h.message.has_done()) break;
+    draining |= h.message.has_heartbeat() && h.message.heartbeat().draining();
+  }
+  EXPECT_TRUE(draining) << "no draining heartbeat before the StageDone";
+}
+
 // A stage whose peers never connect waits in ConnectTcpTransport; a cancel
 // must reach it there (not after peer_connect_timeout), and the worker must
 // take the next job.
