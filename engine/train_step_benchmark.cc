@@ -201,7 +201,7 @@ class StepParts {
   }
 
   // The forward and input-gradient GEMMs as the block runs them: with the
-  // packed GEMM (kernels/packed_gemm.h, microbatches of at most 64 rows),
+  // packed GEMM (kernels/packed_gemm.h, microbatches of at most 128 rows),
   // the first microbatch's forward GEMMs pack each weight (W^T) as they go
   // and keep the packs, which every later GEMM reads, the input gradients
   // included (one microbatch packs into a small buffer); else OpenBLAS.
@@ -429,6 +429,9 @@ BENCHMARK_CAPTURE(BM_TrainStep, adamw_4_microbatches, "adamw", 4)
 
 // The step by parts (tools/bench_cpu_step.py runs these next to PyTorch).
 BENCHMARK_CAPTURE(BM_StepBreakdown, m1, 1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_StepBreakdown, m2, 2)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(BM_StepBreakdown, m4, 4)

@@ -1,8 +1,8 @@
 // A single-precision GEMM of our own whose right-hand operand is packed once
 // and then used by many calls: a layer's weights, packed at the start of a
 // training step and read by every microbatch's forward and input-gradient
-// GEMMs. OpenBLAS packs the weights again inside each call, which at 32 or
-// 64 rows a microbatch costs up to a third of the GEMM's time.
+// GEMMs. OpenBLAS packs the weights again inside each call, which at 32 to
+// 128 rows a microbatch costs up to a third of the GEMM's time.
 //
 // The rounding is defined, not just repeatable: every element of C is one
 // fused multiply-add chain over k in ascending order,

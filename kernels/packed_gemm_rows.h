@@ -8,13 +8,17 @@
 
 namespace trainyard {
 
-// Measured on 2 threads, AVX2 (docs/BENCHMARKS.md): at 32 and 64 rows the
-// packed GEMM, with weights packed once a step and a step's weight
-// gradients chained, took 5-35% less time than OpenBLAS, which packs the
-// weights inside every call; at 128 rows its forward and input-gradient
-// GEMMs were 6% slower. The choice depends on the row count only, so every
-// layout of a job (stages, replicas, schedule) makes the same one.
-inline constexpr int64_t kPackedGemmMaxRows = 64;
+// Measured on 2 threads, AVX2 (docs/BENCHMARKS.md, "A packed GEMM for small
+// microbatches"): with each weight packed once a step (W^T, read by the
+// forward and the input gradient) and a step's weight gradients chained,
+// the packed GEMM took 5-35% less time than OpenBLAS, which packs the
+// weights inside every call, at 32 and 64 rows; at 128 rows 4-7% less for
+// the forward and input-gradient GEMMs and the same for the weight
+// gradients. At 256 rows (one microbatch of the benchmark's batch, whose
+// packs nobody else reads) the two were even, so OpenBLAS keeps those.
+// The choice depends on the row count only, so every layout of a job
+// (stages, replicas, schedule) makes the same one.
+inline constexpr int64_t kPackedGemmMaxRows = 128;
 
 }  // namespace trainyard
 

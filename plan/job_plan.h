@@ -119,7 +119,8 @@ struct MemoryEstimate {
   // in-memory snapshots (two steps, own and a neighbour's copy).
   uint64_t state_copies = 0;
   uint64_t activations = 0;
-  // CPU jobs with microbatches of at most 64 rows: fc1's and fc2's
+  // CPU jobs with microbatches of at most 128 rows (kPackedGemmMaxRows):
+  // fc1's and fc2's
   // weights packed once each (as W^T) for the packed GEMM
   // (kernels/packed_gemm.h), counted whether or not the worker's CPU uses
   // it.

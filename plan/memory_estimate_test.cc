@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/packed_gemm_rows.h"
 #include "plan/job_plan.h"
 #include "plan/plan_test_util.h"
 
@@ -49,8 +50,10 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
   EXPECT_THAT(m.description, HasSubstr("(params 8.1 KiB, grads 8.1 KiB"));
   EXPECT_EQ(m.state_copies, 0u);  // no checkpoints, no snapshots
 
-  // No packs for one microbatch a step, nor for microbatches of 65 rows.
-  for (const auto& [batch, microbatches] : {std::pair{10, 1}, {130, 2}}) {
+  // No packs for one microbatch a step, nor for microbatches of
+  // kPackedGemmMaxRows + 1 rows.
+  for (const auto& [batch, microbatches] :
+       {std::pair<int64_t, int>{10, 1}, {2 * (kPackedGemmMaxRows + 1), 2}}) {
     JobSpec other = spec;
     other.mutable_data()->set_batch_size(batch);
     other.mutable_parallelism()->set_microbatches(microbatches);
@@ -83,7 +86,8 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
             4u * (2 * (2 * 88 + 88) + 2 * (2 * 149 + 112)));
 }
 
-// A CPU job of one stage with several microbatches of at most 64 rows and
+// A CPU job of one stage with several microbatches of at most
+// kPackedGemmMaxRows (128) rows and
 // sequential accumulation runs its weight passes at the end of the step
 // (ChainsWeightPasses): it holds all its microbatches, whatever the
 // schedule.
@@ -101,7 +105,7 @@ TEST(PlanJobTest, ChainedWeightPassesHoldEveryMicrobatch) {
   EXPECT_EQ(plan->memory.activations, 4u * (4 * 237 + 112));
 
   // Not chained: accumulation "tree", one microbatch, two stages, or
-  // microbatches of 65 rows.
+  // microbatches of kPackedGemmMaxRows + 1 rows.
   const auto not_chained = [&](JobSpec other, const char* what) -> uint64_t {
     absl::StatusOr<JobPlan> p = PlanJob(other, Options(dir));
     EXPECT_TRUE(p.ok()) << what << ": " << p.status();
@@ -119,9 +123,9 @@ TEST(PlanJobTest, ChainedWeightPassesHoldEveryMicrobatch) {
   two.mutable_parallelism()->set_stages(2);
   not_chained(two, "two stages");
   JobSpec big = spec;
-  big.mutable_data()->set_batch_size(130);
+  big.mutable_data()->set_batch_size(2 * (kPackedGemmMaxRows + 1));
   big.mutable_parallelism()->set_microbatches(2);
-  not_chained(big, "65 rows");
+  not_chained(big, "kPackedGemmMaxRows + 1 rows");
 }
 
 TEST(PlanJobTest, SpecOverTheMemoryLimitIsRejectedWithTheEstimate) {

@@ -15,7 +15,7 @@ PyTorch) on the same threads, so all see the same machine; the table gives
 each round and the medians. "share of ceiling" is the step's GEMM flops
 over its time, over that round's ceiling. The variants (--gemm): "packed"
 runs the benchmark with TRAINYARD_PACKED_GEMM=1 (microbatches of at most
-64 rows on kernels/packed_gemm.h: the weights packed by the first
+128 rows on kernels/packed_gemm.h: the weights packed by the first
 microbatch's GEMMs for the others, the weight gradients chained over the
 step's microbatches), "openblas" with =0 (every GEMM on OpenBLAS),
 "default" as the process would choose; "both" (the default) runs packed
