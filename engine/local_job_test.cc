@@ -271,6 +271,28 @@ TEST(LocalJobTest, ReplicasAreBitwiseInvisible) {
   EXPECT_EQ(runs, 44);  // 45 combinations, less interleaved at R=4, S=4
 }
 
+// One microbatch per replica: the stage keeps no tree (the tree of one
+// gradient is that gradient, written straight into the gradient buffer),
+// and the run is still R = 1's bits; one microbatch under "tree" is
+// "sequential"'s.
+TEST(LocalJobTest, OneMicrobatchPerReplicaIsTheTreesBits) {
+  auto base = DeepClassificationSpec();
+  base.mutable_parallelism()->set_accumulation("tree");
+  base.set_steps(6);
+  for (int microbatches : {2, 4}) {
+    SCOPED_TRACE(::testing::Message() << "M=R=" << microbatches);
+    RunResult ref = RunJob(WithPipeline(base, 1, microbatches, "1f1b"));
+    ASSERT_TRUE(ref.status.ok()) << ref.status;
+    auto spec = WithPipeline(base, 2, microbatches, "1f1b");
+    spec.mutable_parallelism()->set_replicas(microbatches);
+    ExpectSameBits(RunJob(spec), ref);
+  }
+  RunResult tree = RunJob(WithPipeline(base, 2, 1, "1f1b"));
+  auto sequential = WithPipeline(base, 2, 1, "1f1b");
+  sequential.mutable_parallelism()->set_accumulation("sequential");
+  ExpectSameBits(RunJob(sequential), tree);
+}
+
 // Runs 12 steps of `full`; then 6 of `first` with a checkpoint after step
 // 6 in `dir`, and the rest as `second` resumed from it: the resumed steps
 // and the final weights must be `full`'s bits.

@@ -110,9 +110,15 @@ absl::Status Stage::CreateParamStore() {
     chunk.grad_size += segments[i].size();
   }
   // parallelism.accumulation (docs/ACCUMULATION.md): a tree per chunk.
+  // With one microbatch per replica the tree of one gradient is that
+  // gradient: it is written straight into the gradient buffer (the same
+  // GEMM call as under the tree), not copied in and out.
   tree_accumulation_ =
       plan_.trains() && plan_.spec.parallelism().accumulation() == "tree";
-  if (tree_accumulation_) {
+  const auto& parallelism = plan_.spec.parallelism();
+  const int per_replica =
+      parallelism.microbatches() / std::max(1, parallelism.replicas());
+  if (tree_accumulation_ && per_replica >= 2) {
     for (Chunk& chunk : chunks_) chunk.tree.emplace(ctx_, chunk.grad_size);
   }
   chain_weight_passes_ = ChainsWeightPasses(plan_) && PackedGemmEnabled();

@@ -277,7 +277,8 @@ class Stage {
     int local_begin = 0;  // its blocks are blocks_[local_begin, local_end)
     int local_end = 0;
     // Its part of the stage's flat gradient buffer, and the tree that sums
-    // that part over microbatches (accumulation "tree").
+    // that part over microbatches (accumulation "tree", two microbatches
+    // or more per replica).
     int64_t grad_offset = 0;
     int64_t grad_size = 0;
     std::optional<GradientTree> tree;
@@ -304,7 +305,8 @@ class Stage {
   // Each chunk's blocks, on the stage's device.
   absl::Status CreateBlocks();
   // The parameter store, each chunk's part of the gradient buffer and, with
-  // accumulation "tree", each chunk's tree.
+  // accumulation "tree" and two microbatches or more per replica, each
+  // chunk's tree.
   absl::Status CreateParamStore();
   // Data parallelism: the replica and its group, checked.
   absl::Status SetUpReplicas();

@@ -53,15 +53,18 @@ void EstimateState(const JobSpec& spec, double n_params, MemoryEstimate* m) {
   const bool bf16 = spec.precision() == "bf16";
   // fp32 master weights, plus a bf16 working copy in mixed precision.
   m->params = SaturatingBytes(n_params * (bf16 ? 6 : 4));
-  // With accumulation "tree", each stage also holds floor(log2 (M / R)) + 1
-  // gradient-sized partial sums (engine/gradient_tree.h).
+  // With accumulation "tree" and M / R >= 2, each stage also holds
+  // floor(log2 (M / R)) + 1 gradient-sized partial sums
+  // (engine/gradient_tree.h); with one microbatch per replica, none.
   // A forward-only job (kind infer or eval) keeps no gradients, partial
   // sums, optimizer state or copies.
   const bool trains = spec.kind() == "train";
   int tree_buffers = 0;
   if (trains && spec.parallelism().accumulation() == "tree") {
     const int per_replica = MicrobatchesPerReplica(spec);
-    for (int n = std::max(1, per_replica); n > 0; n /= 2) ++tree_buffers;
+    for (int n = per_replica >= 2 ? per_replica : 0; n > 0; n /= 2) {
+      ++tree_buffers;
+    }
   }
   m->grads = trains ? SaturatingBytes(n_params * 4 * (1 + tree_buffers)) : 0;
   double state_per_param = 0;

@@ -86,6 +86,30 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
             4u * (2 * (2 * 88 + 88) + 2 * (2 * 149 + 112)));
 }
 
+// Accumulation "tree" holds floor(log2 m) + 1 gradient-sized partial sums
+// (m = M / R microbatches per replica), none when m = 1: the tree of one
+// gradient is the gradient itself.
+TEST(PlanJobTest, TreeBuffersFollowTheMicrobatchesPerReplica) {
+  const std::string dir = TestDir();
+  const uint64_t grads = 4 * (816 + 1104 + 163);
+  struct Case {
+    int microbatches, replicas;
+    uint64_t buffers;
+  };
+  for (const Case& c : {Case{1, 1, 0}, Case{2, 1, 2}, Case{4, 1, 3},
+                        Case{2, 2, 0}, Case{4, 2, 2}}) {
+    JobSpec spec = ValidNpySpec(dir);
+    spec.mutable_data()->set_batch_size(8);
+    spec.mutable_parallelism()->set_accumulation("tree");
+    spec.mutable_parallelism()->set_microbatches(c.microbatches);
+    spec.mutable_parallelism()->set_replicas(c.replicas);
+    absl::StatusOr<JobPlan> plan = PlanJob(spec, Options(dir));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->memory.grads, grads * (1 + c.buffers))
+        << "M=" << c.microbatches << " R=" << c.replicas;
+  }
+}
+
 // A CPU job of one stage with several microbatches of at most
 // kPackedGemmMaxRows (128) rows and
 // sequential accumulation runs its weight passes at the end of the step
