@@ -109,16 +109,11 @@ absl::Status Stage::CreateParamStore() {
     if (chunk.grad_size == 0) chunk.grad_offset = segments[i].offset;
     chunk.grad_size += segments[i].size();
   }
-  // parallelism.accumulation (docs/ACCUMULATION.md): a tree per chunk.
-  // With one microbatch per replica the tree of one gradient is that
-  // gradient: it is written straight into the gradient buffer (the same
-  // GEMM call as under the tree), not copied in and out.
+  // parallelism.accumulation (docs/ACCUMULATION.md): a tree per chunk,
+  // unless one microbatch per replica makes it that microbatch's gradient.
   tree_accumulation_ =
       plan_.trains() && plan_.spec.parallelism().accumulation() == "tree";
-  const auto& parallelism = plan_.spec.parallelism();
-  const int per_replica =
-      parallelism.microbatches() / std::max(1, parallelism.replicas());
-  if (tree_accumulation_ && per_replica >= 2) {
+  if (KeepsGradientTree(plan_.spec)) {
     for (Chunk& chunk : chunks_) chunk.tree.emplace(ctx_, chunk.grad_size);
   }
   chain_weight_passes_ = ChainsWeightPasses(plan_) && PackedGemmEnabled();
@@ -144,7 +139,7 @@ absl::Status Stage::SetUpReplicas() {
 absl::Status Stage::SetUpSchedule() {
   const auto& parallelism = plan_.spec.parallelism();
   // Each replica runs its share of the microbatches through the schedule.
-  const int per_replica = parallelism.microbatches() / replicas_;
+  const int per_replica = MicrobatchesPerReplica(plan_.spec);
   if (options_.schedule.has_value()) {
     const Schedule& given = *options_.schedule;
     if (given.num_stages != num_stages_ ||

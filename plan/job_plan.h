@@ -246,6 +246,16 @@ absl::StatusOr<JobPlan> PlanJob(const trainyard::v1::JobSpec& spec,
 // (PackedGemmEnabled()); the estimate counts it on every CPU.
 bool ChainsWeightPasses(const JobPlan& plan);
 
+// The microbatches one pipeline (replica) runs a step: m = M / R.
+int MicrobatchesPerReplica(const v1::JobSpec& spec);
+
+// Whether a training stage sums its microbatches' weight gradients in a
+// GradientTree (engine/gradient_tree.h): accumulation "tree" and m >= 2.
+// With one microbatch per replica the tree of one gradient is that
+// gradient, written straight into the stage's gradient buffer by the same
+// GEMM call, so the stage keeps no tree and the estimate counts none.
+bool KeepsGradientTree(const v1::JobSpec& spec);
+
 // task.config as the JSON text a plugin's create() / validate_config()
 // takes ("{}" when unset). InvalidArgument naming task.config when the
 // Struct cannot be written as JSON.

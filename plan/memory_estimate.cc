@@ -35,12 +35,6 @@ uint64_t SaturatingBytes(double bytes) {
   return static_cast<uint64_t>(bytes);
 }
 
-// The microbatches one pipeline runs a step (m = M / R in docs/SPEC.md).
-int MicrobatchesPerReplica(const JobSpec& spec) {
-  return spec.parallelism().microbatches() /
-         std::max(1, spec.parallelism().replicas());
-}
-
 // Rows of the largest microbatch (b = ceil(batch_size / M)).
 int64_t LargestMicrobatch(const JobSpec& spec) {
   const int64_t M = spec.parallelism().microbatches();
@@ -53,18 +47,14 @@ void EstimateState(const JobSpec& spec, double n_params, MemoryEstimate* m) {
   const bool bf16 = spec.precision() == "bf16";
   // fp32 master weights, plus a bf16 working copy in mixed precision.
   m->params = SaturatingBytes(n_params * (bf16 ? 6 : 4));
-  // With accumulation "tree" and M / R >= 2, each stage also holds
-  // floor(log2 (M / R)) + 1 gradient-sized partial sums
-  // (engine/gradient_tree.h); with one microbatch per replica, none.
+  // With a gradient tree (KeepsGradientTree), each stage also holds
+  // floor(log2 (M / R)) + 1 gradient-sized partial sums.
   // A forward-only job (kind infer or eval) keeps no gradients, partial
   // sums, optimizer state or copies.
   const bool trains = spec.kind() == "train";
   int tree_buffers = 0;
-  if (trains && spec.parallelism().accumulation() == "tree") {
-    const int per_replica = MicrobatchesPerReplica(spec);
-    for (int n = per_replica >= 2 ? per_replica : 0; n > 0; n /= 2) {
-      ++tree_buffers;
-    }
+  if (KeepsGradientTree(spec)) {
+    for (int n = MicrobatchesPerReplica(spec); n > 0; n /= 2) ++tree_buffers;
   }
   m->grads = trains ? SaturatingBytes(n_params * 4 * (1 + tree_buffers)) : 0;
   double state_per_param = 0;
@@ -226,6 +216,17 @@ void CheckDataMemory(const JobPlan& plan, const DataMemory& memory,
                       memory.in_memory > memory.read_ahead
                           ? ": raise it, or stream the data from npy_shards"
                           : ": raise it, or make the batch smaller"));
+}
+
+int MicrobatchesPerReplica(const JobSpec& spec) {
+  return spec.parallelism().microbatches() /
+         std::max(1, spec.parallelism().replicas());
+}
+
+bool KeepsGradientTree(const JobSpec& spec) {
+  return spec.kind() == "train" &&
+         spec.parallelism().accumulation() == "tree" &&
+         MicrobatchesPerReplica(spec) >= 2;
 }
 
 bool ChainsWeightPasses(const JobPlan& plan) {
