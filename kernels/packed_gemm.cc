@@ -78,6 +78,8 @@ void PackTransposed(const float* src, int64_t ld, int64_t kb, int64_t cols,
 
 namespace {
 
+using packed_internal::Avx2LoadTile;
+using packed_internal::Avx2StoreTile;
 using packed_internal::CpuHasAvx2Fma;
 using packed_internal::ForEachRowPanel;
 using packed_internal::kKc;
@@ -135,16 +137,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
     int64_t kb, const float* ap, const float* bp, float* c, int64_t ldc,
     bool load, Prefetch prefetch) {
   __m256 lo[R], hi[R];
-#pragma GCC unroll 6
-  for (int i = 0; i < R; ++i) {
-    if (load) {
-      lo[i] = _mm256_loadu_ps(c + i * ldc);
-      hi[i] = _mm256_loadu_ps(c + i * ldc + 8);
-    } else {
-      lo[i] = _mm256_setzero_ps();
-      hi[i] = _mm256_setzero_ps();
-    }
-  }
+  Avx2LoadTile<R>(c, ldc, load, lo, hi);
   int64_t k = 0;
   if (prefetch.base != nullptr) {
     // One line of the next panel a step: it is in cache when its turn
@@ -168,11 +161,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
   }
 #pragma GCC unroll 4
   for (; k < kb; ++k) Avx2Step<R>(k, ap, bp, lo, hi);
-#pragma GCC unroll 6
-  for (int i = 0; i < R; ++i) {
-    _mm256_storeu_ps(c + i * ldc, lo[i]);
-    _mm256_storeu_ps(c + i * ldc + 8, hi[i]);
-  }
+  Avx2StoreTile<R>(lo, hi, c, ldc);
 }
 
 __attribute__((target("avx2,fma"))) void Avx2Panel(int rows, int64_t kb,

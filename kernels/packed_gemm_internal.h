@@ -5,6 +5,8 @@
 #ifndef TRAINYARD_KERNELS_PACKED_GEMM_INTERNAL_H_
 #define TRAINYARD_KERNELS_PACKED_GEMM_INTERNAL_H_
 
+#include <immintrin.h>
+
 #include <atomic>
 #include <cstdint>
 
@@ -15,9 +17,9 @@ namespace packed_internal {
 // block, rows of A in blocks of at most kMc (256, packed_gemm.cc) packed
 // into panels of at most kMr rows ([k][row] interleaved, <= 256 KiB: the
 // core's L2); for each 16-column panel of B (16 KiB: L1) every row panel
-// runs the kMr x 16 micro-kernel over the block's k. Each element of C stays one fma chain in
-// ascending k whatever the blocking: a block starts from C's value as the
-// previous block left it.
+// runs the kMr x 16 micro-kernel over the block's k. Each element of C stays
+// one fma chain in ascending k whatever the blocking: a block starts from C's
+// value as the previous block left it.
 constexpr int64_t kNr = 16;
 constexpr int64_t kKc = 256;
 constexpr int64_t kMr = 6;
@@ -40,6 +42,33 @@ void ForEachRowPanel(int64_t rows, F fn) {
     const int64_t n = base + (q < extra ? 1 : 0);
     fn(r, n);
     r += n;
+  }
+}
+
+// The AVX2 micro-kernels' R x 16 accumulator tile (lo: columns 0-7, hi:
+// 8-15): loaded from C (rows ldc apart) or zero, and stored back.
+template <int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void Avx2LoadTile(
+    const float* c, int64_t ldc, bool load, __m256* lo, __m256* hi) {
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    if (load) {
+      lo[i] = _mm256_loadu_ps(c + i * ldc);
+      hi[i] = _mm256_loadu_ps(c + i * ldc + 8);
+    } else {
+      lo[i] = _mm256_setzero_ps();
+      hi[i] = _mm256_setzero_ps();
+    }
+  }
+}
+
+template <int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void Avx2StoreTile(
+    const __m256* lo, const __m256* hi, float* c, int64_t ldc) {
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    _mm256_storeu_ps(c + i * ldc, lo[i]);
+    _mm256_storeu_ps(c + i * ldc + 8, hi[i]);
   }
 }
 

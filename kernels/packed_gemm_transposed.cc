@@ -55,16 +55,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2TKernel(
     int64_t panels, int64_t last, const float* w, int64_t stride,
     const float* at, float* ct, int64_t ldct, bool load, TPrefetch next) {
   __m256 lo[R], hi[R];
-#pragma GCC unroll 6
-  for (int i = 0; i < R; ++i) {
-    if (load) {
-      lo[i] = _mm256_loadu_ps(ct + i * ldct);
-      hi[i] = _mm256_loadu_ps(ct + i * ldct + 8);
-    } else {
-      lo[i] = _mm256_setzero_ps();
-      hi[i] = _mm256_setzero_ps();
-    }
-  }
+  Avx2LoadTile<R>(ct, ldct, load, lo, hi);
   for (int64_t p = 0; p < panels; ++p) {
     const float* wp = w + p * stride;
     const float* ap = at + p * kNr * kNr;
@@ -83,11 +74,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2TKernel(
       }
     }
   }
-#pragma GCC unroll 6
-  for (int i = 0; i < R; ++i) {
-    _mm256_storeu_ps(ct + i * ldct, lo[i]);
-    _mm256_storeu_ps(ct + i * ldct + 8, hi[i]);
-  }
+  Avx2StoreTile<R>(lo, hi, ct, ldct);
 }
 
 __attribute__((target("avx2,fma"))) void Avx2TPanel(
