@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/status_macros.h"
+#include "kernels/cpu_kind.h"
 #include "kernels/parallel.h"
 
 namespace trainyard {
@@ -67,17 +68,12 @@ Tiling TileGemm(int64_t m, int64_t n, int64_t k) {
   return {split_n, tile, static_cast<int>((dim + tile - 1) / tile)};
 }
 
-// The OPENBLAS_CORETYPE value this CPU's features call for, or null.
+// The OPENBLAS_CORETYPE value this CPU's features call for, or null: the
+// AVX-512 kernels where the CPU has full-width AVX-512 units, else the AVX2
+// ones (kernels/cpu_kind.h).
 const char* CoreTypeFromCpuid() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl")) {
-    return "SkylakeX";
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return "Haswell";
-  }
+  if (CpuHasAvx512() && !CpuHasHalfWidthAvx512()) return "SkylakeX";
+  if (CpuHasAvx2Fma()) return "Haswell";
   return nullptr;
 }
 

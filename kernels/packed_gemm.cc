@@ -12,17 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/status_macros.h"
+#include "kernels/cpu_kind.h"
 #include "kernels/packed_gemm_internal.h"
 #include "kernels/parallel.h"
 
 namespace trainyard {
 
 namespace packed_internal {
-
-bool CpuHasAvx2Fma() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
 
 std::atomic<bool> portable_for_testing{false};
 
@@ -80,7 +76,6 @@ namespace {
 
 using packed_internal::Avx2LoadTile;
 using packed_internal::Avx2StoreTile;
-using packed_internal::CpuHasAvx2Fma;
 using packed_internal::ForEachRowPanel;
 using packed_internal::kKc;
 using packed_internal::kMr;
@@ -675,12 +670,16 @@ absl::Status SgemmWeightGradient(int64_t m, int64_t n,
   return Run(m, n, k, a, source, accumulate, c, ldc, GemmEpilogue());
 }
 
+bool PackedGemmFasterOnThisCpu() {
+  if (!CpuHasAvx2Fma()) return false;
+  return !CpuHasAvx512() || CpuHasHalfWidthAvx512();
+}
+
 bool PackedGemmEnabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("TRAINYARD_PACKED_GEMM");
     if (env != nullptr && env[0] != '\0') return std::strcmp(env, "0") != 0;
-    __builtin_cpu_init();
-    return CpuHasAvx2Fma() && !__builtin_cpu_supports("avx512f");
+    return PackedGemmFasterOnThisCpu();
   }();
   return enabled;
 }

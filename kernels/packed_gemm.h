@@ -132,13 +132,21 @@ absl::Status SgemmWeightGradient(int64_t m, int64_t n,
                                  absl::Span<const GradientRows> parts,
                                  bool accumulate, float* c, int64_t ldc);
 
+// Whether the packed GEMM was measured faster than OpenBLAS on CPUs like
+// this one (docs/BENCHMARKS.md, "A packed GEMM for small microbatches"):
+// CPUs with AVX2 and FMA but not AVX-512 (measured on AMD Zen 3), and
+// those whose AVX-512 runs on 256-bit units (AMD Zen 4, cpu_kind.h), where
+// our AVX2 kernel loses nothing to 512-bit ones. False on CPUs with
+// full-width AVX-512, whose 512-bit FMA units OpenBLAS's kernels use and
+// ours do not (not measured), and without AVX2 and FMA.
+bool PackedGemmFasterOnThisCpu();
+
 // Whether the MLP blocks may use the packed GEMM: for their forward and
-// input-gradient GEMMs and their weight gradients. Default: on
-// CPUs with AVX2 and FMA but not AVX-512; OpenBLAS's AVX-512 kernels are
-// twice as wide as ours and were not measured against it. The environment
-// variable TRAINYARD_PACKED_GEMM=1 or =0 overrides it; it is read once per
-// process. It changes rounding, so a job's bits depend on it (as on
-// OpenBLAS's kernels).
+// input-gradient GEMMs and their weight gradients. Default:
+// PackedGemmFasterOnThisCpu(). The environment variable
+// TRAINYARD_PACKED_GEMM=1 or =0 overrides it; it is read once per process.
+// It changes rounding, so a job's bits depend on it (as on OpenBLAS's
+// kernels).
 bool PackedGemmEnabled();
 
 // Whether the block's GEMMs over `rows` rows use the packed GEMM:

@@ -72,7 +72,6 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2StoreTile(
   }
 }
 
-bool CpuHasAvx2Fma();
 // The AVX2 micro-kernels, unless the CPU lacks AVX2 or FMA or a test asked
 // for the portable ones (portable_for_testing; the same bits).
 bool UseAvx2Kernel();
