@@ -83,11 +83,11 @@ absl::Status SgemmPacked(int64_t m, const float* a, int64_t lda,
 
 // SgemmPacked with op(B) [k, n] read from row-major b ([n, k] when trans_b,
 // else [k, n]) and packed panel by panel as the GEMM reaches it (no
-// separate pass over b), into a 16 KiB buffer, or, with `keep`, into *keep
-// (sized by Reserve), which then holds all of op(B) for later SgemmPacked
-// calls: the first microbatch packs the weights for the others while it
-// computes. The same bits as packing b first. Errors: as SgemmPacked, and
-// as PackedMatrix::Pack for n, k and ldb.
+// separate pass over b), into a 16 KiB buffer, and, with `keep`, also
+// into *keep (sized by Reserve; streaming stores), which then holds all of
+// op(B) for later SgemmPacked calls: the first microbatch packs the weights for
+// the others while it computes. The same bits as packing b first. Errors: as
+// SgemmPacked, and as PackedMatrix::Pack for n, k and ldb.
 absl::Status SgemmPacking(int64_t m, int64_t n, int64_t k, const float* a,
                           int64_t lda, bool trans_b, const float* b,
                           int64_t ldb, bool accumulate, float* c, int64_t ldc,
