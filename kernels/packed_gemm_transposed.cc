@@ -31,6 +31,9 @@ struct TPrefetch {
   int64_t panels = 0;
 };
 
+// Passed by reference, as packed_gemm.cc's Prefetch.
+constexpr TPrefetch kNoTPrefetch{};
+
 // One k step: op(B)'s value at row i of the tile (wp[i * 16]) times 16
 // values of A^T.
 template <int R>
@@ -53,7 +56,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2TStep(
 template <int R>
 __attribute__((target("avx2,fma"), always_inline)) inline void Avx2TKernel(
     int64_t panels, int64_t last, const float* w, int64_t stride,
-    const float* at, float* ct, int64_t ldct, bool load, TPrefetch next) {
+    const float* at, float* ct, int64_t ldct, bool load,
+    const TPrefetch& next) {
   __m256 lo[R], hi[R];
   Avx2LoadTile<R>(ct, ldct, load, lo, hi);
   for (int64_t p = 0; p < panels; ++p) {
@@ -79,7 +83,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2TKernel(
 
 __attribute__((target("avx2,fma"))) void Avx2TPanel(
     int rows, int64_t panels, int64_t last, const float* w, int64_t stride,
-    const float* at, float* ct, int64_t ldct, bool load, TPrefetch next) {
+    const float* at, float* ct, int64_t ldct, bool load,
+    const TPrefetch& next) {
   switch (rows) {
     case 6:
       return Avx2TKernel<6>(panels, last, w, stride, at, ct, ldct, load, next);
@@ -98,7 +103,7 @@ __attribute__((target("avx2,fma"))) void Avx2TPanel(
 
 void TPanel(int rows, int64_t panels, int64_t last, const float* w,
             int64_t stride, const float* at, float* ct, int64_t ldct, bool load,
-            TPrefetch next) {
+            const TPrefetch& next) {
   if (UseAvx2Kernel()) {
     Avx2TPanel(rows, panels, last, w, stride, at, ct, ldct, load, next);
     return;
@@ -161,7 +166,7 @@ void RunTransposedTile(int64_t m, int64_t kk, const float* at,
       for (int64_t q = 0; q < a_panels; ++q) {
         TPanel(static_cast<int>(n), gp, last, w, stride,
                at + (q * panels + g) * kNr * kNr, ct + r0 * ldct + q * kNr,
-               ldct, load, q == 0 ? next : TPrefetch());
+               ldct, load, q == 0 ? next : kNoTPrefetch);
       }
     });
   }
