@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "glog/logging.h"
 
 namespace trainyard {
 
@@ -37,6 +38,22 @@ absl::Status GradientTree::Add(const Tensor& gradient) {
     full_[l] = false;
     carry = static_cast<int>(l);
   }
+}
+
+absl::StatusOr<Tensor> GradientTree::Leaf() {
+  if (!full_.empty() && full_[0]) return Tensor();
+  if (levels_.empty()) {
+    ASSIGN_OR_RETURN(Tensor buffer, ctx_->Empty(DType::kFloat32, {total_}));
+    levels_.push_back(std::move(buffer));
+    full_.push_back(false);
+  }
+  return levels_[0];
+}
+
+void GradientTree::AddLeaf() {
+  CHECK(!full_.empty() && !full_[0]) << "AddLeaf without an empty Leaf()";
+  full_[0] = true;
+  ++added_;
 }
 
 absl::Status GradientTree::Finish(Tensor* out) {

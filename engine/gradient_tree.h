@@ -19,8 +19,9 @@
 // the replicas' subtrees in the same counter order gives R = 1's result.
 //
 // Cost: floor(log2 M) + 1 gradient-sized buffers on the stage's device,
-// one copy per microbatch whose carry stops at an empty level, M - 1 adds
-// per step and one copy at Finish (docs/BENCHMARKS.md measures it).
+// one copy per microbatch whose carry stops at an empty level (none for
+// the first of each pair when its gradient is written into Leaf()), M - 1
+// adds per step and one copy at Finish (docs/BENCHMARKS.md measures it).
 //
 // Not thread-safe: used by its stage's thread.
 #ifndef TRAINYARD_ENGINE_GRADIENT_TREE_H_
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/tensor.h"
 #include "kernels/exec_context.h"
 
@@ -45,6 +47,16 @@ class GradientTree {
   // Adds the next microbatch's gradient (read, not kept: the caller may
   // overwrite it afterwards). Errors: allocation failure, a size mismatch.
   absl::Status Add(const Tensor& gradient);
+
+  // Where the next microbatch's gradient may be written instead of Add's
+  // copy: when it is the first of a pair (level 0 empty), level 0's buffer
+  // (allocated on first use); otherwise an undefined Tensor, and the caller
+  // writes elsewhere and calls Add. After writing all of a defined Leaf(),
+  // AddLeaf() takes it as that microbatch's gradient: the same bits as Add
+  // of the same values, without the copy (half the microbatches).
+  // Errors: allocation failure.
+  absl::StatusOr<Tensor> Leaf();
+  void AddLeaf();
 
   // Writes the sum of everything added since the last Finish into *out and
   // starts over. FailedPrecondition when nothing was added.

@@ -1,5 +1,6 @@
 #include "engine/gradient_tree.h"
 
+#include <algorithm>
 #include <functional>
 #include <vector>
 
@@ -105,6 +106,34 @@ TEST_F(GradientTreeTest, ReplicaSubtreesReproduceOneReplica) {
     }
     EXPECT_EQ(TreeSum(ctx_.get(), subtrees, nullptr), one)
         << "M=" << c.m << " R=" << c.r;
+  }
+}
+
+// Writing the first of each pair into Leaf() instead of adding it gives
+// Add's bits, and Leaf() is offered exactly when level 0 is empty.
+TEST_F(GradientTreeTest, LeafTakesTheFirstOfEachPairWithAddsBits) {
+  for (int m = 1; m <= 9; ++m) {
+    const std::vector<Tensor> g = RandomGradients(m, 300 + m);
+    GradientTree tree(ctx_.get(), kN);
+    for (int step = 0; step < 2; ++step) {
+      for (int i = 0; i < m; ++i) {
+        absl::StatusOr<Tensor> leaf = tree.Leaf();
+        ASSERT_TRUE(leaf.ok()) << leaf.status();
+        ASSERT_EQ(leaf->defined(), i % 2 == 0) << "M=" << m << " i=" << i;
+        if (leaf->defined()) {
+          ASSERT_EQ(leaf->numel(), kN);
+          std::copy_n(g[i].data<float>(), kN, leaf->data<float>());
+          tree.AddLeaf();
+        } else {
+          ASSERT_TRUE(tree.Add(g[i]).ok());
+        }
+      }
+      EXPECT_EQ(tree.added(), m);
+      Tensor out = Tensor::Empty(DType::kFloat32, {kN});
+      ASSERT_TRUE(tree.Finish(&out).ok());
+      EXPECT_EQ(Values(out), TreeSum(ctx_.get(), g, nullptr))
+          << "M=" << m << " step " << step;
+    }
   }
 }
 

@@ -47,6 +47,8 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
   }
   size_t seg = 0;
   for (int b : blocks) {
+    store.block_configs_.push_back(plan.blocks[b]);
+    store.block_first_segment_.push_back(seg);
     MlpBlockParams params, grads;
     std::vector<Tensor*> p_slots = params.InOrder(plan.blocks[b]);
     std::vector<Tensor*> g_slots = grads.InOrder(plan.blocks[b]);
@@ -71,6 +73,18 @@ absl::StatusOr<ParamStore> ParamStore::Create(const JobPlan& plan, int stage,
                                             " parameters, blocks use ", seg));
   }
   return store;
+}
+
+MlpBlockParams ParamStore::BlockViewsOf(int b, const Tensor& flat,
+                                        int64_t base) const {
+  MlpBlockParams views;
+  std::vector<Tensor*> slots = views.InOrder(block_configs_[b]);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    ParamSegment s = segments_[block_first_segment_[b] + i];
+    s.offset -= base;
+    *slots[i] = s.Of(flat);
+  }
+  return views;
 }
 
 NamedTensors ParamStore::Slice(const Tensor& flat) const {

@@ -47,6 +47,10 @@ class ParamStore {
   Tensor& params_bf16() { return params_bf16_; }
   MlpBlockParams& block_params(int b) { return block_params_[b]; }
   MlpBlockParams& block_grads(int b) { return block_grads_[b]; }
+  // Block b's views of a flat buffer holding elements [base, base +
+  // flat.numel()) of the parameters' layout (a chunk's part of a
+  // gradient, say), as block_grads(b) are views of grads().
+  MlpBlockParams BlockViewsOf(int b, const Tensor& flat, int64_t base) const;
 
   // The parameters as views of the flat buffer (on the device).
   NamedTensors Named() const;
@@ -75,6 +79,8 @@ class ParamStore {
 
   Tensor params_, grads_, params_bf16_;
   std::vector<MlpBlockParams> block_params_, block_grads_;
+  std::vector<MlpBlockConfig> block_configs_;
+  std::vector<size_t> block_first_segment_;  // index into segments_
 };
 
 }  // namespace trainyard

@@ -185,16 +185,30 @@ absl::Status Stage::BackwardInput(Microbatch* mb) {
 }
 
 absl::Status Stage::BackwardWeight(Microbatch* mb) {
-  // With the tree, each microbatch's gradient is written alone into the
-  // stage's gradient buffer and then added to the tree; without it, the
-  // GEMMs accumulate into the buffer directly.
+  // With the tree, each microbatch's gradient is written alone, into the
+  // tree's free leaf when it starts a pair, else into the stage's gradient
+  // buffer and then added to the tree; without it, the GEMMs accumulate
+  // into the buffer directly.
   Chunk& chunk = chunks_[mb->chunk];
   const bool tree = chunk.tree.has_value();
+  const auto sum_error = [&](const absl::Status& st) {
+    return Prefixed(st, absl::StrCat(Where(), " microbatch ", mb->index,
+                                     " gradient sum: "));
+  };
+  Tensor leaf;
+  if (tree) {
+    absl::StatusOr<Tensor> free_leaf = chunk.tree->Leaf();
+    if (!free_leaf.ok()) return sum_error(free_leaf.status());
+    leaf = *std::move(free_leaf);
+  }
   for (int b = chunk.local_begin; b < chunk.local_end; ++b) {
     const int i = b - chunk.local_begin;
-    absl::Status st = blocks_[b]->BackwardWeight(mb->saved[i].get(),
-                                                 !tree && grads_written_[b],
-                                                 &store_->block_grads(b));
+    MlpBlockParams in_leaf;
+    if (leaf.defined())
+      in_leaf = store_->BlockViewsOf(b, leaf, chunk.grad_offset);
+    absl::Status st = blocks_[b]->BackwardWeight(
+        mb->saved[i].get(), !tree && grads_written_[b],
+        leaf.defined() ? &in_leaf : &store_->block_grads(b));
     if (!st.ok()) {
       return Prefixed(st,
                       absl::StrCat(Where(), " block ", chunk.first_block + i,
@@ -202,13 +216,12 @@ absl::Status Stage::BackwardWeight(Microbatch* mb) {
     }
     grads_written_[b] = true;
   }
-  if (tree) {
+  if (leaf.defined()) {
+    chunk.tree->AddLeaf();
+  } else if (tree) {
     absl::Status st = chunk.tree->Add(store_->grads().Rows(
         chunk.grad_offset, chunk.grad_offset + chunk.grad_size));
-    if (!st.ok()) {
-      return Prefixed(st, absl::StrCat(Where(), " microbatch ", mb->index,
-                                       " gradient sum: "));
-    }
+    if (!st.ok()) return sum_error(st);
   }
   mb->ReleaseSaved();
   return absl::OkStatus();

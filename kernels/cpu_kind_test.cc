@@ -61,8 +61,12 @@ TEST(CpuKindTest, AgreesWithTheKernelsCpuinfo) {
 }
 
 TEST(CpuKindTest, HalfWidthAvx512IsAvx512) {
-  if (CpuHasHalfWidthAvx512()) EXPECT_TRUE(CpuHasAvx512());
-  if (CpuHasAvx512()) EXPECT_TRUE(CpuHasAvx2Fma());
+  if (CpuHasHalfWidthAvx512()) {
+    EXPECT_TRUE(CpuHasAvx512());
+  }
+  if (CpuHasAvx512()) {
+    EXPECT_TRUE(CpuHasAvx2Fma());
+  }
 }
 
 }  // namespace
