@@ -204,8 +204,9 @@ absl::Status Stage::BackwardWeight(Microbatch* mb) {
   for (int b = chunk.local_begin; b < chunk.local_end; ++b) {
     const int i = b - chunk.local_begin;
     MlpBlockParams in_leaf;
-    if (leaf.defined())
+    if (leaf.defined()) {
       in_leaf = store_->BlockViewsOf(b, leaf, chunk.grad_offset);
+    }
     absl::Status st = blocks_[b]->BackwardWeight(
         mb->saved[i].get(), !tree && grads_written_[b],
         leaf.defined() ? &in_leaf : &store_->block_grads(b));

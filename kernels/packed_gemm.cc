@@ -112,8 +112,10 @@ struct Prefetch {
 };
 
 // Passed by reference: a Prefetch built on the stack and passed by value
-// for every kernel call was copied with stores and loads of different
-// widths, which the CPU cannot forward (measured below, RunRowsOuter).
+// to every kernel call was copied with stores and loads of different
+// widths, which the CPU cannot forward from its store buffer: 8% of a
+// weight gradient's time on AMD Zen 4 (docs/BENCHMARKS.md, "A packed GEMM
+// for small microbatches").
 constexpr Prefetch kNoPrefetch{};
 
 // One k step of Avx2Kernel: row k of the B panel times R values of A.
