@@ -8,6 +8,13 @@
 
 namespace trainyard {
 
+absl::Status GradientTree::AddLevel() {
+  ASSIGN_OR_RETURN(Tensor buffer, ctx_->Empty(DType::kFloat32, {total_}));
+  levels_.push_back(std::move(buffer));
+  full_.push_back(false);
+  return absl::OkStatus();
+}
+
 absl::Status GradientTree::Add(const Tensor& gradient) {
   if (gradient.numel() != total_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -16,11 +23,7 @@ absl::Status GradientTree::Add(const Tensor& gradient) {
   // carry: the block being moved up; -1 = `gradient` itself.
   int carry = -1;
   for (size_t l = 0;; ++l) {
-    if (l == levels_.size()) {
-      ASSIGN_OR_RETURN(Tensor buffer, ctx_->Empty(DType::kFloat32, {total_}));
-      levels_.push_back(std::move(buffer));
-      full_.push_back(false);
-    }
+    if (l == levels_.size()) RETURN_IF_ERROR(AddLevel());
     if (!full_[l]) {
       if (carry < 0) {
         RETURN_IF_ERROR(ctx_->CopyInto(gradient, &levels_[l]));
@@ -42,11 +45,7 @@ absl::Status GradientTree::Add(const Tensor& gradient) {
 
 absl::StatusOr<Tensor> GradientTree::Leaf() {
   if (!full_.empty() && full_[0]) return Tensor();
-  if (levels_.empty()) {
-    ASSIGN_OR_RETURN(Tensor buffer, ctx_->Empty(DType::kFloat32, {total_}));
-    levels_.push_back(std::move(buffer));
-    full_.push_back(false);
-  }
+  if (levels_.empty()) RETURN_IF_ERROR(AddLevel());
   return levels_[0];
 }
 

@@ -67,6 +67,9 @@ class GradientTree {
   int added() const { return added_; }
 
  private:
+  // One more (empty) level, its buffer allocated.
+  absl::Status AddLevel();
+
   const ExecContext* const ctx_;
   const int64_t total_;
   std::vector<Tensor> levels_;  // levels_[l]: a block of 2^l microbatches

@@ -30,7 +30,7 @@ bool CpuHasAvx512() {
 }
 
 bool CpuHasHalfWidthAvx512() {
-  __builtin_cpu_init();
+  // CpuHasAvx512 runs __builtin_cpu_init before __builtin_cpu_is reads.
   return CpuHasAvx512() && __builtin_cpu_is("amd") && CpuFamily() == 25;
 }
 
