@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,11 +21,55 @@ namespace trainyard {
 
 namespace packed_internal {
 
-std::atomic<bool> portable_for_testing{false};
+namespace {
 
-bool UseAvx2Kernel() {
-  static const bool avx2 = CpuHasAvx2Fma();
-  return avx2 && !portable_for_testing.load(std::memory_order_relaxed);
+// This CPU's kernel: AVX-512 where the FMA units are 512 bits wide (twice
+// the AVX2 kernel's peak there), AVX2 where they are 256 bits (AVX2 CPUs,
+// and AMD Zen 4, cpu_kind.h, where the AVX-512 kernel ran as fast:
+// docs/BENCHMARKS.md, "A packed GEMM for small microbatches"), else the
+// portable one.
+PackedKernel CpuKernel() {
+  if (!CpuHasAvx2Fma()) return PackedKernel::kPortable;
+  if (CpuHasAvx512() && !CpuHasHalfWidthAvx512()) return PackedKernel::kAvx512;
+  return PackedKernel::kAvx2;
+}
+
+// TRAINYARD_PACKED_GEMM, read once: unset or empty (the CPU's choice),
+// "0" (off), "avx2", "avx512" or "portable" (on, that kernel if this CPU
+// has it), anything else (on).
+struct Config {
+  bool enabled;
+  PackedKernel kernel;
+};
+
+const Config& GetConfig() {
+  static const Config config = [] {
+    Config c{PackedGemmOnByDefault(), CpuKernel()};
+    const char* env = std::getenv("TRAINYARD_PACKED_GEMM");
+    if (env == nullptr || env[0] == '\0') return c;
+    c.enabled = std::strcmp(env, "0") != 0;
+    const std::pair<const char*, PackedKernel> names[] = {
+        {"portable", PackedKernel::kPortable},
+        {"avx2", PackedKernel::kAvx2},
+        {"avx512", PackedKernel::kAvx512}};
+    for (const auto& [name, kernel] : names) {
+      if (std::strcmp(env, name) == 0 && PackedKernelSupported(kernel)) {
+        c.kernel = kernel;
+      }
+    }
+    return c;
+  }();
+  return config;
+}
+
+// A test's kernel (SetPackedKernelForTesting), or -1.
+std::atomic<int> kernel_for_testing{-1};
+
+}  // namespace
+
+PackedKernel ActiveKernel() {
+  const int forced = kernel_for_testing.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<PackedKernel>(forced) : GetConfig().kernel;
 }
 
 namespace {
@@ -57,7 +102,7 @@ __attribute__((target("avx2"))) void Transpose8x8(const float* src, int64_t ld,
 void PackTransposed(const float* src, int64_t ld, int64_t kb, int64_t cols,
                     float* dst) {
   int64_t q0 = 0;
-  if (cols == kNr && UseAvx2Kernel()) {
+  if (cols == kNr && UseAvx2Helpers()) {
     for (; q0 + 8 <= kb; q0 += 8) {
       Transpose8x8(src + q0, ld, dst + q0 * kNr);
       Transpose8x8(src + 8 * ld + q0, ld, dst + q0 * kNr + 8);
@@ -74,16 +119,21 @@ void PackTransposed(const float* src, int64_t ld, int64_t kb, int64_t cols,
 
 namespace {
 
+using packed_internal::ActiveKernel;
 using packed_internal::Avx2LoadTile;
 using packed_internal::Avx2StoreTile;
+using packed_internal::Avx512LoadTile;
+using packed_internal::Avx512StoreTile;
 using packed_internal::ForEachRowPanel;
+using packed_internal::Kernel;
 using packed_internal::kKc;
-using packed_internal::kMr;
+using packed_internal::kMaxMr;
 using packed_internal::kNr;
 using packed_internal::PackTransposed;
+using packed_internal::PanelRows;
 using packed_internal::Panels;
 using packed_internal::RowPanels;
-using packed_internal::UseAvx2Kernel;
+using packed_internal::UseAvx2Helpers;
 
 constexpr int64_t kMc = 256;  // rows of A in a row block
 
@@ -194,6 +244,85 @@ __attribute__((target("avx2,fma"))) void Avx2Panel(int rows, int64_t kb,
   }
 }
 
+// One k step of Avx512Kernel: row k of the B panel (one zmm) times R values
+// of A, each broadcast from memory.
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void Avx512Step(
+    int64_t k, const float* ap, const float* bp, __m512* acc) {
+  const __m512 b = _mm512_loadu_ps(bp + k * kNr);
+#pragma GCC unroll 12
+  for (int i = 0; i < R; ++i) {
+    acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[k * R + i]), b, acc[i]);
+  }
+}
+
+// Avx2Kernel with one zmm a row of C, for up to 12 rows: a k step is one
+// load of B, R broadcasts and R fmas, so with 12 rows the two 512-bit FMA
+// units of a full-width AVX-512 core have 12 independent chains to
+// overlap. The prefetch plan is Avx2Kernel's.
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void Avx512Kernel(
+    int64_t kb, const float* ap, const float* bp, float* c, int64_t ldc,
+    bool load, const Prefetch& prefetch) {
+  __m512 acc[R];
+  Avx512LoadTile<R>(c, ldc, load, acc);
+  int64_t k = 0;
+  if (prefetch.base != nullptr) {
+    const int64_t n = std::min(kb, prefetch.count);
+    for (int64_t q = prefetch.first; k < n;) {
+      const int64_t in_run = q % prefetch.run;
+      const int64_t k1 = std::min(n, k + prefetch.run - in_run);
+      const char* line = reinterpret_cast<const char*>(
+          prefetch.base + q / prefetch.run * prefetch.stride +
+          in_run * prefetch.step);
+      const int64_t step = prefetch.step * sizeof(float);
+      q += k1 - k;
+#pragma GCC unroll 4
+      for (; k < k1; ++k) {
+        _mm_prefetch(line, _MM_HINT_T1);
+        line += step;
+        Avx512Step<R>(k, ap, bp, acc);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (; k < kb; ++k) Avx512Step<R>(k, ap, bp, acc);
+  Avx512StoreTile<R>(acc, c, ldc);
+}
+
+__attribute__((target("avx512f"))) void Avx512Panel(int rows, int64_t kb,
+                                                    const float* ap,
+                                                    const float* bp, float* c,
+                                                    int64_t ldc, bool load,
+                                                    const Prefetch& prefetch) {
+  switch (rows) {
+    case 12:
+      return Avx512Kernel<12>(kb, ap, bp, c, ldc, load, prefetch);
+    case 11:
+      return Avx512Kernel<11>(kb, ap, bp, c, ldc, load, prefetch);
+    case 10:
+      return Avx512Kernel<10>(kb, ap, bp, c, ldc, load, prefetch);
+    case 9:
+      return Avx512Kernel<9>(kb, ap, bp, c, ldc, load, prefetch);
+    case 8:
+      return Avx512Kernel<8>(kb, ap, bp, c, ldc, load, prefetch);
+    case 7:
+      return Avx512Kernel<7>(kb, ap, bp, c, ldc, load, prefetch);
+    case 6:
+      return Avx512Kernel<6>(kb, ap, bp, c, ldc, load, prefetch);
+    case 5:
+      return Avx512Kernel<5>(kb, ap, bp, c, ldc, load, prefetch);
+    case 4:
+      return Avx512Kernel<4>(kb, ap, bp, c, ldc, load, prefetch);
+    case 3:
+      return Avx512Kernel<3>(kb, ap, bp, c, ldc, load, prefetch);
+    case 2:
+      return Avx512Kernel<2>(kb, ap, bp, c, ldc, load, prefetch);
+    default:
+      return Avx512Kernel<1>(kb, ap, bp, c, ldc, load, prefetch);
+  }
+}
+
 // The same chains, one element at a time (any x86-64; std::fma rounds once
 // as the vector instruction does).
 void PortablePanel(int rows, int64_t kb, const float* ap, const float* bp,
@@ -211,10 +340,13 @@ void PortablePanel(int rows, int64_t kb, const float* ap, const float* bp,
 
 void Panel(int rows, int64_t kb, const float* ap, const float* bp, float* c,
            int64_t ldc, bool load, const Prefetch& prefetch) {
-  if (UseAvx2Kernel()) {
-    Avx2Panel(rows, kb, ap, bp, c, ldc, load, prefetch);
-  } else {
-    PortablePanel(rows, kb, ap, bp, c, ldc, load);
+  switch (ActiveKernel()) {
+    case Kernel::kAvx512:
+      return Avx512Panel(rows, kb, ap, bp, c, ldc, load, prefetch);
+    case Kernel::kAvx2:
+      return Avx2Panel(rows, kb, ap, bp, c, ldc, load, prefetch);
+    case Kernel::kPortable:
+      return PortablePanel(rows, kb, ap, bp, c, ldc, load);
   }
 }
 
@@ -227,7 +359,7 @@ void PanelOfC(int64_t rows, int64_t cols, int64_t kb, const float* ap,
     Panel(static_cast<int>(rows), kb, ap, bp, c, ldc, load, prefetch);
     return;
   }
-  alignas(32) float tile[kMr * kNr] = {};
+  alignas(64) float tile[kMaxMr * kNr] = {};
   for (int64_t i = 0; i < rows; ++i) {
     if (load) std::memcpy(tile + i * kNr, c + i * ldc, cols * sizeof(float));
   }
@@ -404,7 +536,7 @@ __attribute__((target("avx"))) void StreamPanelAvx(const float* src, int64_t kb,
 }
 
 void StreamPanel(const float* src, int64_t kb, float* dst) {
-  if (UseAvx2Kernel()) {
+  if (UseAvx2Helpers()) {
     StreamPanelAvx(src, kb, dst);
   } else {
     std::memcpy(dst, src, kb * kNr * sizeof(float));
@@ -491,7 +623,7 @@ void RunColumnPanels(int64_t m, int64_t n, int64_t k, const float* a_packed,
                            std::min(rows, mb - r0 - rows));
             } else if (!last) {
               PrefetchRows(c + i0 * ldc + col + kNr, ldc,
-                           std::min<int64_t>(kMr, mb));
+                           std::min(PanelRows(), mb));
             }
           }
           PanelOfC(rows, cols, kb, ap + r0 * kb, bp, cp, ldc, load, pf);
@@ -716,33 +848,50 @@ absl::Status SgemmWeightGradient(int64_t m, int64_t n,
   return Run(m, n, k, a, source, accumulate, c, ldc, GemmEpilogue());
 }
 
-bool PackedGemmFasterOnThisCpu() {
-  if (!CpuHasAvx2Fma()) return false;
-  return !CpuHasAvx512() || CpuHasHalfWidthAvx512();
-}
+bool PackedGemmOnByDefault() { return CpuHasAvx2Fma(); }
 
-bool PackedGemmEnabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("TRAINYARD_PACKED_GEMM");
-    if (env != nullptr && env[0] != '\0') return std::strcmp(env, "0") != 0;
-    return PackedGemmFasterOnThisCpu();
-  }();
-  return enabled;
-}
+bool PackedGemmEnabled() { return packed_internal::GetConfig().enabled; }
 
 bool UsePackedGemm(int64_t rows) {
   return rows <= kPackedGemmMaxRows && PackedGemmEnabled();
 }
 
+bool PackedKernelSupported(PackedKernel kernel) {
+  switch (kernel) {
+    case PackedKernel::kPortable:
+      return true;
+    case PackedKernel::kAvx2:
+      return CpuHasAvx2Fma();
+    case PackedKernel::kAvx512:
+      return CpuHasAvx2Fma() && CpuHasAvx512();
+  }
+  return false;
+}
+
+PackedKernel ActivePackedKernel() { return packed_internal::ActiveKernel(); }
+
+const char* PackedKernelName(PackedKernel kernel) {
+  switch (kernel) {
+    case PackedKernel::kPortable:
+      return "portable";
+    case PackedKernel::kAvx2:
+      return "AVX2";
+    case PackedKernel::kAvx512:
+      return "AVX-512";
+  }
+  return "?";
+}
+
 std::string PackedGemmDescription() {
   if (!PackedGemmEnabled()) return "packed GEMM: off";
-  return absl::StrCat("packed GEMM: ", UseAvx2Kernel() ? "AVX2" : "portable",
+  return absl::StrCat("packed GEMM: ", PackedKernelName(ActivePackedKernel()),
                       ", up to ", kPackedGemmMaxRows, " rows");
 }
 
-void UsePortablePackedKernelForTesting(bool portable) {
-  packed_internal::portable_for_testing.store(portable,
-                                              std::memory_order_relaxed);
+void SetPackedKernelForTesting(std::optional<PackedKernel> kernel) {
+  packed_internal::kernel_for_testing.store(
+      kernel.has_value() ? static_cast<int>(*kernel) : -1,
+      std::memory_order_relaxed);
 }
 
 }  // namespace trainyard

@@ -12,8 +12,9 @@
 //
 // so its bits depend on that row of A and that column of B only: not on the
 // number of rows (a microbatch's size), the thread count, the tiling or the
-// CPU's vector width. The AVX2 kernel and the portable one (any x86-64)
-// give the same bits; packed_gemm_test checks both against that loop.
+// CPU's vector width. The AVX-512 and AVX2 kernels and the portable one
+// (any x86-64) give the same bits; packed_gemm_test checks each this CPU
+// can run against that loop.
 //
 // Thread safety: a PackedMatrix may be read by any number of concurrent
 // SgemmPacked calls; Pack must not run concurrently with them.
@@ -22,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -132,33 +134,50 @@ absl::Status SgemmWeightGradient(int64_t m, int64_t n,
                                  absl::Span<const GradientRows> parts,
                                  bool accumulate, float* c, int64_t ldc);
 
-// Whether the packed GEMM was measured faster than OpenBLAS on CPUs like
-// this one (docs/BENCHMARKS.md, "A packed GEMM for small microbatches"):
-// CPUs with AVX2 and FMA but not AVX-512 (measured on AMD Zen 3), and
-// those whose AVX-512 runs on 256-bit units (AMD Zen 4, cpu_kind.h), where
-// our AVX2 kernel loses nothing to 512-bit ones. False on CPUs with
-// full-width AVX-512, whose 512-bit FMA units OpenBLAS's kernels use and
-// ours do not (not measured), and without AVX2 and FMA.
-bool PackedGemmFasterOnThisCpu();
+// Whether the MLP blocks use the packed GEMM by default on this CPU: on
+// every CPU with AVX2 and FMA. It was measured faster than OpenBLAS at 32
+// to 128 rows (docs/BENCHMARKS.md, "A packed GEMM for small microbatches")
+// on AMD Zen 3 (AVX2) and AMD Zen 4 (AVX-512 on 256-bit units, cpu_kind.h),
+// with the AVX2 kernel. On CPUs with full-width AVX-512 it runs the AVX-512
+// kernel, which has not been measured there against OpenBLAS (on Zen 4 it
+// ran as fast as the AVX2 kernel); OpenBLAS's own kernels ran 32 and 64
+// rows at 42% and 67% of their 256-row speed on such a CPU.
+bool PackedGemmOnByDefault();
 
 // Whether the MLP blocks may use the packed GEMM: for their forward and
 // input-gradient GEMMs and their weight gradients. Default:
-// PackedGemmFasterOnThisCpu(). The environment variable
-// TRAINYARD_PACKED_GEMM=1 or =0 overrides it; it is read once per process.
-// It changes rounding, so a job's bits depend on it (as on OpenBLAS's
-// kernels).
+// PackedGemmOnByDefault(). The environment variable
+// TRAINYARD_PACKED_GEMM overrides it: "0" off; "1" on; "avx2", "avx512" or
+// "portable" on with that kernel (where the CPU has it). It is read once per
+// process. The packed GEMM changes rounding against OpenBLAS, so a job's
+// bits depend on whether it is on (as on OpenBLAS's kernels); its kernels
+// all give the same bits.
 bool PackedGemmEnabled();
 
 // Whether the block's GEMMs over `rows` rows use the packed GEMM:
 // PackedGemmEnabled() && rows <= kPackedGemmMaxRows (packed_gemm_rows.h).
 bool UsePackedGemm(int64_t rows);
 
-// E.g. "packed GEMM: AVX2" or "packed GEMM: off".
+// The packed GEMM's micro-kernels. Default: AVX-512 (12 rows x 16 columns,
+// one zmm a row) on CPUs with full-width AVX-512, AVX2 (6 x 16) on the
+// other CPUs with AVX2 and FMA, else portable C++.
+enum class PackedKernel { kPortable, kAvx2, kAvx512 };
+
+// Whether this CPU can run `kernel`.
+bool PackedKernelSupported(PackedKernel kernel);
+
+// The kernel the packed GEMM runs now.
+PackedKernel ActivePackedKernel();
+
+// "portable", "AVX2" or "AVX-512".
+const char* PackedKernelName(PackedKernel kernel);
+
+// E.g. "packed GEMM: AVX2, up to 128 rows" or "packed GEMM: off".
 std::string PackedGemmDescription();
 
-// Tests only: run the portable kernel instead of the AVX2 one (same bits,
-// slower), or go back.
-void UsePortablePackedKernelForTesting(bool portable);
+// Tests and benchmarks: run `kernel` (PackedKernelSupported) from now on,
+// or the default again with nullopt. Not while a packed GEMM runs.
+void SetPackedKernelForTesting(std::optional<PackedKernel> kernel);
 
 }  // namespace trainyard
 

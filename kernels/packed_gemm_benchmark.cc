@@ -17,10 +17,19 @@
 // block runs it for larger microbatches, against SgemmWeightGradient over
 // all microbatches in one call per weight (the chained accumulation), or,
 // with --per_microbatch, one call a microbatch.
+//
+// --kernel picks the packed GEMM's micro-kernel (avx512, avx2 or portable;
+// default: this CPU's), and --baseline=KERNEL compares it with the packed
+// GEMM on another kernel instead of OpenBLAS, e.g.
+//
+//   bazel-bin/kernels/packed_gemm_benchmark --kernel=avx512 --baseline=avx2
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +51,12 @@ ABSL_FLAG(bool, prepacked, false,
           "time the packed GEMM with every weight packed beforehand.");
 ABSL_FLAG(bool, weight_gradients, false,
           "time the weight-gradient GEMMs instead.");
+ABSL_FLAG(std::string, kernel, "",
+          "the packed GEMM's kernel: avx512, avx2 or portable (default: this "
+          "CPU's).");
+ABSL_FLAG(std::string, baseline, "openblas",
+          "what the packed GEMM is compared with: openblas, or the packed GEMM "
+          "on another kernel (avx512, avx2, portable).");
 ABSL_FLAG(bool, per_microbatch, false,
           "with --weight_gradients: the packed GEMM once a microbatch, not "
           "chained.");
@@ -230,13 +245,57 @@ void RunWeightGradients(int microbatches, int rounds, bool per_microbatch) {
           openblas, packed);
 }
 
-// Times the two alternately, the order swapped every round; prints
+// A kernel named on the command line, if this CPU has it.
+std::optional<PackedKernel> KernelNamed(const std::string& name) {
+  for (PackedKernel k :
+       {PackedKernel::kPortable, PackedKernel::kAvx2, PackedKernel::kAvx512}) {
+    std::string lower = PackedKernelName(k);
+    lower.erase(std::remove(lower.begin(), lower.end(), '-'), lower.end());
+    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+    if (lower != name) continue;
+    if (!PackedKernelSupported(k)) {
+      std::fprintf(stderr, "this CPU cannot run the %s kernel\n",
+                   PackedKernelName(k));
+      std::exit(2);
+    }
+    return k;
+  }
+  std::fprintf(stderr, "unknown kernel '%s'\n", name.c_str());
+  std::exit(2);
+}
+
+// The packed GEMM's kernel (--kernel), and the baseline's when it is the
+// packed GEMM on another kernel (--baseline).
+std::optional<PackedKernel> TestedKernel() {
+  const std::string name = absl::GetFlag(FLAGS_kernel);
+  if (name.empty()) return std::nullopt;
+  return KernelNamed(name);
+}
+
+// Times the baseline (OpenBLAS, or the packed GEMM on --baseline's kernel)
+// and the packed GEMM alternately, the order swapped every round; prints
 // medians, GFLOP/s over the step's flops of one GEMM kind set (16 or 8
 // GEMMs: taken from the caller's batch) and the ratio.
 void Compare(int microbatches, int rounds, const char* what,
-             const std::function<void()>& openblas,
-             const std::function<void()>& packed) {
+             const std::function<void()>& openblas_fn,
+             const std::function<void()>& packed_fn) {
   const int64_t h = kHidden, f = kFfn, mb = kBatch / microbatches;
+  const std::string base_name = absl::GetFlag(FLAGS_baseline);
+  const std::optional<PackedKernel> tested = TestedKernel();
+  std::function<void()> openblas = openblas_fn;
+  std::string label = "OpenBLAS";
+  if (base_name != "openblas") {
+    const PackedKernel k = *KernelNamed(base_name);
+    label = std::string("packed ") + PackedKernelName(k);
+    openblas = [&, k] {
+      SetPackedKernelForTesting(k);
+      packed_fn();
+    };
+  }
+  const auto packed = [&] {
+    SetPackedKernelForTesting(tested);
+    packed_fn();
+  };
   openblas();  // warm up both, allocating every buffer
   packed();
   std::vector<double> a, b, ratio;
@@ -257,12 +316,15 @@ void Compare(int microbatches, int rounds, const char* what,
       std::string(what).find("weight") != std::string::npos ? 2.0 : 4.0;
   const double flops = gemms * 2 * kBatch * h * f * kBlocks;
   std::sort(ratio.begin(), ratio.end());
+  const std::string packed_label =
+      std::string("packed ") + PackedKernelName(ActivePackedKernel());
   std::printf(
-      "M=%d (%lld rows)%s: OpenBLAS %.1f ms (%.0f GFLOP/s), packed %.1f ms "
-      "(%.0f GFLOP/s), packed/OpenBLAS median %.3f (range %.3f-%.3f)\n",
-      microbatches, static_cast<long long>(mb), what, 1e3 * Median(a),
-      1e-9 * flops / Median(a), 1e3 * Median(b), 1e-9 * flops / Median(b),
-      Median(ratio), ratio.front(), ratio.back());
+      "M=%d (%lld rows)%s: %s %.1f ms (%.0f GFLOP/s), %s %.1f ms "
+      "(%.0f GFLOP/s), ratio median %.3f (range %.3f-%.3f)\n",
+      microbatches, static_cast<long long>(mb), what, label.c_str(),
+      1e3 * Median(a), 1e-9 * flops / Median(a), packed_label.c_str(),
+      1e3 * Median(b), 1e-9 * flops / Median(b), Median(ratio), ratio.front(),
+      ratio.back());
   std::fflush(stdout);
 }
 

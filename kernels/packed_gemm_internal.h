@@ -7,28 +7,47 @@
 
 #include <immintrin.h>
 
-#include <atomic>
 #include <cstdint>
+
+#include "kernels/packed_gemm.h"
 
 namespace trainyard {
 namespace packed_internal {
 
 // The loop nest (BLIS's, for a small A): k in blocks of kKc; within a
 // block, rows of A in blocks of at most kMc (256, packed_gemm.cc) packed
-// into panels of at most kMr rows ([k][row] interleaved, <= 256 KiB: the
-// core's L2); for each 16-column panel of B (16 KiB: L1) every row panel
-// runs the kMr x 16 micro-kernel over the block's k. Each element of C stays
-// one fma chain in ascending k whatever the blocking: a block starts from C's
-// value as the previous block left it.
+// into panels of at most PanelRows() rows ([k][row] interleaved, <= 256
+// KiB: the core's L2); for each 16-column panel of B (16 KiB: L1) every row
+// panel runs the micro-kernel (its rows x 16) over the block's k. Each
+// element of C stays one fma chain in ascending k whatever the blocking: a
+// block starts from C's value as the previous block left it.
 constexpr int64_t kNr = 16;
 constexpr int64_t kKc = 256;
+// The AVX2 kernel's rows (12 ymm accumulators), which also sets shape-only
+// cuts that must not depend on the kernel (SgemmPackedTransposed's column
+// blocks).
 constexpr int64_t kMr = 6;
+// The AVX-512 kernel's rows (12 zmm accumulators): the most of any kernel.
+constexpr int64_t kMaxMr = 12;
+
+// Which micro-kernels run: the CPU's choice or TRAINYARD_PACKED_GEMM's
+// (packed_gemm.cc), or a test's. All give the same bits.
+using Kernel = PackedKernel;
+Kernel ActiveKernel();
+
+// Rows in a row panel of A for the active kernel.
+inline int64_t PanelRows() {
+  return ActiveKernel() == Kernel::kAvx512 ? kMaxMr : kMr;
+}
 
 // Panels of kNr columns for n columns.
 inline int64_t Panels(int64_t n) { return (n + kNr - 1) / kNr; }
 
 // How many row panels ForEachRowPanel cuts `rows` into.
-inline int64_t RowPanels(int64_t rows) { return (rows + kMr - 1) / kMr; }
+inline int64_t RowPanels(int64_t rows) {
+  const int64_t mr = PanelRows();
+  return (rows + mr - 1) / mr;
+}
 
 // Cuts `rows` into RowPanels(rows) panels of near-equal size (5 and 6
 // rows rather than 6s and a last 2, which would run at a third of the
@@ -72,10 +91,26 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2StoreTile(
   }
 }
 
-// The AVX2 micro-kernels, unless the CPU lacks AVX2 or FMA or a test asked
-// for the portable ones (portable_for_testing; the same bits).
-bool UseAvx2Kernel();
-extern std::atomic<bool> portable_for_testing;
+// The AVX-512 micro-kernels' R x 16 tile, one zmm a row.
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void Avx512LoadTile(
+    const float* c, int64_t ldc, bool load, __m512* acc) {
+#pragma GCC unroll 12
+  for (int i = 0; i < R; ++i) {
+    acc[i] = load ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+  }
+}
+
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void Avx512StoreTile(
+    const __m512* acc, float* c, int64_t ldc) {
+#pragma GCC unroll 12
+  for (int i = 0; i < R; ++i) _mm512_storeu_ps(c + i * ldc, acc[i]);
+}
+
+// Whether the vector helpers (PackTransposed's 8 x 8 transposes, streaming
+// stores) may use AVX2: any kernel but the portable one.
+inline bool UseAvx2Helpers() { return ActiveKernel() != Kernel::kPortable; }
 
 // One panel of op(B) = b^T: dst[q * 16 + j] = src[j * ld + q] for q < kb,
 // j < cols (16 rows of b read along k), zeros for j >= cols.

@@ -1,6 +1,7 @@
 #include "kernels/packed_gemm.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -49,13 +50,13 @@ struct Case {
   int64_t m, n, k;
 };
 
-// Shapes across every edge of the blocking: rows around the 6-row panels
-// and the 240-row blocks, columns around the 16-column panels, k around
-// the 256-row blocks (and k = 0).
+// Shapes across every edge of the blocking: rows around the 6- and 12-row
+// panels (AVX2's and AVX-512's) and the 256-row blocks, columns around the
+// 16-column panels, k around the 256-row blocks (and k = 0).
 const Case kCases[] = {
-    {1, 1, 1},     {5, 15, 7},    {7, 16, 256},  {31, 17, 257},
-    {32, 40, 255}, {64, 33, 600}, {250, 48, 31}, {481, 20, 300},
-    {13, 300, 64}, {2, 5, 0},     {300, 1, 513},
+    {1, 1, 1},     {5, 15, 7},    {7, 16, 256},   {31, 17, 257}, {32, 40, 255},
+    {64, 33, 600}, {250, 48, 31}, {481, 20, 300}, {13, 300, 64}, {2, 5, 0},
+    {300, 1, 513}, {12, 20, 100}, {25, 17, 40},   {11, 64, 9},
 };
 
 // Which GEMM computes C = A op(B) from b: SgemmPacked on op(B) packed
@@ -115,12 +116,36 @@ TEST(SgemmPackedTest, EveryElementIsTheDocumentedFmaChain) {
   }
 }
 
-TEST(SgemmPackedTest, PortableKernelGivesTheSameBits) {
-  UsePortablePackedKernelForTesting(true);
-  for (const Case& cs : kCases) {
-    for (bool trans : {false, true}) ExpectMatchesReference(cs, trans, true);
+// Every kernel this CPU can run, in turn (the default one last).
+const PackedKernel kKernels[] = {PackedKernel::kPortable, PackedKernel::kAvx2,
+                                 PackedKernel::kAvx512};
+
+// Runs fn() with each kernel this CPU can run; the default one again after.
+// A kernel the CPU lacks is named on stdout, so a log shows what ran.
+void ForEachKernel(const std::function<void()>& fn) {
+  for (PackedKernel kernel : kKernels) {
+    if (!PackedKernelSupported(kernel)) {
+      std::printf("this CPU cannot run the %s kernel: not tested here\n",
+                  PackedKernelName(kernel));
+      continue;
+    }
+    SCOPED_TRACE(PackedKernelName(kernel));
+    SetPackedKernelForTesting(kernel);
+    fn();
   }
-  UsePortablePackedKernelForTesting(false);
+  SetPackedKernelForTesting(std::nullopt);
+}
+
+TEST(SgemmPackedTest, EveryKernelGivesTheSameBits) {
+  ForEachKernel([] {
+    for (const Case& cs : kCases) {
+      for (bool trans : {false, true}) {
+        for (bool accumulate : {false, true}) {
+          ExpectMatchesReference(cs, trans, accumulate);
+        }
+      }
+    }
+  });
 }
 
 // A row's result does not depend on which call, how many rows or how many
@@ -249,14 +274,17 @@ TEST(SgemmPackedTransposedTest, EveryElementIsTheDocumentedFmaChain) {
   ExpectMatchesReference({64, 1030, 4100}, false, true, Path::kTransposed);
 }
 
-TEST(SgemmPackedTransposedTest, PortableKernelGivesTheSameBits) {
-  UsePortablePackedKernelForTesting(true);
-  for (const Case& cs : kCases) {
-    for (bool trans : {false, true}) {
-      ExpectMatchesReference(cs, trans, true, Path::kTransposed);
+TEST(SgemmPackedTransposedTest, EveryKernelGivesTheSameBits) {
+  ForEachKernel([] {
+    for (const Case& cs : kCases) {
+      for (bool trans : {false, true}) {
+        for (bool accumulate : {false, true}) {
+          ExpectMatchesReference(cs, trans, accumulate, Path::kTransposed);
+        }
+      }
     }
-  }
-  UsePortablePackedKernelForTesting(false);
+    ExpectMatchesReference({37, 700, 1000}, false, false, Path::kTransposed);
+  });
 }
 
 // The forward's pack of a weight W [n, k] (op(B) = W^T) gives the input
@@ -337,52 +365,55 @@ TEST(SgemmWeightGradientTest, PartsChainIntoOneFmaChain) {
       {13, 16, {256, 1, 255, 7}},
       {258, 5, {64, 64, 64, 64, 1}},
   };
-  for (const GradCase& cs : cases) {
-    for (bool accumulate : {false, true}) {
-      Rng rng(cs.m * 31 + cs.n * 7 + cs.rows.size() + accumulate);
-      const int64_t ld_dy = cs.m + 3, ld_x = cs.n + 1, ldc = cs.n + 2;
-      std::vector<std::vector<float>> dy, x;
-      std::vector<GradientRows> parts;
-      // The parts stacked, for the reference: A = dy^T [m, k], B = x [k, n].
-      int64_t k = 0;
-      for (int64_t r : cs.rows) k += r;
-      std::vector<float> a(cs.m * k), b(k * cs.n);
-      int64_t q = 0;
-      for (int64_t r : cs.rows) {
-        dy.push_back(Values(rng, std::max<int64_t>(1, r * ld_dy)));
-        x.push_back(Values(rng, std::max<int64_t>(1, r * ld_x)));
-        parts.push_back({r, dy.back().data(), ld_dy, x.back().data(), ld_x});
-        for (int64_t i = 0; i < r; ++i, ++q) {
-          for (int64_t j = 0; j < cs.m; ++j) {
-            a[j * k + q] = dy.back()[i * ld_dy + j];
-          }
-          for (int64_t j = 0; j < cs.n; ++j) {
-            b[q * cs.n + j] = x.back()[i * ld_x + j];
+  ForEachKernel([&] {
+    for (const GradCase& cs : cases) {
+      for (bool accumulate : {false, true}) {
+        Rng rng(cs.m * 31 + cs.n * 7 + cs.rows.size() + accumulate);
+        const int64_t ld_dy = cs.m + 3, ld_x = cs.n + 1, ldc = cs.n + 2;
+        std::vector<std::vector<float>> dy, x;
+        std::vector<GradientRows> parts;
+        // The parts stacked, for the reference: A = dy^T [m, k], B = x [k, n].
+        int64_t k = 0;
+        for (int64_t r : cs.rows) k += r;
+        std::vector<float> a(cs.m * k), b(k * cs.n);
+        int64_t q = 0;
+        for (int64_t r : cs.rows) {
+          dy.push_back(Values(rng, std::max<int64_t>(1, r * ld_dy)));
+          x.push_back(Values(rng, std::max<int64_t>(1, r * ld_x)));
+          parts.push_back({r, dy.back().data(), ld_dy, x.back().data(), ld_x});
+          for (int64_t i = 0; i < r; ++i, ++q) {
+            for (int64_t j = 0; j < cs.m; ++j) {
+              a[j * k + q] = dy.back()[i * ld_dy + j];
+            }
+            for (int64_t j = 0; j < cs.n; ++j) {
+              b[q * cs.n + j] = x.back()[i * ld_x + j];
+            }
           }
         }
-      }
-      const std::vector<float> c0 = Values(rng, cs.m * ldc);
-      const std::vector<float> want =
-          Reference(cs.m, cs.n, k, a, k, false, b, cs.n, accumulate, c0, ldc);
-      std::vector<float> chained = c0;
-      ASSERT_TRUE(SgemmWeightGradient(cs.m, cs.n, parts, accumulate,
-                                      chained.data(), ldc)
-                      .ok());
-      // Bitwise, padding between rows of C included.
-      ASSERT_EQ(0, std::memcmp(chained.data(), want.data(), want.size() * 4))
-          << "m=" << cs.m << " n=" << cs.n << " parts=" << parts.size()
-          << " accumulate=" << accumulate;
-      std::vector<float> one_by_one = c0;
-      for (size_t i = 0; i < parts.size(); ++i) {
-        ASSERT_TRUE(SgemmWeightGradient(cs.m, cs.n, {parts[i]},
-                                        accumulate || i > 0, one_by_one.data(),
-                                        ldc)
+        const std::vector<float> c0 = Values(rng, cs.m * ldc);
+        const std::vector<float> want =
+            Reference(cs.m, cs.n, k, a, k, false, b, cs.n, accumulate, c0, ldc);
+        std::vector<float> chained = c0;
+        ASSERT_TRUE(SgemmWeightGradient(cs.m, cs.n, parts, accumulate,
+                                        chained.data(), ldc)
                         .ok());
+        // Bitwise, padding between rows of C included.
+        ASSERT_EQ(0, std::memcmp(chained.data(), want.data(), want.size() * 4))
+            << "m=" << cs.m << " n=" << cs.n << " parts=" << parts.size()
+            << " accumulate=" << accumulate;
+        std::vector<float> one_by_one = c0;
+        for (size_t i = 0; i < parts.size(); ++i) {
+          ASSERT_TRUE(SgemmWeightGradient(cs.m, cs.n, {parts[i]},
+                                          accumulate || i > 0,
+                                          one_by_one.data(), ldc)
+                          .ok());
+        }
+        ASSERT_EQ(0,
+                  std::memcmp(one_by_one.data(), want.data(), want.size() * 4))
+            << "one part a call: m=" << cs.m << " n=" << cs.n;
       }
-      ASSERT_EQ(0, std::memcmp(one_by_one.data(), want.data(), want.size() * 4))
-          << "one part a call: m=" << cs.m << " n=" << cs.n;
     }
-  }
+  });
 }
 
 TEST(SgemmWeightGradientTest, RejectsBadParts) {

@@ -101,10 +101,91 @@ __attribute__((target("avx2,fma"))) void Avx2TPanel(
   }
 }
 
+// Avx2TStep with one zmm of A^T: op(B)'s R values broadcast from memory.
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void Avx512TStep(
+    const float* wp, const float* at, __m512* acc) {
+  const __m512 b = _mm512_loadu_ps(at);
+#pragma GCC unroll 12
+  for (int i = 0; i < R; ++i) {
+    acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(wp[i * kNr]), b, acc[i]);
+  }
+}
+
+// Avx2TKernel with one zmm a row of C^T, for up to 12 rows.
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void Avx512TKernel(
+    int64_t panels, int64_t last, const float* w, int64_t stride,
+    const float* at, float* ct, int64_t ldct, bool load,
+    const TPrefetch& next) {
+  __m512 acc[R];
+  Avx512LoadTile<R>(ct, ldct, load, acc);
+  for (int64_t p = 0; p < panels; ++p) {
+    const float* wp = w + p * stride;
+    const float* ap = at + p * kNr * kNr;
+    if (p < next.panels) {
+      const char* line = reinterpret_cast<const char*>(next.w + p * stride);
+      for (int64_t i = 0; i < next.rows; ++i) {
+        _mm_prefetch(line + i * kNr * sizeof(float), _MM_HINT_T0);
+      }
+    }
+    if (p + 1 < panels || last == kNr) {
+#pragma GCC unroll 16
+      for (int j = 0; j < kNr; ++j) Avx512TStep<R>(wp + j, ap + j * kNr, acc);
+    } else {
+      for (int64_t j = 0; j < last; ++j) {
+        Avx512TStep<R>(wp + j, ap + j * kNr, acc);
+      }
+    }
+  }
+  Avx512StoreTile<R>(acc, ct, ldct);
+}
+
+#define TRAINYARD_T512(R) \
+  Avx512TKernel<R>(panels, last, w, stride, at, ct, ldct, load, next)
+
+__attribute__((target("avx512f"))) void Avx512TPanel(
+    int rows, int64_t panels, int64_t last, const float* w, int64_t stride,
+    const float* at, float* ct, int64_t ldct, bool load,
+    const TPrefetch& next) {
+  switch (rows) {
+    case 12:
+      return TRAINYARD_T512(12);
+    case 11:
+      return TRAINYARD_T512(11);
+    case 10:
+      return TRAINYARD_T512(10);
+    case 9:
+      return TRAINYARD_T512(9);
+    case 8:
+      return TRAINYARD_T512(8);
+    case 7:
+      return TRAINYARD_T512(7);
+    case 6:
+      return TRAINYARD_T512(6);
+    case 5:
+      return TRAINYARD_T512(5);
+    case 4:
+      return TRAINYARD_T512(4);
+    case 3:
+      return TRAINYARD_T512(3);
+    case 2:
+      return TRAINYARD_T512(2);
+    default:
+      return TRAINYARD_T512(1);
+  }
+}
+
+#undef TRAINYARD_T512
+
 void TPanel(int rows, int64_t panels, int64_t last, const float* w,
             int64_t stride, const float* at, float* ct, int64_t ldct, bool load,
             const TPrefetch& next) {
-  if (UseAvx2Kernel()) {
+  if (ActiveKernel() == Kernel::kAvx512) {
+    Avx512TPanel(rows, panels, last, w, stride, at, ct, ldct, load, next);
+    return;
+  }
+  if (ActiveKernel() == Kernel::kAvx2) {
     Avx2TPanel(rows, panels, last, w, stride, at, ct, ldct, load, next);
     return;
   }
