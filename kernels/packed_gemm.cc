@@ -3,74 +3,19 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/status_macros.h"
-#include "kernels/cpu_kind.h"
 #include "kernels/packed_gemm_internal.h"
 #include "kernels/parallel.h"
 
 namespace trainyard {
 
 namespace packed_internal {
-
-namespace {
-
-// This CPU's kernel: AVX-512 where the FMA units are 512 bits wide (twice
-// the AVX2 kernel's peak there), AVX2 where they are 256 bits (AVX2 CPUs,
-// and AMD Zen 4, cpu_kind.h, where the AVX-512 kernel ran as fast:
-// docs/BENCHMARKS.md, "A packed GEMM for small microbatches"), else the
-// portable one.
-PackedKernel CpuKernel() {
-  if (!CpuHasAvx2Fma()) return PackedKernel::kPortable;
-  if (CpuHasAvx512() && !CpuHasHalfWidthAvx512()) return PackedKernel::kAvx512;
-  return PackedKernel::kAvx2;
-}
-
-// TRAINYARD_PACKED_GEMM, read once: unset or empty (the CPU's choice),
-// "0" (off), "avx2", "avx512" or "portable" (on, that kernel if this CPU
-// has it), anything else (on).
-struct Config {
-  bool enabled;
-  PackedKernel kernel;
-};
-
-const Config& GetConfig() {
-  static const Config config = [] {
-    Config c{PackedGemmOnByDefault(), CpuKernel()};
-    const char* env = std::getenv("TRAINYARD_PACKED_GEMM");
-    if (env == nullptr || env[0] == '\0') return c;
-    c.enabled = std::strcmp(env, "0") != 0;
-    const std::pair<const char*, PackedKernel> names[] = {
-        {"portable", PackedKernel::kPortable},
-        {"avx2", PackedKernel::kAvx2},
-        {"avx512", PackedKernel::kAvx512}};
-    for (const auto& [name, kernel] : names) {
-      if (std::strcmp(env, name) == 0 && PackedKernelSupported(kernel)) {
-        c.kernel = kernel;
-      }
-    }
-    return c;
-  }();
-  return config;
-}
-
-// A test's kernel (SetPackedKernelForTesting), or -1.
-std::atomic<int> kernel_for_testing{-1};
-
-}  // namespace
-
-PackedKernel ActiveKernel() {
-  const int forced = kernel_for_testing.load(std::memory_order_relaxed);
-  return forced >= 0 ? static_cast<PackedKernel>(forced) : GetConfig().kernel;
-}
 
 namespace {
 
@@ -119,19 +64,16 @@ void PackTransposed(const float* src, int64_t ld, int64_t kb, int64_t cols,
 
 namespace {
 
-using packed_internal::ActiveKernel;
-using packed_internal::Avx2LoadTile;
-using packed_internal::Avx2StoreTile;
-using packed_internal::Avx512LoadTile;
-using packed_internal::Avx512StoreTile;
 using packed_internal::ForEachRowPanel;
-using packed_internal::Kernel;
 using packed_internal::kKc;
 using packed_internal::kMaxMr;
+using packed_internal::kNoPrefetch;
 using packed_internal::kNr;
 using packed_internal::PackTransposed;
+using packed_internal::Panel;
 using packed_internal::PanelRows;
 using packed_internal::Panels;
+using packed_internal::Prefetch;
 using packed_internal::RowPanels;
 using packed_internal::UseAvx2Helpers;
 
@@ -142,212 +84,6 @@ constexpr int64_t kMc = 256;  // rows of A in a row block
 int64_t RowBlock(int64_t m) {
   const int64_t blocks = (m + kMc - 1) / kMc;
   return (m + blocks - 1) / blocks;
-}
-
-// What the micro-kernel prefetches while it runs, one cache line a k step:
-// runs of `run` lines `step` floats apart, the runs `stride` apart (line q
-// at base + (q / run) * stride + (q % run) * step). The next packed panel
-// is one run of 16-float lines; the next panel still to be packed is 16
-// lines of each of 16 rows of b (runs of 16) or one line of each of kb
-// rows (one run, step ldb).
-struct Prefetch {
-  const float* base = nullptr;
-  int64_t run = int64_t{1} << 40;
-  int64_t step = kNr;
-  int64_t stride = 0;
-  // This kernel's share of the lines: [first, first + count), one a k
-  // step from the kernel's first.
-  int64_t first = 0;
-  int64_t count = int64_t{1} << 40;
-};
-
-// Passed by reference: a Prefetch built on the stack and passed by value
-// to every kernel call was copied with stores and loads of different
-// widths, which the CPU cannot forward from its store buffer: 8% of a
-// weight gradient's time on AMD Zen 4 (docs/BENCHMARKS.md, "A packed GEMM
-// for small microbatches").
-constexpr Prefetch kNoPrefetch{};
-
-// One k step of Avx2Kernel: row k of the B panel times R values of A.
-template <int R>
-__attribute__((target("avx2,fma"), always_inline)) inline void Avx2Step(
-    int64_t k, const float* ap, const float* bp, __m256* lo, __m256* hi) {
-  const __m256 b0 = _mm256_loadu_ps(bp + k * kNr);
-  const __m256 b1 = _mm256_loadu_ps(bp + k * kNr + 8);
-#pragma GCC unroll 6
-  for (int i = 0; i < R; ++i) {
-    const __m256 av = _mm256_broadcast_ss(ap + k * R + i);
-    lo[i] = _mm256_fmadd_ps(av, b0, lo[i]);
-    hi[i] = _mm256_fmadd_ps(av, b1, hi[i]);
-  }
-}
-
-// rows x 16 block of C (row stride ldc) from `rows` interleaved rows of A
-// (ap[k * rows + i]) and one panel of B (bp[k * 16 + j]).
-template <int R>
-__attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
-    int64_t kb, const float* ap, const float* bp, float* c, int64_t ldc,
-    bool load, const Prefetch& prefetch) {
-  __m256 lo[R], hi[R];
-  Avx2LoadTile<R>(c, ldc, load, lo, hi);
-  int64_t k = 0;
-  if (prefetch.base != nullptr) {
-    // One line of the next panel a step: it is in cache when its turn
-    // comes. Into L2, not L1: with 32 rows the next panel's 16 KiB came in
-    // while the current panel (16 KiB) and the row panels of A (up to 32
-    // KiB) were still being read from a 32 KiB L1. Measured on AMD Zen 4
-    // (scratch program, SgemmPacked from the packs of a step's 8 weights,
-    // the two hints alternating in one process, 11 rounds): the L2 hint's
-    // time was 0.85 of the L1 hint's at 32 rows (range 0.79-0.97), 1.00
-    // at 64 and 1.01 at 128; when packing as it goes (the first
-    // microbatch), 0.95, 0.97 and 1.01.
-    const int64_t n = std::min(kb, prefetch.count);
-    for (int64_t q = prefetch.first; k < n;) {
-      const int64_t in_run = q % prefetch.run;
-      const int64_t k1 = std::min(n, k + prefetch.run - in_run);
-      const char* line = reinterpret_cast<const char*>(
-          prefetch.base + q / prefetch.run * prefetch.stride +
-          in_run * prefetch.step);
-      const int64_t step = prefetch.step * sizeof(float);
-      q += k1 - k;
-#pragma GCC unroll 4
-      for (; k < k1; ++k) {
-        _mm_prefetch(line, _MM_HINT_T1);
-        line += step;
-        Avx2Step<R>(k, ap, bp, lo, hi);
-      }
-    }
-  }
-#pragma GCC unroll 4
-  for (; k < kb; ++k) Avx2Step<R>(k, ap, bp, lo, hi);
-  Avx2StoreTile<R>(lo, hi, c, ldc);
-}
-
-__attribute__((target("avx2,fma"))) void Avx2Panel(int rows, int64_t kb,
-                                                   const float* ap,
-                                                   const float* bp, float* c,
-                                                   int64_t ldc, bool load,
-                                                   const Prefetch& prefetch) {
-  switch (rows) {
-    case 6:
-      return Avx2Kernel<6>(kb, ap, bp, c, ldc, load, prefetch);
-    case 5:
-      return Avx2Kernel<5>(kb, ap, bp, c, ldc, load, prefetch);
-    case 4:
-      return Avx2Kernel<4>(kb, ap, bp, c, ldc, load, prefetch);
-    case 3:
-      return Avx2Kernel<3>(kb, ap, bp, c, ldc, load, prefetch);
-    case 2:
-      return Avx2Kernel<2>(kb, ap, bp, c, ldc, load, prefetch);
-    default:
-      return Avx2Kernel<1>(kb, ap, bp, c, ldc, load, prefetch);
-  }
-}
-
-// One k step of Avx512Kernel: row k of the B panel (one zmm) times R values
-// of A, each broadcast from memory.
-template <int R>
-__attribute__((target("avx512f"), always_inline)) inline void Avx512Step(
-    int64_t k, const float* ap, const float* bp, __m512* acc) {
-  const __m512 b = _mm512_loadu_ps(bp + k * kNr);
-#pragma GCC unroll 12
-  for (int i = 0; i < R; ++i) {
-    acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[k * R + i]), b, acc[i]);
-  }
-}
-
-// Avx2Kernel with one zmm a row of C, for up to 12 rows: a k step is one
-// load of B, R broadcasts and R fmas, so with 12 rows the two 512-bit FMA
-// units of a full-width AVX-512 core have 12 independent chains to
-// overlap. The prefetch plan is Avx2Kernel's.
-template <int R>
-__attribute__((target("avx512f"), always_inline)) inline void Avx512Kernel(
-    int64_t kb, const float* ap, const float* bp, float* c, int64_t ldc,
-    bool load, const Prefetch& prefetch) {
-  __m512 acc[R];
-  Avx512LoadTile<R>(c, ldc, load, acc);
-  int64_t k = 0;
-  if (prefetch.base != nullptr) {
-    const int64_t n = std::min(kb, prefetch.count);
-    for (int64_t q = prefetch.first; k < n;) {
-      const int64_t in_run = q % prefetch.run;
-      const int64_t k1 = std::min(n, k + prefetch.run - in_run);
-      const char* line = reinterpret_cast<const char*>(
-          prefetch.base + q / prefetch.run * prefetch.stride +
-          in_run * prefetch.step);
-      const int64_t step = prefetch.step * sizeof(float);
-      q += k1 - k;
-#pragma GCC unroll 4
-      for (; k < k1; ++k) {
-        _mm_prefetch(line, _MM_HINT_T1);
-        line += step;
-        Avx512Step<R>(k, ap, bp, acc);
-      }
-    }
-  }
-#pragma GCC unroll 4
-  for (; k < kb; ++k) Avx512Step<R>(k, ap, bp, acc);
-  Avx512StoreTile<R>(acc, c, ldc);
-}
-
-__attribute__((target("avx512f"))) void Avx512Panel(int rows, int64_t kb,
-                                                    const float* ap,
-                                                    const float* bp, float* c,
-                                                    int64_t ldc, bool load,
-                                                    const Prefetch& prefetch) {
-  switch (rows) {
-    case 12:
-      return Avx512Kernel<12>(kb, ap, bp, c, ldc, load, prefetch);
-    case 11:
-      return Avx512Kernel<11>(kb, ap, bp, c, ldc, load, prefetch);
-    case 10:
-      return Avx512Kernel<10>(kb, ap, bp, c, ldc, load, prefetch);
-    case 9:
-      return Avx512Kernel<9>(kb, ap, bp, c, ldc, load, prefetch);
-    case 8:
-      return Avx512Kernel<8>(kb, ap, bp, c, ldc, load, prefetch);
-    case 7:
-      return Avx512Kernel<7>(kb, ap, bp, c, ldc, load, prefetch);
-    case 6:
-      return Avx512Kernel<6>(kb, ap, bp, c, ldc, load, prefetch);
-    case 5:
-      return Avx512Kernel<5>(kb, ap, bp, c, ldc, load, prefetch);
-    case 4:
-      return Avx512Kernel<4>(kb, ap, bp, c, ldc, load, prefetch);
-    case 3:
-      return Avx512Kernel<3>(kb, ap, bp, c, ldc, load, prefetch);
-    case 2:
-      return Avx512Kernel<2>(kb, ap, bp, c, ldc, load, prefetch);
-    default:
-      return Avx512Kernel<1>(kb, ap, bp, c, ldc, load, prefetch);
-  }
-}
-
-// The same chains, one element at a time (any x86-64; std::fma rounds once
-// as the vector instruction does).
-void PortablePanel(int rows, int64_t kb, const float* ap, const float* bp,
-                   float* c, int64_t ldc, bool load) {
-  for (int i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < kNr; ++j) {
-      float acc = load ? c[i * ldc + j] : 0.0f;
-      for (int64_t k = 0; k < kb; ++k) {
-        acc = std::fma(ap[k * rows + i], bp[k * kNr + j], acc);
-      }
-      c[i * ldc + j] = acc;
-    }
-  }
-}
-
-void Panel(int rows, int64_t kb, const float* ap, const float* bp, float* c,
-           int64_t ldc, bool load, const Prefetch& prefetch) {
-  switch (ActiveKernel()) {
-    case Kernel::kAvx512:
-      return Avx512Panel(rows, kb, ap, bp, c, ldc, load, prefetch);
-    case Kernel::kAvx2:
-      return Avx2Panel(rows, kb, ap, bp, c, ldc, load, prefetch);
-    case Kernel::kPortable:
-      return PortablePanel(rows, kb, ap, bp, c, ldc, load);
-  }
 }
 
 // Panel() on a rows x cols block of C, cols <= 16: the last panel of C,
@@ -846,52 +582,6 @@ absl::Status SgemmWeightGradient(int64_t m, int64_t n,
   source.packed = x_packed.data();
   source.rows_outer = true;
   return Run(m, n, k, a, source, accumulate, c, ldc, GemmEpilogue());
-}
-
-bool PackedGemmOnByDefault() { return CpuHasAvx2Fma(); }
-
-bool PackedGemmEnabled() { return packed_internal::GetConfig().enabled; }
-
-bool UsePackedGemm(int64_t rows) {
-  return rows <= kPackedGemmMaxRows && PackedGemmEnabled();
-}
-
-bool PackedKernelSupported(PackedKernel kernel) {
-  switch (kernel) {
-    case PackedKernel::kPortable:
-      return true;
-    case PackedKernel::kAvx2:
-      return CpuHasAvx2Fma();
-    case PackedKernel::kAvx512:
-      return CpuHasAvx2Fma() && CpuHasAvx512();
-  }
-  return false;
-}
-
-PackedKernel ActivePackedKernel() { return packed_internal::ActiveKernel(); }
-
-const char* PackedKernelName(PackedKernel kernel) {
-  switch (kernel) {
-    case PackedKernel::kPortable:
-      return "portable";
-    case PackedKernel::kAvx2:
-      return "AVX2";
-    case PackedKernel::kAvx512:
-      return "AVX-512";
-  }
-  return "?";
-}
-
-std::string PackedGemmDescription() {
-  if (!PackedGemmEnabled()) return "packed GEMM: off";
-  return absl::StrCat("packed GEMM: ", PackedKernelName(ActivePackedKernel()),
-                      ", up to ", kPackedGemmMaxRows, " rows");
-}
-
-void SetPackedKernelForTesting(std::optional<PackedKernel> kernel) {
-  packed_internal::kernel_for_testing.store(
-      kernel.has_value() ? static_cast<int>(*kernel) : -1,
-      std::memory_order_relaxed);
 }
 
 }  // namespace trainyard

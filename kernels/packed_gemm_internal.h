@@ -64,6 +64,37 @@ void ForEachRowPanel(int64_t rows, F fn) {
   }
 }
 
+// What the micro-kernel prefetches while it runs, one cache line a k step:
+// runs of `run` lines `step` floats apart, the runs `stride` apart (line q
+// at base + (q / run) * stride + (q % run) * step). The next packed panel
+// is one run of 16-float lines; the next panel still to be packed is 16
+// lines of each of 16 rows of b (runs of 16) or one line of each of kb
+// rows (one run, step ldb).
+struct Prefetch {
+  const float* base = nullptr;
+  int64_t run = int64_t{1} << 40;
+  int64_t step = kNr;
+  int64_t stride = 0;
+  // This kernel's share of the lines: [first, first + count), one a k
+  // step from the kernel's first.
+  int64_t first = 0;
+  int64_t count = int64_t{1} << 40;
+};
+
+// Passed by reference: a Prefetch built on the stack and passed by value
+// to every kernel call was copied with stores and loads of different
+// widths, which the CPU cannot forward from its store buffer: 8% of a
+// weight gradient's time on AMD Zen 4 (docs/BENCHMARKS.md, "A packed GEMM
+// for small microbatches").
+inline constexpr Prefetch kNoPrefetch{};
+
+// rows x 16 of C (row stride ldc; rows <= PanelRows()) from `rows`
+// interleaved rows of A (ap[k * rows + i]) and one panel of B (bp[k * 16 +
+// j]) over kb k steps, starting from C (load) or zero, on the active kernel;
+// fetching `prefetch`'s lines meanwhile (ignored by the portable kernel).
+void Panel(int rows, int64_t kb, const float* ap, const float* bp, float* c,
+           int64_t ldc, bool load, const Prefetch& prefetch);
+
 // The AVX2 micro-kernels' R x 16 accumulator tile (lo: columns 0-7, hi:
 // 8-15): loaded from C (rows ldc apart) or zero, and stored back.
 template <int R>
