@@ -18,8 +18,9 @@ runs the benchmark with TRAINYARD_PACKED_GEMM=1 (microbatches of at most
 128 rows on kernels/packed_gemm.h: the weights packed by the first
 microbatch's GEMMs for the others, the weight gradients chained over the
 step's microbatches), "openblas" with =0 (every GEMM on OpenBLAS),
-"default" as the process would choose; "both" (the default) runs packed
-and openblas side by side.
+"avx2" and "avx512" with the packed GEMM on that kernel, "default" as the
+process would choose; "both" (the default) runs packed and openblas side
+by side; a comma-separated list runs those (e.g. packed,avx512,openblas).
 
 Build, then run from the repository root with Debian's Python (torch 1.13):
     bazel build //engine:train_step_benchmark
@@ -91,7 +92,8 @@ def machine():
         "AVX2, no AVX-512" if "avx2" in flags else "no AVX2")
 
 
-VARIANTS = {"packed": "1", "openblas": "0", "default": None}
+VARIANTS = {"packed": "1", "openblas": "0", "avx2": "avx2",
+            "avx512": "avx512", "default": None}
 
 
 def run_trainyard(args, variant):
@@ -131,7 +133,8 @@ def main():
     p.add_argument("--torch_steps", type=int, default=8)
     p.add_argument("--torch_coretype", default="Zen")
     p.add_argument("--gemm", default="both",
-                   choices=["both"] + sorted(VARIANTS))
+                   help="both, or a comma-separated list of: " +
+                   ", ".join(sorted(VARIANTS)))
     p.add_argument("--bench", default=BENCH,
                    help="the train_step_benchmark binary")
     p.add_argument("--ld_library_path", default="",
@@ -141,7 +144,12 @@ def main():
     print(f"machine: {machine()}", flush=True)
     if args.threads != 2:
         sys.exit("BM_StepBreakdown runs 2 threads; use --threads 2")
-    variants = ["packed", "openblas"] if args.gemm == "both" else [args.gemm]
+    variants = (["packed", "openblas"] if args.gemm == "both" else
+                args.gemm.split(","))
+    for v in variants:
+        if v not in VARIANTS:
+            sys.exit(f"--gemm: unknown variant {v!r} (one of "
+                     f"{', '.join(sorted(VARIANTS))})")
     rows = []
     for r in range(args.rounds):
         ty = {}

@@ -57,7 +57,7 @@ mapfile -t BENCHES < <(grep . <<<"$benches")
 ((${#TESTS[@]} > 0)) || die "bazel query found no test tagged gpu"
 TOOLS=(//kernels/cuda:mlp_benchmark //cli:trainyard
   //controller:trainyard-controller //worker:trainyard-worker
-  //engine:train_step_benchmark "${BENCHES[@]}")
+  //engine:train_step_benchmark //kernels:packed_gemm_benchmark "${BENCHES[@]}")
 PLUGINS=(//task_plugins:libmse.so //task_plugins:libcross_entropy.so
   //task_plugins:liblogit_distillation.so)
 

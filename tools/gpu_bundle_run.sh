@@ -36,9 +36,15 @@
 #                                 inference job's rows/s (2 blocks, h=8192,
 #                                 bf16) next to torch.inference_mode, same
 #                                 python
+#   bench_packed_gemm             packed_gemm_benchmark on this machine's CPU:
+#                                 the packed GEMM on its default kernel
+#                                 against OpenBLAS, and against the AVX2
+#                                 kernel (where the CPU has AVX-512)
 #   bench_cpu_step                tools/bench_cpu_step.py: the CPU training
-#                                 step (M = 1, 4, 8; 2 threads) next to that
-#                                 python's torch on this machine's CPU
+#                                 step (M = 1, 2, 4, 8; 2 threads; the packed
+#                                 GEMM on this CPU's kernel and on AVX2, and
+#                                 OpenBLAS alone) next to that python's torch
+#                                 on this machine's CPU
 # RESULTS_DIR gets summary.txt (one row per step: PASS/FAIL/SKIPPED, seconds,
 # detail; the benchmarks side by side) and gpu-results.tar.gz (every log,
 # metric file and spec). Exit: 0 when every step that ran passed, 1 otherwise,
@@ -385,9 +391,26 @@ bench_cpu_step() {
   torch_python || { DETAIL=$WHY; return 3; }
   run "$TY_BENCH_TIMEOUT" env LD_LIBRARY_PATH="$ORIG_LD" "$TORCH_PY" \
     "$HERE/tools/bench_cpu_step.py" --rounds 2 --min_time 1 \
-    --bench "$HERE/bin/train_step_benchmark" \
+    --gemm packed,avx2,openblas --bench "$HERE/bin/train_step_benchmark" \
     --ld_library_path "$LD_LIBRARY_PATH" || return 1
   DETAIL="$(grep '^machine' "$STEP_LOG" | last_line); $(grep 'M = 4' "$STEP_LOG" | last_line | cut -c1-120)"
+}
+
+# The step's GEMMs at 32 to 256 rows: the packed GEMM (this CPU's kernel)
+# against OpenBLAS, then, where the CPU has AVX-512, the AVX-512 kernel
+# against the AVX2 one (2 threads).
+bench_packed_gemm() {
+  local b="$HERE/bin/packed_gemm_benchmark" a
+  for a in "" "--weight_gradients"; do
+    run "$TY_BENCH_TIMEOUT" "$b" --microbatches=1,2,4,8 --rounds=5 ${a:+"$a"} || return 1
+  done
+  if grep -qw avx512f /proc/cpuinfo; then
+    for a in "" "--weight_gradients"; do
+      run "$TY_BENCH_TIMEOUT" "$b" --kernel=avx512 --baseline=avx2 \
+        --microbatches=1,2,4,8 --rounds=5 ${a:+"$a"} || return 1
+    done
+  fi
+  DETAIL="$(grep -m1 'OpenBLAS' "$STEP_LOG" | cut -c1-80); $(grep 'M=8' "$STEP_LOG" | head -n 1 | cut -c1-150)"
 }
 
 finish() {
@@ -459,6 +482,7 @@ for t in "${BENCHES[@]}"; do
 done
 step bench_torch bench_torch
 step bench_infer bench_infer
+step bench_packed_gemm bench_packed_gemm
 step bench_cpu_step bench_cpu_step
 finish
 exit "$FAILED"
