@@ -1,6 +1,6 @@
 // What the CPU kernels ask of the CPU they run on, in one place: OpenBLAS's
-// core type (kernels/blas.cc) and the packed GEMM's default
-// (kernels/packed_gemm.cc) are chosen from these.
+// core type (kernels/blas.cc) and the packed GEMM's default and kernel
+// (kernels/packed_gemm_kernels.cc) are chosen from these.
 #ifndef TRAINYARD_KERNELS_CPU_KIND_H_
 #define TRAINYARD_KERNELS_CPU_KIND_H_
 

@@ -137,11 +137,11 @@ absl::Status SgemmWeightGradient(int64_t m, int64_t n,
 // Whether the MLP blocks use the packed GEMM by default on this CPU: on
 // every CPU with AVX2 and FMA. It was measured faster than OpenBLAS at 32
 // to 128 rows (docs/BENCHMARKS.md, "A packed GEMM for small microbatches")
-// on AMD Zen 3 (AVX2) and AMD Zen 4 (AVX-512 on 256-bit units, cpu_kind.h),
-// with the AVX2 kernel. On CPUs with full-width AVX-512 it runs the AVX-512
-// kernel, which has not been measured there against OpenBLAS (on Zen 4 it
-// ran as fast as the AVX2 kernel); OpenBLAS's own kernels ran 32 and 64
-// rows at 42% and 67% of their 256-row speed on such a CPU.
+// on AMD Zen 3 (AVX2) and AMD Zen 4 (AVX-512 on 256-bit units,
+// cpu_kind.h). On CPUs with full-width AVX-512 it has not been measured
+// against OpenBLAS (SkylakeX kernels); with OpenBLAS alone, a step on such
+// a CPU (an Intel Xeon) ran at 67% of the SGEMM ceiling in microbatches of
+// 64 rows and 42% in 32.
 bool PackedGemmOnByDefault();
 
 // Whether the MLP blocks may use the packed GEMM: for their forward and
@@ -159,8 +159,8 @@ bool PackedGemmEnabled();
 bool UsePackedGemm(int64_t rows);
 
 // The packed GEMM's micro-kernels. Default: AVX-512 (12 rows x 16 columns,
-// one zmm a row) on CPUs with full-width AVX-512, AVX2 (6 x 16) on the
-// other CPUs with AVX2 and FMA, else portable C++.
+// one zmm a row) on CPUs with AVX-512, AVX2 (6 x 16) on the other CPUs with
+// AVX2 and FMA, else portable C++.
 enum class PackedKernel { kPortable, kAvx2, kAvx512 };
 
 // Whether this CPU can run `kernel`.

@@ -20,14 +20,14 @@ namespace packed_internal {
 
 namespace {
 
-// This CPU's kernel: AVX-512 where the FMA units are 512 bits wide (twice
-// the AVX2 kernel's peak there), AVX2 where they are 256 bits (AVX2 CPUs,
-// and AMD Zen 4, cpu_kind.h, where the AVX-512 kernel ran as fast:
-// docs/BENCHMARKS.md, "A packed GEMM for small microbatches"), else the
-// portable one.
+// This CPU's kernel: AVX-512 where it has AVX-512 (on full-width units,
+// twice the AVX2 kernel's peak; on AMD Zen 4's 256-bit units, the same peak,
+// and 3-6% more samples/s than the AVX2 kernel in the training step at 32
+// to 128 rows: docs/BENCHMARKS.md, "A packed GEMM for small
+// microbatches"), else AVX2, else the portable one.
 PackedKernel CpuKernel() {
   if (!CpuHasAvx2Fma()) return PackedKernel::kPortable;
-  if (CpuHasAvx512() && !CpuHasHalfWidthAvx512()) return PackedKernel::kAvx512;
+  if (CpuHasAvx512()) return PackedKernel::kAvx512;
   return PackedKernel::kAvx2;
 }
 
