@@ -31,7 +31,7 @@ constexpr int64_t kMr = 6;
 constexpr int64_t kMaxMr = 12;
 
 // Which micro-kernels run: the CPU's choice or TRAINYARD_PACKED_GEMM's
-// (packed_gemm.cc), or a test's. All give the same bits.
+// (packed_gemm_kernels.cc), or a test's. All give the same bits.
 using Kernel = PackedKernel;
 Kernel ActiveKernel();
 

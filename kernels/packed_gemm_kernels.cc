@@ -21,10 +21,11 @@ namespace packed_internal {
 namespace {
 
 // This CPU's kernel: AVX-512 where it has AVX-512 (on full-width units,
-// twice the AVX2 kernel's peak; on AMD Zen 4's 256-bit units, the same peak,
-// and 3-6% more samples/s than the AVX2 kernel in the training step at 32
-// to 128 rows: docs/BENCHMARKS.md, "A packed GEMM for small
-// microbatches"), else AVX2, else the portable one.
+// twice the AVX2 kernel's peak; on AMD Zen 4's 256-bit units the same peak,
+// and 1.03-1.05 times the AVX2 kernel's samples/s in the training step at
+// 32 to 128 rows over 18 rounds, about that machine's noise between
+// variants: docs/BENCHMARKS.md, "A packed GEMM for small microbatches"),
+// else AVX2, else the portable one.
 PackedKernel CpuKernel() {
   if (!CpuHasAvx2Fma()) return PackedKernel::kPortable;
   if (CpuHasAvx512()) return PackedKernel::kAvx512;
