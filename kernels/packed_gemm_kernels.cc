@@ -72,6 +72,38 @@ PackedKernel ActiveKernel() {
 
 namespace {
 
+// A kernel call's share of a Prefetch plan, one run of lines at a time:
+// Next(k) says whether k steps remain to prefetch for, and sets the run
+// that starts at step k: steps [k, end), whose lines start at `line`,
+// `step` bytes apart.
+class PrefetchRuns {
+ public:
+  PrefetchRuns(const Prefetch& plan, int64_t kb)
+      : step(plan.step * static_cast<int64_t>(sizeof(float))),
+        plan_(plan),
+        n_(plan.base == nullptr ? 0 : std::min(kb, plan.count)),
+        q_(plan.first) {}
+
+  bool Next(int64_t k) {
+    if (k >= n_) return false;
+    const int64_t in_run = q_ % plan_.run;
+    end = std::min(n_, k + plan_.run - in_run);
+    line = reinterpret_cast<const char*>(
+        plan_.base + q_ / plan_.run * plan_.stride + in_run * plan_.step);
+    q_ += end - k;
+    return true;
+  }
+
+  const int64_t step;
+  int64_t end = 0;
+  const char* line = nullptr;
+
+ private:
+  const Prefetch& plan_;
+  const int64_t n_;
+  int64_t q_;
+};
+
 // One k step of Avx2Kernel: row k of the B panel times R values of A.
 template <int R>
 __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Step(
@@ -95,31 +127,21 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
   __m256 lo[R], hi[R];
   Avx2LoadTile<R>(c, ldc, load, lo, hi);
   int64_t k = 0;
-  if (prefetch.base != nullptr) {
-    // One line of the next panel a step: it is in cache when its turn
-    // comes. Into L2, not L1: with 32 rows the next panel's 16 KiB came in
-    // while the current panel (16 KiB) and the row panels of A (up to 32
-    // KiB) were still being read from a 32 KiB L1. Measured on AMD Zen 4
-    // (scratch program, SgemmPacked from the packs of a step's 8 weights,
-    // the two hints alternating in one process, 11 rounds): the L2 hint's
-    // time was 0.85 of the L1 hint's at 32 rows (range 0.79-0.97), 1.00
-    // at 64 and 1.01 at 128; when packing as it goes (the first
-    // microbatch), 0.95, 0.97 and 1.01.
-    const int64_t n = std::min(kb, prefetch.count);
-    for (int64_t q = prefetch.first; k < n;) {
-      const int64_t in_run = q % prefetch.run;
-      const int64_t k1 = std::min(n, k + prefetch.run - in_run);
-      const char* line = reinterpret_cast<const char*>(
-          prefetch.base + q / prefetch.run * prefetch.stride +
-          in_run * prefetch.step);
-      const int64_t step = prefetch.step * sizeof(float);
-      q += k1 - k;
+  // One line of the next panel a step: it is in cache when its turn comes.
+  // Into L2, not L1: with 32 rows the next panel's 16 KiB came in while the
+  // current panel (16 KiB) and the row panels of A (up to 32 KiB) were
+  // still being read from a 32 KiB L1. Measured on AMD Zen 4 (scratch
+  // program, SgemmPacked from the packs of a step's 8 weights, the two
+  // hints alternating in one process, 11 rounds): the L2 hint's time was
+  // 0.85 of the L1 hint's at 32 rows (range 0.79-0.97), 1.00 at 64 and 1.01
+  // at 128; when packing as it goes (the first microbatch), 0.95, 0.97 and
+  // 1.01.
+  for (PrefetchRuns run(prefetch, kb); run.Next(k);) {
 #pragma GCC unroll 4
-      for (; k < k1; ++k) {
-        _mm_prefetch(line, _MM_HINT_T1);
-        line += step;
-        Avx2Step<R>(k, ap, bp, lo, hi);
-      }
+    for (; k < run.end; ++k) {
+      _mm_prefetch(run.line, _MM_HINT_T1);
+      run.line += run.step;
+      Avx2Step<R>(k, ap, bp, lo, hi);
     }
   }
 #pragma GCC unroll 4
@@ -171,22 +193,12 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512Kernel(
   __m512 acc[R];
   Avx512LoadTile<R>(c, ldc, load, acc);
   int64_t k = 0;
-  if (prefetch.base != nullptr) {
-    const int64_t n = std::min(kb, prefetch.count);
-    for (int64_t q = prefetch.first; k < n;) {
-      const int64_t in_run = q % prefetch.run;
-      const int64_t k1 = std::min(n, k + prefetch.run - in_run);
-      const char* line = reinterpret_cast<const char*>(
-          prefetch.base + q / prefetch.run * prefetch.stride +
-          in_run * prefetch.step);
-      const int64_t step = prefetch.step * sizeof(float);
-      q += k1 - k;
+  for (PrefetchRuns run(prefetch, kb); run.Next(k);) {
 #pragma GCC unroll 4
-      for (; k < k1; ++k) {
-        _mm_prefetch(line, _MM_HINT_T1);
-        line += step;
-        Avx512Step<R>(k, ap, bp, acc);
-      }
+    for (; k < run.end; ++k) {
+      _mm_prefetch(run.line, _MM_HINT_T1);
+      run.line += run.step;
+      Avx512Step<R>(k, ap, bp, acc);
     }
   }
 #pragma GCC unroll 4
