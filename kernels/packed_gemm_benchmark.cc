@@ -296,6 +296,9 @@ void Compare(int microbatches, int rounds, const char* what,
     SetPackedKernelForTesting(tested);
     packed_fn();
   };
+  SetPackedKernelForTesting(tested);
+  const std::string packed_label =
+      std::string("packed ") + PackedKernelName(ActivePackedKernel());
   openblas();  // warm up both, allocating every buffer
   packed();
   std::vector<double> a, b, ratio;
@@ -316,8 +319,7 @@ void Compare(int microbatches, int rounds, const char* what,
       std::string(what).find("weight") != std::string::npos ? 2.0 : 4.0;
   const double flops = gemms * 2 * kBatch * h * f * kBlocks;
   std::sort(ratio.begin(), ratio.end());
-  const std::string packed_label =
-      std::string("packed ") + PackedKernelName(ActivePackedKernel());
+  SetPackedKernelForTesting(std::nullopt);
   std::printf(
       "M=%d (%lld rows)%s: %s %.1f ms (%.0f GFLOP/s), %s %.1f ms "
       "(%.0f GFLOP/s), ratio median %.3f (range %.3f-%.3f)\n",
