@@ -7,7 +7,10 @@
 
 #include <immintrin.h>
 
+#include <array>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "kernels/packed_gemm.h"
 
@@ -94,6 +97,17 @@ inline constexpr Prefetch kNoPrefetch{};
 // fetching `prefetch`'s lines meanwhile (ignored by the portable kernel).
 void Panel(int rows, int64_t kb, const float* ap, const float* bp, float* c,
            int64_t ldc, bool load, const Prefetch& prefetch);
+
+// A micro-kernel family's instantiations for 1..N rows, indexed by a row
+// panel's rows minus one: RowTable<N>([](auto r) { return &Kernel<r()>; }).
+template <int N, typename Get, int... R>
+constexpr auto RowTableOf(Get get, std::integer_sequence<int, R...>) {
+  return std::array{get(std::integral_constant<int, R + 1>())...};
+}
+template <int N, typename Get>
+constexpr auto RowTable(Get get) {
+  return RowTableOf<N>(get, std::make_integer_sequence<int, N>());
+}
 
 // The AVX2 micro-kernels' R x 16 accumulator tile (lo: columns 0-7, hi:
 // 8-15): loaded from C (rows ldc apart) or zero, and stored back.

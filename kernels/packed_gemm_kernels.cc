@@ -121,9 +121,10 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Step(
 // rows x 16 block of C (row stride ldc) from `rows` interleaved rows of A
 // (ap[k * rows + i]) and one panel of B (bp[k * 16 + j]).
 template <int R>
-__attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
-    int64_t kb, const float* ap, const float* bp, float* c, int64_t ldc,
-    bool load, const Prefetch& prefetch) {
+__attribute__((target("avx2,fma"))) void Avx2Kernel(int64_t kb, const float* ap,
+                                                    const float* bp, float* c,
+                                                    int64_t ldc, bool load,
+                                                    const Prefetch& prefetch) {
   __m256 lo[R], hi[R];
   Avx2LoadTile<R>(c, ldc, load, lo, hi);
   int64_t k = 0;
@@ -149,25 +150,11 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Kernel(
   Avx2StoreTile<R>(lo, hi, c, ldc);
 }
 
-__attribute__((target("avx2,fma"))) void Avx2Panel(int rows, int64_t kb,
-                                                   const float* ap,
-                                                   const float* bp, float* c,
-                                                   int64_t ldc, bool load,
-                                                   const Prefetch& prefetch) {
-  switch (rows) {
-    case 6:
-      return Avx2Kernel<6>(kb, ap, bp, c, ldc, load, prefetch);
-    case 5:
-      return Avx2Kernel<5>(kb, ap, bp, c, ldc, load, prefetch);
-    case 4:
-      return Avx2Kernel<4>(kb, ap, bp, c, ldc, load, prefetch);
-    case 3:
-      return Avx2Kernel<3>(kb, ap, bp, c, ldc, load, prefetch);
-    case 2:
-      return Avx2Kernel<2>(kb, ap, bp, c, ldc, load, prefetch);
-    default:
-      return Avx2Kernel<1>(kb, ap, bp, c, ldc, load, prefetch);
-  }
+void Avx2Panel(int rows, int64_t kb, const float* ap, const float* bp, float* c,
+               int64_t ldc, bool load, const Prefetch& prefetch) {
+  static constexpr auto kKernels =
+      RowTable<kMr>([](auto r) { return &Avx2Kernel<r()>; });
+  kKernels[rows - 1](kb, ap, bp, c, ldc, load, prefetch);
 }
 
 // One k step of Avx512Kernel: row k of the B panel (one zmm) times R values
@@ -187,9 +174,11 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512Step(
 // units of a full-width AVX-512 core have 12 independent chains to
 // overlap. The prefetch plan is Avx2Kernel's.
 template <int R>
-__attribute__((target("avx512f"), always_inline)) inline void Avx512Kernel(
-    int64_t kb, const float* ap, const float* bp, float* c, int64_t ldc,
-    bool load, const Prefetch& prefetch) {
+__attribute__((target("avx512f"))) void Avx512Kernel(int64_t kb,
+                                                     const float* ap,
+                                                     const float* bp, float* c,
+                                                     int64_t ldc, bool load,
+                                                     const Prefetch& prefetch) {
   __m512 acc[R];
   Avx512LoadTile<R>(c, ldc, load, acc);
   int64_t k = 0;
@@ -206,37 +195,11 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512Kernel(
   Avx512StoreTile<R>(acc, c, ldc);
 }
 
-__attribute__((target("avx512f"))) void Avx512Panel(int rows, int64_t kb,
-                                                    const float* ap,
-                                                    const float* bp, float* c,
-                                                    int64_t ldc, bool load,
-                                                    const Prefetch& prefetch) {
-  switch (rows) {
-    case 12:
-      return Avx512Kernel<12>(kb, ap, bp, c, ldc, load, prefetch);
-    case 11:
-      return Avx512Kernel<11>(kb, ap, bp, c, ldc, load, prefetch);
-    case 10:
-      return Avx512Kernel<10>(kb, ap, bp, c, ldc, load, prefetch);
-    case 9:
-      return Avx512Kernel<9>(kb, ap, bp, c, ldc, load, prefetch);
-    case 8:
-      return Avx512Kernel<8>(kb, ap, bp, c, ldc, load, prefetch);
-    case 7:
-      return Avx512Kernel<7>(kb, ap, bp, c, ldc, load, prefetch);
-    case 6:
-      return Avx512Kernel<6>(kb, ap, bp, c, ldc, load, prefetch);
-    case 5:
-      return Avx512Kernel<5>(kb, ap, bp, c, ldc, load, prefetch);
-    case 4:
-      return Avx512Kernel<4>(kb, ap, bp, c, ldc, load, prefetch);
-    case 3:
-      return Avx512Kernel<3>(kb, ap, bp, c, ldc, load, prefetch);
-    case 2:
-      return Avx512Kernel<2>(kb, ap, bp, c, ldc, load, prefetch);
-    default:
-      return Avx512Kernel<1>(kb, ap, bp, c, ldc, load, prefetch);
-  }
+void Avx512Panel(int rows, int64_t kb, const float* ap, const float* bp,
+                 float* c, int64_t ldc, bool load, const Prefetch& prefetch) {
+  static constexpr auto kKernels =
+      RowTable<kMaxMr>([](auto r) { return &Avx512Kernel<r()>; });
+  kKernels[rows - 1](kb, ap, bp, c, ldc, load, prefetch);
 }
 
 // The same chains, one element at a time (any x86-64; std::fma rounds once

@@ -54,7 +54,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2TStep(
 // w[p * stride + i * 16 + j]); the last panel has `last` columns. at: A^T
 // for those columns, 16 floats a column.
 template <int R>
-__attribute__((target("avx2,fma"), always_inline)) inline void Avx2TKernel(
+__attribute__((target("avx2,fma"))) void Avx2TKernel(
     int64_t panels, int64_t last, const float* w, int64_t stride,
     const float* at, float* ct, int64_t ldct, bool load,
     const TPrefetch& next) {
@@ -81,24 +81,12 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2TKernel(
   Avx2StoreTile<R>(lo, hi, ct, ldct);
 }
 
-__attribute__((target("avx2,fma"))) void Avx2TPanel(
-    int rows, int64_t panels, int64_t last, const float* w, int64_t stride,
-    const float* at, float* ct, int64_t ldct, bool load,
-    const TPrefetch& next) {
-  switch (rows) {
-    case 6:
-      return Avx2TKernel<6>(panels, last, w, stride, at, ct, ldct, load, next);
-    case 5:
-      return Avx2TKernel<5>(panels, last, w, stride, at, ct, ldct, load, next);
-    case 4:
-      return Avx2TKernel<4>(panels, last, w, stride, at, ct, ldct, load, next);
-    case 3:
-      return Avx2TKernel<3>(panels, last, w, stride, at, ct, ldct, load, next);
-    case 2:
-      return Avx2TKernel<2>(panels, last, w, stride, at, ct, ldct, load, next);
-    default:
-      return Avx2TKernel<1>(panels, last, w, stride, at, ct, ldct, load, next);
-  }
+void Avx2TPanel(int rows, int64_t panels, int64_t last, const float* w,
+                int64_t stride, const float* at, float* ct, int64_t ldct,
+                bool load, const TPrefetch& next) {
+  static constexpr auto kKernels =
+      RowTable<kMr>([](auto r) { return &Avx2TKernel<r()>; });
+  kKernels[rows - 1](panels, last, w, stride, at, ct, ldct, load, next);
 }
 
 // Avx2TStep with one zmm of A^T: op(B)'s R values broadcast from memory.
@@ -121,7 +109,7 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512TStep(
 // hint's time was 0.91-0.965 of the L1 hint's at 32 rows and 0.96-1.06 at
 // 64. (With the AVX2 kernel's 6-row panels the two hints were even.)
 template <int R>
-__attribute__((target("avx512f"), always_inline)) inline void Avx512TKernel(
+__attribute__((target("avx512f"))) void Avx512TKernel(
     int64_t panels, int64_t last, const float* w, int64_t stride,
     const float* at, float* ct, int64_t ldct, bool load,
     const TPrefetch& next) {
@@ -148,42 +136,13 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512TKernel(
   Avx512StoreTile<R>(acc, ct, ldct);
 }
 
-#define TRAINYARD_T512(R) \
-  Avx512TKernel<R>(panels, last, w, stride, at, ct, ldct, load, next)
-
-__attribute__((target("avx512f"))) void Avx512TPanel(
-    int rows, int64_t panels, int64_t last, const float* w, int64_t stride,
-    const float* at, float* ct, int64_t ldct, bool load,
-    const TPrefetch& next) {
-  switch (rows) {
-    case 12:
-      return TRAINYARD_T512(12);
-    case 11:
-      return TRAINYARD_T512(11);
-    case 10:
-      return TRAINYARD_T512(10);
-    case 9:
-      return TRAINYARD_T512(9);
-    case 8:
-      return TRAINYARD_T512(8);
-    case 7:
-      return TRAINYARD_T512(7);
-    case 6:
-      return TRAINYARD_T512(6);
-    case 5:
-      return TRAINYARD_T512(5);
-    case 4:
-      return TRAINYARD_T512(4);
-    case 3:
-      return TRAINYARD_T512(3);
-    case 2:
-      return TRAINYARD_T512(2);
-    default:
-      return TRAINYARD_T512(1);
-  }
+void Avx512TPanel(int rows, int64_t panels, int64_t last, const float* w,
+                  int64_t stride, const float* at, float* ct, int64_t ldct,
+                  bool load, const TPrefetch& next) {
+  static constexpr auto kKernels =
+      RowTable<kMaxMr>([](auto r) { return &Avx512TKernel<r()>; });
+  kKernels[rows - 1](panels, last, w, stride, at, ct, ldct, load, next);
 }
-
-#undef TRAINYARD_T512
 
 void TPanel(int rows, int64_t panels, int64_t last, const float* w,
             int64_t stride, const float* at, float* ct, int64_t ldct, bool load,
