@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -168,6 +169,10 @@ bool PackedKernelSupported(PackedKernel kernel);
 
 // The kernel the packed GEMM runs now.
 PackedKernel ActivePackedKernel();
+
+// The kernel TRAINYARD_PACKED_GEMM calls `name` ("portable", "avx2",
+// "avx512"), or nullopt.
+std::optional<PackedKernel> PackedKernelNamed(std::string_view name);
 
 // "portable", "AVX2" or "AVX-512".
 const char* PackedKernelName(PackedKernel kernel);

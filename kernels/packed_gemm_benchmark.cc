@@ -24,7 +24,6 @@
 //
 //   bazel-bin/kernels/packed_gemm_benchmark --kernel=avx512 --baseline=avx2
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -245,23 +244,20 @@ void RunWeightGradients(int microbatches, int rounds, bool per_microbatch) {
           openblas, packed);
 }
 
-// A kernel named on the command line, if this CPU has it.
-std::optional<PackedKernel> KernelNamed(const std::string& name) {
-  for (PackedKernel k :
-       {PackedKernel::kPortable, PackedKernel::kAvx2, PackedKernel::kAvx512}) {
-    std::string lower = PackedKernelName(k);
-    lower.erase(std::remove(lower.begin(), lower.end(), '-'), lower.end());
-    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-    if (lower != name) continue;
-    if (!PackedKernelSupported(k)) {
-      std::fprintf(stderr, "this CPU cannot run the %s kernel\n",
-                   PackedKernelName(k));
-      std::exit(2);
-    }
-    return k;
+// A kernel named on the command line (as TRAINYARD_PACKED_GEMM names it),
+// if this CPU has it; else the program exits.
+PackedKernel KernelNamed(const std::string& name) {
+  const std::optional<PackedKernel> k = PackedKernelNamed(name);
+  if (!k.has_value()) {
+    std::fprintf(stderr, "unknown kernel '%s'\n", name.c_str());
+    std::exit(2);
   }
-  std::fprintf(stderr, "unknown kernel '%s'\n", name.c_str());
-  std::exit(2);
+  if (!PackedKernelSupported(*k)) {
+    std::fprintf(stderr, "this CPU cannot run the %s kernel\n",
+                 PackedKernelName(*k));
+    std::exit(2);
+  }
+  return *k;
 }
 
 // The packed GEMM's kernel (--kernel), and the baseline's when it is the
@@ -285,7 +281,7 @@ void Compare(int microbatches, int rounds, const char* what,
   std::function<void()> openblas = openblas_fn;
   std::string label = "OpenBLAS";
   if (base_name != "openblas") {
-    const PackedKernel k = *KernelNamed(base_name);
+    const PackedKernel k = KernelNamed(base_name);
     label = std::string("packed ") + PackedKernelName(k);
     openblas = [&, k] {
       SetPackedKernelForTesting(k);

@@ -8,7 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
+#include <optional>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu_kind.h"
@@ -46,15 +47,8 @@ const Config& GetConfig() {
     const char* env = std::getenv("TRAINYARD_PACKED_GEMM");
     if (env == nullptr || env[0] == '\0') return c;
     c.enabled = std::strcmp(env, "0") != 0;
-    const std::pair<const char*, PackedKernel> names[] = {
-        {"portable", PackedKernel::kPortable},
-        {"avx2", PackedKernel::kAvx2},
-        {"avx512", PackedKernel::kAvx512}};
-    for (const auto& [name, kernel] : names) {
-      if (std::strcmp(env, name) == 0 && PackedKernelSupported(kernel)) {
-        c.kernel = kernel;
-      }
-    }
+    const std::optional<PackedKernel> named = PackedKernelNamed(env);
+    if (named.has_value() && PackedKernelSupported(*named)) c.kernel = *named;
     return c;
   }();
   return config;
@@ -254,6 +248,13 @@ bool PackedKernelSupported(PackedKernel kernel) {
 }
 
 PackedKernel ActivePackedKernel() { return packed_internal::ActiveKernel(); }
+
+std::optional<PackedKernel> PackedKernelNamed(std::string_view name) {
+  if (name == "portable") return PackedKernel::kPortable;
+  if (name == "avx2") return PackedKernel::kAvx2;
+  if (name == "avx512") return PackedKernel::kAvx512;
+  return std::nullopt;
+}
 
 const char* PackedKernelName(PackedKernel kernel) {
   switch (kernel) {
