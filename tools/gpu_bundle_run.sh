@@ -23,8 +23,11 @@
 #                                 20 steps, last eval_accuracy >= 0.95
 #   job_cuda_4stages              --stages 4 on cuda:0 (a 4-block variant of
 #                                 the spec if digits' 3 blocks are refused),
-#                                 held like job_cuda_fp32 to the CPU run of
-#                                 the same spec
+#                                 held to the CPU run of the same spec: the
+#                                 first 30 steps within 1e-5 (two CPU runs
+#                                 of the 4-block variant that differ only in
+#                                 GEMM summation order part by 1e-5 at step
+#                                 36), last eval_accuracy >= 0.95
 #   job_cluster_4workers          trainyard up: a controller and 4 workers on
 #                                 cuda:0 started as a user's are (TLS and
 #                                 tokens on), a 4-stage job run to SUCCEEDED
@@ -321,7 +324,11 @@ job_cuda_4stages() {
     train "$ref" --spec "$spec" --device cpu || return 1
     train cuda_4stages --spec "$spec" --device cuda:0 --precision fp32 --stages 4 || return 1
   fi
-  compare "$ref" cuda_4stages 1e-5 50 --same-final-accuracy || return 1
+  # The 4-block variant is more chaotic than digits: two CPU runs of it,
+  # OpenBLAS and the packed GEMM (TRAINYARD_PACKED_GEMM=0 and the default),
+  # part by 1e-5 at step 36 and can end one eval sample apart; digits' part
+  # at step 61 (docs/GPU.md, "The bundle's checks").
+  compare "$ref" cuda_4stages 1e-5 30 --min-final-accuracy 0.95 || return 1
   [[ $ref == cpu ]] || DETAIL="$DETAIL (4-block variant vs its CPU run)"
 }
 
@@ -330,10 +337,13 @@ job_cluster() {
     --precision fp32 || return 1
   # As a user starts a cluster: trainyard up makes the certificates and
   # tokens and starts the daemons secure (their logs go under --data_dir).
+  # The job's files (digits' .npy) are in the bundle's examples/, which
+  # --job_data_dir lets it read; the spec itself is written to the logs.
   run "$TY_JOB_TIMEOUT" "$HERE/bin/trainyard" up --workers 4 --device cuda:0 \
     --controller_bin "$HERE/bin/trainyard-controller" \
     --worker_bin "$HERE/bin/trainyard-worker" --plugin_dir "$HERE/plugins" \
-    --data_dir "$WORK/cluster" --run "$LOGS/cluster_spec.json" || {
+    --data_dir "$WORK/cluster" --job_data_dir "$HERE/examples" \
+    --run "$LOGS/cluster_spec.json" || {
     cp -r "$WORK/cluster" "$LOGS/cluster" 2>/dev/null
     return 1
   }
