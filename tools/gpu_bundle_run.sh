@@ -57,6 +57,9 @@
 # step (default 300 each); TY_DEADLINE: seconds for the whole run (default 0:
 # none), after which running steps are cut and later ones SKIPPED, so that a
 # machine lent for a fixed time still gets the summary (use 540 for 600 s);
+# TY_CPU_ROUNDS: bench_cpu_step's rounds (default 2, about a minute each on
+# an H200 machine's CPU; the rounds of one run move by up to 30%, so take
+# more where the lease allows, with TY_BENCH_TIMEOUT to match);
 # TY_ONLY: an extended regular expression, run only the steps whose names
 # match it (the others are not listed), e.g. 'nvidia_smi|sharded|bench_infer'.
 
@@ -85,6 +88,7 @@ TY_TEST_TIMEOUT=${TY_TEST_TIMEOUT:-300}
 TY_JOB_TIMEOUT=${TY_JOB_TIMEOUT:-300}
 TY_BENCH_TIMEOUT=${TY_BENCH_TIMEOUT:-300}
 TY_DEADLINE=${TY_DEADLINE:-0}
+TY_CPU_ROUNDS=${TY_CPU_ROUNDS:-2}
 TY_ONLY=${TY_ONLY:-}
 T0=$SECONDS
 
@@ -400,7 +404,7 @@ bench_infer() {
 bench_cpu_step() {
   torch_python || { DETAIL=$WHY; return 3; }
   run "$TY_BENCH_TIMEOUT" env LD_LIBRARY_PATH="$ORIG_LD" "$TORCH_PY" \
-    "$HERE/tools/bench_cpu_step.py" --rounds 2 --min_time 1 \
+    "$HERE/tools/bench_cpu_step.py" --rounds "$TY_CPU_ROUNDS" --min_time 1 \
     --gemm packed,avx2,openblas --bench "$HERE/bin/train_step_benchmark" \
     --ld_library_path "$LD_LIBRARY_PATH" || return 1
   DETAIL="$(grep '^machine' "$STEP_LOG" | last_line); $(grep 'M = 4' "$STEP_LOG" | last_line | cut -c1-120)"
