@@ -58,7 +58,7 @@
 # none), after which running steps are cut and later ones SKIPPED, so that a
 # machine lent for a fixed time still gets the summary (use 540 for 600 s);
 # TY_CPU_ROUNDS: bench_cpu_step's rounds (default 2, about a minute each on
-# an H200 machine's CPU; the rounds of one run move by up to 30%, so take
+# an H200 machine's CPU; the rounds of one run move by up to 40%, so take
 # more where the lease allows, with TY_BENCH_TIMEOUT to match);
 # TY_ONLY: an extended regular expression, run only the steps whose names
 # match it (the others are not listed), e.g. 'nvidia_smi|sharded|bench_infer'.
@@ -331,7 +331,7 @@ job_cuda_4stages() {
   # The 4-block variant is more chaotic than digits: two CPU runs of it,
   # OpenBLAS and the packed GEMM (TRAINYARD_PACKED_GEMM=0 and the default),
   # part by 1e-5 at step 36 and can end one eval sample apart; digits' part
-  # at step 61 (docs/GPU.md, "The bundle's checks").
+  # at step 61 (docs/GPU.md, "Checking a GPU machine").
   compare "$ref" cuda_4stages 1e-5 30 --min-final-accuracy 0.95 || return 1
   [[ $ref == cpu ]] || DETAIL="$DETAIL (4-block variant vs its CPU run)"
 }
