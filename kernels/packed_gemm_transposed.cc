@@ -34,6 +34,19 @@ struct TPrefetch {
 // Passed by reference, as packed_gemm.cc's Prefetch.
 constexpr TPrefetch kNoTPrefetch{};
 
+// Panel p's lines of `next` (its rows of that panel), with the cache hint
+// `Hint` (_MM_HINT_T0 or _MM_HINT_T1: a constant, as _mm_prefetch needs).
+template <int Hint>
+__attribute__((always_inline)) inline void PrefetchPanel(const TPrefetch& next,
+                                                         int64_t p,
+                                                         int64_t stride) {
+  if (p >= next.panels) return;
+  const char* line = reinterpret_cast<const char*>(next.w + p * stride);
+  for (int64_t i = 0; i < next.rows; ++i) {
+    _mm_prefetch(line + i * kNr * sizeof(float), static_cast<_mm_hint>(Hint));
+  }
+}
+
 // One k step: op(B)'s value at row i of the tile (wp[i * 16]) times 16
 // values of A^T.
 template <int R>
@@ -63,12 +76,7 @@ __attribute__((target("avx2,fma"))) void Avx2TKernel(
   for (int64_t p = 0; p < panels; ++p) {
     const float* wp = w + p * stride;
     const float* ap = at + p * kNr * kNr;
-    if (p < next.panels) {
-      const char* line = reinterpret_cast<const char*>(next.w + p * stride);
-      for (int64_t i = 0; i < next.rows; ++i) {
-        _mm_prefetch(line + i * kNr * sizeof(float), _MM_HINT_T0);
-      }
-    }
+    PrefetchPanel<_MM_HINT_T0>(next, p, stride);
     if (p + 1 < panels || last == kNr) {
 #pragma GCC unroll 16
       for (int j = 0; j < kNr; ++j) Avx2TStep<R>(wp + j, ap + j * kNr, lo, hi);
@@ -118,12 +126,7 @@ __attribute__((target("avx512f"))) void Avx512TKernel(
   for (int64_t p = 0; p < panels; ++p) {
     const float* wp = w + p * stride;
     const float* ap = at + p * kNr * kNr;
-    if (p < next.panels) {
-      const char* line = reinterpret_cast<const char*>(next.w + p * stride);
-      for (int64_t i = 0; i < next.rows; ++i) {
-        _mm_prefetch(line + i * kNr * sizeof(float), _MM_HINT_T1);
-      }
-    }
+    PrefetchPanel<_MM_HINT_T1>(next, p, stride);
     if (p + 1 < panels || last == kNr) {
 #pragma GCC unroll 16
       for (int j = 0; j < kNr; ++j) Avx512TStep<R>(wp + j, ap + j * kNr, acc);
