@@ -13,12 +13,14 @@
 # and the three task plugins. The folder holds:
 #   bin/            trainyard, trainyard-controller, trainyard-worker,
 #                   mlp_benchmark, train_step_benchmark (the CPU step)
-#                   (+ GPU benchmarks);
+#                   (+ GPU benchmarks), gemm_libs (tools/gemm_libs, where
+#                   this machine has its libraries' -dev packages);
 #                   bin/tests/<package>/<test> with its runfiles (data only)
 #   plugins/        lib{mse,cross_entropy,logit_distillation}.so
 #   lib/            every shared library ldd lists, except glibc, libstdc++,
 #                   libgcc_s and CUDA's own (the GPU machine has those), plus
-#                   the OpenBLAS that kernels/blas.cc dlopen()s
+#                   the OpenBLAS that kernels/blas.cc dlopen()s (and the
+#                   BLIS that gemm_libs dlopen()s)
 #   examples/       digits.json and digits/*.npy
 #   tools/          bench_gpu_mlp.py, bench_inference.py, bench_cpu_step.py,
 #                   gpu_compare.py
@@ -118,6 +120,17 @@ BLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/$BLAS_NAME
 [[ -e $BLAS ]] || die "$BLAS missing (Debian package libopenblas0-pthread)"
 cp -L "$BLAS" "$OUT/lib/$BLAS_NAME"
 ELFS+=("$BLAS")
+
+# The GEMM library survey, for the GPU machine's CPU kind; skipped (run.sh
+# then skips its step) where BLIS, oneDNN or libxsmm is not installed here.
+BLIS=/usr/lib/x86_64-linux-gnu/libblis.so.4
+if [[ -e $BLIS ]] && tools/gemm_libs/build.sh "$OUT/bin/gemm_libs" >"$OUT/gemm_libs_build.log" 2>&1; then
+  cp -L "$BLIS" "$OUT/lib/libblis.so.4"
+  ELFS+=("$OUT/bin/gemm_libs" "$BLIS")
+  rm "$OUT/gemm_libs_build.log"
+else
+  echo "gpu_bundle: no gemm_libs (needs: apt-get install libblis-dev libdnnl-dev libxsmm-dev; see $OUT/gemm_libs_build.log)" >&2
+fi
 
 # Everything ldd lists, but what the GPU machine has: glibc, the compiler's
 # runtime, and the CUDA driver/runtime libraries.

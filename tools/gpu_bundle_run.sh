@@ -43,6 +43,11 @@
 #                                 the packed GEMM on its default kernel
 #                                 against OpenBLAS, and against the AVX2
 #                                 kernel (where the CPU has AVX-512)
+#   bench_gemm_libs               tools/gemm_libs on this machine's CPU: the
+#                                 block's GEMMs through OpenBLAS, BLIS,
+#                                 oneDNN, libxsmm and our packed GEMM, 1 and
+#                                 2 threads (SKIPPED when the bundle has no
+#                                 bin/gemm_libs)
 #   bench_cpu_step                tools/bench_cpu_step.py: the CPU training
 #                                 step (M = 1, 2, 4, 8; 2 threads; the packed
 #                                 GEMM on this CPU's kernel and on AVX2, and
@@ -427,6 +432,15 @@ bench_packed_gemm() {
   DETAIL="$(grep -m1 'OpenBLAS' "$STEP_LOG" | cut -c1-80); $(grep 'M=8' "$STEP_LOG" | head -n 1 | cut -c1-150)"
 }
 
+# The GEMM library survey (docs/BENCHMARKS.md, "GEMM libraries for
+# microbatches") on this CPU kind, which decides the library per kind.
+bench_gemm_libs() {
+  local b="$HERE/bin/gemm_libs"
+  [[ -x $b ]] || { DETAIL="the bundle has no bin/gemm_libs (built where BLIS, oneDNN and libxsmm are installed)"; return 3; }
+  run "$TY_BENCH_TIMEOUT" "$b" --rounds=5 || return 1
+  DETAIL="$(grep -F '**all six** | 256' "$STEP_LOG" | tail -n 1 | cut -c1-150)"
+}
+
 finish() {
   ((FINISHED)) && return
   FINISHED=1
@@ -497,6 +511,7 @@ done
 step bench_torch bench_torch
 step bench_infer bench_infer
 step bench_packed_gemm bench_packed_gemm
+step bench_gemm_libs bench_gemm_libs
 step bench_cpu_step bench_cpu_step
 finish
 exit "$FAILED"

@@ -70,6 +70,10 @@ absl::StatusOr<std::unique_ptr<GemmBackend>> NewOneDnnBackend();
 // call, or, with pack_once, once per B pointer (weights packed once per
 // step; valid only while B's contents do not change).
 absl::StatusOr<std::unique_ptr<GemmBackend>> NewLibxsmmBackend(bool pack_once);
+// Our packed GEMM (kernels/packed_gemm.h) as the MLP blocks call it on this
+// CPU's default kernel; with pack_once W's pack is kept per B pointer (as
+// libxsmm's), else every call packs (packed_backend.cc says how).
+absl::StatusOr<std::unique_ptr<GemmBackend>> NewPackedBackend(bool pack_once);
 
 // fc1 with its bias and GELU (erf): out [m, n] = gelu(a [m, k] w^T + bias),
 // w [n, k], bias [n], as one oneDNN matmul with a bias and an eltwise

@@ -1,6 +1,7 @@
-// Survey of the GEMM libraries Debian ships, on the MLP block's GEMMs
-// (h=1024, ffn=4096) at microbatch sizes 256, 64 and 32, fp32, 1 and 2
-// threads, row-major as kernels/mlp_block.cc calls them. Prints markdown:
+// Survey of the GEMM libraries Debian ships, and of our own packed GEMM
+// (kernels/packed_gemm.h), on the MLP block's GEMMs (h=1024, ffn=4096) at
+// microbatch sizes 256, 64 and 32, fp32, 1 and 2 threads, row-major as
+// kernels/mlp_block.cc calls them. Prints markdown:
 // GFLOP/s per library (median over rounds that alternate the libraries),
 // the ratio to OpenBLAS's M=256 figure, a fused fc1 + bias + GELU row, and
 // whether each library gives the same bits twice and for 1 and 2 threads.
@@ -23,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kernels/activation.h"
+#include "kernels/blas.h"
 #include "tools/gemm_libs/gemm_backend.h"
 
 namespace trainyard {
@@ -190,8 +192,9 @@ double Median(std::vector<double> v) {
 }
 
 // fc1 forward with its bias and GELU: fused in oneDNN against GEMM + our
-// separate BiasGeluForward pass (which also keeps the pre-activation that
-// backward needs; the fused primitive does not).
+// separate BiasGeluForward pass, and against OpenBLAS with that pass as its
+// epilogue on each block of C, as kernels/mlp_block.cc runs it (ours keep
+// the pre-activation that backward needs; the fused primitive does not).
 struct FusedBench {
   GemmBackend* openblas;
   GemmBackend* onednn;
@@ -200,7 +203,9 @@ struct FusedBench {
 
   static constexpr const char* kVariants[] = {
       "oneDNN fused bias+GELU", "oneDNN matmul + BiasGeluForward",
-      "OpenBLAS (ours) + BiasGeluForward"};
+      "OpenBLAS (ours) + BiasGeluForward",
+      "OpenBLAS (ours), BiasGeluForward as its epilogue"};
+  static constexpr int kNumVariants = std::size(kVariants);
 
   absl::Status Run(int variant, Case* c, int threads) {
     const GemmShape& s = c->shape;
@@ -208,6 +213,21 @@ struct FusedBench {
       fused->SetThreads(threads);
       return fused->Run(s.m, s.n, s.k, c->a.data(), c->b.data(), bias.data(),
                         out.data());
+    }
+    if (variant == 3) {
+      SetBlasThreads(threads);
+      float* p = pre.data();
+      float* o = out.data();
+      const float* b = bias.data();
+      const int64_t n = s.n;
+      return Sgemm(s.trans_a, s.trans_b, s.m, s.n, s.k, 1.0f, c->a.data(),
+                   s.lda(), c->b.data(), s.ldb(), 0.0f, p, s.ldc(),
+                   [=](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+                     for (int64_t r = row; r < row + rows; ++r) {
+                       BiasGeluForward(1, cols, b + col, p + r * n + col,
+                                       o + r * n + col);
+                     }
+                   });
     }
     GemmBackend* lib = variant == 1 ? onednn : openblas;
     lib->SetThreads(threads);
@@ -258,8 +278,8 @@ absl::Status Round(int round, const std::vector<GemmBackend*>& libs,
         (*seconds)[Key(lib->Name(), i, threads)].push_back(s);
       }
       if (i % 6 != 0 || fused == nullptr) continue;  // fc1 fwd only
-      for (int v = 0; v < 3; ++v) {
-        const int variant = (v + round) % 3;
+      for (int v = 0; v < FusedBench::kNumVariants; ++v) {
+        const int variant = (v + round) % FusedBench::kNumVariants;
         absl::Status status;
         const double s =
             Seconds([&] { status.Update(fused->Run(variant, &c, threads)); },
@@ -375,6 +395,8 @@ Backends LoadBackends() {
       {"onednn", NewOneDnnBackend},
       {"libxsmm", [] { return NewLibxsmmBackend(false); }},
       {"libxsmm-packW", [] { return NewLibxsmmBackend(true); }},
+      {"packed", [] { return NewPackedBackend(true); }},
+      {"packed-stream", [] { return NewPackedBackend(false); }},
   };
   for (const auto& [name, factory] : factories) {
     absl::StatusOr<std::unique_ptr<GemmBackend>> lib = factory();
