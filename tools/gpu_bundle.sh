@@ -121,15 +121,18 @@ BLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/$BLAS_NAME
 cp -L "$BLAS" "$OUT/lib/$BLAS_NAME"
 ELFS+=("$BLAS")
 
-# The GEMM library survey, for the GPU machine's CPU kind; skipped (run.sh
-# then skips its step) where BLIS, oneDNN or libxsmm is not installed here.
+# The GEMM library survey, for the GPU machine's CPU kind, where BLIS,
+# oneDNN and libxsmm are installed here (else left out: run.sh then skips
+# its step). With them installed, a survey that does not build is an error.
 BLIS=/usr/lib/x86_64-linux-gnu/libblis.so.4
-if [[ -e $BLIS ]] && tools/gemm_libs/build.sh "$OUT/bin/gemm_libs" >"$OUT/gemm_libs_build.log" 2>&1; then
+if [[ -e $BLIS && -e /usr/include/dnnl.hpp && -e /usr/include/libxsmm.h ]]; then
+  tools/gemm_libs/build.sh "$OUT/bin/gemm_libs" >"$OUT/gemm_libs_build.log" 2>&1 ||
+    die "tools/gemm_libs/build.sh failed: $(tail -n 3 "$OUT/gemm_libs_build.log")"
+  rm "$OUT/gemm_libs_build.log"
   cp -L "$BLIS" "$OUT/lib/libblis.so.4"
   ELFS+=("$OUT/bin/gemm_libs" "$BLIS")
-  rm "$OUT/gemm_libs_build.log"
 else
-  echo "gpu_bundle: no gemm_libs (needs: apt-get install libblis-dev libdnnl-dev libxsmm-dev; see $OUT/gemm_libs_build.log)" >&2
+  echo "gpu_bundle: leaving out gemm_libs (needs: apt-get install -y libblis-dev libdnnl-dev libxsmm-dev)" >&2
 fi
 
 # Everything ldd lists, but what the GPU machine has: glibc, the compiler's
