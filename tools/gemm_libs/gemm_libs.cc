@@ -9,10 +9,13 @@
 // Usage: tools/gemm_libs/build.sh && tools/gemm_libs/gemm_libs [--rounds=N]
 // The bit hashes it prints identify each library's results: equal hashes in
 // two runs mean the same bits across processes.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -442,8 +445,9 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("CPU: %s\nload at start: %s\n\nLibraries:\n", CpuModel().c_str(),
-              LoadAverage().c_str());
+  std::printf("CPU: %s\nload at start: %s\nOMP_WAIT_POLICY=%s\n\nLibraries:\n",
+              CpuModel().c_str(), LoadAverage().c_str(),
+              std::getenv("OMP_WAIT_POLICY"));
   Backends b = LoadBackends();
   for (const auto& lib : b.owned) {
     std::printf("- %s: %s\n", lib->Name().c_str(), lib->Description().c_str());
@@ -491,5 +495,15 @@ int Main(int argc, char** argv) {
 }  // namespace trainyard
 
 int main(int argc, char** argv) {
+  // OpenMP threads (oneDNN's, BLIS's, libxsmm's) spin after each call by
+  // default, taking a core from whichever library runs next in this
+  // process; PASSIVE makes them sleep at once. libgomp reads the variable
+  // when it loads, before main: set it, then start again.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    execv("/proc/self/exe", argv);
+    std::perror("gemm_libs: execv /proc/self/exe");
+    return 1;
+  }
   return trainyard::gemm_libs::Main(argc, argv);
 }
