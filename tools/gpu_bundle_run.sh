@@ -46,7 +46,8 @@
 #   bench_gemm_libs               tools/gemm_libs on this machine's CPU: the
 #                                 block's GEMMs through OpenBLAS, BLIS,
 #                                 oneDNN, libxsmm and our packed GEMM, 1 and
-#                                 2 threads (SKIPPED when the bundle has no
+#                                 2 threads, four blocks' weights streaming
+#                                 (SKIPPED when the bundle has no
 #                                 bin/gemm_libs)
 #   bench_cpu_step                tools/bench_cpu_step.py: the CPU training
 #                                 step (M = 1, 2, 4, 8; 2 threads; the packed
@@ -437,7 +438,7 @@ bench_packed_gemm() {
 bench_gemm_libs() {
   local b="$HERE/bin/gemm_libs"
   [[ -x $b ]] || { DETAIL="the bundle has no bin/gemm_libs (built where BLIS, oneDNN and libxsmm are installed)"; return 3; }
-  run "$TY_BENCH_TIMEOUT" "$b" --rounds=5 || return 1
+  run "$TY_BENCH_TIMEOUT" "$b" --rounds=3 --blocks=4 || return 1
   DETAIL="$(grep -F '**all six** | 256' "$STEP_LOG" | tail -n 1 | cut -c1-150)"
 }
 

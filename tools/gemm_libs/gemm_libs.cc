@@ -7,6 +7,12 @@
 // whether each library gives the same bits twice and for 1 and 2 threads.
 //
 // Usage: tools/gemm_libs/build.sh && tools/gemm_libs/gemm_libs [--rounds=N]
+//   [--blocks=N]
+// --blocks=N (default 1) gives each GEMM N blocks' weights (B of a forward
+// or input gradient, the gradient C of a weight gradient; copies, so the
+// bits checks are unchanged) and the timed calls cycle through them, so
+// that with N * 16 MiB beyond the L3 the weights stream from memory as in
+// a training step; with 1 they stay in cache.
 // The bit hashes it prints identify each library's results: equal hashes in
 // two runs mean the same bits across processes.
 #include <unistd.h>
@@ -48,6 +54,10 @@ struct Case {
   GemmShape shape;
   float beta;
   std::vector<float> a, b, c0, c;
+  // --blocks=N: N-1 more blocks' weight-sized operand (B of a forward or
+  // input gradient, C of a weight gradient), which the timed calls cycle
+  // through so that it streams from memory as in a step.
+  std::vector<std::vector<float>> more;
 };
 
 std::vector<float> Random(int64_t n, std::mt19937* rng) {
@@ -75,7 +85,7 @@ std::vector<Case> MakeCases() {
         {"fc1 dW   [M,f]^Tx[M,h] +=", {true, false, kFfn, kHidden, r}, 1.0f},
     };
     for (const auto& d : defs) {
-      Case c{d.name, r, d.shape, d.beta, {}, {}, {}, {}};
+      Case c{d.name, r, d.shape, d.beta, {}, {}, {}, {}, {}};
       c.a = Random(d.shape.a_size(), &rng);
       c.b = Random(d.shape.b_size(), &rng);
       c.c0 = Random(d.shape.c_size(), &rng);
@@ -267,16 +277,24 @@ absl::Status Round(int round, const std::vector<GemmBackend*>& libs,
   for (int threads : kThreads) {
     for (size_t i = 0; i < cases->size(); ++i) {
       Case& c = (*cases)[i];
+      const bool weight_gradient = c.shape.trans_a;
+      const int blocks = 1 + static_cast<int>(c.more.size());
       for (size_t j = 0; j < libs.size(); ++j) {
         GemmBackend* lib = libs[(j + round) % libs.size()];
         lib->SetThreads(threads);
         absl::Status status;
+        int call = 0;
         const double s = Seconds(
             [&] {
-              status.Update(lib->Gemm(c.shape, c.a.data(), c.b.data(), c.beta,
-                                      c.c.data()));
+              const int block = call++ % blocks;
+              float* w = block == 0
+                             ? (weight_gradient ? c.c.data() : c.b.data())
+                             : c.more[block - 1].data();
+              status.Update(lib->Gemm(c.shape, c.a.data(),
+                                      weight_gradient ? c.b.data() : w, c.beta,
+                                      weight_gradient ? w : c.c.data()));
             },
-            Reps(c.shape.flops()));
+            std::max(blocks, Reps(c.shape.flops())));
         RETURN_IF_ERROR(status);
         (*seconds)[Key(lib->Name(), i, threads)].push_back(s);
       }
@@ -438,22 +456,33 @@ void CheckAll(Backends* b, std::vector<Case>* cases) {
 }
 
 int Main(int argc, char** argv) {
-  int rounds = 3;
+  int rounds = 3, blocks = 1;
   for (int i = 1; i < argc; ++i) {
-    if (std::sscanf(argv[i], "--rounds=%d", &rounds) != 1 || rounds < 1) {
-      std::fprintf(stderr, "usage: %s [--rounds=N]\n", argv[0]);
+    if ((std::sscanf(argv[i], "--rounds=%d", &rounds) != 1 || rounds < 1) &&
+        (std::sscanf(argv[i], "--blocks=%d", &blocks) != 1 || blocks < 1 ||
+         blocks > 16)) {
+      std::fprintf(stderr, "usage: %s [--rounds=N] [--blocks=1..16]\n",
+                   argv[0]);
       return 2;
     }
   }
-  std::printf("CPU: %s\nload at start: %s\nOMP_WAIT_POLICY=%s\n\nLibraries:\n",
-              CpuModel().c_str(), LoadAverage().c_str(),
-              std::getenv("OMP_WAIT_POLICY"));
+  std::printf(
+      "CPU: %s\nload at start: %s\nOMP_WAIT_POLICY=%s\nblocks: %d (%s)\n\n"
+      "Libraries:\n",
+      CpuModel().c_str(), LoadAverage().c_str(), std::getenv("OMP_WAIT_POLICY"),
+      blocks,
+      blocks == 1 ? "each GEMM on the same operands: they stay in cache"
+                  : "the weight-sized operand cycles over the blocks");
   Backends b = LoadBackends();
   for (const auto& lib : b.owned) {
     std::printf("- %s: %s\n", lib->Name().c_str(), lib->Description().c_str());
   }
   std::vector<Case> cases = MakeCases();
   CheckAll(&b, &cases);
+  for (Case& c : cases) {
+    const std::vector<float>& w = c.shape.trans_a ? c.c0 : c.b;
+    c.more.assign(blocks - 1, w);
+  }
   if (b.usable.empty() || b.usable[0]->Name() != "openblas") {
     std::printf("OpenBLAS (the reference) is unusable\n");
     return 1;
