@@ -45,29 +45,6 @@ struct Blas {
   CoreNameFn get_corename = nullptr;
 };
 
-struct Tiling {
-  bool split_n;  // split C's columns (else its rows)
-  int64_t tile;  // rows or columns per tile
-  int tiles;
-};
-
-// Splits the larger of m and n (re-packing the smaller operand per tile is
-// cheap) into at most kMaxTiles tiles of >= kMinTile, each >= kMinTileWork
-// multiply-adds. Depends on the shape only, never on the thread count.
-Tiling TileGemm(int64_t m, int64_t n, int64_t k) {
-  constexpr int64_t kMaxTiles = 8;
-  constexpr int64_t kMinTile = 64;
-  constexpr int64_t kMinTileWork = int64_t{1} << 22;
-  const bool split_n = n >= m;
-  const int64_t dim = split_n ? n : m;
-  const int64_t work = m * n * k;
-  const int64_t tiles = std::max<int64_t>(
-      1, std::min({kMaxTiles, dim / kMinTile, work / kMinTileWork}));
-  // Round the tile up to a multiple of 16 (OpenBLAS's unroll) and recount.
-  const int64_t tile = ((dim + tiles - 1) / tiles + 15) / 16 * 16;
-  return {split_n, tile, static_cast<int>((dim + tile - 1) / tile)};
-}
-
 // The OPENBLAS_CORETYPE value this CPU's features call for, or null: the
 // AVX-512 kernels where the CPU has full-width AVX-512 units, else the AVX2
 // ones (kernels/cpu_kind.h).
@@ -185,58 +162,59 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   const Blas& blas = GetBlas();
   if (!blas.status.ok()) return blas.status;
   if (m == 0 || n == 0) return absl::OkStatus();
-  const Tiling tiling = TileGemm(m, n, k);
-  // Tile t's first row or column of C, and how many.
-  const auto span = [&](int t) {
-    const int64_t begin = t * tiling.tile;
-    return std::make_pair(
-        begin, std::min(tiling.tile, tiling.split_n ? n - begin : m - begin));
-  };
-  const auto finish = [&](int64_t begin, int64_t size) {
-    if (!epilogue) return;
-    if (tiling.split_n) {
-      epilogue(0, m, begin, size);
-    } else {
-      epilogue(begin, size, 0, n);
-    }
+  const std::vector<GemmTile> tiles = GemmTiles(m, n, k);
+  const int num_tiles = static_cast<int>(tiles.size());
+  const auto finish = [&](const GemmTile& t) {
+    if (epilogue) epilogue(t.row, t.rows, t.col, t.cols);
   };
   if (k == 0 || alpha == 0.0f) {
     ScaleC(m, n, beta, c, ldc);
     if (epilogue) {
-      ParallelFor(tiling.tiles, [&](int t) {
-        const auto [begin, size] = span(t);
-        finish(begin, size);
-      });
+      ParallelFor(num_tiles, [&](int i) { finish(tiles[i]); });
     }
     return absl::OkStatus();
   }
   // A fixed tiling of C that depends only on the shape, each tile one
   // single-threaded OpenBLAS call over the full k (then the epilogue on
   // it): the same bits for any thread count.
-  const std::function<void(int)> tile = [&](int t) {
-    const auto [begin, size] = span(t);
-    const float* ta = a;
-    const float* tb = b;
-    float* tc = c;
-    int64_t tm = m, tn = n;
-    if (tiling.split_n) {
-      tb += trans_b ? begin * ldb : begin;  // columns of op(B)
-      tc += begin;
-      tn = size;
-    } else {
-      ta += trans_a ? begin : begin * lda;  // rows of op(A)
-      tc += begin * ldc;
-      tm = size;
-    }
+  const std::function<void(int)> tile = [&](int i) {
+    const GemmTile& t = tiles[i];
+    const float* ta = trans_a ? a + t.row : a + t.row * lda;  // rows of op(A)
+    const float* tb =
+        trans_b ? b + t.col * ldb : b + t.col;  // columns of op(B)
     blas.sgemm(kCblasRowMajor, trans_a ? kCblasTrans : kCblasNoTrans,
-               trans_b ? kCblasTrans : kCblasNoTrans, static_cast<int>(tm),
-               static_cast<int>(tn), static_cast<int>(k), alpha, ta,
-               static_cast<int>(lda), tb, static_cast<int>(ldb), beta, tc,
-               static_cast<int>(ldc));
-    finish(begin, size);
+               trans_b ? kCblasTrans : kCblasNoTrans, static_cast<int>(t.rows),
+               static_cast<int>(t.cols), static_cast<int>(k), alpha, ta,
+               static_cast<int>(lda), tb, static_cast<int>(ldb), beta,
+               c + t.row * ldc + t.col, static_cast<int>(ldc));
+    finish(t);
   };
-  ParallelFor(tiling.tiles, tile);
+  ParallelFor(num_tiles, tile);
   return absl::OkStatus();
+}
+
+std::vector<GemmTile> GemmTiles(int64_t m, int64_t n, int64_t k) {
+  // Splits the larger of m and n (re-packing the smaller operand per tile
+  // is cheap) into at most kMaxTiles tiles of >= kMinTile, each >=
+  // kMinTileWork multiply-adds.
+  constexpr int64_t kMaxTiles = 8;
+  constexpr int64_t kMinTile = 64;
+  constexpr int64_t kMinTileWork = int64_t{1} << 22;
+  std::vector<GemmTile> tiles;
+  if (m <= 0 || n <= 0) return tiles;
+  const bool split_n = n >= m;
+  const int64_t dim = split_n ? n : m;
+  const int64_t work = m * n * k;
+  const int64_t count = std::max<int64_t>(
+      1, std::min({kMaxTiles, dim / kMinTile, work / kMinTileWork}));
+  // Round the tile up to a multiple of 16 (OpenBLAS's unroll).
+  const int64_t size = ((dim + count - 1) / count + 15) / 16 * 16;
+  for (int64_t begin = 0; begin < dim; begin += size) {
+    const int64_t len = std::min(size, dim - begin);
+    tiles.push_back(split_n ? GemmTile{0, m, begin, len}
+                            : GemmTile{begin, len, 0, n});
+  }
+  return tiles;
 }
 
 void SetBlasThreads(int n) { SetComputeThreads(n); }

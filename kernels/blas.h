@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -56,6 +57,18 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                    float alpha, const float* a, int64_t lda, const float* b,
                    int64_t ldb, float beta, float* c, int64_t ldc,
                    const GemmEpilogue& epilogue);
+
+// A block of C [m, n]: rows [row, row + rows), columns [col, col + cols).
+struct GemmTile {
+  int64_t row, rows, col, cols;
+};
+
+// The tiles Sgemm cuts C into, in order: at most 8 along C's larger side
+// (its columns when n >= m), each of at least 64 (a multiple of 16 but for
+// the last) and 4M multiply-adds where the shape allows. They depend on
+// (m, n, k) only, never on the thread count; empty when m or n is 0. Other
+// GEMM libraries can run on the same tiling (tools/gemm_libs).
+std::vector<GemmTile> GemmTiles(int64_t m, int64_t n, int64_t k);
 
 // Sets the number of threads Sgemm uses (process-wide; default: the
 // hardware concurrency). n < 1 means 1. Never changes results.

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/random.h"
@@ -237,6 +238,57 @@ TEST(SgemmTest, EpilogueBlocksPartitionCAfterTheGemm) {
     EXPECT_EQ(blocks_by_threads[0], blocks_by_threads[1]);
   }
   SetBlasThreads(2);
+}
+
+// GemmTiles is the tiling Sgemm runs (its epilogue sees exactly those
+// blocks), cut along C's larger side.
+TEST(GemmTilesTest, AreSgemmsBlocksAlongTheLargerSide) {
+  // The block's forward at 256 rows: 8 column tiles of 512.
+  std::vector<GemmTile> fwd = GemmTiles(256, 4096, 1024);
+  ASSERT_EQ(fwd.size(), 8u);
+  for (size_t i = 0; i < fwd.size(); ++i) {
+    EXPECT_EQ(fwd[i].row, 0);
+    EXPECT_EQ(fwd[i].rows, 256);
+    EXPECT_EQ(fwd[i].col, 512 * static_cast<int64_t>(i));
+    EXPECT_EQ(fwd[i].cols, 512);
+  }
+  // Taller than wide: rows; the last tile takes the rest.
+  std::vector<GemmTile> tall = GemmTiles(1000, 200, 300);
+  ASSERT_FALSE(tall.empty());
+  int64_t next = 0;
+  for (const GemmTile& t : tall) {
+    EXPECT_EQ(t.row, next);
+    EXPECT_EQ(t.col, 0);
+    EXPECT_EQ(t.cols, 200);
+    next += t.rows;
+  }
+  EXPECT_EQ(next, 1000);
+  ASSERT_EQ(tall.size(), 8u);  // 128 rows each (125 rounded up to 16)
+  EXPECT_EQ(tall.back().rows, 1000 - 7 * 128);
+  EXPECT_EQ(GemmTiles(7, 9, 5).size(), 1u);
+  EXPECT_TRUE(GemmTiles(0, 9, 5).empty());
+
+  for (const auto& [m, n, k] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{200, 1000, 300},
+                                                          {1000, 200, 300}}) {
+    std::vector<std::vector<int64_t>> seen;
+    std::mutex mu;
+    std::vector<float> a(m * k, 1.0f), b(k * n, 1.0f), c(m * n);
+    ASSERT_TRUE(
+        Sgemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+              c.data(), n,
+              [&](int64_t row, int64_t rows, int64_t col, int64_t cols) {
+                std::lock_guard<std::mutex> lock(mu);
+                seen.push_back({row, rows, col, cols});
+              })
+            .ok());
+    std::vector<std::vector<int64_t>> want;
+    for (const GemmTile& t : GemmTiles(m, n, k)) {
+      want.push_back({t.row, t.rows, t.col, t.cols});
+    }
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(seen, want) << m << "x" << n << "x" << k;
+  }
 }
 
 // Two threads calling Sgemm at once (one finds the pool busy and runs its

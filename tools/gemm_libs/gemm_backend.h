@@ -64,6 +64,10 @@ absl::StatusOr<std::unique_ptr<GemmBackend>> NewBlisBackend();
 // oneDNN matmul, one primitive per shape and thread count, strided
 // memory descriptors for the transposes, a sum post-op for beta = 1.
 absl::StatusOr<std::unique_ptr<GemmBackend>> NewOneDnnBackend();
+// oneDNN matmul on kernels/blas.h's tiling, one single-threaded call a
+// tile on our compute pool (as Sgemm runs OpenBLAS): bits that cannot
+// depend on the thread count.
+absl::StatusOr<std::unique_ptr<GemmBackend>> NewOneDnnTiledBackend();
 // libxsmm JIT kernels over a shape-only tiling of C (each tile one chain
 // of kernels over k in a fixed order), OpenMP over tiles. libxsmm 1.17's
 // JIT has no transposed-A kernel, so NT shapes transpose B first: per

@@ -414,6 +414,7 @@ Backends LoadBackends() {
       {"openblas-mt", NewOpenBlasNativeBackend},
       {"blis", NewBlisBackend},
       {"onednn", NewOneDnnBackend},
+      {"onednn-tiled", NewOneDnnTiledBackend},
       {"libxsmm", [] { return NewLibxsmmBackend(false); }},
       {"libxsmm-packW", [] { return NewLibxsmmBackend(true); }},
       {"packed", [] { return NewPackedBackend(true); }},

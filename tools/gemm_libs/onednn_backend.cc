@@ -5,9 +5,14 @@
 
 #include <cstdio>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/blas.h"
+#include "kernels/parallel.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "tools/gemm_libs/gemm_backend.h"
 
@@ -117,6 +122,88 @@ class OneDnn final : public GemmBackend {
   int threads_ = 1;
 };
 
+// A strided [rows, cols] matrix: row-major with leading dimension ld, or
+// the transpose of a stored [cols, rows] one with leading dimension ld.
+memory::desc Strided(int64_t rows, int64_t cols, int64_t ld, bool transposed) {
+  return memory::desc({rows, cols}, memory::data_type::f32,
+                      transposed ? memory::dims{1, ld} : memory::dims{ld, 1});
+}
+
+// oneDNN on Sgemm's own tiling (kernels/blas.h GemmTiles): one
+// single-threaded matmul a tile, the tiles on our compute pool, so the
+// bits cannot depend on the thread count; the way the engine would call it.
+// Each tile has its own primitive and stream, so no two threads share one.
+class OneDnnTiled final : public GemmBackend {
+ public:
+  std::string Name() const override { return "onednn-tiled"; }
+  std::string Description() const override {
+    return absl::StrCat(Version(),
+                        " matmul, 1 thread a tile on kernels/blas.h's tiling");
+  }
+  void SetThreads(int n) override { SetBlasThreads(n); }
+  absl::Status Gemm(const GemmShape& s, const float* a, const float* b,
+                    float beta, float* c) override {
+    if (beta != 0.0f && beta != 1.0f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("oneDNN backend: beta must be 0 or 1, got ", beta));
+    }
+    const std::vector<GemmTile> tiles = GemmTiles(s.m, s.n, s.k);
+    std::vector<Tile*> prims(tiles.size());
+    omp_set_num_threads(1);
+    for (size_t i = 0; i < tiles.size(); ++i) {
+      const GemmTile& t = tiles[i];
+      const Key key{s.trans_a,    s.trans_b,          s.m, s.n, s.k,
+                    beta != 0.0f, static_cast<int>(i)};
+      auto it = cache_.find(key);
+      if (it == cache_.end()) {
+        dnnl::post_ops post_ops;
+        if (beta != 0.0f) post_ops.append_sum(1.0f);
+        const dnnl::matmul::desc desc(Strided(t.rows, s.k, s.lda(), s.trans_a),
+                                      Strided(s.k, t.cols, s.ldb(), s.trans_b),
+                                      Strided(t.rows, t.cols, s.ldc(), false));
+        absl::StatusOr<Primitive> p =
+            Create(engine_, desc, post_ops,
+                   absl::StrCat("tile ", i, " of ", s.trans_a ? "T" : "N",
+                                s.trans_b ? "T" : "N", " m=", s.m, " n=", s.n,
+                                " k=", s.k, " beta=", beta, ": ", t.rows, "x",
+                                t.cols));
+        if (!p.ok()) return p.status();
+        it =
+            cache_
+                .emplace(key,
+                         std::make_unique<Tile>(Tile{*std::move(p), {engine_}}))
+                .first;
+      }
+      prims[i] = it->second.get();
+    }
+    std::mutex mu;
+    absl::Status status;
+    ParallelFor(static_cast<int>(tiles.size()), [&](int i) {
+      const GemmTile& t = tiles[i];
+      omp_set_num_threads(1);
+      const float* ta = s.trans_a ? a + t.row : a + t.row * s.lda();
+      const float* tb = s.trans_b ? b + t.col * s.ldb() : b + t.col;
+      absl::Status st =
+          Execute(prims[i]->p.prim, engine_, prims[i]->stream, prims[i]->p.pd,
+                  ta, tb, nullptr, c + t.row * s.ldc() + t.col);
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        status.Update(st);
+      }
+    });
+    return status;
+  }
+
+ private:
+  struct Tile {
+    Primitive p;
+    dnnl::stream stream;
+  };
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, bool, int>;
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  std::map<Key, std::unique_ptr<Tile>> cache_;
+};
+
 class OneDnnLinearGelu final : public FusedLinearGelu {
  public:
   void SetThreads(int n) override { threads_ = n; }
@@ -167,6 +254,11 @@ absl::StatusOr<std::unique_ptr<T>> Make() {
 
 absl::StatusOr<std::unique_ptr<GemmBackend>> NewOneDnnBackend() {
   return Make<GemmBackend, OneDnn>();
+}
+
+absl::StatusOr<std::unique_ptr<GemmBackend>> NewOneDnnTiledBackend() {
+  if (absl::Status status = BlasStatus(); !status.ok()) return status;
+  return Make<GemmBackend, OneDnnTiled>();
 }
 
 absl::StatusOr<std::unique_ptr<FusedLinearGelu>> NewOneDnnFusedLinearGelu() {
