@@ -162,7 +162,7 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   const Blas& blas = GetBlas();
   if (!blas.status.ok()) return blas.status;
   if (m == 0 || n == 0) return absl::OkStatus();
-  const std::vector<GemmTile> tiles = GemmTiles(m, n, k);
+  const GemmTileList tiles = GemmTiles(m, n, k);
   const int num_tiles = static_cast<int>(tiles.size());
   const auto finish = [&](const GemmTile& t) {
     if (epilogue) epilogue(t.row, t.rows, t.col, t.cols);
@@ -193,14 +193,14 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   return absl::OkStatus();
 }
 
-std::vector<GemmTile> GemmTiles(int64_t m, int64_t n, int64_t k) {
+GemmTileList GemmTiles(int64_t m, int64_t n, int64_t k) {
   // Splits the larger of m and n (re-packing the smaller operand per tile
   // is cheap) into at most kMaxTiles tiles of >= kMinTile, each >=
   // kMinTileWork multiply-adds.
   constexpr int64_t kMaxTiles = 8;
   constexpr int64_t kMinTile = 64;
   constexpr int64_t kMinTileWork = int64_t{1} << 22;
-  std::vector<GemmTile> tiles;
+  GemmTileList tiles;
   if (m <= 0 || n <= 0) return tiles;
   const bool split_n = n >= m;
   const int64_t dim = split_n ? n : m;

@@ -25,8 +25,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 
 namespace trainyard {
@@ -62,13 +62,14 @@ absl::Status Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 struct GemmTile {
   int64_t row, rows, col, cols;
 };
+using GemmTileList = absl::InlinedVector<GemmTile, 8>;
 
 // The tiles Sgemm cuts C into, in order: at most 8 along C's larger side
 // (its columns when n >= m), each of at least 64 (a multiple of 16 but for
 // the last) and 4M multiply-adds where the shape allows. They depend on
 // (m, n, k) only, never on the thread count; empty when m or n is 0. Other
 // GEMM libraries can run on the same tiling (tools/gemm_libs).
-std::vector<GemmTile> GemmTiles(int64_t m, int64_t n, int64_t k);
+GemmTileList GemmTiles(int64_t m, int64_t n, int64_t k);
 
 // Sets the number of threads Sgemm uses (process-wide; default: the
 // hardware concurrency). n < 1 means 1. Never changes results.

@@ -244,7 +244,7 @@ TEST(SgemmTest, EpilogueBlocksPartitionCAfterTheGemm) {
 // blocks), cut along C's larger side.
 TEST(GemmTilesTest, AreSgemmsBlocksAlongTheLargerSide) {
   // The block's forward at 256 rows: 8 column tiles of 512.
-  std::vector<GemmTile> fwd = GemmTiles(256, 4096, 1024);
+  GemmTileList fwd = GemmTiles(256, 4096, 1024);
   ASSERT_EQ(fwd.size(), 8u);
   for (size_t i = 0; i < fwd.size(); ++i) {
     EXPECT_EQ(fwd[i].row, 0);
@@ -253,7 +253,7 @@ TEST(GemmTilesTest, AreSgemmsBlocksAlongTheLargerSide) {
     EXPECT_EQ(fwd[i].cols, 512);
   }
   // Taller than wide: rows; the last tile takes the rest.
-  std::vector<GemmTile> tall = GemmTiles(1000, 200, 300);
+  GemmTileList tall = GemmTiles(1000, 200, 300);
   ASSERT_FALSE(tall.empty());
   int64_t next = 0;
   for (const GemmTile& t : tall) {

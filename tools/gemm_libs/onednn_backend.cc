@@ -147,7 +147,7 @@ class OneDnnTiled final : public GemmBackend {
       return absl::InvalidArgumentError(
           absl::StrCat("oneDNN backend: beta must be 0 or 1, got ", beta));
     }
-    const std::vector<GemmTile> tiles = GemmTiles(s.m, s.n, s.k);
+    const GemmTileList tiles = GemmTiles(s.m, s.n, s.k);
     std::vector<Tile*> prims(tiles.size());
     omp_set_num_threads(1);
     for (size_t i = 0; i < tiles.size(); ++i) {
