@@ -64,11 +64,12 @@ struct GemmTile {
 };
 using GemmTileList = absl::InlinedVector<GemmTile, 8>;
 
-// The tiles Sgemm cuts C into, in order: at most 8 along C's larger side
-// (its columns when n >= m), each of at least 64 (a multiple of 16 but for
-// the last) and 4M multiply-adds where the shape allows. They depend on
-// (m, n, k) only, never on the thread count; empty when m or n is 0. Other
-// GEMM libraries can run on the same tiling (tools/gemm_libs).
+// The tiles Sgemm cuts C into, in order: C's larger side (its columns when
+// n >= m) cut into at most 8 near-equal pieces, a multiple of 16 each but
+// the last; fewer for small shapes (a piece of at least 64 and 4M
+// multiply-adds before the rounding to 16). They depend on (m, n, k) only,
+// never on the thread count; empty when m or n is 0. Other GEMM libraries
+// can run on the same tiling (tools/gemm_libs).
 GemmTileList GemmTiles(int64_t m, int64_t n, int64_t k);
 
 // Sets the number of threads Sgemm uses (process-wide; default: the

@@ -41,11 +41,23 @@ std::vector<float> Padded(const Vec& v, int64_t rows, int64_t cols,
 TEST(SgemmTest, MatchesFloat64ReferenceOnOddShapes) {
   Rng rng(1);
   const std::vector<GemmCase> cases = {
-      {false, false, 1, 1, 1},      {false, true, 3, 17, 5},
-      {true, false, 17, 3, 1009},   {true, true, 1009, 3, 17},
-      {false, true, 5, 1009, 3},    {true, false, 1, 17, 3},
-      {false, false, 17, 33, 1009}, {true, true, 3, 1, 64},
+      {false, false, 1, 1, 1},
+      {false, true, 3, 17, 5},
+      {true, false, 17, 3, 1009},
+      {true, true, 1009, 3, 17},
+      {false, true, 5, 1009, 3},
+      {true, false, 1, 17, 3},
+      {false, false, 17, 33, 1009},
+      {true, true, 3, 1, 64},
+      // Several tiles (GemmTiles), so each operand's per-tile offset is
+      // checked: rows of a transposed A, columns of a transposed B.
+      {true, false, 600, 200, 100},
+      {false, true, 200, 600, 100},
+      {true, true, 600, 200, 100},
+      {false, false, 200, 600, 100},
   };
+  ASSERT_EQ(GemmTiles(600, 200, 100).size(), 2u);
+  ASSERT_EQ(GemmTiles(200, 600, 100).size(), 2u);
   for (const GemmCase& gc : cases) {
     const int64_t a_rows = gc.ta ? gc.k : gc.m, a_cols = gc.ta ? gc.m : gc.k;
     const int64_t b_rows = gc.tb ? gc.n : gc.k, b_cols = gc.tb ? gc.k : gc.n;

@@ -125,7 +125,8 @@ ELFS+=("$BLAS")
 # oneDNN and libxsmm are installed here (else left out: run.sh then skips
 # its step). With them installed, a survey that does not build is an error.
 BLIS=/usr/lib/x86_64-linux-gnu/libblis.so.4
-if [[ -e $BLIS && -e /usr/include/dnnl.hpp && -e /usr/include/libxsmm.h ]]; then
+if [[ -e $BLIS && -e /usr/include/x86_64-linux-gnu/blis-openmp/blis.h &&
+  -e /usr/include/dnnl.hpp && -e /usr/include/libxsmm.h ]]; then
   tools/gemm_libs/build.sh "$OUT/bin/gemm_libs" >"$OUT/gemm_libs_build.log" 2>&1 ||
     die "tools/gemm_libs/build.sh failed: $(tail -n 3 "$OUT/gemm_libs_build.log")"
   rm "$OUT/gemm_libs_build.log"

@@ -43,17 +43,17 @@
 #                                 the packed GEMM on its default kernel
 #                                 against OpenBLAS, and against the AVX2
 #                                 kernel (where the CPU has AVX-512)
+#   bench_cpu_step                tools/bench_cpu_step.py: the CPU training
+#                                 step (M = 1, 2, 4, 8; 2 threads; the packed
+#                                 GEMM on this CPU's kernel and on AVX2, and
+#                                 OpenBLAS alone) next to that python's torch
+#                                 on this machine's CPU
 #   bench_gemm_libs               tools/gemm_libs on this machine's CPU: the
 #                                 block's GEMMs through OpenBLAS, BLIS,
 #                                 oneDNN, libxsmm and our packed GEMM, 1 and
 #                                 2 threads, four blocks' weights streaming
 #                                 (SKIPPED when the bundle has no
 #                                 bin/gemm_libs)
-#   bench_cpu_step                tools/bench_cpu_step.py: the CPU training
-#                                 step (M = 1, 2, 4, 8; 2 threads; the packed
-#                                 GEMM on this CPU's kernel and on AVX2, and
-#                                 OpenBLAS alone) next to that python's torch
-#                                 on this machine's CPU
 # RESULTS_DIR gets summary.txt (one row per step: PASS/FAIL/SKIPPED, seconds,
 # detail; the benchmarks side by side) and gpu-results.tar.gz (every log,
 # metric file and spec). Exit: 0 when every step that ran passed, 1 otherwise,
@@ -512,7 +512,7 @@ done
 step bench_torch bench_torch
 step bench_infer bench_infer
 step bench_packed_gemm bench_packed_gemm
-step bench_gemm_libs bench_gemm_libs
 step bench_cpu_step bench_cpu_step
+step bench_gemm_libs bench_gemm_libs
 finish
 exit "$FAILED"

@@ -160,8 +160,9 @@ Check CheckBackend(GemmBackend* lib, std::vector<Case>* cases) {
   return check;
 }
 
-double Seconds(const std::function<void()>& fn, int reps) {
-  fn();  // warm-up: caches, primitives, JIT, thread pools
+double Seconds(const std::function<void()>& fn, int reps, int warmups = 1) {
+  // Warm-up: caches, primitives, JIT, thread pools, packs.
+  for (int w = 0; w < warmups; ++w) fn();
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < reps; ++r) fn();
   const std::chrono::duration<double> d =
@@ -294,7 +295,7 @@ absl::Status Round(int round, const std::vector<GemmBackend*>& libs,
                                       weight_gradient ? c.b.data() : w, c.beta,
                                       weight_gradient ? w : c.c.data()));
             },
-            std::max(blocks, Reps(c.shape.flops())));
+            std::max(blocks, Reps(c.shape.flops())), blocks);
         RETURN_IF_ERROR(status);
         (*seconds)[Key(lib->Name(), i, threads)].push_back(s);
       }
@@ -532,8 +533,8 @@ int main(int argc, char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
     setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
     execv("/proc/self/exe", argv);
-    std::perror("gemm_libs: execv /proc/self/exe");
-    return 1;
+    std::perror("gemm_libs: execv /proc/self/exe (going on without PASSIVE)");
+    setenv("OMP_WAIT_POLICY", "unset: the re-exec failed", 1);
   }
   return trainyard::gemm_libs::Main(argc, argv);
 }

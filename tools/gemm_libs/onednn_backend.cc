@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -67,10 +68,12 @@ struct Primitive {
 absl::StatusOr<Primitive> Create(const dnnl::engine& engine,
                                  const dnnl::matmul::desc& desc,
                                  const dnnl::post_ops& post_ops,
-                                 const std::string& what) {
+                                 const std::string& what,
+                                 bool user_scratchpad = false) {
   try {
     dnnl::primitive_attr attr;
     attr.set_post_ops(post_ops);
+    if (user_scratchpad) attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     dnnl::matmul::primitive_desc pd(desc, attr, engine);
     std::fprintf(stderr, "oneDNN %s: %s\n", what.c_str(), pd.impl_info_str());
     return Primitive{pd, dnnl::matmul(pd)};
@@ -122,17 +125,28 @@ class OneDnn final : public GemmBackend {
   int threads_ = 1;
 };
 
-// A strided [rows, cols] matrix: row-major with leading dimension ld, or
-// the transpose of a stored [cols, rows] one with leading dimension ld.
-memory::desc Strided(int64_t rows, int64_t cols, int64_t ld, bool transposed) {
-  return memory::desc({rows, cols}, memory::data_type::f32,
-                      transposed ? memory::dims{1, ld} : memory::dims{ld, 1});
+// rows x cols floats at src (row stride ld) to dense dst.
+void CopyBlock(const float* src, int64_t ld, int64_t rows, int64_t cols,
+               float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * cols, src + r * ld, cols * sizeof(float));
+  }
+}
+void CopyBlockOut(const float* src, int64_t rows, int64_t cols, float* dst,
+                  int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * ld, src + r * cols, cols * sizeof(float));
+  }
 }
 
 // oneDNN on Sgemm's own tiling (kernels/blas.h GemmTiles): one
 // single-threaded matmul a tile, the tiles on our compute pool, so the
 // bits cannot depend on the thread count; the way the engine would call it.
-// Each tile has its own primitive and stream, so no two threads share one.
+// oneDNN 2.6 runs its brgemm kernels only on dense operands (a tile of a
+// larger matrix falls back to gemm:jit), so a tile's operands that are not
+// dense in place are copied into dense buffers (and C's tile back), as an
+// engine would have to. Each tile has its own primitive, stream, buffers
+// and user-managed scratchpad, so no two threads share any.
 class OneDnnTiled final : public GemmBackend {
  public:
   std::string Name() const override { return "onednn-tiled"; }
@@ -158,34 +172,26 @@ class OneDnnTiled final : public GemmBackend {
       if (it == cache_.end()) {
         dnnl::post_ops post_ops;
         if (beta != 0.0f) post_ops.append_sum(1.0f);
-        const dnnl::matmul::desc desc(Strided(t.rows, s.k, s.lda(), s.trans_a),
-                                      Strided(s.k, t.cols, s.ldb(), s.trans_b),
-                                      Strided(t.rows, t.cols, s.ldc(), false));
-        absl::StatusOr<Primitive> p =
-            Create(engine_, desc, post_ops,
-                   absl::StrCat("tile ", i, " of ", s.trans_a ? "T" : "N",
-                                s.trans_b ? "T" : "N", " m=", s.m, " n=", s.n,
-                                " k=", s.k, " beta=", beta, ": ", t.rows, "x",
-                                t.cols));
+        const dnnl::matmul::desc desc(Matrix(t.rows, s.k, s.trans_a),
+                                      Matrix(s.k, t.cols, s.trans_b),
+                                      Matrix(t.rows, t.cols, false));
+        absl::StatusOr<Primitive> p = Create(
+            engine_, desc, post_ops,
+            absl::StrCat("tile ", i, " of ", s.trans_a ? "T" : "N",
+                         s.trans_b ? "T" : "N", " m=", s.m, " n=", s.n,
+                         " k=", s.k, " beta=", beta, ": ", t.rows, "x", t.cols),
+            /*user_scratchpad=*/true);
         if (!p.ok()) return p.status();
-        it =
-            cache_
-                .emplace(key,
-                         std::make_unique<Tile>(Tile{*std::move(p), {engine_}}))
-                .first;
+        auto tile = std::make_unique<Tile>(Tile{*std::move(p), {engine_}, {}});
+        tile->scratchpad = memory(tile->p.pd.scratchpad_desc(), engine_);
+        it = cache_.emplace(key, std::move(tile)).first;
       }
       prims[i] = it->second.get();
     }
     std::mutex mu;
     absl::Status status;
     ParallelFor(static_cast<int>(tiles.size()), [&](int i) {
-      const GemmTile& t = tiles[i];
-      omp_set_num_threads(1);
-      const float* ta = s.trans_a ? a + t.row : a + t.row * s.lda();
-      const float* tb = s.trans_b ? b + t.col * s.ldb() : b + t.col;
-      absl::Status st =
-          Execute(prims[i]->p.prim, engine_, prims[i]->stream, prims[i]->p.pd,
-                  ta, tb, nullptr, c + t.row * s.ldc() + t.col);
+      absl::Status st = RunTile(s, tiles[i], a, b, c, prims[i]);
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         status.Update(st);
@@ -198,7 +204,65 @@ class OneDnnTiled final : public GemmBackend {
   struct Tile {
     Primitive p;
     dnnl::stream stream;
+    memory scratchpad;
+    std::vector<float> a, b, c;  // dense copies, when needed
   };
+
+  absl::Status RunTile(const GemmShape& s, const GemmTile& t, const float* a,
+                       const float* b, float* c, Tile* tile) {
+    omp_set_num_threads(1);
+    // op(A)'s rows [t.row, +t.rows): dense in place unless they are a
+    // column range of a transposed A, or A has a longer leading dimension.
+    const float* ta = s.trans_a ? a + t.row : a + t.row * s.lda();
+    const bool a_dense = s.trans_a ? t.rows == s.lda() : s.lda() == s.k;
+    if (!a_dense) {
+      tile->a.resize(t.rows * s.k);
+      if (s.trans_a) {
+        CopyBlock(ta, s.lda(), s.k, t.rows, tile->a.data());
+      } else {
+        CopyBlock(ta, s.lda(), t.rows, s.k, tile->a.data());
+      }
+      ta = tile->a.data();
+    }
+    // op(B)'s columns [t.col, +t.cols).
+    const float* tb = s.trans_b ? b + t.col * s.ldb() : b + t.col;
+    const bool b_dense = s.trans_b ? s.ldb() == s.k : t.cols == s.ldb();
+    if (!b_dense) {
+      tile->b.resize(s.k * t.cols);
+      if (s.trans_b) {
+        CopyBlock(tb, s.ldb(), t.cols, s.k, tile->b.data());
+      } else {
+        CopyBlock(tb, s.ldb(), s.k, t.cols, tile->b.data());
+      }
+      tb = tile->b.data();
+    }
+    float* tc = c + t.row * s.ldc() + t.col;
+    const bool c_dense = t.cols == s.ldc();
+    if (!c_dense) {
+      tile->c.resize(t.rows * t.cols);
+      if (tile->p.pd.get_primitive_attr().get_post_ops().len() > 0) {
+        CopyBlock(tc, s.ldc(), t.rows, t.cols, tile->c.data());  // beta = 1
+      }
+    }
+    try {
+      const dnnl::matmul::primitive_desc& pd = tile->p.pd;
+      tile->p.prim.execute(
+          tile->stream,
+          {{DNNL_ARG_SRC,
+            memory(pd.src_desc(), engine_, const_cast<float*>(ta))},
+           {DNNL_ARG_WEIGHTS,
+            memory(pd.weights_desc(), engine_, const_cast<float*>(tb))},
+           {DNNL_ARG_DST,
+            memory(pd.dst_desc(), engine_, c_dense ? tc : tile->c.data())},
+           {DNNL_ARG_SCRATCHPAD, tile->scratchpad}});
+      tile->stream.wait();
+    } catch (const dnnl::error& e) {
+      return absl::InternalError(absl::StrCat("oneDNN matmul: ", e.what()));
+    }
+    if (!c_dense) CopyBlockOut(tile->c.data(), t.rows, t.cols, tc, s.ldc());
+    return absl::OkStatus();
+  }
+
   using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, bool, int>;
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   std::map<Key, std::unique_ptr<Tile>> cache_;

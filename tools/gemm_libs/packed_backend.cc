@@ -6,10 +6,11 @@
 // - TN (a weight gradient, dW += dy^T x): SgemmWeightGradient, one part.
 // With pack_once the pack is made once per B pointer and kept (microbatches
 // after a step's first, which read the pack its first made; valid only
-// while B's contents do not change); without it every call packs as it goes
-// (SgemmPacking for NT; NN packs W^T first), as a step's first microbatch
-// or a one-microbatch step would. The weight gradient packs its operands
-// inside every call either way.
+// while B's contents do not change); without it every call packs op(B) as
+// it goes (SgemmPacking), as the blocks run a GEMM that has no pack to
+// read. The weight gradient packs its operands inside every call either
+// way. The blocks use the packed GEMM up to kPackedGemmMaxRows (128) rows
+// only; the survey runs it at 256 too.
 #include <map>
 #include <memory>
 
@@ -47,17 +48,15 @@ class Packed final : public GemmBackend {
     if (s.trans_a) {
       return absl::InvalidArgumentError("packed: no TT GEMM in the block");
     }
-    if (s.trans_b && !pack_once_) {  // NT, packing as it goes
-      return SgemmPacking(s.m, s.n, s.k, a, s.lda(), /*trans_b=*/true, b,
-                          s.ldb(), accumulate, c, s.ldc());
+    if (!pack_once_) {  // packing as it goes, as the blocks do with no pack
+      return SgemmPacking(s.m, s.n, s.k, a, s.lda(), s.trans_b, b, s.ldb(),
+                          accumulate, c, s.ldc());
     }
     // The pack of W^T: for NT, op(B) = b^T with b [n, k] = W; for NN, b
     // [k, n] = W and the pack is of W^T [n, k].
     const bool nt = s.trans_b;
-    PackedMatrix local;
-    PackedMatrix* pack = &local;
-    if (pack_once_) pack = &packs_[b];
-    if (!pack_once_ || pack->data() == nullptr) {
+    PackedMatrix* pack = &packs_[b];
+    if (pack->data() == nullptr) {
       absl::Status st = nt ? pack->Pack(true, s.k, s.n, b, s.ldb())
                            : pack->Pack(true, s.n, s.k, b, s.ldb());
       if (!st.ok()) return st;
