@@ -126,16 +126,12 @@ class OneDnn final : public GemmBackend {
 };
 
 // rows x cols floats at src (row stride ld) to dense dst.
-void CopyBlock(const float* src, int64_t ld, int64_t rows, int64_t cols,
-               float* dst) {
+// rows x cols floats from src (row stride src_ld) to dst (row stride
+// dst_ld).
+void CopyRows(const float* src, int64_t src_ld, int64_t rows, int64_t cols,
+              float* dst, int64_t dst_ld) {
   for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(dst + r * cols, src + r * ld, cols * sizeof(float));
-  }
-}
-void CopyBlockOut(const float* src, int64_t rows, int64_t cols, float* dst,
-                  int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(dst + r * ld, src + r * cols, cols * sizeof(float));
+    std::memcpy(dst + r * dst_ld, src + r * src_ld, cols * sizeof(float));
   }
 }
 
@@ -191,7 +187,7 @@ class OneDnnTiled final : public GemmBackend {
     std::mutex mu;
     absl::Status status;
     ParallelFor(static_cast<int>(tiles.size()), [&](int i) {
-      absl::Status st = RunTile(s, tiles[i], a, b, c, prims[i]);
+      absl::Status st = RunTile(s, tiles[i], a, b, beta != 0.0f, c, prims[i]);
       if (!st.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         status.Update(st);
@@ -208,8 +204,9 @@ class OneDnnTiled final : public GemmBackend {
     std::vector<float> a, b, c;  // dense copies, when needed
   };
 
+  // One tile, C = op(A) op(B) (+ C when accumulate), on this thread.
   absl::Status RunTile(const GemmShape& s, const GemmTile& t, const float* a,
-                       const float* b, float* c, Tile* tile) {
+                       const float* b, bool accumulate, float* c, Tile* tile) {
     omp_set_num_threads(1);
     // op(A)'s rows [t.row, +t.rows): dense in place unless they are a
     // column range of a transposed A, or A has a longer leading dimension.
@@ -218,9 +215,9 @@ class OneDnnTiled final : public GemmBackend {
     if (!a_dense) {
       tile->a.resize(t.rows * s.k);
       if (s.trans_a) {
-        CopyBlock(ta, s.lda(), s.k, t.rows, tile->a.data());
+        CopyRows(ta, s.lda(), s.k, t.rows, tile->a.data(), t.rows);
       } else {
-        CopyBlock(ta, s.lda(), t.rows, s.k, tile->a.data());
+        CopyRows(ta, s.lda(), t.rows, s.k, tile->a.data(), s.k);
       }
       ta = tile->a.data();
     }
@@ -230,9 +227,9 @@ class OneDnnTiled final : public GemmBackend {
     if (!b_dense) {
       tile->b.resize(s.k * t.cols);
       if (s.trans_b) {
-        CopyBlock(tb, s.ldb(), t.cols, s.k, tile->b.data());
+        CopyRows(tb, s.ldb(), t.cols, s.k, tile->b.data(), s.k);
       } else {
-        CopyBlock(tb, s.ldb(), s.k, t.cols, tile->b.data());
+        CopyRows(tb, s.ldb(), s.k, t.cols, tile->b.data(), t.cols);
       }
       tb = tile->b.data();
     }
@@ -240,8 +237,8 @@ class OneDnnTiled final : public GemmBackend {
     const bool c_dense = t.cols == s.ldc();
     if (!c_dense) {
       tile->c.resize(t.rows * t.cols);
-      if (tile->p.pd.get_primitive_attr().get_post_ops().len() > 0) {
-        CopyBlock(tc, s.ldc(), t.rows, t.cols, tile->c.data());  // beta = 1
+      if (accumulate) {
+        CopyRows(tc, s.ldc(), t.rows, t.cols, tile->c.data(), t.cols);
       }
     }
     try {
@@ -259,7 +256,7 @@ class OneDnnTiled final : public GemmBackend {
     } catch (const dnnl::error& e) {
       return absl::InternalError(absl::StrCat("oneDNN matmul: ", e.what()));
     }
-    if (!c_dense) CopyBlockOut(tile->c.data(), t.rows, t.cols, tc, s.ldc());
+    if (!c_dense) CopyRows(tile->c.data(), t.cols, t.rows, t.cols, tc, s.ldc());
     return absl::OkStatus();
   }
 
