@@ -1,9 +1,9 @@
 // Where the packed GEMM runs (kernels/packed_gemm.h; this test turns it on
 // whatever the CPU), a CPU stage's first microbatch packs each weight and
-// the step's other microbatches read the packs, which the stage drops
-// before its optimizer step changes the weights (and an eval packs anew):
-// the same bits as packing in every GEMM, over steps, evals, stage splits
-// and schedules. Packs kept across an optimizer step would change them.
+// the step's other GEMMs read the packs (the input gradients too), which the
+// stage drops before its optimizer step changes the weights (and an eval packs
+// anew): the same bits as packing in every GEMM, over steps, evals, stage
+// splits and schedules. Packs kept across an optimizer step would change them.
 // Its weight gradients chain exactly: a one-stage job that runs them all at
 // the end of the step gets the bits of running one a microbatch.
 #include <map>
@@ -23,24 +23,31 @@ using testing::RunResult;
 using testing::WithPipeline;
 
 TEST(PackedWeightsTest, KeptPacksAreBitwiseThePackingInEveryGemm) {
-  // Batch 32 in 4 microbatches of 8 rows, evals every 10 of 30 steps.
-  ASSERT_TRUE(UsePackedGemm(8)) << "TRAINYARD_PACKED_GEMM=1 expected";
-  for (int stages : {1, 2}) {
-    for (const char* schedule : {"1f1b", "zbh1"}) {
-      SCOPED_TRACE(::testing::Message() << "S=" << stages << " " << schedule);
-      const auto spec = WithPipeline(ClassificationSpec(), stages, 4, schedule);
-      KeepPackedWeightsForTesting(false);
-      const RunResult fresh = RunJob(spec);
-      KeepPackedWeightsForTesting(true);
-      const RunResult kept = RunJob(spec);
-      ASSERT_TRUE(fresh.status.ok()) << fresh.status;
-      ASSERT_TRUE(kept.status.ok()) << kept.status;
-      ASSERT_EQ(kept.losses.size(), 30u);
-      EXPECT_EQ(kept.losses, fresh.losses);  // exact
-      EXPECT_EQ(kept.grad_norms, fresh.grad_norms);
-      EXPECT_EQ(kept.eval_loss, fresh.eval_loss);
-      EXPECT_EQ(kept.params, fresh.params);
-    }
+  // Batch 32 in 4 microbatches of 8 rows, or one of 32 (whose input
+  // gradients read what its forward packed), evals every 10 of 30 steps.
+  ASSERT_TRUE(UsePackedGemm(32)) << "TRAINYARD_PACKED_GEMM=1 expected";
+  struct Layout {
+    int stages, microbatches;
+    const char* schedule;
+  };
+  for (const Layout& l :
+       {Layout{1, 4, "1f1b"}, Layout{1, 4, "zbh1"}, Layout{2, 4, "1f1b"},
+        Layout{2, 4, "zbh1"}, Layout{1, 1, "1f1b"}, Layout{2, 1, "1f1b"}}) {
+    SCOPED_TRACE(::testing::Message() << "S=" << l.stages << " M="
+                                      << l.microbatches << " " << l.schedule);
+    const auto spec = WithPipeline(ClassificationSpec(), l.stages,
+                                   l.microbatches, l.schedule);
+    KeepPackedWeightsForTesting(false);
+    const RunResult fresh = RunJob(spec);
+    KeepPackedWeightsForTesting(true);
+    const RunResult kept = RunJob(spec);
+    ASSERT_TRUE(fresh.status.ok()) << fresh.status;
+    ASSERT_TRUE(kept.status.ok()) << kept.status;
+    ASSERT_EQ(kept.losses.size(), 30u);
+    EXPECT_EQ(kept.losses, fresh.losses);  // exact
+    EXPECT_EQ(kept.grad_norms, fresh.grad_norms);
+    EXPECT_EQ(kept.eval_loss, fresh.eval_loss);
+    EXPECT_EQ(kept.params, fresh.params);
   }
 }
 

@@ -116,7 +116,8 @@ absl::Status Stage::CreateParamStore() {
   if (KeepsGradientTree(plan_.spec)) {
     for (Chunk& chunk : chunks_) chunk.tree.emplace(ctx_, chunk.grad_size);
   }
-  chain_weight_passes_ = ChainsWeightPasses(plan_) && PackedGemmEnabled();
+  chain_weight_passes_ =
+      ChainsWeightPasses(plan_) && UsePackedGemm(LargestMicrobatch(plan_.spec));
   return absl::OkStatus();
 }
 

@@ -335,11 +335,12 @@ class Stage {
   bool InputsPassThroughOnDevice() const;
 
   // The step (stage_step.cc).
-  // Brackets the passes of `microbatches` microbatches over unchanged
-  // parameters (BlockKernel::BeginPasses: the CPU blocks keep their weights
-  // packed from one microbatch to the next in between): a step's passes,
-  // ended before its optimizer step; each eval or inference run.
-  void BeginPasses(int microbatches);
+  // Brackets passes over unchanged parameters that read each weight
+  // `weight_reads` times (BlockKernel::BeginPasses: the CPU blocks keep
+  // their weights packed from one GEMM to the next in between): a step's
+  // passes (each microbatch's forward and input gradient), ended before its
+  // optimizer step; each eval or inference run (each microbatch's forward).
+  void BeginPasses(int weight_reads);
   void EndPasses();
   // The weight passes the schedule asked for this step, chained (plan/
   // job_plan.h, ChainsWeightPasses): one BlockKernel::BackwardWeights per
@@ -453,7 +454,8 @@ class Stage {
   std::optional<ParamStore> store_;
   std::vector<bool> grads_written_;  // per local block, this step
   bool tree_accumulation_ = false;   // parallelism.accumulation "tree"
-  // ChainsWeightPasses(plan_) on a CPU that runs the packed GEMM: the
+  // ChainsWeightPasses(plan_) on a CPU that runs its microbatches on the
+  // packed GEMM: the
   // schedule's weight passes only queue their microbatch in
   // chained_weight_passes_, run by RunChainedWeightPasses.
   bool chain_weight_passes_ = false;

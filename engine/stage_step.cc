@@ -31,7 +31,8 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   if (task_ != nullptr) {
     RETURN_IF_ERROR(task_->OnEvent(TRAINYARD_EVENT_STEP_BEGIN, step, ""));
   }
-  BeginPasses(mine);
+  // Each microbatch's forward and input gradient read every weight.
+  BeginPasses(2 * mine);
   absl::Cleanup end_passes = [this] { EndPasses(); };
   if (is_first()) {
     const int64_t position = sampler_->position();
@@ -64,8 +65,8 @@ absl::StatusOr<StepReport> Stage::RunStep() {
   return report;
 }
 
-void Stage::BeginPasses(int microbatches) {
-  for (auto& block : blocks_) block->BeginPasses(microbatches);
+void Stage::BeginPasses(int weight_reads) {
+  for (auto& block : blocks_) block->BeginPasses(weight_reads);
 }
 
 void Stage::EndPasses() {

@@ -201,10 +201,10 @@ class StepParts {
   }
 
   // The forward and input-gradient GEMMs as the block runs them: with the
-  // packed GEMM (kernels/packed_gemm.h, microbatches of at most 128 rows),
-  // the first microbatch's forward GEMMs pack each weight (W^T) as they go
-  // and keep the packs, which every later GEMM reads, the input gradients
-  // included (one microbatch packs into a small buffer); else OpenBLAS.
+  // packed GEMM (kernels/packed_gemm.h, microbatches of at most
+  // PackedGemmMaxRows() rows), the first microbatch's forward GEMMs pack
+  // each weight (W^T) as they go and keep the packs, which every later GEMM
+  // reads, the input gradients included; else OpenBLAS.
   // The packs of the previous iteration are dropped first, as a stage
   // drops them after the optimizer step.
   void ForwardGemms() {
@@ -297,13 +297,12 @@ class StepParts {
   const int64_t mb_, n_;
   Buffers w1_, w2_, gw1_, gw2_, b1_, b2_, gb1_, gb2_;
   Buffers x_, pre_, act_, y_, dy_, dact_, dx_;
-  // The block's own weight GEMM; the packs are kept only when a step has
-  // several microbatches, as the stage keeps them.
+  // The block's own weight GEMM, keeping the packs as a training stage
+  // does (the input gradients read them).
   void WeightGemm(bool transposed, int64_t mb, int64_t n, int64_t k,
                   const float* x, const float* w, MlpBlockPacked::Weight* slot,
                   float* out) {
-    CHECK_OK(MlpWeightGemm("weight", transposed, mb, n, k, x, w,
-                           n_ > kBlocks ? slot : nullptr, out));
+    CHECK_OK(MlpWeightGemm("weight", transposed, mb, n, k, x, w, slot, out));
   }
 
   Buffer ca_{0}, cb_{0}, cc_{0};

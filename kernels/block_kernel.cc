@@ -63,18 +63,19 @@ Out MapParams(Params& p, F f) {
 }
 
 // Where a CPU block keeps its weights packed for the packed GEMM between
-// BeginPasses and EndPasses, when more than one microbatch reads them: the
-// first microbatch's GEMMs pack them for the others as they go (one
-// microbatch alone packs into a small buffer, not writing packs nobody
-// reads; the same bits). Nothing when the packed GEMM is off. The buffers
-// stay allocated from one run of passes to the next.
+// BeginPasses and EndPasses, when more than one GEMM reads them: the first
+// microbatch's forward GEMMs pack them as they go, for the later forwards
+// and the input gradients (a single read, one forward pass of one
+// microbatch, packs into a small buffer, not writing packs nobody reads;
+// the same bits). Nothing when the packed GEMM is off. The buffers stay
+// allocated from one run of passes to the next.
 std::atomic<bool> keep_packed_weights{true};
 
 class PassWeights {
  public:
-  void Begin(int microbatches) {
+  void Begin(int weight_reads) {
     packed_.Reset();
-    active_ = PackedGemmEnabled() && microbatches >= 2 &&
+    active_ = PackedGemmEnabled() && weight_reads >= 2 &&
               keep_packed_weights.load(std::memory_order_relaxed);
   }
   void End() {
@@ -116,7 +117,7 @@ class CpuBlockKernel final : public BlockKernel {
                                 &static_cast<Saved*>(saved)->s, dx);
   }
 
-  void BeginPasses(int microbatches) override { packed_.Begin(microbatches); }
+  void BeginPasses(int weight_reads) override { packed_.Begin(weight_reads); }
   void EndPasses() override { packed_.End(); }
 
   absl::Status BackwardWeight(BlockSaved* saved, bool accumulate,
@@ -187,7 +188,7 @@ class SimBlockKernel final : public BlockKernel {
     return block_.BackwardWeights(Unwrapped<Saved>(saved), accumulate, &host);
   }
 
-  void BeginPasses(int microbatches) override { packed_.Begin(microbatches); }
+  void BeginPasses(int weight_reads) override { packed_.Begin(weight_reads); }
   void EndPasses() override { packed_.End(); }
 
  private:

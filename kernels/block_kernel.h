@@ -61,18 +61,20 @@ class BlockKernel {
 
   // Bracket a run of passes over parameters that do not change in between
   // (a training step's forward and backward passes, an eval pass, an
-  // inference run), of `microbatches` microbatches or more: in between, the
-  // kernel may keep what it derives from the parameters from one pass to
-  // the next (the CPU blocks keep their weights packed for the packed GEMM,
-  // kernels/packed_gemm.h, when more than one microbatch reads them).
-  // Results are bitwise the same with and without the calls; the parameters
-  // must not change between them.
-  virtual void BeginPasses(int microbatches) {}
+  // inference run) that read each weight `weight_reads` times or more (a
+  // training step: each microbatch's forward and input gradient; an eval or
+  // inference run: each microbatch's forward): in between, the kernel may
+  // keep what it derives from the parameters from one pass to the next (the
+  // CPU blocks keep their weights packed for the packed GEMM,
+  // kernels/packed_gemm.h, when more than one GEMM reads them). Results are
+  // bitwise the same with and without the calls; the parameters must not
+  // change between them.
+  virtual void BeginPasses(int weight_reads) {}
   virtual void EndPasses() {}
 };
 
 // Tests only: with `keep` false, CPU blocks pack their weights in every
-// GEMM instead of keeping the first microbatch's packs (BeginPasses); the
+// GEMM instead of keeping the first forward GEMM's packs (BeginPasses); the
 // same bits. Process-wide; read at each BeginPasses.
 void KeepPackedWeightsForTesting(bool keep);
 

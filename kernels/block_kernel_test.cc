@@ -9,6 +9,7 @@
 #include "kernels/cuda/test_util.h"
 #include "kernels/exec_context.h"
 #include "kernels/mlp_block.h"
+#include "kernels/packed_gemm.h"
 
 namespace trainyard {
 namespace {
@@ -103,6 +104,39 @@ TEST(BlockKernelTest, CpuKernelIsMlpBlockBitwise) {
     ASSERT_TRUE((*kernel)->Forward(params, x, &y_eval, nullptr).ok());
     EXPECT_TRUE(SameBits(y_eval, y_ref));
   }
+}
+
+// Between BeginPasses and EndPasses a CPU block on the packed GEMM keeps
+// the weights its first forward packed, and one microbatch's input gradient
+// reads them (weight_reads 2: a training step of one microbatch); with a
+// single read (one forward pass) it keeps nothing. The weights are changed
+// after the forward, against BeginPasses' contract, so that a kept pack
+// shows: the input gradient then still sees the old weights.
+TEST(BlockKernelTest, OneMicrobatchInputGradientReadsTheForwardsPack) {
+  const int64_t rows = 5;
+  if (!UsePackedGemm(rows)) GTEST_SKIP() << "packed GEMM off: no packs";
+  auto ctx = *ExecContext::Create(Device::Cpu(), Precision::kFp32);
+  const MlpBlockConfig c = Configs()[3];  // GELU, no norm, bias
+  Rng rng(9, 1);
+  const MlpBlockParams old_params = RandomParams(c, &rng);
+  const MlpBlockParams new_params = RandomParams(c, &rng);
+  const Tensor x = Random(&rng, {rows, c.in_features}, 1.0f);
+  const Tensor dy = Random(&rng, {rows, c.out_features}, 1.0f);
+  // dx with the forward on old_params and the input gradient on `backward`.
+  const auto dx_of = [&](int weight_reads, const MlpBlockParams& backward) {
+    auto kernel = *CreateBlockKernel(c, ctx.get());
+    kernel->BeginPasses(weight_reads);
+    std::unique_ptr<BlockSaved> s;
+    Tensor y, dx;
+    EXPECT_TRUE(kernel->Forward(old_params, x, &y, &s).ok());
+    EXPECT_TRUE(kernel->BackwardInput(backward, dy, s.get(), &dx).ok());
+    kernel->EndPasses();
+    return dx;
+  };
+  const Tensor with_old = dx_of(1, old_params);
+  const Tensor with_new = dx_of(1, new_params);
+  ASSERT_FALSE(SameBits(with_old, with_new));
+  EXPECT_TRUE(SameBits(dx_of(2, new_params), with_old)) << "pack not read";
 }
 
 MlpBlockParams ToDevice(const ExecContext& ctx, const MlpBlockConfig& c,

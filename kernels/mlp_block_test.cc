@@ -272,11 +272,12 @@ TEST(MlpBlockTest, BackwardWeightAccumulatesMicrobatches) {
 // repeated runs.
 // BackwardWeights over a step's microbatches gives the bits of one
 // BackwardWeight each, in order: chained on the packed GEMM (consecutive
-// microbatches of at most kPackedGemmMaxRows rows), per microbatch on
-// OpenBLAS (the 65-row one, where the packed GEMM is on), mixed in a run.
+// microbatches of at most PackedGemmMaxRows() rows), per microbatch on
+// OpenBLAS (the one a row over that, where the packed GEMM is on), mixed in
+// a run.
 TEST(MlpBlockTest, BackwardWeightsGiveTheBitsOfOneCallEach) {
   const int64_t h = 40, ffn = 72;
-  const std::vector<int64_t> rows = {7, 32, 1, 65, 64, 5};
+  const std::vector<int64_t> rows = {7, 32, 1, PackedGemmMaxRows() + 1, 64, 5};
   for (const MlpBlockConfig& c : AllConfigs(h, h, ffn)) {
     if (!c.bias) continue;
     for (bool accumulate : {false, true}) {

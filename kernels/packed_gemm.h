@@ -154,8 +154,16 @@ bool PackedGemmOnByDefault();
 // all give the same bits.
 bool PackedGemmEnabled();
 
+// The most rows a GEMM of the blocks runs on the packed GEMM on this CPU:
+// kPackedGemmMaxRows (256) where it has AVX-512, else
+// kPackedGemmMaxRowsAvx2 (128) (packed_gemm_rows.h). It follows the CPU,
+// not the kernel TRAINYARD_PACKED_GEMM picks, so that picking a kernel
+// never changes a bit; between CPUs with and without AVX-512, GEMMs of 129
+// to 256 rows round differently (the packed GEMM against OpenBLAS).
+int64_t PackedGemmMaxRows();
+
 // Whether the block's GEMMs over `rows` rows use the packed GEMM:
-// PackedGemmEnabled() && rows <= kPackedGemmMaxRows (packed_gemm_rows.h).
+// PackedGemmEnabled() && rows <= PackedGemmMaxRows().
 bool UsePackedGemm(int64_t rows);
 
 // The packed GEMM's micro-kernels. Default: AVX-512 (12 rows x 16 columns,

@@ -27,8 +27,12 @@ TEST(PackedGemmEnvTest, TheVariableTurnsItOnOrOffAndPicksTheKernel) {
     return;
   }
   EXPECT_TRUE(PackedGemmEnabled());
-  EXPECT_TRUE(UsePackedGemm(kPackedGemmMaxRows));
-  EXPECT_FALSE(UsePackedGemm(kPackedGemmMaxRows + 1));
+  // The row limit follows the CPU, whichever kernel the variable picks.
+  const int64_t max_rows =
+      CpuHasAvx512() ? kPackedGemmMaxRows : kPackedGemmMaxRowsAvx2;
+  EXPECT_EQ(PackedGemmMaxRows(), max_rows);
+  EXPECT_TRUE(UsePackedGemm(max_rows));
+  EXPECT_FALSE(UsePackedGemm(max_rows + 1));
   PackedKernel want = CpuDefault();
   if (env == "portable") want = PackedKernel::kPortable;
   // Named but not on this CPU: the CPU's own kernel.
@@ -37,9 +41,9 @@ TEST(PackedGemmEnvTest, TheVariableTurnsItOnOrOffAndPicksTheKernel) {
   }
   EXPECT_EQ(ActivePackedKernel(), want)
       << PackedKernelName(ActivePackedKernel());
-  EXPECT_EQ(PackedGemmDescription(),
-            std::string("packed GEMM: ") + PackedKernelName(want) + ", up to " +
-                std::to_string(kPackedGemmMaxRows) + " rows");
+  EXPECT_EQ(PackedGemmDescription(), std::string("packed GEMM: ") +
+                                         PackedKernelName(want) + ", up to " +
+                                         std::to_string(max_rows) + " rows");
   SetPackedKernelForTesting(PackedKernel::kPortable);
   EXPECT_EQ(ActivePackedKernel(), PackedKernel::kPortable);
   SetPackedKernelForTesting(std::nullopt);

@@ -231,8 +231,12 @@ bool PackedGemmOnByDefault() { return CpuHasAvx2Fma(); }
 
 bool PackedGemmEnabled() { return packed_internal::GetConfig().enabled; }
 
+int64_t PackedGemmMaxRows() {
+  return CpuHasAvx512() ? kPackedGemmMaxRows : kPackedGemmMaxRowsAvx2;
+}
+
 bool UsePackedGemm(int64_t rows) {
-  return rows <= kPackedGemmMaxRows && PackedGemmEnabled();
+  return rows <= PackedGemmMaxRows() && PackedGemmEnabled();
 }
 
 bool PackedKernelSupported(PackedKernel kernel) {
@@ -271,7 +275,7 @@ const char* PackedKernelName(PackedKernel kernel) {
 std::string PackedGemmDescription() {
   if (!PackedGemmEnabled()) return "packed GEMM: off";
   return absl::StrCat("packed GEMM: ", PackedKernelName(ActivePackedKernel()),
-                      ", up to ", kPackedGemmMaxRows, " rows");
+                      ", up to ", PackedGemmMaxRows(), " rows");
 }
 
 void SetPackedKernelForTesting(std::optional<PackedKernel> kernel) {

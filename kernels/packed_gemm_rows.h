@@ -8,24 +8,30 @@
 
 namespace trainyard {
 
-// Measured on 2 threads, AVX2 (docs/BENCHMARKS.md, "A packed GEMM for small
-// microbatches"): with each weight packed once a step (W^T, read by the
-// forward and the input gradient) and a step's weight gradients chained,
-// the packed GEMM took 5-35% less time than OpenBLAS, which packs the
-// weights inside every call, at 32 and 64 rows; at 128 rows 4-7% less for
-// the forward and input-gradient GEMMs and the same for the weight
-// gradients. At 256 rows (one microbatch of the benchmark's batch, whose
-// packs nobody else reads) the two were even, so OpenBLAS keeps those.
-// On AMD Zen 4 (AVX-512 on 256-bit units) against OpenBLAS's Haswell
-// kernels: 7-14% less time at 32 and 64 rows on the forward and input
-// gradients and 13-14% less on the chained weight gradients at 32; at 128
-// rows 2-7% less and 5% more; at 256 rows even (0.986-1.041). On an
-// Intel Xeon (full-width AVX-512) against OpenBLAS's SkylakeX kernels, the
-// AVX-512 kernel took 5-6% less at 256 rows too; a larger limit there is
-// not measured in a step.
-// The choice depends on the row count only, so every layout of a job
-// (stages, replicas, schedule) makes the same one.
-inline constexpr int64_t kPackedGemmMaxRows = 128;
+// The limit on CPUs with AVX-512 (PackedGemmMaxRows() in packed_gemm.h
+// says which this CPU has). The planner, which does not know its workers'
+// CPUs, counts packs and chained weight passes up to this many rows.
+//
+// Measured on AMD Zen 4 (AVX-512 on 256-bit units) against OpenBLAS's
+// Haswell kernels (docs/BENCHMARKS.md, "The packed GEMM at 256 rows"): with
+// one microbatch of 256 rows, the forward packing each weight as it goes and
+// keeping the pack for the input gradient, and the weight gradient on the
+// packed GEMM, the step ran at 0.96 of the SGEMM ceiling against 0.91 on
+// OpenBLAS (medians of alternating pairs). Earlier, on an Intel Xeon with
+// full-width AVX-512, the AVX-512 kernel took 5-6% less time than
+// OpenBLAS's SkylakeX kernels at 256 rows.
+inline constexpr int64_t kPackedGemmMaxRows = 256;
+
+// The limit on the other CPUs (AVX2 and FMA, no AVX-512). Measured on 2
+// threads, AVX2 (docs/BENCHMARKS.md, "A packed GEMM for small
+// microbatches"): with each weight packed once a step and a step's weight
+// gradients chained, the packed GEMM took 5-35% less time than OpenBLAS,
+// which packs the weights inside every call, at 32 and 64 rows; at 128
+// rows 4-7% less for the forward and input-gradient GEMMs and the same for
+// the weight gradients. At 256 rows the AVX2 kernel lost: the step's share
+// of the ceiling 0.88 against OpenBLAS's 0.90 (Zen 4 running the AVX2
+// kernel, "The packed GEMM at 256 rows").
+inline constexpr int64_t kPackedGemmMaxRowsAvx2 = 128;
 
 }  // namespace trainyard
 

@@ -119,11 +119,10 @@ struct MemoryEstimate {
   // in-memory snapshots (two steps, own and a neighbour's copy).
   uint64_t state_copies = 0;
   uint64_t activations = 0;
-  // CPU jobs with microbatches of at most 128 rows (kPackedGemmMaxRows):
-  // fc1's and fc2's
-  // weights packed once each (as W^T) for the packed GEMM
+  // CPU jobs with microbatches of at most 256 rows (kPackedGemmMaxRows):
+  // fc1's and fc2's weights packed once each (as W^T) for the packed GEMM
   // (kernels/packed_gemm.h), counted whether or not the worker's CPU uses
-  // it.
+  // it (without AVX-512 it does up to 128 rows only).
   uint64_t packed_weights = 0;
   uint64_t data = 0;
   uint64_t total = 0;
@@ -242,12 +241,16 @@ absl::StatusOr<JobPlan> PlanJob(const trainyard::v1::JobSpec& spec,
 // kPackedGemmMaxRows rows, whose weight gradients the packed GEMM computes
 // with the same bits either way. The stage then holds every microbatch's
 // saved tensors until the step's end (the memory estimate counts them).
-// The stage chains only where its CPU runs the packed GEMM
-// (PackedGemmEnabled()); the estimate counts it on every CPU.
+// The stage chains only where its CPU runs these microbatches on the
+// packed GEMM (UsePackedGemm: on, and up to 128 rows without AVX-512); the
+// estimate counts it on every CPU.
 bool ChainsWeightPasses(const JobPlan& plan);
 
 // The microbatches one pipeline (replica) runs a step: m = M / R.
 int MicrobatchesPerReplica(const v1::JobSpec& spec);
+
+// Rows of the largest microbatch: b = ceil(batch_size / M).
+int64_t LargestMicrobatch(const v1::JobSpec& spec);
 
 // Whether a training stage sums its microbatches' weight gradients in a
 // GradientTree (engine/gradient_tree.h): accumulation "tree" and m >= 2.

@@ -35,12 +35,6 @@ uint64_t SaturatingBytes(double bytes) {
   return static_cast<uint64_t>(bytes);
 }
 
-// Rows of the largest microbatch (b = ceil(batch_size / M)).
-int64_t LargestMicrobatch(const JobSpec& spec) {
-  const int64_t M = spec.parallelism().microbatches();
-  return (spec.data().batch_size() + M - 1) / M;
-}
-
 // Params, grads, optimizer state and the copies of the state kept outside
 // the step, for `n_params` parameters.
 void EstimateState(const JobSpec& spec, double n_params, MemoryEstimate* m) {
@@ -125,18 +119,16 @@ double ActivationBytes(const JobPlan& plan) {
   return act;
 }
 
-// The packs of fc1's and fc2's weights a CPU stage keeps while more than
-// one microbatch of at most kPackedGemmMaxRows rows reads them: each weight
-// [rows, cols] once, as op(B) = W^T [cols, rows] in 16-column panels (the
-// forward and the input gradient read the same pack).
+// The packs of fc1's and fc2's weights a CPU stage keeps for microbatches
+// of at most kPackedGemmMaxRows rows (the most any CPU runs on the packed
+// GEMM): each weight [rows, cols] once, as op(B) = W^T [cols, rows] in
+// 16-column panels, made by the first forward and read by the later ones
+// and by the input gradients (a training step's every microbatch reads
+// each weight twice; eval and inference runs read them over all their
+// batches).
 double PackedWeightBytes(const JobPlan& plan) {
   const JobSpec& spec = plan.spec;
-  // A training step packs when it runs two microbatches or more; eval and
-  // inference runs read the weights over all their batches.
-  const bool several =
-      spec.kind() != "train" || MicrobatchesPerReplica(spec) >= 2;
-  if (spec.device() != "cpu" || LargestMicrobatch(spec) > kPackedGemmMaxRows ||
-      !several) {
+  if (spec.device() != "cpu" || LargestMicrobatch(spec) > kPackedGemmMaxRows) {
     return 0;
   }
   const auto pad = [](double n) { return std::ceil(n / 16) * 16; };
@@ -216,6 +208,11 @@ void CheckDataMemory(const JobPlan& plan, const DataMemory& memory,
                       memory.in_memory > memory.read_ahead
                           ? ": raise it, or stream the data from npy_shards"
                           : ": raise it, or make the batch smaller"));
+}
+
+int64_t LargestMicrobatch(const JobSpec& spec) {
+  const int64_t M = spec.parallelism().microbatches();
+  return (spec.data().batch_size() + M - 1) / M;
 }
 
 int MicrobatchesPerReplica(const JobSpec& spec) {

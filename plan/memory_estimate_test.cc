@@ -1,6 +1,7 @@
 // The memory estimate and the memory limit.
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -50,16 +51,19 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
   EXPECT_THAT(m.description, HasSubstr("(params 8.1 KiB, grads 8.1 KiB"));
   EXPECT_EQ(m.state_copies, 0u);  // no checkpoints, no snapshots
 
-  // No packs for one microbatch a step, nor for microbatches of
-  // kPackedGemmMaxRows + 1 rows.
-  for (const auto& [batch, microbatches] :
-       {std::pair<int64_t, int>{10, 1}, {2 * (kPackedGemmMaxRows + 1), 2}}) {
+  // The same packs for one microbatch a step (its input gradients read
+  // what its forward packed) and for microbatches of kPackedGemmMaxRows
+  // (256) rows; none for kPackedGemmMaxRows + 1 rows.
+  for (const auto& [batch, microbatches, packed] :
+       {std::tuple<int64_t, int, uint64_t>{10, 1, m.packed_weights},
+        {2 * kPackedGemmMaxRows, 2, m.packed_weights},
+        {2 * (kPackedGemmMaxRows + 1), 2, 0}}) {
     JobSpec other = spec;
     other.mutable_data()->set_batch_size(batch);
     other.mutable_parallelism()->set_microbatches(microbatches);
     absl::StatusOr<JobPlan> p = PlanJob(other, Options(dir));
     ASSERT_TRUE(p.ok()) << p.status();
-    EXPECT_EQ(p->memory.packed_weights, 0u) << batch << "/" << microbatches;
+    EXPECT_EQ(p->memory.packed_weights, packed) << batch << "/" << microbatches;
   }
 
   // A checkpoint being written holds one copy of params and optimizer
@@ -111,10 +115,9 @@ TEST(PlanJobTest, TreeBuffersFollowTheMicrobatchesPerReplica) {
 }
 
 // A CPU job of one stage with several microbatches of at most
-// kPackedGemmMaxRows (128) rows and
-// sequential accumulation runs its weight passes at the end of the step
-// (ChainsWeightPasses): it holds all its microbatches, whatever the
-// schedule.
+// kPackedGemmMaxRows (256) rows and sequential accumulation runs its weight
+// passes at the end of the step (ChainsWeightPasses): it holds all its
+// microbatches, whatever the schedule.
 TEST(PlanJobTest, ChainedWeightPassesHoldEveryMicrobatch) {
   const std::string dir = TestDir();
   JobSpec spec = ValidNpySpec(dir);
@@ -162,10 +165,10 @@ TEST(PlanJobTest, SpecOverTheMemoryLimitIsRejectedWithTheEstimate) {
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(plan.status().message()),
               ::testing::MatchesRegex(
-                  "job needs an estimated 39.8 KiB \\(params 8.1 KiB, "
+                  "job needs an estimated 48.3 KiB \\(params 8.1 KiB, "
                   "grads 8.1 KiB, optimizer state 16.3 KiB, activations "
-                  "6.8 KiB, data 440 B\\) but the memory limit is 19.5 "
-                  "KiB"));
+                  "6.8 KiB, packed weights 8.5 KiB, data 440 B\\) but the "
+                  "memory limit is 19.5 KiB"));
   // The machine's own memory (limit 0) holds this small job.
   options.memory_limit_bytes = 0;
   EXPECT_TRUE(PlanJob(spec, options).ok());

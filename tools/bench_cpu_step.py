@@ -15,9 +15,10 @@ PyTorch) on the same threads, so all see the same machine; the table gives
 each round and the medians. "share of ceiling" is the step's GEMM flops
 over its time, over that round's ceiling. The variants (--gemm): "packed"
 runs the benchmark with TRAINYARD_PACKED_GEMM=1 (microbatches of at most
-128 rows on kernels/packed_gemm.h: the weights packed by the first
-microbatch's GEMMs for the others, the weight gradients chained over the
-step's microbatches), "openblas" with =0 (every GEMM on OpenBLAS),
+256 rows on CPUs with AVX-512, else 128, on kernels/packed_gemm.h: the
+weights packed by the first microbatch's forward GEMMs for the later GEMMs
+and the input gradients, the weight gradients chained over the step's
+microbatches), "openblas" with =0 (every GEMM on OpenBLAS),
 "avx2" and "avx512" with the packed GEMM on that kernel, "default" as the
 process would choose; "both" (the default) runs packed and openblas side
 by side; a comma-separated list runs those (e.g. packed,avx512,openblas).

@@ -9,8 +9,8 @@
 // while B's contents do not change); without it every call packs op(B) as
 // it goes (SgemmPacking), as the blocks run a GEMM that has no pack to
 // read. The weight gradient packs its operands inside every call either
-// way. The blocks use the packed GEMM up to kPackedGemmMaxRows (128) rows
-// only; the survey runs it at 256 too.
+// way. The blocks use the packed GEMM up to PackedGemmMaxRows() rows (256
+// on CPUs with AVX-512, else 128); the survey runs it at 256 everywhere.
 #include <map>
 #include <memory>
 
