@@ -16,10 +16,10 @@ namespace trainyard {
 // Haswell kernels (docs/BENCHMARKS.md, "The packed GEMM at 256 rows"): with
 // one microbatch of 256 rows, the forward packing each weight as it goes and
 // keeping the pack for the input gradient, and the weight gradient on the
-// packed GEMM, the step ran at 0.96 of the SGEMM ceiling against 0.91 on
-// OpenBLAS (medians of alternating pairs). Earlier, on an Intel Xeon with
-// full-width AVX-512, the AVX-512 kernel took 5-6% less time than
-// OpenBLAS's SkylakeX kernels at 256 rows.
+// packed GEMM, the step ran at 92.3% of the SGEMM ceiling against 88.7% on
+// OpenBLAS (medians of the same 12 rounds). On an Intel Xeon with
+// full-width AVX-512 the AVX-512 kernel took 5-6% less time than
+// OpenBLAS's SkylakeX kernels at 256 rows (the GEMMs alone).
 inline constexpr int64_t kPackedGemmMaxRows = 256;
 
 // The limit on the other CPUs (AVX2 and FMA, no AVX-512). Measured on 2
@@ -29,8 +29,8 @@ inline constexpr int64_t kPackedGemmMaxRows = 256;
 // which packs the weights inside every call, at 32 and 64 rows; at 128
 // rows 4-7% less for the forward and input-gradient GEMMs and the same for
 // the weight gradients. At 256 rows the AVX2 kernel lost: the step's share
-// of the ceiling 0.88 against OpenBLAS's 0.90 (Zen 4 running the AVX2
-// kernel, "The packed GEMM at 256 rows").
+// of the ceiling 0.875-0.878 against OpenBLAS's 0.887-0.899 (Zen 4 running
+// the AVX2 kernel, "The packed GEMM at 256 rows").
 inline constexpr int64_t kPackedGemmMaxRowsAvx2 = 128;
 
 }  // namespace trainyard
