@@ -12,6 +12,7 @@
 #include "engine/test_jobs.h"
 #include "gtest/gtest.h"
 #include "kernels/block_kernel.h"
+#include "kernels/mlp_block.h"
 #include "kernels/packed_gemm.h"
 
 namespace trainyard {
@@ -38,9 +39,19 @@ TEST(PackedWeightsTest, KeptPacksAreBitwiseThePackingInEveryGemm) {
     const auto spec = WithPipeline(ClassificationSpec(), l.stages,
                                    l.microbatches, l.schedule);
     KeepPackedWeightsForTesting(false);
+    int64_t reads = KeptPackReadsForTesting();
     const RunResult fresh = RunJob(spec);
+    EXPECT_EQ(KeptPackReadsForTesting(), reads) << "packs kept";
     KeepPackedWeightsForTesting(true);
     const RunResult kept = RunJob(spec);
+    // Without evals (whose later microbatches read packs too), every step
+    // reads packs: at least fc1's and fc2's of one block, in the input
+    // gradients (and later microbatches' forwards).
+    auto no_evals = spec;
+    no_evals.mutable_data()->set_eval_every(0);
+    reads = KeptPackReadsForTesting();
+    ASSERT_TRUE(RunJob(no_evals).status.ok());
+    EXPECT_GE(KeptPackReadsForTesting() - reads, 2 * 30) << "packs not kept";
     ASSERT_TRUE(fresh.status.ok()) << fresh.status;
     ASSERT_TRUE(kept.status.ok()) << kept.status;
     ASSERT_EQ(kept.losses.size(), 30u);

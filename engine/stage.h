@@ -455,9 +455,8 @@ class Stage {
   std::vector<bool> grads_written_;  // per local block, this step
   bool tree_accumulation_ = false;   // parallelism.accumulation "tree"
   // ChainsWeightPasses(plan_) on a CPU that runs its microbatches on the
-  // packed GEMM: the
-  // schedule's weight passes only queue their microbatch in
-  // chained_weight_passes_, run by RunChainedWeightPasses.
+  // packed GEMM: the schedule's weight passes only queue their microbatch
+  // in chained_weight_passes_, run by RunChainedWeightPasses.
   bool chain_weight_passes_ = false;
   std::vector<Microbatch*> chained_weight_passes_;
   // Data parallelism (StageOptions::replica, replica_group).

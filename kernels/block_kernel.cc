@@ -67,7 +67,9 @@ Out MapParams(Params& p, F f) {
 // microbatch's forward GEMMs pack them as they go, for the later forwards
 // and the input gradients (a single read, one forward pass of one
 // microbatch, packs into a small buffer, not writing packs nobody reads;
-// the same bits). Nothing when the packed GEMM is off. The buffers stay
+// the same bits). A first stage's first block keeps fc1's pack at one
+// microbatch though its input gradient is skipped: one weight's pack
+// written and not read. Nothing when the packed GEMM is off. The buffers stay
 // allocated from one run of passes to the next.
 std::atomic<bool> keep_packed_weights{true};
 

@@ -61,9 +61,10 @@ class BlockKernel {
 
   // Bracket a run of passes over parameters that do not change in between
   // (a training step's forward and backward passes, an eval pass, an
-  // inference run) that read each weight `weight_reads` times or more (a
-  // training step: each microbatch's forward and input gradient; an eval or
-  // inference run: each microbatch's forward): in between, the kernel may
+  // inference run) that read each weight up to `weight_reads` times (a
+  // training step: each microbatch's forward and input gradient, which a
+  // first stage's first block may skip; an eval or inference run: each
+  // microbatch's forward): in between, the kernel may
   // keep what it derives from the parameters from one pass to the next (the
   // CPU blocks keep their weights packed for the packed GEMM,
   // kernels/packed_gemm.h, when more than one GEMM reads them). Results are

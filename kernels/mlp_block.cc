@@ -1,5 +1,6 @@
 #include "kernels/mlp_block.h"
 
+#include <atomic>
 #include <functional>
 #include <utility>
 
@@ -60,7 +61,14 @@ const float* OrNull(bool use, const Tensor& t) {
   return use ? t.data<float>() : nullptr;
 }
 
+// MlpWeightGemm's reads of a ready pack (KeptPackReadsForTesting).
+std::atomic<int64_t> kept_pack_reads{0};
+
 }  // namespace
+
+int64_t KeptPackReadsForTesting() {
+  return kept_pack_reads.load(std::memory_order_relaxed);
+}
 
 absl::Status MlpWeightGemm(const char* name, bool transposed, int64_t b,
                            int64_t n, int64_t k, const float* x, const float* w,
@@ -80,6 +88,7 @@ absl::Status MlpWeightGemm(const char* name, bool transposed, int64_t b,
     if (keep != nullptr) slot->ready = true;
     return absl::OkStatus();
   }
+  kept_pack_reads.fetch_add(1, std::memory_order_relaxed);
   // The pack is W^T: [k, n] for the forward, [n, k] for the input gradient.
   const PackedMatrix& packed = slot->matrix;
   const int64_t pack_k = transposed ? k : n, pack_n = transposed ? n : k;

@@ -51,11 +51,12 @@ struct MlpBlockParams {
   Tensor fc1_weight_bf16;  // [fc1_out, in]
   Tensor fc2_weight_bf16;  // [out, ffn]
   // Optional, CPU, not owned: where a block using the packed GEMM
-  // (PackedGemmEnabled()) keeps fc1_weight and fc2_weight packed from one
-  // microbatch to the next (each pack is made by the first GEMM that reads
-  // it). The caller Resets it after every change of the weights; a stale
-  // pack gives wrong results. Without it, each GEMM packs as it goes. The
-  // same bits either way.
+  // (PackedGemmEnabled()) keeps fc1_weight and fc2_weight packed from a
+  // forward GEMM to the later GEMMs that read them (later microbatches, and
+  // the input gradients; each pack is made by the first forward GEMM). The
+  // caller Resets it after every change of the weights; a stale pack gives
+  // wrong results. Without it, each GEMM packs as it goes. The same bits either
+  // way.
   MlpBlockPacked* packed = nullptr;
 
   // Pointers to the tensors above in BlockParamInfos order.
@@ -109,6 +110,10 @@ absl::Status MlpWeightGemm(const char* name, bool transposed, int64_t b,
                            int64_t n, int64_t k, const float* x, const float* w,
                            MlpBlockPacked::Weight* slot, float* out,
                            const GemmEpilogue& epilogue = {});
+
+// Tests: how many weight GEMMs in this process read a pack made by an
+// earlier GEMM (MlpWeightGemm with a ready slot).
+int64_t KeptPackReadsForTesting();
 
 class MlpBlock {
  public:

@@ -575,7 +575,9 @@ TEST(MlpBlockTest, KeptPacksGiveThePerGemmBits) {
   const auto rows = [&](int64_t b) {
     return ToTensor(reference::RandomVec(&rng, b * 48, 1.0), {b, 48});
   };
-  for (int64_t b : {7, 32, 1}) {
+  // The largest microbatch this CPU runs on the packed GEMM (256 rows with
+  // AVX-512) too.
+  for (int64_t b : {int64_t{7}, int64_t{32}, int64_t{1}, PackedGemmMaxRows()}) {
     const Tensor x = rows(b), dy = rows(b);
     const Outputs fresh = RunForwardBackward(block, p, x, dy);
     const Outputs kept = RunForwardBackward(block, keeping, x, dy);

@@ -28,9 +28,12 @@ inline constexpr int64_t kPackedGemmMaxRows = 256;
 // gradients chained, the packed GEMM took 5-35% less time than OpenBLAS,
 // which packs the weights inside every call, at 32 and 64 rows; at 128
 // rows 4-7% less for the forward and input-gradient GEMMs and the same for
-// the weight gradients. At 256 rows the AVX2 kernel lost: the step's share
-// of the ceiling 0.875-0.878 against OpenBLAS's 0.887-0.899 (Zen 4 running
-// the AVX2 kernel, "The packed GEMM at 256 rows").
+// the weight gradients; at 256 rows (one microbatch, no packs kept then)
+// the two were even. With one microbatch's packs kept for its input
+// gradients, the AVX2 kernel lost at 256 rows on Zen 4 forced to run it:
+// the step's share of the ceiling 0.875-0.878 against OpenBLAS's
+// 0.887-0.899 ("The packed GEMM at 256 rows"); not measured on an
+// AVX2-only CPU.
 inline constexpr int64_t kPackedGemmMaxRowsAvx2 = 128;
 
 }  // namespace trainyard
