@@ -119,16 +119,16 @@ double ActivationBytes(const JobPlan& plan) {
   return act;
 }
 
-// The packs of fc1's and fc2's weights a CPU stage keeps for microbatches
-// of at most kPackedGemmMaxRows rows (the most any CPU runs on the packed
-// GEMM): each weight [rows, cols] once, as op(B) = W^T [cols, rows] in
-// 16-column panels, made by the first forward and read by the later ones
-// and by the input gradients (a training step's every microbatch reads
-// each weight twice; eval and inference runs read them over all their
-// batches).
+// The packs of fc1's and fc2's weights a CPU stage (or a simulated
+// device's, whose blocks are the CPU's on host memory) keeps for
+// microbatches of at most kPackedGemmMaxRows rows (the most any CPU runs on
+// the packed GEMM): each weight [rows, cols] once, as op(B) = W^T [cols, rows]
+// in 16-column panels, made by the first forward and read by the later ones and
+// by the input gradients (a training step's every microbatch reads each weight
+// twice; eval and inference runs read them over all their batches).
 double PackedWeightBytes(const JobPlan& plan) {
   const JobSpec& spec = plan.spec;
-  if (spec.device() != "cpu" || LargestMicrobatch(spec) > kPackedGemmMaxRows) {
+  if (spec.device() == "cuda" || LargestMicrobatch(spec) > kPackedGemmMaxRows) {
     return 0;
   }
   const auto pad = [](double n) { return std::ceil(n / 16) * 16; };

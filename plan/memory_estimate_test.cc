@@ -65,6 +65,17 @@ TEST(PlanJobTest, MemoryEstimateFollowsTheDocumentedFormula) {
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(p->memory.packed_weights, packed) << batch << "/" << microbatches;
   }
+  // The simulated device's blocks are the CPU's, packs included; CUDA's
+  // keep none.
+  for (const auto& [device, packed] :
+       {std::pair<const char*, uint64_t>{"sim", m.packed_weights},
+        {"cuda", 0}}) {
+    JobSpec other = spec;
+    other.set_device(device);
+    absl::StatusOr<JobPlan> p = PlanJob(other, Options(dir));
+    ASSERT_TRUE(p.ok()) << device << ": " << p.status();
+    EXPECT_EQ(p->memory.packed_weights, packed) << device;
+  }
 
   // A checkpoint being written holds one copy of params and optimizer
   // state; snapshots four more.
