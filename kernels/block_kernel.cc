@@ -69,8 +69,8 @@ Out MapParams(Params& p, F f) {
 // microbatch, packs into a small buffer, not writing packs nobody reads;
 // the same bits). A first stage's first block keeps fc1's pack at one
 // microbatch though its input gradient is skipped: one weight's pack
-// written and not read. Nothing when the packed GEMM is off. The buffers stay
-// allocated from one run of passes to the next.
+// written and not read. Nothing when the packed GEMM is off. The buffers
+// stay allocated from one run of passes to the next.
 std::atomic<bool> keep_packed_weights{true};
 
 class PassWeights {

@@ -64,12 +64,11 @@ class BlockKernel {
   // inference run) that read each weight up to `weight_reads` times (a
   // training step: each microbatch's forward and input gradient, which a
   // first stage's first block may skip; an eval or inference run: each
-  // microbatch's forward): in between, the kernel may
-  // keep what it derives from the parameters from one pass to the next (the
-  // CPU blocks keep their weights packed for the packed GEMM,
-  // kernels/packed_gemm.h, when more than one GEMM reads them). Results are
-  // bitwise the same with and without the calls; the parameters must not
-  // change between them.
+  // microbatch's forward): in between, the kernel may keep what it derives
+  // from the parameters from one pass to the next (the CPU blocks keep
+  // their weights packed for the packed GEMM, kernels/packed_gemm.h, when
+  // more than one GEMM reads them). Results are bitwise the same with and
+  // without the calls; the parameters must not change between them.
   virtual void BeginPasses(int weight_reads) {}
   virtual void EndPasses() {}
 };

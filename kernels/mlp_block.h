@@ -55,8 +55,8 @@ struct MlpBlockParams {
   // forward GEMM to the later GEMMs that read them (later microbatches, and
   // the input gradients; each pack is made by the first forward GEMM). The
   // caller Resets it after every change of the weights; a stale pack gives
-  // wrong results. Without it, each GEMM packs as it goes. The same bits either
-  // way.
+  // wrong results. Without it, each GEMM packs as it goes. The same bits
+  // either way.
   MlpBlockPacked* packed = nullptr;
 
   // Pointers to the tensors above in BlockParamInfos order.

@@ -119,10 +119,10 @@ struct MemoryEstimate {
   // in-memory snapshots (two steps, own and a neighbour's copy).
   uint64_t state_copies = 0;
   uint64_t activations = 0;
-  // CPU jobs with microbatches of at most 256 rows (kPackedGemmMaxRows):
-  // fc1's and fc2's weights packed once each (as W^T) for the packed GEMM
-  // (kernels/packed_gemm.h), counted whether or not the worker's CPU uses
-  // it (without AVX-512 it does up to 128 rows only).
+  // CPU and simulated-device jobs with microbatches of at most 256 rows
+  // (kPackedGemmMaxRows): fc1's and fc2's weights packed once each (as W^T)
+  // for the packed GEMM (kernels/packed_gemm.h), counted whether or not the
+  // worker's CPU uses it (without AVX-512 it does up to 128 rows only).
   uint64_t packed_weights = 0;
   uint64_t data = 0;
   uint64_t total = 0;
