@@ -356,7 +356,9 @@ TEST(SgemmWeightGradientTest, PartsChainIntoOneFmaChain) {
     std::vector<int64_t> rows;
   };
   // Around the 6-row panels and 256-row blocks of A (here m), the
-  // 16-column panels (n) and the 256-row k blocks, which the parts cross.
+  // 16-column panels (n) and the 256-row k blocks, which the parts cross;
+  // the last one big enough (8.8M multiply-adds) to be cut into two blocks
+  // of C, of 3 and 2 row blocks of 220 rows.
   const GradCase cases[] = {
       {1, 1, {1}},
       {7, 17, {3, 0, 5}},
@@ -364,6 +366,7 @@ TEST(SgemmWeightGradientTest, PartsChainIntoOneFmaChain) {
       {40, 257, {100, 200}},
       {13, 16, {256, 1, 255, 7}},
       {258, 5, {64, 64, 64, 64, 1}},
+      {1100, 100, {40, 40}},
   };
   ForEachKernel([&] {
     for (const GradCase& cs : cases) {
