@@ -16,10 +16,11 @@ namespace trainyard {
 // Haswell kernels (docs/BENCHMARKS.md, "The packed GEMM at 256 rows"): with
 // one microbatch of 256 rows, the forward packing each weight as it goes and
 // keeping the pack for the input gradient, and the weight gradient on the
-// packed GEMM, the step ran at 92.3% and, an hour later, 89.6% of the SGEMM
-// ceiling against 88.7% on OpenBLAS (medians of the same 12 rounds each). On an
-// Intel Xeon with full-width AVX-512 the AVX-512 kernel took 5-6% less time
-// than OpenBLAS's SkylakeX kernels at 256 rows (the GEMMs alone).
+// packed GEMM, the step ran at 92.3% and, an hour later, 89.6% of the
+// SGEMM ceiling against 88.7% on OpenBLAS (medians of the same 12 rounds
+// each). On an Intel Xeon with full-width AVX-512 the AVX-512 kernel took
+// 5-6% less time than OpenBLAS's SkylakeX kernels at 256 rows (the GEMMs
+// alone).
 inline constexpr int64_t kPackedGemmMaxRows = 256;
 
 // The limit on the other CPUs (AVX2 and FMA, no AVX-512). Measured on 2
