@@ -125,7 +125,6 @@ class OneDnn final : public GemmBackend {
   int threads_ = 1;
 };
 
-// rows x cols floats at src (row stride ld) to dense dst.
 // rows x cols floats from src (row stride src_ld) to dst (row stride
 // dst_ld).
 void CopyRows(const float* src, int64_t src_ld, int64_t rows, int64_t cols,
@@ -133,6 +132,16 @@ void CopyRows(const float* src, int64_t src_ld, int64_t rows, int64_t cols,
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(dst + r * dst_ld, src + r * src_ld, cols * sizeof(float));
   }
+}
+
+// `rows` stored rows of `cols` floats at p (row stride ld): p itself when
+// they are dense (cols == ld), else a dense copy in *copy.
+const float* DenseRows(const float* p, int64_t ld, int64_t rows, int64_t cols,
+                       std::vector<float>* copy) {
+  if (cols == ld) return p;
+  copy->resize(rows * cols);
+  CopyRows(p, ld, rows, cols, copy->data(), cols);
+  return copy->data();
 }
 
 // oneDNN on Sgemm's own tiling (kernels/blas.h GemmTiles): one
@@ -210,29 +219,15 @@ class OneDnnTiled final : public GemmBackend {
     omp_set_num_threads(1);
     // op(A)'s rows [t.row, +t.rows): dense in place unless they are a
     // column range of a transposed A, or A has a longer leading dimension.
-    const float* ta = s.trans_a ? a + t.row : a + t.row * s.lda();
-    const bool a_dense = s.trans_a ? t.rows == s.lda() : s.lda() == s.k;
-    if (!a_dense) {
-      tile->a.resize(t.rows * s.k);
-      if (s.trans_a) {
-        CopyRows(ta, s.lda(), s.k, t.rows, tile->a.data(), t.rows);
-      } else {
-        CopyRows(ta, s.lda(), t.rows, s.k, tile->a.data(), s.k);
-      }
-      ta = tile->a.data();
-    }
-    // op(B)'s columns [t.col, +t.cols).
-    const float* tb = s.trans_b ? b + t.col * s.ldb() : b + t.col;
-    const bool b_dense = s.trans_b ? s.ldb() == s.k : t.cols == s.ldb();
-    if (!b_dense) {
-      tile->b.resize(s.k * t.cols);
-      if (s.trans_b) {
-        CopyRows(tb, s.ldb(), t.cols, s.k, tile->b.data(), s.k);
-      } else {
-        CopyRows(tb, s.ldb(), s.k, t.cols, tile->b.data(), t.cols);
-      }
-      tb = tile->b.data();
-    }
+    const float* ta =
+        s.trans_a
+            ? DenseRows(a + t.row, s.lda(), s.k, t.rows, &tile->a)
+            : DenseRows(a + t.row * s.lda(), s.lda(), t.rows, s.k, &tile->a);
+    // op(B)'s columns [t.col, +t.cols), likewise.
+    const float* tb =
+        s.trans_b
+            ? DenseRows(b + t.col * s.ldb(), s.ldb(), t.cols, s.k, &tile->b)
+            : DenseRows(b + t.col, s.ldb(), s.k, t.cols, &tile->b);
     float* tc = c + t.row * s.ldc() + t.col;
     const bool c_dense = t.cols == s.ldc();
     if (!c_dense) {
