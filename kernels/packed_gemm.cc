@@ -225,15 +225,15 @@ void PrefetchRows(const float* first, int64_t ld, int64_t rows) {
 void RunRowsOuter(int64_t m, int64_t n, int64_t k, const float* a_packed,
                   const float* b_packed, bool accumulate, float* c, int64_t ldc,
                   int64_t r_lo, int64_t r_hi) {
-  const int64_t panels = Panels(n), p0 = 0, p1 = panels;
+  const int64_t panels = Panels(n);
   for (int64_t k0 = 0; k0 < k; k0 += kKc) {
     const int64_t kb = std::min(kKc, k - k0);
     const bool load = accumulate || k0 > 0;
     // Runs of B panels of at most 128 KiB.
     const int64_t run =
         std::max<int64_t>(1, (int64_t{128} << 10) / (kb * kNr * 4));
-    for (int64_t q0 = p0; q0 < p1; q0 += run) {
-      const int64_t q1 = std::min(p1, q0 + run);
+    for (int64_t q0 = 0; q0 < panels; q0 += run) {
+      const int64_t q1 = std::min(panels, q0 + run);
       for (int64_t i0 = r_lo, rows = RowBlock(m); i0 < r_hi; i0 += rows) {
         const int64_t mb = std::min(rows, m - i0);
         const float* ap = a_packed + k0 * m + i0 * kb;
