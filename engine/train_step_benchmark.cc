@@ -324,40 +324,60 @@ void BM_StepBreakdown(benchmark::State& state, int microbatches) {
   std::unique_ptr<Stage> stage =
       MakeStage("adamw", microbatches, /*tree_accumulation=*/false);
   StepParts parts(microbatches);
+  // The first stage skips block 0's dx GEMM: 23 of the 24 GEMMs' flops.
+  const double gemm_flops = kStepFlops * 23.0 / 24.0;
   double step = 0, opt = 0, fwd = 0, dgrad = 0, wgrad = 0, elem = 0;
-  double ceil_s = 0, ceil_flops = 0;
+  // Each iteration's ceiling (flops/s) and its step's and GEMMs' shares of
+  // it: the shares are the medians of these, so that a stall in one
+  // iteration (of the step, or of the ceiling, which once ran 30 times
+  // slower and made a step look 32 times faster than the ceiling) moves
+  // them no more than any other iteration does.
+  std::vector<double> ceilings, step_shares, gemm_shares;
   for (auto _ : state) {
-    step += SecondsOf([&] {
+    const double step_s = SecondsOf([&] {
       auto report = stage->RunStep();
       CHECK_OK(report.status());
       opt += report->times.optimizer;
     });
-    fwd += SecondsOf([&] { parts.ForwardGemms(); });
-    dgrad += SecondsOf([&] { parts.InputGradientGemms(); });
-    wgrad += SecondsOf([&] { parts.WeightGradientGemms(); });
+    const double fwd_s = SecondsOf([&] { parts.ForwardGemms(); });
+    const double dgrad_s = SecondsOf([&] { parts.InputGradientGemms(); });
+    const double wgrad_s = SecondsOf([&] { parts.WeightGradientGemms(); });
     elem += SecondsOf([&] { parts.Elementwise(); });
-    ceil_s += SecondsOf([&] {
+    double ceiling_flops = 0;
+    const double ceiling_s = SecondsOf([&] {
       for (int rep = 0; rep < kCeilingRepeats; ++rep) {
-        ceil_flops += parts.Ceiling();
+        ceiling_flops += parts.Ceiling();
       }
     });
+    const double ceiling = ceiling_flops / ceiling_s;
+    ceilings.push_back(ceiling);
+    step_shares.push_back(gemm_flops / step_s / ceiling);
+    gemm_shares.push_back(gemm_flops / (fwd_s + dgrad_s + wgrad_s) / ceiling);
+    step += step_s;
+    fwd += fwd_s;
+    dgrad += dgrad_s;
+    wgrad += wgrad_s;
   }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
   const double it = static_cast<double>(state.iterations());
-  const double gemms = fwd + dgrad + wgrad;
-  // The first stage skips block 0's dx GEMM: 23 of the 24 GEMMs' flops.
-  const double gemm_flops = kStepFlops * 23.0 / 24.0;
-  const double ceiling = ceil_flops / ceil_s;
+  // The times are means over the iterations (so that the parts add up to
+  // the step); the ceiling and the shares are medians (above).
   state.counters["step_ms"] = 1e3 * step / it;
   state.counters["gemm_fwd_ms"] = 1e3 * fwd / it;
   state.counters["gemm_dgrad_ms"] = 1e3 * dgrad / it;
   state.counters["gemm_wgrad_ms"] = 1e3 * wgrad / it;
   state.counters["elementwise_ms"] = 1e3 * elem / it;
   state.counters["optimizer_ms"] = 1e3 * opt / it;
-  state.counters["other_ms"] = 1e3 * (step - gemms - elem - opt) / it;
+  state.counters["other_ms"] =
+      1e3 * (step - fwd - dgrad - wgrad - elem - opt) / it;
   state.counters["packed_gemm"] = PackedGemmEnabled() ? 1 : 0;
-  state.counters["ceiling_GFLOPs"] = 1e-9 * ceiling;
-  state.counters["gemms_of_ceiling"] = gemm_flops / (gemms / it) / ceiling;
-  state.counters["step_of_ceiling"] = gemm_flops / (step / it) / ceiling;
+  state.counters["ceiling_GFLOPs"] = 1e-9 * median(ceilings);
+  state.counters["gemms_of_ceiling"] = median(gemm_shares);
+  state.counters["step_of_ceiling"] = median(step_shares);
   state.counters["samples/s"] = kBatch / (step / it);
 }
 
