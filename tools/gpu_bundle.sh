@@ -12,7 +12,8 @@
 # *gpu*benchmark* binary, //kernels/cuda:mlp_benchmark, the CLI, both daemons
 # and the three task plugins. The folder holds:
 #   bin/            trainyard, trainyard-controller, trainyard-worker,
-#                   mlp_benchmark, train_step_benchmark (the CPU step)
+#                   mlp_benchmark, train_step_benchmark (the CPU step),
+#                   optimizer_benchmark (the CPU optimizer)
 #                   (+ GPU benchmarks), gemm_libs (tools/gemm_libs, where
 #                   this machine has its libraries' -dev packages);
 #                   bin/tests/<package>/<test> with its runfiles (data only)
@@ -59,7 +60,8 @@ mapfile -t BENCHES < <(grep . <<<"$benches")
 ((${#TESTS[@]} > 0)) || die "bazel query found no test tagged gpu"
 TOOLS=(//kernels/cuda:mlp_benchmark //cli:trainyard
   //controller:trainyard-controller //worker:trainyard-worker
-  //engine:train_step_benchmark //kernels:packed_gemm_benchmark "${BENCHES[@]}")
+  //engine:train_step_benchmark //engine:optimizer_benchmark
+  //kernels:packed_gemm_benchmark "${BENCHES[@]}")
 PLUGINS=(//task_plugins:libmse.so //task_plugins:libcross_entropy.so
   //task_plugins:liblogit_distillation.so)
 

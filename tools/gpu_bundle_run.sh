@@ -48,6 +48,10 @@
 #                                 GEMM on this CPU's kernel and on AVX2, and
 #                                 OpenBLAS alone) next to that python's torch
 #                                 on this machine's CPU
+#   bench_cpu_optimizer           optimizer_benchmark on this machine's CPU:
+#                                 AdamW, SGD and the gradient's sums of
+#                                 squares on 2 threads against a memcpy and a
+#                                 loop with their own memory traffic
 #   bench_gemm_libs               tools/gemm_libs on this machine's CPU: the
 #                                 block's GEMMs through OpenBLAS, BLIS,
 #                                 oneDNN, libxsmm and our packed GEMM, 1 and
@@ -433,6 +437,17 @@ bench_packed_gemm() {
   DETAIL="$(grep -m1 'OpenBLAS' "$STEP_LOG" | cut -c1-80); $(grep 'M=8' "$STEP_LOG" | head -n 1 | cut -c1-150)"
 }
 
+# The CPU optimizer against this machine's memory bandwidth on 2 threads
+# (docs/BENCHMARKS.md, "CPU optimizer vs. memory bandwidth"): the bound the
+# step's optimizer part is held to on another CPU kind. About a minute.
+bench_cpu_optimizer() {
+  run "$TY_BENCH_TIMEOUT" "$HERE/bin/optimizer_benchmark" \
+    --benchmark_filter=/2/ --benchmark_min_time=1 --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true || return 1
+  DETAIL=$(grep 'adamw/2/.*_median' "$STEP_LOG" | grep -oE '[a-z_]*GB/s=[0-9.]+|x_memcpy=[0-9.]+|x_same_traffic=[0-9.]+' | tr '\n' ' ')
+  DETAIL="AdamW, 2 threads: ${DETAIL% }"
+}
+
 # The GEMM library survey (docs/BENCHMARKS.md, "GEMM libraries for
 # microbatches") on this CPU kind, which decides the library per kind.
 bench_gemm_libs() {
@@ -513,6 +528,7 @@ step bench_torch bench_torch
 step bench_infer bench_infer
 step bench_packed_gemm bench_packed_gemm
 step bench_cpu_step bench_cpu_step
+step bench_cpu_optimizer bench_cpu_optimizer
 step bench_gemm_libs bench_gemm_libs
 finish
 exit "$FAILED"
