@@ -18,11 +18,18 @@
 // all microbatches in one call per weight (the chained accumulation), or,
 // with --per_microbatch, one call a microbatch.
 //
+// --peak prints this CPU's FMA peak instead: 12 independent fma chains a
+// thread, on ymm (AVX2 and FMA) and zmm (AVX-512) registers, 1 thread and
+// --threads threads; the ceiling the GEMMs' GFLOP/s are to be read against
+// (the SGEMM ceiling is OpenBLAS's, which need not reach it).
+//
 // --kernel picks the packed GEMM's micro-kernel (avx512, avx2 or portable;
 // default: this CPU's), and --baseline=KERNEL compares it with the packed
 // GEMM on another kernel instead of OpenBLAS, e.g.
 //
 //   bazel-bin/kernels/packed_gemm_benchmark --kernel=avx512 --baseline=avx2
+#include <immintrin.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,6 +44,7 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "kernels/blas.h"
+#include "kernels/cpu_kind.h"
 #include "kernels/mlp_block.h"
 #include "kernels/packed_gemm.h"
 #include "kernels/parallel.h"
@@ -56,6 +64,9 @@ ABSL_FLAG(std::string, kernel, "",
 ABSL_FLAG(std::string, baseline, "openblas",
           "what the packed GEMM is compared with: openblas, or the packed GEMM "
           "on another kernel (avx512, avx2, portable).");
+ABSL_FLAG(bool, peak, false,
+          "print this CPU's FMA peak (ymm and zmm, 1 and --threads threads) "
+          "instead.");
 ABSL_FLAG(bool, per_microbatch, false,
           "with --weight_gradients: the packed GEMM once a microbatch, not "
           "chained.");
@@ -326,6 +337,78 @@ void Compare(int microbatches, int rounds, const char* what,
   std::fflush(stdout);
 }
 
+// kChains independent fma chains (acc = acc * m + a: bounded, never
+// subnormal) of one register width, `iters` steps each; returns their sum
+// so that the work is kept. 12 chains cover two FMA units of latency 4 or
+// more than the 8 they need.
+constexpr int kChains = 12;
+
+__attribute__((target("avx2,fma"), noinline)) float FmaChainsYmm(
+    int64_t iters) {
+  __m256 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(0.01f * i);
+  const __m256 m = _mm256_set1_ps(0.999f), a = _mm256_set1_ps(1e-4f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], m, a);
+  }
+  float sum = 0;
+  for (int i = 0; i < kChains; ++i) {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, acc[i]);
+    for (float x : v) sum += x;
+  }
+  return sum;
+}
+
+__attribute__((target("avx512f"), noinline)) float FmaChainsZmm(int64_t iters) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(0.01f * i);
+  const __m512 m = _mm512_set1_ps(0.999f), a = _mm512_set1_ps(1e-4f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
+  }
+  float sum = 0;
+  for (int i = 0; i < kChains; ++i) {
+    alignas(64) float v[16];
+    _mm512_store_ps(v, acc[i]);
+    for (float x : v) sum += x;
+  }
+  return sum;
+}
+
+// GFLOP/s of `chains` (one of the above, `lanes` floats a register) on
+// `threads` threads at once, the best of 5 runs of about 0.2 s.
+double PeakGflops(float (*chains)(int64_t), int lanes, int threads) {
+  constexpr int64_t kIters = int64_t{1} << 24;
+  std::vector<float> keep(threads);
+  double best = 0;
+  for (int run = 0; run < 5; ++run) {
+    const double s = Seconds([&] {
+      ParallelFor(threads, [&](int t) { keep[t] = chains(kIters); });
+    });
+    best = std::max(best, 2.0 * kChains * lanes * kIters * threads / s);
+  }
+  if (keep[0] == 12345.0f) std::printf(" ");  // uses the sums
+  return 1e-9 * best;
+}
+
+void PrintPeak(int threads) {
+  for (int t : {1, threads}) {
+    std::printf("FMA peak, %d thread%s:", t, t == 1 ? "" : "s");
+    if (CpuHasAvx2Fma()) {
+      std::printf(" ymm %.1f GFLOP/s", PeakGflops(&FmaChainsYmm, 8, t));
+    }
+    if (CpuHasAvx512()) {
+      std::printf(", zmm %.1f GFLOP/s", PeakGflops(&FmaChainsZmm, 16, t));
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+    if (threads == 1) break;
+  }
+}
+
 }  // namespace
 }  // namespace trainyard
 
@@ -334,6 +417,10 @@ int main(int argc, char** argv) {
   trainyard::SetComputeThreads(absl::GetFlag(FLAGS_threads));
   std::printf("%s; %s\n", trainyard::BlasDescription().c_str(),
               trainyard::PackedGemmDescription().c_str());
+  if (absl::GetFlag(FLAGS_peak)) {
+    trainyard::PrintPeak(absl::GetFlag(FLAGS_threads));
+    return 0;
+  }
   for (const std::string& m : absl::GetFlag(FLAGS_microbatches)) {
     if (absl::GetFlag(FLAGS_weight_gradients)) {
       trainyard::RunWeightGradients(std::stoi(m), absl::GetFlag(FLAGS_rounds),

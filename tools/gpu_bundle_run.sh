@@ -40,7 +40,8 @@
 #                                 bf16) next to torch.inference_mode, same
 #                                 python
 #   bench_packed_gemm             packed_gemm_benchmark on this machine's CPU:
-#                                 the packed GEMM on its default kernel
+#                                 its FMA peak (--peak), then the packed
+#                                 GEMM on its default kernel
 #                                 against OpenBLAS, and against the AVX2
 #                                 kernel (where the CPU has AVX-512)
 #   bench_cpu_step                tools/bench_cpu_step.py: the CPU training
@@ -420,11 +421,12 @@ bench_cpu_step() {
   DETAIL="$(grep '^machine' "$STEP_LOG" | last_line); $(grep 'M = 4' "$STEP_LOG" | last_line | cut -c1-120)"
 }
 
-# The step's GEMMs at 32 to 256 rows: the packed GEMM (this CPU's kernel)
-# against OpenBLAS, then, where the CPU has AVX-512, the AVX-512 kernel
+# This CPU's FMA peak, then the step's GEMMs at 32 to 256 rows: the packed
+# GEMM (this CPU's kernel) against OpenBLAS, then, where the CPU has AVX-512, the AVX-512 kernel
 # against the AVX2 one (2 threads).
 bench_packed_gemm() {
   local b="$HERE/bin/packed_gemm_benchmark" a
+  run "$TY_BENCH_TIMEOUT" "$b" --peak || return 1
   for a in "" "--weight_gradients"; do
     run "$TY_BENCH_TIMEOUT" "$b" --microbatches=1,2,4,8 --rounds=5 ${a:+"$a"} || return 1
   done
@@ -434,7 +436,7 @@ bench_packed_gemm() {
         --microbatches=1,2,4,8 --rounds=5 ${a:+"$a"} || return 1
     done
   fi
-  DETAIL="$(grep -m1 'OpenBLAS' "$STEP_LOG" | cut -c1-80); $(grep 'M=8' "$STEP_LOG" | head -n 1 | cut -c1-150)"
+  DETAIL="$(grep -m1 'OpenBLAS' "$STEP_LOG" | cut -c1-80); $(grep 'FMA peak, 2' "$STEP_LOG" | last_line); $(grep 'M=8' "$STEP_LOG" | head -n 1 | cut -c1-150)"
 }
 
 # The CPU optimizer against this machine's memory bandwidth on 2 threads
