@@ -338,13 +338,13 @@ void Compare(int microbatches, int rounds, const char* what,
 }
 
 // kChains independent fma chains (acc = acc * m + a: bounded, never
-// subnormal) of one register width, `iters` steps each; returns their sum
-// so that the work is kept. 12 chains cover two FMA units of latency 4 or
-// more than the 8 they need.
+// subnormal) of one register width, `iters` steps each, left in `out`
+// (kChains registers' floats) so that the work is kept. 12 chains cover
+// two FMA units of latency 4 or more than the 8 they need.
 constexpr int kChains = 12;
 
-__attribute__((target("avx2,fma"), noinline)) float FmaChainsYmm(
-    int64_t iters) {
+__attribute__((target("avx2,fma"), noinline)) void FmaChainsYmm(int64_t iters,
+                                                                float* out) {
   __m256 acc[kChains];
   for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(0.01f * i);
   const __m256 m = _mm256_set1_ps(0.999f), a = _mm256_set1_ps(1e-4f);
@@ -352,16 +352,11 @@ __attribute__((target("avx2,fma"), noinline)) float FmaChainsYmm(
 #pragma GCC unroll 12
     for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], m, a);
   }
-  float sum = 0;
-  for (int i = 0; i < kChains; ++i) {
-    alignas(32) float v[8];
-    _mm256_store_ps(v, acc[i]);
-    for (float x : v) sum += x;
-  }
-  return sum;
+  for (int i = 0; i < kChains; ++i) _mm256_storeu_ps(out + 8 * i, acc[i]);
 }
 
-__attribute__((target("avx512f"), noinline)) float FmaChainsZmm(int64_t iters) {
+__attribute__((target("avx512f"), noinline)) void FmaChainsZmm(int64_t iters,
+                                                               float* out) {
   __m512 acc[kChains];
   for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(0.01f * i);
   const __m512 m = _mm512_set1_ps(0.999f), a = _mm512_set1_ps(1e-4f);
@@ -369,28 +364,25 @@ __attribute__((target("avx512f"), noinline)) float FmaChainsZmm(int64_t iters) {
 #pragma GCC unroll 12
     for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], m, a);
   }
-  float sum = 0;
-  for (int i = 0; i < kChains; ++i) {
-    alignas(64) float v[16];
-    _mm512_store_ps(v, acc[i]);
-    for (float x : v) sum += x;
-  }
-  return sum;
+  for (int i = 0; i < kChains; ++i) _mm512_storeu_ps(out + 16 * i, acc[i]);
 }
 
 // GFLOP/s of `chains` (one of the above, `lanes` floats a register) on
 // `threads` threads at once, the best of 5 runs of about 0.2 s.
-double PeakGflops(float (*chains)(int64_t), int lanes, int threads) {
+double PeakGflops(void (*chains)(int64_t, float*), int lanes, int threads) {
   constexpr int64_t kIters = int64_t{1} << 24;
-  std::vector<float> keep(threads);
+  std::vector<float> out(int64_t{threads} * kChains * lanes);
   double best = 0;
   for (int run = 0; run < 5; ++run) {
     const double s = Seconds([&] {
-      ParallelFor(threads, [&](int t) { keep[t] = chains(kIters); });
+      ParallelFor(threads, [&](int t) {
+        chains(kIters, out.data() + int64_t{t} * kChains * lanes);
+      });
     });
     best = std::max(best, 2.0 * kChains * lanes * kIters * threads / s);
   }
-  if (keep[0] == 12345.0f) std::printf(" ");  // uses the sums
+  static volatile float sink;
+  for (float x : out) sink = sink + x;
   return 1e-9 * best;
 }
 
