@@ -14,9 +14,9 @@ Rounds alternate (Trainyard's three M with each GEMM variant, then
 PyTorch) on the same threads, so all see the same machine; the table gives
 each round and the medians. "share of ceiling" is the step's GEMM flops
 over its time, over the ceiling timed in the same benchmark iteration: a
-round's share is the median over its iterations. The variants (--gemm): "packed"
-runs the benchmark with TRAINYARD_PACKED_GEMM=1 (microbatches of at most
-256 rows on CPUs with AVX-512, else 128, on kernels/packed_gemm.h: the
+round's share is the median over its iterations. The variants (--gemm):
+"packed" runs the benchmark with TRAINYARD_PACKED_GEMM=1 (microbatches of
+at most 256 rows on CPUs with AVX-512, else 128, on kernels/packed_gemm.h: the
 weights packed by the first microbatch's forward GEMMs for the later GEMMs
 and the input gradients, the weight gradients chained over the step's
 microbatches), "openblas" with =0 (every GEMM on OpenBLAS),

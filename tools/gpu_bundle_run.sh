@@ -422,8 +422,8 @@ bench_cpu_step() {
 }
 
 # This CPU's FMA peak, then the step's GEMMs at 32 to 256 rows: the packed
-# GEMM (this CPU's kernel) against OpenBLAS, then, where the CPU has AVX-512, the AVX-512 kernel
-# against the AVX2 one (2 threads).
+# GEMM (this CPU's kernel) against OpenBLAS, then, where the CPU has
+# AVX-512, the AVX-512 kernel against the AVX2 one (2 threads).
 bench_packed_gemm() {
   local b="$HERE/bin/packed_gemm_benchmark" a
   run "$TY_BENCH_TIMEOUT" "$b" --peak || return 1
