@@ -475,6 +475,41 @@ TEST_F(ControllerTest, SilentWorkerIsLostAfterHeartbeatTimeout) {
   EXPECT_TRUE(w->StreamEnded(absl::Seconds(5)));
 }
 
+// A controller that does not run for longer than the heartbeat timeout
+// (its lock held, as by a disk write that stalls) blames no worker for its
+// own deafness; a worker silent across the stall is still lost.
+TEST_F(ControllerTest, StalledControllerBlamesNoWorkerForItsStall) {
+  auto w0 = NewWorker("a");
+  auto w1 = NewWorker("b");
+  Job job = Submit("stall", Spec(2, 4, "", /*max_restarts=*/0));
+  ASSERT_TRUE(w0->Next()->has_assign());
+  ASSERT_TRUE(w1->Next()->has_assign());
+  w0->Started(job.job_id(), 0, 0);
+  w1->Started(job.job_id(), 1, 0);
+  auto quiet = NewWorker("quiet");  // idle, and silent from now on
+  quiet->StopHeartbeats();
+  server_->manager()->StallForTesting(absl::Milliseconds(2400));  // 3x
+  // Longer than the heartbeat timeout after the stall: the heartbeats sent
+  // during it have been read, and nothing else was needed.
+  absl::SleepFor(absl::Milliseconds(1200));
+  std::vector<std::string> listed;
+  for (const WorkerInfo& w : server_->manager()->ListWorkers()) {
+    listed.push_back(w.name);
+  }
+  EXPECT_EQ(listed, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(quiet->StreamEnded(absl::Seconds(1)));
+  Job running = Get(job.job_id());
+  EXPECT_EQ(running.state(), v1::RUNNING) << running.reason();
+  EXPECT_EQ(running.restarts(), 0);
+  for (int step = 1; step <= 4; ++step) {
+    w0->Step(job.job_id(), 0, step, step);
+    w1->Step(job.job_id(), 1, step, step);
+  }
+  w0->Done(job.job_id(), 0);
+  w1->Done(job.job_id(), 1);
+  EXPECT_EQ(WaitState(job.job_id(), v1::SUCCEEDED).restarts(), 0);
+}
+
 TEST_F(ControllerTest, StageFailureFailsJobWithItsError) {
   auto w0 = NewWorker("a");
   auto w1 = NewWorker("b");

@@ -146,4 +146,9 @@ ControllerStats JobManager::GetStats() {
   return parts_->telemetry.StatsLocked();
 }
 
+void JobManager::StallForTesting(absl::Duration d) {
+  absl::MutexLock lock(&parts_->state.mu);
+  absl::SleepFor(d);
+}
+
 }  // namespace trainyard

@@ -122,6 +122,10 @@ class JobManager {
   // What the controller's /metrics reports (read at each scrape).
   ControllerStats GetStats();
 
+  // Holds the manager's lock for `d`, as a disk write that stalls would:
+  // nothing the workers send is read meanwhile. For tests of liveness.
+  void StallForTesting(absl::Duration d);
+
  private:
   struct Parts;  // controller/job_manager.cc
 

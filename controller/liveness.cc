@@ -23,11 +23,10 @@ void Liveness::Join() {
 }
 
 void Liveness::Run() {
-  const absl::Duration period =
-      std::min(s_.options.heartbeat_interval / 2, absl::Milliseconds(100));
   absl::MutexLock lock(&s_.mu);
+  last_tick_ = absl::Now();
   while (!s_.shutting_down) {
-    s_.mu.AwaitWithTimeout(absl::Condition(&s_.shutting_down), period);
+    s_.mu.AwaitWithTimeout(absl::Condition(&s_.shutting_down), period_);
     if (s_.shutting_down) break;
     TickLocked(absl::Now());
     s_.mu.Unlock();
@@ -36,7 +35,38 @@ void Liveness::Run() {
   }
 }
 
+absl::Duration Liveness::StallBefore(absl::Time now) {
+  const absl::Duration gap = now - last_tick_;
+  last_tick_ = now;
+  if (gap <= s_.options.heartbeat_interval) return absl::ZeroDuration();
+  return gap - period_;
+}
+
+void Liveness::ExcuseStallLocked(absl::Duration stall, absl::Time now) {
+  // Stalls that could have cost a worker are worth a line; shorter ones
+  // come and go on a loaded machine.
+  if (stall >= s_.options.heartbeat_timeout / 2) {
+    LOG(WARNING) << "the controller did not run for "
+                 << absl::FormatDuration(
+                        absl::Trunc(stall, absl::Milliseconds(1)))
+                 << " (stopped, starved of CPU, or blocked): not counted "
+                    "against the workers' heartbeats or any deadline";
+  }
+  for (auto& [id, w] : s_.workers) {
+    w.last_seen = std::min(now, w.last_seen + stall);
+  }
+  for (auto& [id, entry] : s_.jobs) {
+    JobEntry& e = *entry;
+    e.failure_deadline += stall;
+    e.drain_deadline += stall;
+    e.adopt_deadline += stall;
+  }
+  s_.rendezvous.Postpone(stall);
+}
+
 void Liveness::TickLocked(absl::Time now) {
+  const absl::Duration stall = StallBefore(now);
+  if (stall > absl::ZeroDuration()) ExcuseStallLocked(stall, now);
   SettleDeadlinesLocked(now);
   SendRendezvousRepliesLocked(s_, s_.rendezvous.Expire(now));
   std::vector<std::pair<std::string, absl::Duration>> lost;

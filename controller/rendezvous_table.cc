@@ -80,6 +80,12 @@ bool RendezvousTable::IsOpen(const std::string& job_id) const {
   return jobs_.count(job_id) > 0;
 }
 
+void RendezvousTable::Postpone(absl::Duration by) {
+  for (auto& [job_id, store] : jobs_) {
+    for (PendingGet& g : store.waiting) g.deadline += by;
+  }
+}
+
 int RendezvousTable::PendingGets(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? 0 : static_cast<int>(it->second.waiting.size());

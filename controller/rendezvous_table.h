@@ -82,6 +82,9 @@ class RendezvousTable {
   // Answers every waiting Get whose deadline is <= now with
   // DeadlineExceeded naming the key and its timeout.
   std::vector<Reply> Expire(absl::Time now);
+  // Moves every waiting Get's deadline `by` later: time the controller did
+  // not run is not counted against a Get (controller/liveness.h).
+  void Postpone(absl::Duration by);
 
   // Waiting Gets of the job (0 without a store); for tests and stats.
   int PendingGets(const std::string& job_id) const;

@@ -107,6 +107,24 @@ TEST(RendezvousTableTest, GetTimesOutNamingTheKey) {
   EXPECT_EQ(table.PendingGets("job-1"), 0);
 }
 
+TEST(RendezvousTableTest, PostponeMovesEveryWaitingDeadline) {
+  RendezvousTable table;
+  table.Open("job-1");
+  table.Open("job-2");
+  EXPECT_TRUE(table.Get("w-2", Get(5, "a", 1500), kT0).empty());
+  EXPECT_TRUE(table.Get("w-3", Get(6, "b", 1000, "job-2"), kT0).empty());
+  table.Postpone(absl::Seconds(3));
+  EXPECT_TRUE(table.Expire(kT0 + absl::Milliseconds(3999)).empty());
+  std::vector<Reply> out = table.Expire(kT0 + absl::Seconds(4));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].reply.request_id(), 6);
+  // The message names the timeout asked for, not the postponed one.
+  EXPECT_THAT(out[0].reply.error(), HasSubstr("was not put within 1s"));
+  out = table.Expire(kT0 + absl::Milliseconds(4500));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].reply.request_id(), 5);
+}
+
 TEST(RendezvousTableTest, GetTimeoutIsCapped) {
   RendezvousLimits limits;
   limits.max_get_timeout = absl::Seconds(2);

@@ -1,5 +1,5 @@
-"""Jobs that survive lost workers, hung workers, a lost controller and a
-corrupt checkpoint, and finish bit for bit as if nothing happened.
+"""Jobs that survive lost workers, hung workers, a lost or stalled
+controller and a corrupt checkpoint, and finish bit for bit as if nothing happened.
 
 One scenario per run (the first argument):
   chaos    a 4-stage job over 5 workers (one spare), checkpoints every 20
@@ -9,6 +9,9 @@ One scenario per run (the first argument):
            worker comes back a moment later, as a pod would.
   hung     one worker of the gang is SIGSTOPped (hung, not dead), then
            SIGCONTed once the job runs again without it.
+  stall    the controller is SIGSTOPped for three heartbeat timeouts, then
+           SIGCONTed: it blames no worker for its own silence, and the job
+           goes on without a restart.
   corrupt  the newest checkpoint is truncated and the one before it gets one
            flipped bit, then a worker is killed: the job falls back two
            checkpoints, says why, and goes on.
@@ -254,6 +257,31 @@ def hung(ref_losses, ref_files):
           "to the uninterrupted run")
 
 
+def stall(ref_losses, ref_files):
+    cluster = Cluster(workers=4)
+    ckpt = os.path.join(WORK, "stall-ckpt")
+    job_id, watchers = start(cluster, make_spec(ckpt))
+    wait_running_at(cluster, job_id, 150)
+    workers = sorted((w.worker_id, w.name) for w in cluster.jobs.ListWorkers(
+        pb.ListWorkersRequest(), timeout=10).workers)
+    pause = 3 * cluster.heartbeat_timeout_ms / 1000
+    step = cluster.get(job_id).steps_completed
+    cluster.controller.send_signal(signal.SIGSTOP)
+    time.sleep(pause)
+    cluster.controller.send_signal(signal.SIGCONT)
+    print(f"  SIGSTOPped the controller for {pause:.1f} s after step {step}")
+    check_result(cluster, job_id, ckpt, watchers, ref_losses, ref_files,
+                 restarts=0)
+    after = sorted((w.worker_id, w.name) for w in cluster.jobs.ListWorkers(
+        pb.ListWorkersRequest(), timeout=10).workers)
+    assert after == workers, (workers, after)
+    log = cluster.log("controller")
+    assert "the controller did not run for" in log, log
+    assert " lost: " not in log, log
+    print("PASS stall: no worker lost, no restart; bitwise equal to the "
+          "uninterrupted run")
+
+
 def corrupt(ref_losses, ref_files):
     cluster = Cluster(workers=5)
     ckpt = os.path.join(WORK, "corrupt-ckpt")
@@ -350,5 +378,5 @@ if SCENARIO == "exhausted":
     exhausted()
 else:
     losses, files = reference()
-    {"chaos": chaos, "hung": hung, "corrupt": corrupt,
+    {"chaos": chaos, "hung": hung, "stall": stall, "corrupt": corrupt,
      "snapshot": snapshot}[SCENARIO](losses, files)

@@ -147,7 +147,8 @@ rogue.kill()
 rogue.wait(timeout=10)
 workers_after = {w.worker_id for w in cluster.jobs.ListWorkers(
     pb.ListWorkersRequest(), timeout=10).workers}
-assert workers_after == workers_before, (workers_before, workers_after)
+assert workers_after == workers_before, (
+    workers_before, workers_after, cluster.log("controller"))
 rogue_log = open(os.path.join(cluster.dir, "rogue.log"), errors="replace").read()
 assert "registered" not in rogue_log.lower().replace("unregistered", ""), rogue_log[-2000:]
 print("ok: a worker with another CA's certificate, or none, cannot register")
