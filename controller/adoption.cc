@@ -108,10 +108,19 @@ void Adoption::AwaitClaimsLocked(JobEntry& e, absl::Time now) {
   s_.rendezvous.Open(e.job.job_id());
   // Notes already in its history are not recorded again when the workers
   // resend their reports, nor is any rank's transport.
-  for (int64_t i = 0;; ++i) {
-    v1::JobEvent ev;
-    if (!records_.EventLogLocked(e)->Read(i, &ev)) break;
-    if (ev.has_note()) e.notes.insert(ev.note().text());
+  const JobEventLog* log = records_.EventLogLocked(e);
+  std::vector<v1::JobEvent> events;
+  for (int64_t i = 0; i < log->size(); i += JobEventLog::kEventsPerRead) {
+    events.clear();
+    absl::Status st = log->Read(i, JobEventLog::kEventsPerRead, &events);
+    if (!st.ok()) {
+      // Notes may then be recorded twice; nothing worse.
+      LOG(ERROR) << "job " << e.job.job_id() << ": " << st;
+      break;
+    }
+    for (const v1::JobEvent& ev : events) {
+      if (ev.has_note()) e.notes.insert(ev.note().text());
+    }
   }
   e.transport_reported.assign(ranks, true);
   LOG(INFO) << "job " << e.job.job_id() << " was RUNNING: waiting up to "

@@ -78,6 +78,11 @@ class PumpedStream : public grpc::ServerWriteReactor<T> {
       this->StartWrite(&buf_);
       return;
     }
+    if (!error_.ok()) {
+      finished_ = true;
+      this->Finish(error_);
+      return;
+    }
     if (FinishedLocked()) {
       finished_ = true;
       this->Finish(grpc::Status::OK);
@@ -86,6 +91,9 @@ class PumpedStream : public grpc::ServerWriteReactor<T> {
 
   std::shared_ptr<void> self_;
   absl::Mutex mu_;
+  // Set by NextLocked when the stream cannot go on: it ends with this once
+  // what NextLocked returned before is written.
+  grpc::Status error_ ABSL_GUARDED_BY(mu_);
 
  private:
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -148,8 +156,21 @@ class WatchReactor final : public PumpedStream<JobEvent>,
       *out = first_;
       return true;
     }
-    JobEvent ev;
-    while (log_->Read(cursor_, &ev)) {
+    while (true) {
+      if (next_ == read_.size()) {
+        read_.clear();
+        next_ = 0;
+        absl::Status st =
+            log_->Read(cursor_, JobEventLog::kEventsPerRead, &read_);
+        if (!st.ok()) {
+          error_ = ToGrpcStatus(absl::Status(
+              st.code(),
+              absl::StrCat("watching job ", job_id_, ": ", st.message())));
+          return false;
+        }
+        if (read_.empty()) break;
+      }
+      JobEvent& ev = read_[next_++];
       const int64_t index = cursor_++;
       if (ev.has_state()) {
         // States before the snapshot are summed up by first_.
@@ -186,7 +207,10 @@ class WatchReactor final : public PumpedStream<JobEvent>,
 
   JobEvent first_ ABSL_GUARDED_BY(mu_);
   int64_t boundary_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t cursor_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cursor_ ABSL_GUARDED_BY(mu_) = 0;  // the next event to send
+  // Events read ahead: read_[next_] is event cursor_.
+  std::vector<JobEvent> read_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
   bool sent_first_ ABSL_GUARDED_BY(mu_) = false;
   bool terminal_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -392,6 +416,7 @@ JobManagerOptions ManagerOptions(const ControllerOptions& options) {
   manager.heartbeat_timeout = options.heartbeat_timeout;
   manager.adopt_timeout = options.adopt_timeout;
   manager.drain_timeout = options.drain_timeout;
+  manager.events_in_memory = options.events_in_memory;
   manager.job_data_dir = options.job_data_dir;
   manager.plugin_dir = options.plugin_dir;
   return manager;

@@ -128,6 +128,8 @@ struct ControllerOptions {
   // JobManagerOptions::adopt_timeout and drain_timeout.
   absl::Duration adopt_timeout = absl::Seconds(10);
   absl::Duration drain_timeout = absl::Seconds(10);
+  // Per job: the newest events held in memory (JobManagerOptions).
+  int64_t events_in_memory = 4096;
   // Prometheus /metrics (docs/CONTROLLER.md, "Metrics"); empty = none.
   std::string metrics_listen;
   // The gRPC port's security. Plaintext by default here (in-process tests);

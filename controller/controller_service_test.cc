@@ -510,6 +510,40 @@ TEST_F(ControllerTest, StalledControllerBlamesNoWorkerForItsStall) {
   EXPECT_EQ(WaitState(job.job_id(), v1::SUCCEEDED).restarts(), 0);
 }
 
+// With 4 events in memory, a 30-step job's history is almost all in the
+// store: watchers that start at the beginning, from a step, or after the
+// end, and one that reads nothing until the job has ended, each see every
+// step they asked for once, in order.
+TEST_F(ControllerTest, WatchersReplayHistoryOlderThanMemoryFromTheStore) {
+  server_.reset();
+  events_in_memory_ = 4;
+  StartServer();
+  auto w = NewWorker("a");
+  Job job = Submit("long", Spec(1, 30));
+  const std::string& id = job.job_id();
+  ASSERT_TRUE(w->Next()->has_assign());
+  w->Started(id, 0, 0);
+  Watcher live(jobs_.get(), id);
+  Watcher stalled(jobs_.get(), id, 0, /*read=*/false);
+  for (int step = 1; step <= 30; ++step) w->Step(id, 0, step, step);
+  WaitJob(id, [](const Job& j) { return j.steps_completed() == 30; });
+  Watcher from_12(jobs_.get(), id, 12);
+  w->Done(id, 0);
+  WaitState(id, v1::SUCCEEDED);
+  Watcher after(jobs_.get(), id);
+  stalled.Start();
+  for (Watcher* watcher : {&live, &stalled, &after}) {
+    EXPECT_TRUE(watcher->Wait().ok());
+    EXPECT_EQ(watcher->steps(), Range(1, 30));
+    EXPECT_EQ(watcher->events().back().state().state(), v1::SUCCEEDED);
+  }
+  EXPECT_TRUE(from_12.Wait().ok());
+  EXPECT_EQ(from_12.steps(), Range(12, 30));
+  auto log = server_->manager()->WatchJob(id);
+  ASSERT_TRUE(log.ok());
+  EXPECT_EQ((*log)->first_in_memory(), (*log)->size() - 4);
+}
+
 TEST_F(ControllerTest, StageFailureFailsJobWithItsError) {
   auto w0 = NewWorker("a");
   auto w1 = NewWorker("b");

@@ -376,6 +376,7 @@ class ControllerTest : public ::testing::Test {
     opts.heartbeat_timeout = absl::Milliseconds(800);
     opts.adopt_timeout = adopt_timeout;
     opts.drain_timeout = absl::Seconds(1);
+    opts.events_in_memory = events_in_memory_;
     auto server = ControllerServer::Start(opts);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -440,6 +441,7 @@ class ControllerTest : public ::testing::Test {
   }
 
   std::string dir_;
+  int64_t events_in_memory_ = 4096;  // set before a StartServer
   std::unique_ptr<ControllerServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::JobService::Stub> jobs_;

@@ -1,6 +1,10 @@
 #include "controller/job_event_log.h"
 
+#include <algorithm>
+#include <iterator>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace trainyard {
 
@@ -9,11 +13,19 @@ bool IsTerminal(v1::JobState state) {
          state == v1::CANCELLED;
 }
 
-JobEventLog::JobEventLog(std::vector<v1::JobEvent> history)
-    : events_(std::move(history)) {
-  for (const v1::JobEvent& e : events_) {
-    if (e.has_state()) state_ = e.state();
-  }
+JobEventLog::JobEventLog(int64_t first, std::vector<v1::JobEvent> tail,
+                         v1::JobStateChange state, int64_t max_in_memory,
+                         StoredEvents stored)
+    : max_in_memory_(std::max<int64_t>(max_in_memory, 1)),
+      stored_(std::move(stored)),
+      first_(first),
+      state_(std::move(state)) {
+  const size_t skip = tail.size() > static_cast<size_t>(max_in_memory_)
+                          ? tail.size() - static_cast<size_t>(max_in_memory_)
+                          : 0;
+  first_ += static_cast<int64_t>(skip);
+  events_.assign(std::make_move_iterator(tail.begin() + skip),
+                 std::make_move_iterator(tail.end()));
 }
 
 int64_t JobEventLog::Append(v1::JobEvent event) {
@@ -21,8 +33,12 @@ int64_t JobEventLog::Append(v1::JobEvent event) {
   {
     absl::MutexLock lock(&mu_);
     if (event.has_state()) state_ = event.state();
-    seq = static_cast<int64_t>(events_.size());
+    seq = first_ + static_cast<int64_t>(events_.size());
     events_.push_back(std::move(event));
+    if (static_cast<int64_t>(events_.size()) > max_in_memory_) {
+      events_.pop_front();
+      ++first_;
+    }
   }
   Notify();
   return seq;
@@ -39,7 +55,12 @@ void JobEventLog::Notify() {
 
 int64_t JobEventLog::size() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(events_.size());
+  return first_ + static_cast<int64_t>(events_.size());
+}
+
+int64_t JobEventLog::first_in_memory() const {
+  absl::MutexLock lock(&mu_);
+  return first_;
 }
 
 JobEventLog::Snapshot JobEventLog::Subscribe(std::weak_ptr<Listener> listener) {
@@ -47,15 +68,37 @@ JobEventLog::Snapshot JobEventLog::Subscribe(std::weak_ptr<Listener> listener) {
   listeners_.Add(std::move(listener));
   Snapshot snap;
   snap.state = state_;
-  snap.size = static_cast<int64_t>(events_.size());
+  snap.size = first_ + static_cast<int64_t>(events_.size());
   return snap;
 }
 
-bool JobEventLog::Read(int64_t index, v1::JobEvent* out) const {
+absl::Status JobEventLog::Read(int64_t from, int64_t max,
+                               std::vector<v1::JobEvent>* out) const {
+  if (from < 0 || max <= 0) return absl::OkStatus();
+  int64_t older = 0;  // how many to read from the store first
+  {
+    absl::MutexLock lock(&mu_);
+    older = std::min(max, first_ - from);
+  }
+  if (older > 0) {
+    absl::StatusOr<std::vector<v1::JobEvent>> events = stored_(from, older);
+    if (!events.ok()) {
+      return absl::Status(
+          events.status().code(),
+          absl::StrCat("reading events ", from, "..", from + older - 1,
+                       " from the store: ", events.status().message()));
+    }
+    for (v1::JobEvent& e : *events) out->push_back(std::move(e));
+    // Events held in memory since may have been dropped meanwhile: the
+    // caller's next Read gets them from the store.
+    return absl::OkStatus();
+  }
   absl::MutexLock lock(&mu_);
-  if (index < 0 || index >= static_cast<int64_t>(events_.size())) return false;
-  *out = events_[index];
-  return true;
+  const int64_t end = first_ + static_cast<int64_t>(events_.size());
+  for (int64_t i = from; i < end && i < from + max; ++i) {
+    out->push_back(events_[i - first_]);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace trainyard

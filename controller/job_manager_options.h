@@ -3,6 +3,7 @@
 #ifndef TRAINYARD_CONTROLLER_JOB_MANAGER_OPTIONS_H_
 #define TRAINYARD_CONTROLLER_JOB_MANAGER_OPTIONS_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/time/time.h"
@@ -43,9 +44,13 @@ struct JobManagerOptions {
   // with the worker's next line taken).
   double log_lines_per_second = 200;
   double log_burst = 1000;
-  // Ended jobs whose traces and log lines are still kept (the newest
-  // ended); older ones' are dropped.
+  // Ended jobs whose traces, log lines and in-memory events are still kept
+  // (the newest ended; at least 1); older ones' are dropped (their events
+  // stay in the store).
   int keep_ended_jobs = 16;
+  // Per job: the newest events held in memory for WatchJob; older ones are
+  // read from the store (controller/job_event_log.h).
+  int64_t events_in_memory = 4096;
 };
 
 // How the controller plans a job's spec: its shape only (the workers check

@@ -222,8 +222,9 @@ TEST_F(JobManagerTest, StepEventCarriesTimingsOfAllStagesThatReported) {
   auto log = manager_->WatchJob(job->job_id());
   ASSERT_TRUE(log.ok());
   std::vector<v1::StepMetrics> steps;
-  v1::JobEvent ev;
-  for (int64_t i = 0; (*log)->Read(i, &ev); ++i) {
+  std::vector<v1::JobEvent> events;
+  ASSERT_TRUE((*log)->Read(0, (*log)->size(), &events).ok());
+  for (const v1::JobEvent& ev : events) {
     if (ev.has_step()) steps.push_back(ev.step());
   }
   ASSERT_EQ(steps.size(), 2u);
@@ -454,8 +455,9 @@ TEST_F(JobManagerTest, TransportChoiceIsNotedOnceInTheHistory) {
   auto log = manager_->WatchJob(job);
   ASSERT_TRUE(log.ok());
   std::vector<v1::JobNote> notes;
-  v1::JobEvent ev;
-  for (int64_t i = 0; (*log)->Read(i, &ev); ++i) {
+  std::vector<v1::JobEvent> events;
+  ASSERT_TRUE((*log)->Read(0, (*log)->size(), &events).ok());
+  for (const v1::JobEvent& ev : events) {
     if (ev.has_note()) notes.push_back(ev.note());
   }
   ASSERT_EQ(notes.size(), 1u);
@@ -664,6 +666,58 @@ TEST_F(JobManagerTest, LogsEndWithTheJobAndOnlyTheNewestEndedJobsKeepThem) {
   v1::LogLine line;
   EXPECT_TRUE((*ring)->Read(&seq, &line));
   EXPECT_EQ(line.text(), "first job");
+}
+
+// A job's events beyond events_in_memory live only in the store, and an
+// ended job's leave memory with its other state (keep_ended_jobs); every
+// read still gets the whole history, in order.
+TEST_F(JobManagerTest, EventsBeyondMemoryAndEndedJobsEventsComeFromTheStore) {
+  JobManagerOptions opts;
+  opts.keep_ended_jobs = 1;
+  opts.events_in_memory = 4;
+  Make(opts);
+  auto l0 = std::make_shared<FakeLink>();
+  std::string w0 = Register("a", l0);
+  const std::string first = SubmitRunning(1);
+  for (int64_t step = 1; step <= 10; ++step) Step(w0, first, 0, step);
+  auto held = manager_->WatchJob(first);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ((*held)->first_in_memory(), (*held)->size() - 4);
+  auto history = [](const JobEventLog& log) {
+    std::vector<v1::JobEvent> events;
+    while (static_cast<int64_t>(events.size()) < log.size()) {
+      const size_t before = events.size();
+      EXPECT_TRUE(log.Read(before, 3, &events).ok());
+      if (events.size() == before) break;
+    }
+    std::vector<std::string> out;
+    for (const v1::JobEvent& e : events) {
+      if (e.has_step()) out.push_back(absl::StrCat("step ", e.step().step()));
+      if (e.has_state()) out.push_back(v1::JobState_Name(e.state().state()));
+    }
+    return out;
+  };
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(first);
+  ASSERT_TRUE(manager_->CancelJob(cancel).ok());
+  const std::vector<std::string> want = {
+      "QUEUED", "RUNNING", "step 1", "step 2", "step 3",  "step 4",   "step 5",
+      "step 6", "step 7",  "step 8", "step 9", "step 10", "CANCELLED"};
+  EXPECT_EQ(history(**held), want);
+  // Still the one ended job kept: the same log.
+  EXPECT_EQ(manager_->WatchJob(first)->get(), held->get());
+
+  const std::string second = SubmitRunning(1);
+  cancel.set_job_id(second);
+  ASSERT_TRUE(manager_->CancelJob(cancel).ok());
+  // The first job's log left memory; loaded again, it has the same events.
+  auto again = manager_->WatchJob(first);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(again->get(), held->get());
+  EXPECT_EQ((*again)->size(), (*held)->size());
+  EXPECT_EQ((*again)->first_in_memory(), (*again)->size() - 4);
+  EXPECT_EQ(history(**again), want);
+  EXPECT_EQ(history(**held), want);  // a watcher's copy stays readable
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "controller/job_records.h"
 
+#include <algorithm>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,30 +22,42 @@ constexpr size_t kMaxNoteBytes = 1024;
 
 JobEventLog* JobRecords::EventLogLocked(JobEntry& e) {
   if (e.event_log != nullptr) return e.event_log.get();
-  int64_t next_seq = 0;
-  absl::StatusOr<std::vector<v1::JobEvent>> events =
-      s_.store->LoadEvents(e.job.job_id(), &next_seq);
-  if (!events.ok()) {
-    LOG(ERROR) << events.status();
-    events = std::vector<v1::JobEvent>();
+  const std::string& id = e.job.job_id();
+  const int64_t keep = std::max<int64_t>(s_.options.events_in_memory, 1);
+  absl::StatusOr<int64_t> next = s_.store->NextEventSeq(id);
+  absl::StatusOr<std::vector<v1::JobEvent>> tail = std::vector<v1::JobEvent>();
+  if (next.ok() && *next > 0) {
+    tail = s_.store->LoadEvents(id, std::max<int64_t>(*next - keep, 0),
+                                std::min(*next, keep));
   }
-  e.next_seq = next_seq;
-  if (events->empty()) {
+  if (!next.ok() || !tail.ok()) {
+    LOG(ERROR) << "job " << id << ": loading its events: "
+               << (next.ok() ? tail.status() : next.status());
+    next = 0;
+    tail = std::vector<v1::JobEvent>();
+  }
+  e.next_seq = *next;
+  // The job's row says where it stands, whatever the events in memory.
+  v1::JobStateChange state;
+  state.set_state(e.job.state());
+  state.set_reason(e.job.reason());
+  std::shared_ptr<JobStore> store = s_.store;
+  e.event_log = std::make_shared<JobEventLog>(
+      e.next_seq - static_cast<int64_t>(tail->size()), *std::move(tail), state,
+      keep, [store, id](int64_t from, int64_t count) {
+        return store->LoadEvents(id, from, count);
+      });
+  if (e.next_seq == 0) {
     // Keep the invariant that a log starts with the job's state, stored
     // like any other event.
     v1::JobEvent first;
-    first.set_job_id(e.job.job_id());
-    first.mutable_state()->set_state(e.job.state());
-    first.mutable_state()->set_reason(e.job.reason());
-    absl::Status st = s_.store->UpdateJob(e.job, e.next_seq, &first);
-    if (st.ok()) {
-      ++e.next_seq;
-    } else {
-      LOG(ERROR) << "persisting job " << e.job.job_id() << ": " << st;
-    }
-    events->push_back(std::move(first));
+    first.set_job_id(id);
+    *first.mutable_state() = state;
+    CommitLocked(e, &first);
   }
-  e.event_log = std::make_shared<JobEventLog>(*std::move(events));
+  // An ended job's events loaded again (for a watcher) are dropped again
+  // like any ended job's.
+  if (IsTerminal(e.job.state())) telemetry_.KeepEndedLocked(e);
   return e.event_log.get();
 }
 
@@ -52,15 +66,18 @@ void JobRecords::CommitLocked(JobEntry& e, v1::JobEvent* event) {
   if (event != nullptr) event->set_job_id(e.job.job_id());
   absl::Status st = s_.store->UpdateJob(e.job, e.next_seq, event);
   // The in-memory state goes on even if the disk write failed: running jobs
-  // must keep being served; the error is loud in the log. The sequence
-  // number advances only with a stored event, so a failed write leaves no
-  // gap for the next one.
+  // must keep being served; the error is loud in the log. The event keeps
+  // its number all the same (a gap in the store), so that the log's
+  // numbers stay the store's: a watcher reading that part of the history
+  // from the store later finds the event missing, not another in its
+  // place.
   if (!st.ok()) {
     LOG(ERROR) << "persisting job " << e.job.job_id() << ": " << st;
-  } else if (event != nullptr) {
-    ++e.next_seq;
   }
-  if (event != nullptr) log->Append(*event);
+  if (event != nullptr) {
+    ++e.next_seq;
+    log->Append(*event);
+  }
 }
 
 void JobRecords::SetStateLocked(JobEntry& e, v1::JobState state,

@@ -1,6 +1,7 @@
 // JobRecords: a job's record, in memory and in the store together: its
-// state, its event history (the JobEventLog WatchJob reads, loaded from the
-// store on first use) and the notes in it, and the end of a job.
+// state, its event history (the JobEventLog WatchJob reads: the newest
+// events_in_memory loaded from the store on first use, the rest read from
+// it) and the notes in it, and the end of a job.
 //
 // A write that fails is logged and the in-memory state goes on: running
 // jobs must keep being served.
@@ -28,7 +29,8 @@ class JobRecords {
   JobRecords& operator=(const JobRecords&) = delete;
 
   // e's event log, loaded from the store on first use (a job with no
-  // stored event gets its state as event 0).
+  // stored event gets its state as event 0). One made again for an ended
+  // job counts among the ended jobs kept (JobTelemetry::KeepEndedLocked).
   JobEventLog* EventLogLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
   // Persists e.job plus `event` (when not null) and appends the event.
   void CommitLocked(JobEntry& e, v1::JobEvent* event)

@@ -359,34 +359,48 @@ absl::StatusOr<std::vector<Job>> JobStore::LoadJobs() {
   return jobs;
 }
 
+absl::StatusOr<int64_t> JobStore::NextEventSeq(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Stmt s(db_, "SELECT MAX(seq) FROM job_events WHERE job_id = ?");
+  s.Bind(1, job_id);
+  if (s.Step() != SQLITE_ROW) return Error("next event seq");
+  // MAX over no rows is NULL, which reads as 0: tell them apart.
+  if (sqlite3_column_type(s.get(), 0) == SQLITE_NULL) return 0;
+  return s.Int(0) + 1;
+}
+
 absl::StatusOr<std::vector<JobEvent>> JobStore::LoadEvents(
-    const std::string& job_id, int64_t* next_seq) {
+    const std::string& job_id, int64_t from, int64_t count) {
   absl::MutexLock lock(&mu_);
   Stmt s(db_,
-         "SELECT seq, event FROM job_events WHERE job_id = ? ORDER BY seq");
+         "SELECT seq, event FROM job_events WHERE job_id = ? AND seq >= ? "
+         "AND seq < ? ORDER BY seq");
   s.Bind(1, job_id);
-  std::vector<JobEvent> events;
-  int64_t next = 0;
+  s.Bind(2, from);
+  s.Bind(3, from + count);
+  std::vector<JobEvent> events(std::max<int64_t>(count, 0));
+  int64_t next = from;
   int rc;
   // Keep every event that can be read: a gap (a write that failed) or an
   // unreadable row must not cost the rest of a job's history.
-  while ((rc = s.Step()) == SQLITE_ROW) {
-    const int64_t seq = s.Int(0);
-    if (seq != next) {
-      LOG(WARNING) << "job " << job_id << ": events " << next << ".." << seq - 1
+  auto missing = [&](int64_t end) {
+    if (end > next) {
+      LOG(WARNING) << "job " << job_id << ": events " << next << ".." << end - 1
                    << " are missing from the store";
     }
+  };
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    const int64_t seq = s.Int(0);
+    missing(seq);
     next = seq + 1;
-    JobEvent event;
-    if (!event.ParseFromString(s.Text(1))) {
+    if (!events[seq - from].ParseFromString(s.Text(1))) {
       LOG(WARNING) << "job " << job_id << ": event " << seq
                    << " does not parse; skipped";
-      continue;
+      events[seq - from].Clear();
     }
-    events.push_back(std::move(event));
   }
   if (rc != SQLITE_DONE) return Error("load events");
-  if (next_seq != nullptr) *next_seq = next;
+  missing(from + count);
   return events;
 }
 

@@ -9,7 +9,8 @@
 //   job_events  the job's event history (JobEvent bytes keyed by job id and
 //               a dense 0-based sequence number): state changes, every
 //               StepMetrics and EvalMetrics. This is the metrics history
-//               WatchJob replays.
+//               WatchJob replays (the newest events are also in memory:
+//               controller/job_event_log.h).
 //
 // Every mutation is one transaction, so a SIGKILL at any point leaves either
 // the old or the new state. synchronous=NORMAL: in WAL mode that is durable
@@ -80,11 +81,15 @@ class JobStore {
   // Every job, oldest first.
   absl::StatusOr<std::vector<v1::Job>> LoadJobs();
 
-  // The job's events in sequence order, skipping (and logging) gaps and
-  // unreadable rows. *next_seq (if given) gets the sequence number the next
-  // event must use: one past the highest stored.
+  // The sequence number the job's next event must use: one past the
+  // highest stored (0 when none is).
+  absl::StatusOr<int64_t> NextEventSeq(const std::string& job_id);
+
+  // The job's events `from` .. `from + count - 1`, in order: element i is
+  // event from + i. One that is missing (its write failed) or does not
+  // parse is an empty JobEvent, and logged.
   absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(
-      const std::string& job_id, int64_t* next_seq = nullptr);
+      const std::string& job_id, int64_t from, int64_t count);
 
   // Newest first. `states` empty = all; `owner` null = everyone's, else
   // only that owner's jobs. Returns up to `limit` jobs created before the

@@ -82,7 +82,8 @@ TEST(JobStoreTest, JobsAndEventsSurviveReopen) {
   EXPECT_DOUBLE_EQ(job->last_step().loss(), 0.5);
   ASSERT_EQ(job->workers_size(), 2);
   EXPECT_EQ(job->workers(1), "w-2");
-  auto events = (*store)->LoadEvents(id);
+  EXPECT_EQ(*(*store)->NextEventSeq(id), 3);
+  auto events = (*store)->LoadEvents(id, 0, 3);
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 3u);
   EXPECT_EQ((*events)[0].state().state(), v1::QUEUED);
@@ -98,12 +99,19 @@ TEST(JobStoreTest, HistoryWithAGapKeepsTheRestAndTheNextSeq) {
   step.mutable_step()->set_step(1);
   // Event 1 "failed to write": the next stored one is 2.
   ASSERT_TRUE((*store)->UpdateJob(job, 2, &step).ok());
-  int64_t next_seq = -1;
-  auto events = (*store)->LoadEvents(job.job_id(), &next_seq);
+  EXPECT_EQ(*(*store)->NextEventSeq(job.job_id()), 3);
+  // Element i is event i: the missing ones (1, and 3 past the end) empty.
+  auto events = (*store)->LoadEvents(job.job_id(), 0, 4);
   ASSERT_TRUE(events.ok()) << events.status();
-  ASSERT_EQ(events->size(), 2u);
-  EXPECT_EQ((*events)[1].step().step(), 1);
-  EXPECT_EQ(next_seq, 3);
+  ASSERT_EQ(events->size(), 4u);
+  EXPECT_TRUE((*events)[0].has_state());
+  EXPECT_EQ((*events)[1].event_case(), v1::JobEvent::EVENT_NOT_SET);
+  EXPECT_EQ((*events)[2].step().step(), 1);
+  EXPECT_EQ((*events)[3].event_case(), v1::JobEvent::EVENT_NOT_SET);
+  events = (*store)->LoadEvents(job.job_id(), 2, 1);
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].step().step(), 1);
+  EXPECT_EQ(*(*store)->NextEventSeq("job-404"), 0);
 }
 
 TEST(JobStoreTest, ReopenLoadsJobsAsTheyWere) {
@@ -136,7 +144,7 @@ TEST(JobStoreTest, ReopenLoadsJobsAsTheyWere) {
   ASSERT_EQ(running->restart_reasons_size(), 1);
   EXPECT_EQ(running->restart_reasons(0), "worker w-2 lost");
   EXPECT_EQ(running->workers_size(), 2);
-  auto events = (*store)->LoadEvents(running_id);
+  auto events = (*store)->LoadEvents(running_id, 0, 2);
   ASSERT_EQ(events->size(), 2u);
   EXPECT_EQ(events->back().state().state(), v1::RUNNING);
   EXPECT_EQ((*store)->GetJob(queued_id)->state(), v1::QUEUED);

@@ -105,16 +105,28 @@ void JobTelemetry::WriteTensorboardLocked(JobEntry& e,
 void JobTelemetry::EndLocked(JobEntry& e) {
   e.tensorboard.reset();  // closes the event file
   if (e.log_ring != nullptr) e.log_ring->Close();
-  if (e.log_ring == nullptr && e.traces == nullptr) return;
+  KeepEndedLocked(e);
+}
+
+void JobTelemetry::KeepEndedLocked(JobEntry& e) {
+  if (e.log_ring == nullptr && e.traces == nullptr && e.event_log == nullptr) {
+    return;
+  }
+  if (std::find(ended_with_telemetry_.begin(), ended_with_telemetry_.end(),
+                e.job.job_id()) != ended_with_telemetry_.end()) {
+    return;
+  }
   ended_with_telemetry_.push_back(e.job.job_id());
   while (static_cast<int>(ended_with_telemetry_.size()) >
-         std::max(0, s_.options.keep_ended_jobs)) {
+         std::max(1, s_.options.keep_ended_jobs)) {
     auto it = s_.jobs.find(ended_with_telemetry_.front());
     ended_with_telemetry_.pop_front();
     if (it == s_.jobs.end()) continue;
-    // Open WatchLogs streams keep their (closed) ring until they finish.
+    // Open WatchLogs and WatchJob streams keep theirs until they finish; a
+    // later WatchJob loads the job's events from the store again.
     it->second->log_ring.reset();
     it->second->traces.reset();
+    it->second->event_log.reset();
   }
 }
 

@@ -4,7 +4,8 @@
 // TensorBoard event file (under <data_dir>/tensorboard/<job_id>), and the
 // counts /metrics reports.
 //
-// Traces and log lines are kept for jobs that have not ended and for the
+// Traces, log lines and the newest events in memory (JobEntry::event_log,
+// which JobRecords makes) are kept for jobs that have not ended and for the
 // `keep_ended_jobs` jobs that ended last (JobManagerOptions).
 //
 // Thread safety: every method needs the manager's lock.
@@ -49,15 +50,20 @@ class JobTelemetry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
 
   // e has ended: closes its event file and its log ring, and keeps its
-  // traces and log lines among the ended jobs', dropping the oldest beyond
-  // keep_ended_jobs.
+  // traces, log lines and in-memory events among the ended jobs', dropping
+  // the oldest beyond keep_ended_jobs.
   void EndLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
+  // Counts ended e among the ended jobs that hold something in memory
+  // (once), dropping the oldest's beyond keep_ended_jobs: for EndLocked,
+  // and for an ended job whose events were loaded again for a watcher.
+  void KeepEndedLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
 
   ControllerStats StatsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
 
  private:
   ManagerState& s_;
-  // Ended jobs that still hold traces or log lines, oldest ended first.
+  // Ended jobs that still hold traces, log lines or events, oldest ended
+  // first.
   std::deque<std::string> ended_with_telemetry_ ABSL_GUARDED_BY(s_.mu);
 };
 

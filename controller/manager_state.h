@@ -36,7 +36,9 @@ struct ManagerState {
         outbox(&mu) {}
 
   const JobManagerOptions options;
-  const std::unique_ptr<JobStore> store;
+  // Shared with the jobs' event logs, which read their older events from
+  // it and may outlive the manager in a watcher's hands.
+  const std::shared_ptr<JobStore> store;
 
   absl::Mutex mu;
   // Set once by JobManager::Shutdown: worker traffic is ignored after it.
