@@ -38,6 +38,9 @@ ABSL_FLAG(int64_t, adopt_timeout_ms, 10000,
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "How long a restarting job waits for a cancelled stage of its old "
           "gang to stop before that stage's worker is declared lost.");
+ABSL_FLAG(int64_t, events_in_memory, 4096,
+          "Per job, the newest events (steps, evals, state changes) held in "
+          "memory for WatchJob; older ones are read from controller.db.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port for Prometheus GET /metrics (port 0 picks one; see "
           "--metrics_port_file); empty = no metrics endpoint.");
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
       absl::Milliseconds(absl::GetFlag(FLAGS_adopt_timeout_ms));
   options.drain_timeout =
       absl::Milliseconds(absl::GetFlag(FLAGS_drain_timeout_ms));
+  options.events_in_memory = absl::GetFlag(FLAGS_events_in_memory);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (options.data_dir.empty()) {
     fprintf(stderr, "trainyard-controller: --data_dir is required\n");

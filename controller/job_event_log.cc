@@ -24,17 +24,19 @@ JobEventLog::JobEventLog(int64_t first, std::vector<v1::JobEvent> tail,
                           ? tail.size() - static_cast<size_t>(max_in_memory_)
                           : 0;
   first_ += static_cast<int64_t>(skip);
-  events_.assign(std::make_move_iterator(tail.begin() + skip),
-                 std::make_move_iterator(tail.end()));
+  for (size_t i = skip; i < tail.size(); ++i) {
+    events_.push_back(std::make_shared<const v1::JobEvent>(std::move(tail[i])));
+  }
 }
 
 int64_t JobEventLog::Append(v1::JobEvent event) {
+  auto shared = std::make_shared<const v1::JobEvent>(std::move(event));
   int64_t seq;
   {
     absl::MutexLock lock(&mu_);
-    if (event.has_state()) state_ = event.state();
+    if (shared->has_state()) state_ = shared->state();
     seq = first_ + static_cast<int64_t>(events_.size());
-    events_.push_back(std::move(event));
+    events_.push_back(std::move(shared));
     if (static_cast<int64_t>(events_.size()) > max_in_memory_) {
       events_.pop_front();
       ++first_;
@@ -75,12 +77,19 @@ JobEventLog::Snapshot JobEventLog::Subscribe(std::weak_ptr<Listener> listener) {
 absl::Status JobEventLog::Read(int64_t from, int64_t max,
                                std::vector<v1::JobEvent>* out) const {
   if (from < 0 || max <= 0) return absl::OkStatus();
-  int64_t older = 0;  // how many to read from the store first
+  int64_t older = 0;  // how many to read from the store
+  std::vector<std::shared_ptr<const v1::JobEvent>> held;
   {
     absl::MutexLock lock(&mu_);
     older = std::min(max, first_ - from);
+    const int64_t end = first_ + static_cast<int64_t>(events_.size());
+    for (int64_t i = std::max(from, first_); i < end && i < from + max; ++i) {
+      held.push_back(events_[i - first_]);
+    }
   }
   if (older > 0) {
+    // Only those: the caller's next Read continues from memory (or, if
+    // the events held now are dropped meanwhile, from the store).
     absl::StatusOr<std::vector<v1::JobEvent>> events = stored_(from, older);
     if (!events.ok()) {
       return absl::Status(
@@ -89,15 +98,9 @@ absl::Status JobEventLog::Read(int64_t from, int64_t max,
                        " from the store: ", events.status().message()));
     }
     for (v1::JobEvent& e : *events) out->push_back(std::move(e));
-    // Events held in memory since may have been dropped meanwhile: the
-    // caller's next Read gets them from the store.
     return absl::OkStatus();
   }
-  absl::MutexLock lock(&mu_);
-  const int64_t end = first_ + static_cast<int64_t>(events_.size());
-  for (int64_t i = from; i < end && i < from + max; ++i) {
-    out->push_back(events_[i - first_]);
-  }
+  for (const auto& e : held) out->push_back(*e);
   return absl::OkStatus();
 }
 

@@ -100,7 +100,9 @@ class JobEventLog {
   const StoredEvents stored_;
   mutable absl::Mutex mu_;
   int64_t first_ ABSL_GUARDED_BY(mu_);  // the number of events_.front()
-  std::deque<v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
+  // Shared, so that a reader copies them out of the lock: the appender
+  // (the manager, holding its own lock) never waits on a reader's copies.
+  std::deque<std::shared_ptr<const v1::JobEvent>> events_ ABSL_GUARDED_BY(mu_);
   v1::JobStateChange state_ ABSL_GUARDED_BY(mu_);
   WeakListeners<Listener> listeners_ ABSL_GUARDED_BY(mu_);
 };

@@ -55,6 +55,10 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(
         ") must be greater than heartbeat_interval (",
         absl::FormatDuration(options.heartbeat_interval), ") > 0"));
   }
+  if (options.events_in_memory < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "events_in_memory must be at least 1, got ", options.events_in_memory));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
                    JobStore::Open(options.data_dir));
   std::unique_ptr<JobManager> manager(

@@ -668,6 +668,16 @@ TEST_F(JobManagerTest, LogsEndWithTheJobAndOnlyTheNewestEndedJobsKeepThem) {
   EXPECT_EQ(line.text(), "first job");
 }
 
+TEST(JobManagerOptionsTest, NoEventsInMemoryIsRefused) {
+  JobManagerOptions opts;
+  opts.data_dir = std::string(getenv("TEST_TMPDIR")) + "/no_events";
+  opts.events_in_memory = 0;
+  auto manager = JobManager::Create(opts);
+  EXPECT_EQ(manager.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(manager.status().message(),
+            "events_in_memory must be at least 1, got 0");
+}
+
 // A job's events beyond events_in_memory live only in the store, and an
 // ended job's leave memory with its other state (keep_ended_jobs); every
 // read still gets the whole history, in order.

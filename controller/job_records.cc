@@ -23,7 +23,7 @@ constexpr size_t kMaxNoteBytes = 1024;
 JobEventLog* JobRecords::EventLogLocked(JobEntry& e) {
   if (e.event_log != nullptr) return e.event_log.get();
   const std::string& id = e.job.job_id();
-  const int64_t keep = std::max<int64_t>(s_.options.events_in_memory, 1);
+  const int64_t keep = s_.options.events_in_memory;  // >= 1 (Create)
   absl::StatusOr<int64_t> next = s_.store->NextEventSeq(id);
   absl::StatusOr<std::vector<v1::JobEvent>> tail = std::vector<v1::JobEvent>();
   if (next.ok() && *next > 0) {

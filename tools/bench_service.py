@@ -8,11 +8,16 @@
 3. (--security) The cost of TLS and token authentication on 1.: plaintext
    and secure clusters measured alternately, side by side, plus the time
    to the first answer on a new channel (TCP, and the TLS handshake).
+4. (--replay) Replaying a long job's history: a 20,000-step job runs to
+   its end, then 10 watchers replay it from step 1 at once; a controller
+   holding the default 4,096 events in memory (the rest read from
+   controller.db) and one holding all of them, alternately, side by side,
+   with each controller's resident memory after the job.
 
 Build, then run from anywhere:
     bazel build //controller:trainyard-controller //worker:trainyard-worker \\
         //cli:trainyard //proto:trainyard_py //task_plugins:plugins
-    /usr/bin/python3 tools/bench_service.py [--security [--rounds N]]
+    /usr/bin/python3 tools/bench_service.py [--security | --replay] [--rounds N]
 """
 import os
 import statistics
@@ -141,10 +146,57 @@ def bench_fanout(watchers=100, steps=2000):
           f"lost {lost}, duplicated {dup}, out-of-order watchers {disorder}")
 
 
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bench_replay(rounds=3, steps=20000, watchers=10):
+    times = {4096: [], 1000000: []}
+    for r in range(rounds):
+        for in_memory in times:
+            cluster = Cluster(workers=1, controller_args=[
+                f"--events_in_memory={in_memory}"])
+            job = cluster.submit(fanout_spec(steps))
+            cluster.wait_state(job.job_id, (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED), 600)
+            rss = rss_mb(cluster.controller.pid)
+            results = [None] * watchers
+            started = threading.Barrier(watchers + 1)
+
+            def watch(i):
+                started.wait()
+                results[i] = [s.step for s in steps_of(cluster.watch(job.job_id, timeout=600))]
+
+            threads = [threading.Thread(target=watch, args=(i,)) for i in range(watchers)]
+            for t in threads:
+                t.start()
+            t0 = time.time()
+            started.wait()
+            for t in threads:
+                t.join()
+            wall = time.time() - t0
+            cluster.stop()
+            expected = list(range(1, steps + 1))
+            bad = sum(1 for res in results if res != expected)
+            times[in_memory].append(wall)
+            print(f"round {r + 1}, {in_memory} events in memory: {watchers} watchers "
+                  f"replayed {steps} steps in {wall:.2f} s (watchers not seeing "
+                  f"exactly steps 1..{steps}: {bad}); controller RSS after the "
+                  f"job {rss:.0f} MB", flush=True)
+    store, memory = statistics.median(times[4096]), statistics.median(times[1000000])
+    print(f"replay medians: 4096 in memory (the rest from controller.db) {store:.2f} s, "
+          f"all in memory {memory:.2f} s: x{store / memory:.2f}")
+
+
 if __name__ == "__main__":
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else None
     if "--security" in sys.argv:
-        rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 2
-        bench_security(rounds=rounds)
+        bench_security(rounds=rounds or 2)
+    elif "--replay" in sys.argv:
+        bench_replay(rounds=rounds or 3)
     else:
         bench_submit()
         bench_fanout()
