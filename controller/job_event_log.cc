@@ -1,7 +1,6 @@
 #include "controller/job_event_log.h"
 
 #include <algorithm>
-#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -88,8 +87,6 @@ absl::Status JobEventLog::Read(int64_t from, int64_t max,
     }
   }
   if (older > 0) {
-    // Only those: the caller's next Read continues from memory (or, if
-    // the events held now are dropped meanwhile, from the store).
     absl::StatusOr<std::vector<v1::JobEvent>> events = stored_(from, older);
     if (!events.ok()) {
       return absl::Status(
@@ -98,8 +95,9 @@ absl::Status JobEventLog::Read(int64_t from, int64_t max,
                        " from the store: ", events.status().message()));
     }
     for (v1::JobEvent& e : *events) out->push_back(std::move(e));
-    return absl::OkStatus();
   }
+  // They follow: `held` starts at the first event in memory when `older`
+  // was counted.
   for (const auto& e : held) out->push_back(*e);
   return absl::OkStatus();
 }

@@ -67,14 +67,11 @@ TEST(JobEventLogTest, HoldsTheNewestEventsAndReadsOlderOnesFromTheStore) {
   EXPECT_TRUE(store.reads.empty());
 
   // Across the boundary: the older part from the store, the rest from
-  // memory on the next read.
+  // memory.
   out.clear();
   ASSERT_TRUE(log.Read(3, 5, &out).ok());
-  EXPECT_THAT(Steps(out), ElementsAre(3, 4, 5));
-  EXPECT_THAT(store.reads, ElementsAre(Pair(3, 3)));
-  ASSERT_TRUE(log.Read(6, 2, &out).ok());
   EXPECT_THAT(Steps(out), ElementsAre(3, 4, 5, 6, 7));
-  EXPECT_EQ(store.reads.size(), 1u);
+  EXPECT_THAT(store.reads, ElementsAre(Pair(3, 3)));
 
   // Past the end: nothing, and no error.
   out.clear();
