@@ -718,6 +718,7 @@ TEST_F(JobManagerTest, EventsBeyondMemoryAndEndedJobsEventsComeFromTheStore) {
   EXPECT_EQ(manager_->WatchJob(first)->get(), held->get());
 
   const std::string second = SubmitRunning(1);
+  LogLine(w0, second, 0, "second job");
   cancel.set_job_id(second);
   ASSERT_TRUE(manager_->CancelJob(cancel).ok());
   // The first job's log left memory; loaded again, it has the same events.
@@ -728,6 +729,8 @@ TEST_F(JobManagerTest, EventsBeyondMemoryAndEndedJobsEventsComeFromTheStore) {
   EXPECT_EQ((*again)->first_in_memory(), (*again)->size() - 4);
   EXPECT_EQ(history(**again), want);
   EXPECT_EQ(history(**held), want);  // a watcher's copy stays readable
+  // Loading it cost the newest ended job none of its log lines.
+  EXPECT_EQ(Lines(second).size(), 1u);
 }
 
 }  // namespace

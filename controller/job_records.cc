@@ -57,7 +57,7 @@ JobEventLog* JobRecords::EventLogLocked(JobEntry& e) {
   }
   // An ended job's events loaded again (for a watcher) are dropped again
   // like any ended job's.
-  if (IsTerminal(e.job.state())) telemetry_.KeepEndedLocked(e);
+  if (IsTerminal(e.job.state())) telemetry_.KeepEventLogLocked(e);
   return e.event_log.get();
 }
 

@@ -30,7 +30,7 @@ class JobRecords {
 
   // e's event log, loaded from the store on first use (a job with no
   // stored event gets its state as event 0). One made again for an ended
-  // job counts among the ended jobs kept (JobTelemetry::KeepEndedLocked).
+  // job counts among the ended jobs kept (JobTelemetry::KeepEventLogLocked).
   JobEventLog* EventLogLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
   // Persists e.job plus `event` (when not null) and appends the event.
   void CommitLocked(JobEntry& e, v1::JobEvent* event)

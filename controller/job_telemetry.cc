@@ -105,28 +105,35 @@ void JobTelemetry::WriteTensorboardLocked(JobEntry& e,
 void JobTelemetry::EndLocked(JobEntry& e) {
   e.tensorboard.reset();  // closes the event file
   if (e.log_ring != nullptr) e.log_ring->Close();
-  KeepEndedLocked(e);
+  if (e.log_ring != nullptr || e.traces != nullptr) {
+    // Open WatchLogs streams keep their (closed) ring until they finish.
+    KeepNewestLocked(ended_with_telemetry_, e, [](JobEntry& old) {
+      old.log_ring.reset();
+      old.traces.reset();
+    });
+  }
+  KeepEventLogLocked(e);
 }
 
-void JobTelemetry::KeepEndedLocked(JobEntry& e) {
-  if (e.log_ring == nullptr && e.traces == nullptr && e.event_log == nullptr) {
-    return;
-  }
-  if (std::find(ended_with_telemetry_.begin(), ended_with_telemetry_.end(),
-                e.job.job_id()) != ended_with_telemetry_.end()) {
-    return;
-  }
-  ended_with_telemetry_.push_back(e.job.job_id());
-  while (static_cast<int>(ended_with_telemetry_.size()) >
+void JobTelemetry::KeepEventLogLocked(JobEntry& e) {
+  if (e.event_log == nullptr) return;
+  // Open WatchJob streams keep theirs until they finish; a later WatchJob
+  // loads the job's events from the store again.
+  KeepNewestLocked(ended_event_logs_, e,
+                   [](JobEntry& old) { old.event_log.reset(); });
+}
+
+template <typename Drop>
+void JobTelemetry::KeepNewestLocked(std::deque<std::string>& kept, JobEntry& e,
+                                    Drop drop) {
+  const std::string& id = e.job.job_id();
+  if (std::find(kept.begin(), kept.end(), id) != kept.end()) return;
+  kept.push_back(id);
+  while (static_cast<int>(kept.size()) >
          std::max(1, s_.options.keep_ended_jobs)) {
-    auto it = s_.jobs.find(ended_with_telemetry_.front());
-    ended_with_telemetry_.pop_front();
-    if (it == s_.jobs.end()) continue;
-    // Open WatchLogs and WatchJob streams keep theirs until they finish; a
-    // later WatchJob loads the job's events from the store again.
-    it->second->log_ring.reset();
-    it->second->traces.reset();
-    it->second->event_log.reset();
+    auto it = s_.jobs.find(kept.front());
+    kept.pop_front();
+    if (it != s_.jobs.end()) drop(*it->second);
   }
 }
 

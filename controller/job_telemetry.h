@@ -50,21 +50,29 @@ class JobTelemetry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
 
   // e has ended: closes its event file and its log ring, and keeps its
-  // traces, log lines and in-memory events among the ended jobs', dropping
-  // the oldest beyond keep_ended_jobs.
+  // traces and log lines among the ended jobs', and its in-memory events
+  // (KeepEventLogLocked), each dropping the oldest beyond keep_ended_jobs.
   void EndLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
-  // Counts ended e among the ended jobs that hold something in memory
-  // (once), dropping the oldest's beyond keep_ended_jobs: for EndLocked,
-  // and for an ended job whose events were loaded again for a watcher.
-  void KeepEndedLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
+  // Keeps ended e's in-memory events among the ended jobs' (once),
+  // dropping the oldest's beyond keep_ended_jobs: at its end, and when
+  // they were loaded again for a watcher (which costs no other job its
+  // traces or log lines).
+  void KeepEventLogLocked(JobEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
 
   ControllerStats StatsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
 
  private:
+  // Adds e's id to `kept` (once); beyond keep_ended_jobs (at least 1), the
+  // oldest leaves it, and `drop` frees what that job held.
+  template <typename Drop>
+  void KeepNewestLocked(std::deque<std::string>& kept, JobEntry& e, Drop drop)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
+
   ManagerState& s_;
-  // Ended jobs that still hold traces, log lines or events, oldest ended
-  // first.
+  // Ended jobs that still hold traces or log lines, and those that still
+  // hold events in memory; oldest first.
   std::deque<std::string> ended_with_telemetry_ ABSL_GUARDED_BY(s_.mu);
+  std::deque<std::string> ended_event_logs_ ABSL_GUARDED_BY(s_.mu);
 };
 
 }  // namespace trainyard
