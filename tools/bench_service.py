@@ -109,6 +109,26 @@ def job_seconds(cluster, job_id):
     return (job.end_time_ms - job.start_time_ms) / 1e3
 
 
+def watch_all(cluster, job_id, watchers):
+    """`watchers` WatchJob streams of the job from its start, begun at once;
+    returns each one's steps and the seconds until the last ended."""
+    results = [None] * watchers
+    started = threading.Barrier(watchers + 1)
+
+    def watch(i):
+        started.wait()
+        results[i] = [s.step for s in steps_of(cluster.watch(job_id, timeout=600))]
+
+    threads = [threading.Thread(target=watch, args=(i,)) for i in range(watchers)]
+    for t in threads:
+        t.start()
+    t0 = time.time()
+    started.wait()
+    for t in threads:
+        t.join()
+    return results, time.time() - t0
+
+
 def bench_fanout(watchers=100, steps=2000):
     cluster = Cluster(workers=1)
     # Baseline: the same job with nobody watching.
@@ -118,21 +138,7 @@ def bench_fanout(watchers=100, steps=2000):
     print(f"fan-out baseline: {steps} steps with no watcher ran in {alone_s:.1f} s "
           f"({steps / alone_s:.0f} steps/s through worker -> controller)")
     job = cluster.submit(fanout_spec(steps))
-    results = [None] * watchers
-    started = threading.Barrier(watchers + 1)
-
-    def watch(i):
-        started.wait()
-        results[i] = [s.step for s in steps_of(cluster.watch(job.job_id, timeout=600))]
-
-    threads = [threading.Thread(target=watch, args=(i,)) for i in range(watchers)]
-    for t in threads:
-        t.start()
-    t0 = time.time()
-    started.wait()
-    for t in threads:
-        t.join()
-    wall = time.time() - t0
+    results, wall = watch_all(cluster, job.job_id, watchers)
     final = cluster.get(job.job_id)
     watched_s = job_seconds(cluster, job.job_id)
     expected = list(range(1, steps + 1))
@@ -163,21 +169,7 @@ def bench_replay(rounds=3, steps=20000, watchers=10):
             job = cluster.submit(fanout_spec(steps))
             cluster.wait_state(job.job_id, (pb.SUCCEEDED, pb.FAILED, pb.CANCELLED), 600)
             rss = rss_mb(cluster.controller.pid)
-            results = [None] * watchers
-            started = threading.Barrier(watchers + 1)
-
-            def watch(i):
-                started.wait()
-                results[i] = [s.step for s in steps_of(cluster.watch(job.job_id, timeout=600))]
-
-            threads = [threading.Thread(target=watch, args=(i,)) for i in range(watchers)]
-            for t in threads:
-                t.start()
-            t0 = time.time()
-            started.wait()
-            for t in threads:
-                t.join()
-            wall = time.time() - t0
+            results, wall = watch_all(cluster, job.job_id, watchers)
             cluster.stop()
             expected = list(range(1, steps + 1))
             bad = sum(1 for res in results if res != expected)
