@@ -17,7 +17,9 @@
 // above (the jobs' and the waiting rendezvous Gets') moves by as much.
 // Heartbeats that were sent during the stall are then read before anyone
 // is declared lost; a worker that was silent before the stall and stays
-// silent after it is lost as late as the stall lasted.
+// silent after it is lost as late as the stall lasted. The gap is the
+// checker's own: were it alone starved while the streams were read, a
+// lost worker would be found that much later too.
 //
 // Thread safety: Start and Join are called by the JobManager; the
 // *Locked methods need the manager's lock.
