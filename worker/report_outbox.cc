@@ -18,12 +18,20 @@ void ReportOutbox::Report(const v1::WorkerMessage& message) {
   }
   if (kept_.size() > kMaxKeptReports) {
     kept_.pop_front();
-    if (!dropped_) {
-      dropped_ = true;
-      LOG(WARNING) << "trainyard-worker " << worker_name_ << ": more than "
+    // Each said once per job. Every job longer than this gets here while
+    // the controller hears every report; only a controller away that long
+    // misses some.
+    if (live_ != nullptr && !told_limit_) {
+      told_limit_ = true;
+      LOG(INFO) << "trainyard-worker " << worker_name_
+                << ": keeping only the newest " << kMaxKeptReports
+                << " reports for resending after a reconnect";
+    } else if (live_ == nullptr && !told_unsent_) {
+      told_unsent_ = true;
+      LOG(WARNING) << "trainyard-worker " << worker_name_
+                   << ": the controller has been away for more than "
                    << kMaxKeptReports
-                   << " reports kept for the controller; dropping the "
-                      "oldest";
+                   << " reports; the oldest are dropped unsent";
     }
   }
 }
@@ -90,7 +98,8 @@ void ReportOutbox::DropKept() {
 void ReportOutbox::StartJob() {
   absl::MutexLock lock(&mu_);
   kept_.clear();
-  dropped_ = false;
+  told_limit_ = false;
+  told_unsent_ = false;
 }
 
 }  // namespace trainyard

@@ -72,7 +72,9 @@ class ReportOutbox {
   const std::string worker_name_;
   mutable absl::Mutex mu_;
   std::deque<v1::WorkerMessage> kept_ ABSL_GUARDED_BY(mu_);
-  bool dropped_ ABSL_GUARDED_BY(mu_) = false;  // kMaxKeptReports was hit
+  // kMaxKeptReports was passed this job, with a live session / without.
+  bool told_limit_ ABSL_GUARDED_BY(mu_) = false;
+  bool told_unsent_ ABSL_GUARDED_BY(mu_) = false;
   Session* live_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Time disconnected_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Duration adopt_timeout_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
