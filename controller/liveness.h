@@ -67,7 +67,8 @@ class Liveness {
   // How long the controller did not run before `now`: the gap since the
   // last tick beyond the tick period, when the gap is longer than a
   // heartbeat interval (shorter ones are well inside the heartbeat
-  // timeout, which is longer than the interval); zero otherwise.
+  // timeout, which is longer than the interval); zero otherwise. Makes
+  // `now` the last tick.
   absl::Duration StallBefore(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_.mu);
   // Counts `stall` against nobody: credits every worker's last_seen (up
